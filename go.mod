@@ -1,0 +1,3 @@
+module github.com/weir-dev/weir
+
+go 1.26

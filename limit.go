@@ -1,0 +1,239 @@
+package weir
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/weir-dev/weir/algorithm"
+)
+
+// Algorithm names a rate-limiting algorithm. The zero value means GCRA.
+type Algorithm string
+
+// The seven algorithms. docs/algorithms.md explains when to pick which.
+const (
+	FixedWindow   Algorithm = "fixed_window"   // a counter per epoch-aligned window
+	SlidingLog    Algorithm = "sliding_log"    // exact: one timestamp per admitted event
+	SlidingWindow Algorithm = "sliding_window" // two counters, the previous one weighted
+	TokenBucket   Algorithm = "token_bucket"   // continuous refill up to Burst
+	LeakyBucket   Algorithm = "leaky_bucket"   // a bucket draining at Rate; policing or shaping
+	GCRA          Algorithm = "gcra"           // the generic cell rate algorithm, one timestamp per key
+	Concurrency   Algorithm = "concurrency"    // at most Rate leases held at once, each expiring after Period
+)
+
+// Algorithms lists every algorithm.
+func Algorithms() []Algorithm {
+	return []Algorithm{FixedWindow, SlidingLog, SlidingWindow, TokenBucket, LeakyBucket, GCRA, Concurrency}
+}
+
+// Kind returns the algorithm package's identifier for a, treating "" as GCRA.
+func (a Algorithm) Kind() (algorithm.Kind, bool) {
+	if a == "" {
+		return algorithm.GCRA, true
+	}
+	return algorithm.ParseKind(string(a))
+}
+
+// Limit describes how many events a key may have in a period, and how.
+//
+// For Concurrency, Rate is the number of leases that may be held at once and
+// Period is how long an unreleased lease lives. For LeakyBucket, a positive
+// MaxDelay switches from policing to shaping.
+type Limit struct {
+	Algorithm Algorithm
+	Rate      int64         // events allowed per Period
+	Period    time.Duration // any positive whole number of microseconds
+	Burst     int64         // bucket capacity (token/leaky/gcra); 0 means Rate
+	Block     time.Duration // penalty box: after a rejection the key stays rejected this long; 0 = none
+
+	// MaxDelay makes a leaky bucket shape instead of police: an admitted
+	// request may be delayed (Result.Delay) up to MaxDelay so that requests
+	// leave at Rate. nginx's "burst=B" without nodelay is Burst B+1 and
+	// MaxDelay B/Rate.
+	MaxDelay time.Duration
+	// DelayAfter is, for a shaping leaky bucket, how many requests of a burst
+	// pass at once before delays begin; 0 means 1. nginx's "delay=D" is
+	// DelayAfter D+1.
+	DelayAfter int64
+}
+
+// PerSecond returns a limit of rate events per second with algorithm a.
+func PerSecond(a Algorithm, rate int64) Limit {
+	return Limit{Algorithm: a, Rate: rate, Period: time.Second}
+}
+
+// PerMinute returns a limit of rate events per minute with algorithm a.
+func PerMinute(a Algorithm, rate int64) Limit {
+	return Limit{Algorithm: a, Rate: rate, Period: time.Minute}
+}
+
+// LimitError reports a limit that cannot be parsed or used.
+type LimitError struct {
+	Input  string // the limit as written, or as String renders it
+	Reason string
+}
+
+// Error implements error.
+func (e *LimitError) Error() string { return fmt.Sprintf("weir: invalid limit %q: %s", e.Input, e.Reason) }
+
+// Unwrap lets errors.Is(err, ErrInvalidLimit) match.
+func (e *LimitError) Unwrap() error { return ErrInvalidLimit }
+
+// Compile validates l and returns the constants its algorithm runs on.
+// Stores call it; most users never need to.
+func (l Limit) Compile() (algorithm.Params, error) {
+	k, ok := l.Algorithm.Kind()
+	if !ok {
+		return algorithm.Params{}, &LimitError{l.String(), fmt.Sprintf("unknown algorithm %q (want one of fixed_window, sliding_log, sliding_window, token_bucket, leaky_bucket, gcra, concurrency)", string(l.Algorithm))}
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"period", l.Period}, {"block", l.Block}, {"max delay", l.MaxDelay}} {
+		if d.v%time.Microsecond != 0 {
+			return algorithm.Params{}, &LimitError{l.String(), fmt.Sprintf("%s %v is not a whole number of microseconds", d.name, d.v)}
+		}
+	}
+	p, err := algorithm.Compile(algorithm.Config{
+		Kind:       k,
+		Rate:       l.Rate,
+		Period:     l.Period.Microseconds(),
+		Burst:      l.Burst,
+		Block:      l.Block.Microseconds(),
+		MaxDelay:   l.MaxDelay.Microseconds(),
+		DelayAfter: l.DelayAfter,
+	})
+	if err != nil {
+		return p, &LimitError{l.String(), err.Error()}
+	}
+	return p, nil
+}
+
+// Validate reports whether l can be used, with an error naming the bad value.
+func (l Limit) Validate() error {
+	_, err := l.Compile()
+	return err
+}
+
+// String renders l in ParseLimit's syntax, such as "100/m burst 20".
+func (l Limit) String() string {
+	var b strings.Builder
+	b.WriteString(strconv.FormatInt(l.Rate, 10))
+	b.WriteByte('/')
+	b.WriteString(formatPeriod(l.Period))
+	if l.Burst != 0 {
+		b.WriteString(" burst ")
+		b.WriteString(strconv.FormatInt(l.Burst, 10))
+	}
+	return b.String()
+}
+
+func formatPeriod(d time.Duration) string {
+	units := []struct {
+		d    time.Duration
+		name string
+	}{{24 * time.Hour, "d"}, {time.Hour, "h"}, {time.Minute, "m"}, {time.Second, "s"}}
+	for _, u := range units {
+		if d == u.d {
+			return u.name
+		}
+		if d > 0 && d%u.d == 0 {
+			return strconv.FormatInt(int64(d/u.d), 10) + u.name
+		}
+	}
+	return d.String()
+}
+
+// ParseLimit parses a limit written as "RATE/PERIOD [burst N]": "100/s",
+// "100/m", "5/15m", "1000/h", "20/30s", "10/d", "1000/h burst 50". A bare
+// unit (s, m, h, d) means one of it; a period may also be any Go duration
+// ("90m", "1h30m") or a number of days ("7d"). The algorithm is left empty
+// (GCRA) for the caller to set. Bad input gets an error quoting it.
+func ParseLimit(s string) (Limit, error) {
+	fail := func(reason string, args ...any) (Limit, error) {
+		return Limit{}, &LimitError{s, fmt.Sprintf(reason, args...)}
+	}
+	fields := strings.Fields(s)
+	if len(fields) == 0 {
+		return fail("empty; want RATE/PERIOD such as 100/m")
+	}
+	rateStr, periodStr, ok := strings.Cut(fields[0], "/")
+	if !ok {
+		return fail("missing '/'; want RATE/PERIOD such as 100/m")
+	}
+	rate, err := strconv.ParseInt(rateStr, 10, 64)
+	if err != nil {
+		return fail("rate %q is not a whole number", rateStr)
+	}
+	if rate <= 0 {
+		return fail("rate must be positive, got %d", rate)
+	}
+	if rate >= algorithm.MaxExact {
+		return fail("rate %d is too large (the maximum is 2^53−1)", rate)
+	}
+	period, err := parsePeriod(periodStr)
+	if err != nil {
+		return fail("%v", err)
+	}
+	l := Limit{Rate: rate, Period: period}
+	rest := fields[1:]
+	for len(rest) > 0 {
+		if len(rest) < 2 || rest[0] != "burst" {
+			return fail("unexpected %q; only \"burst N\" may follow the rate", strings.Join(rest, " "))
+		}
+		if l.Burst != 0 {
+			return fail("burst given twice")
+		}
+		b, err := strconv.ParseInt(rest[1], 10, 64)
+		if err != nil || b <= 0 {
+			return fail("burst %q is not a positive whole number", rest[1])
+		}
+		if b >= algorithm.MaxExact {
+			return fail("burst %d is too large", b)
+		}
+		l.Burst = b
+		rest = rest[2:]
+	}
+	return l, nil
+}
+
+func parsePeriod(s string) (time.Duration, error) {
+	switch s {
+	case "s", "sec", "second":
+		return time.Second, nil
+	case "m", "min", "minute":
+		return time.Minute, nil
+	case "h", "hour":
+		return time.Hour, nil
+	case "d", "day":
+		return 24 * time.Hour, nil
+	case "":
+		return 0, fmt.Errorf("missing period after '/'")
+	}
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		n, err := strconv.ParseInt(days, 10, 64)
+		if err != nil || n <= 0 {
+			return 0, fmt.Errorf("period %q: days must be a positive whole number", s)
+		}
+		if n > 365*100 {
+			return 0, fmt.Errorf("period %q is longer than 100 years", s)
+		}
+		return time.Duration(n) * 24 * time.Hour, nil
+	}
+	if s[0] >= '0' && s[0] <= '9' && strings.IndexFunc(s, func(r rune) bool { return r < '0' || r > '9' }) == -1 {
+		return 0, fmt.Errorf("period %q has no unit (use s, m, h or d)", s)
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("period %q is not a duration (use s, m, h, d, 30s, 15m, 7d)", s)
+	}
+	if d <= 0 {
+		return 0, fmt.Errorf("period %q must be positive", s)
+	}
+	if d%time.Microsecond != 0 {
+		return 0, fmt.Errorf("period %q is not a whole number of microseconds", s)
+	}
+	return d, nil
+}

@@ -1,0 +1,77 @@
+package memstore_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/store/memstore"
+	"github.com/weir-dev/weir/storetest"
+)
+
+func TestConformance(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		clock := storetest.NewClock(storetest.Epoch)
+		s := memstore.New(memstore.WithClock(clock.Now))
+		return storetest.Harness{Store: s, Clock: clock, TTL: s.TTL}
+	})
+}
+
+// TestBounded drives a million distinct keys through a store bounded at
+// 10k and checks that it never holds more than the bound.
+func TestBounded(t *testing.T) {
+	clock := storetest.NewClock(storetest.Epoch)
+	const bound = 10_000
+	s := memstore.New(memstore.WithClock(clock.Now), memstore.WithMaxKeys(bound), memstore.WithShards(16))
+	l := weir.Limit{Algorithm: weir.GCRA, Rate: 10, Period: time.Second}
+	ctx := context.Background()
+	n := 1_000_000
+	if testing.Short() {
+		n = 100_000
+	}
+	for i := 0; i < n; i++ {
+		if _, err := s.Take(ctx, fmt.Sprint("k", i), l, 1); err != nil {
+			t.Fatal(err)
+		}
+		if i%1000 == 0 {
+			clock.Advance(time.Millisecond)
+		}
+	}
+	if got := s.Len(); got > bound {
+		t.Fatalf("holds %d keys, bound %d", got, bound)
+	}
+}
+
+// TestIdleKeysSwept checks that keys whose state no longer matters are
+// dropped as new keys arrive, without any eviction pressure.
+func TestIdleKeysSwept(t *testing.T) {
+	clock := storetest.NewClock(storetest.Epoch)
+	s := memstore.New(memstore.WithClock(clock.Now), memstore.WithShards(1))
+	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 10, Period: time.Second}
+	ctx := context.Background()
+	for i := 0; i < 1000; i++ {
+		s.Take(ctx, fmt.Sprint("old", i), l, 1)
+	}
+	clock.Advance(time.Second) // every window has ended
+	for i := 0; i < 1000; i++ {
+		s.Take(ctx, fmt.Sprint("new", i), l, 1)
+	}
+	if got := s.Len(); got > 1100 {
+		t.Fatalf("%d keys held after 1000 idle keys expired and 1000 new arrived; expired keys are not swept", got)
+	}
+}
+
+// TestLimitChangeKeepsState checks that changing a key's limit (a config
+// reload) keeps its counters.
+func TestLimitChangeKeepsState(t *testing.T) {
+	clock := storetest.NewClock(storetest.Epoch)
+	s := memstore.New(memstore.WithClock(clock.Now))
+	ctx := context.Background()
+	s.Take(ctx, "k", weir.Limit{Algorithm: weir.FixedWindow, Rate: 10, Period: time.Minute}, 8)
+	r, err := s.Take(ctx, "k", weir.Limit{Algorithm: weir.FixedWindow, Rate: 20, Period: time.Minute}, 1)
+	if err != nil || !r.Allowed || r.Remaining != 11 {
+		t.Fatalf("after raising the limit: %+v %v, want 11 remaining", r, err)
+	}
+}
