@@ -1,0 +1,68 @@
+// Command weir is the weir rate limiter's command line: it runs the service
+// (weir serve), checks limits from the shell (weir check), validates
+// configuration (weir validate) and drives load (weir bench).
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"sort"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "0.1.0-dev"
+
+type command struct {
+	summary string
+	run     func(args []string, stdout, stderr io.Writer) int
+}
+
+var commands = map[string]command{}
+
+// register adds a subcommand; each lives in its own file.
+func register(name, summary string, run func(args []string, stdout, stderr io.Writer) int) {
+	commands[name] = command{summary, run}
+}
+
+func init() {
+	register("version", "print weir's version", func(args []string, stdout, stderr io.Writer) int {
+		fmt.Fprintln(stdout, "weir", version)
+		return 0
+	})
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "weir: a distributed rate limiter\n\nUsage: weir <command> [flags]\n\nCommands:")
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-9s %s\n", n, commands[n].summary)
+	}
+	fmt.Fprintln(w, "\nRun 'weir <command> -h' for a command's flags.")
+}
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(stdout)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	if args[0] == "--version" || args[0] == "-v" {
+		args[0] = "version"
+	}
+	c, ok := commands[args[0]]
+	if !ok {
+		fmt.Fprintf(stderr, "weir: unknown command %q\n\n", args[0])
+		usage(stderr)
+		return 2
+	}
+	return c.run(args[1:], stdout, stderr)
+}

@@ -1,0 +1,99 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+func runCLI(t *testing.T, args ...string) (string, string, int) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := run(args, &out, &errb)
+	return out.String(), errb.String(), code
+}
+
+func TestCheckEveryAlgorithm(t *testing.T) {
+	for _, algo := range []string{"fixed_window", "sliding_log", "sliding_window", "token_bucket", "leaky_bucket", "gcra", "concurrency"} {
+		t.Run(algo, func(t *testing.T) {
+			out, errs, code := runCLI(t, "check", "--limit", "5/m", "--algorithm", algo, "--key", "alice", "--hits", "7", "--json")
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, errs)
+			}
+			lines := strings.Split(strings.TrimSpace(out), "\n")
+			if len(lines) != 7 {
+				t.Fatalf("%d lines, want 7:\n%s", len(lines), out)
+			}
+			allowed := 0
+			for i, ln := range lines {
+				var d map[string]any
+				if err := json.Unmarshal([]byte(ln), &d); err != nil {
+					t.Fatalf("line %d not JSON: %q", i, ln)
+				}
+				for _, f := range []string{"allowed", "limit", "remaining", "retry_after_ms", "reset_after_ms", "blocked_until"} {
+					if _, ok := d[f]; !ok {
+						t.Fatalf("line %d lacks %q: %s", i, f, ln)
+					}
+				}
+				if d["allowed"] == true {
+					allowed++
+				} else if d["retry_after_ms"].(float64) <= 0 {
+					t.Fatalf("rejection without retry_after_ms: %s", ln)
+				}
+			}
+			if allowed != 5 {
+				t.Fatalf("%d of 7 allowed under 5/m, want 5", allowed)
+			}
+		})
+	}
+}
+
+func TestCheckParallelIsExact(t *testing.T) {
+	out, errs, code := runCLI(t, "check", "--limit", "50/h", "--algorithm", "sliding_log", "--hits", "200", "--parallel", "16", "--json")
+	if code != 0 {
+		t.Fatal(errs)
+	}
+	if n := strings.Count(out, `"allowed":true`); n != 50 {
+		t.Fatalf("%d allowed from 16 goroutines, want 50", n)
+	}
+}
+
+func TestCheckReadableAndCost(t *testing.T) {
+	out, _, code := runCLI(t, "check", "--limit", "10/m", "--algorithm", "token_bucket", "--hits", "3", "--cost", "4")
+	if code != 0 {
+		t.Fatal(out)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 3 || !strings.Contains(lines[0], "allowed") || !strings.Contains(lines[0], "remaining=6/10") ||
+		!strings.Contains(lines[2], "rejected") || !strings.Contains(lines[2], "retry_after=") {
+		t.Fatalf("unexpected output:\n%s", out)
+	}
+}
+
+func TestCheckUsageErrors(t *testing.T) {
+	for _, args := range [][]string{
+		{"check"},
+		{"check", "--limit", "abc"},
+		{"check", "--limit", "0/m"},
+		{"check", "--limit", "5/m", "--algorithm", "nope"},
+		{"check", "--limit", "5/m", "--parallel", "0"},
+		{"check", "--limit", "5/m", "extra"},
+		{"nosuchcommand"},
+	} {
+		_, errs, code := runCLI(t, args...)
+		if code != 2 || errs == "" {
+			t.Errorf("%v: exit %d, stderr %q; want 2 with a message", args, code, errs)
+		}
+	}
+	if _, errs, _ := runCLI(t, "check", "--limit", "5/x"); !strings.Contains(errs, `"5/x"`) {
+		t.Errorf("a bad limit's error does not quote it: %s", errs)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	out, _, code := runCLI(t, "version")
+	if code != 0 || !strings.HasPrefix(out, "weir ") {
+		t.Fatalf("%q %d", out, code)
+	}
+}

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs what `make test` needs when it is missing: Go tools from the Go
+# module proxy and system packages from Debian. Safe to run repeatedly.
+set -euo pipefail
+
+need_apt=()
+command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+command -v redis-cli >/dev/null 2>&1 || need_apt+=(redis-tools)
+for extra in ${WEIR_DEPS_EXTRA:-}; do
+  case "$extra" in
+    nginx) command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_apt+=(nginx-light) ;;
+    caddy) command -v caddy >/dev/null 2>&1 || need_apt+=(caddy) ;;
+    chromium) [ -x /usr/bin/chromium ] || need_apt+=(chromium) ;;
+  esac
+done
+
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "deps: installing ${need_apt[*]} from Debian's packages"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  # A package install may start a system redis on 6379; tests never use it.
+fi
+
+GOBIN="$(go env GOPATH)/bin"
+if [ ! -x "$GOBIN/staticcheck" ]; then
+  echo "deps: installing staticcheck"
+  go install honnef.co/go/tools/cmd/staticcheck@2026.2.2
+fi
