@@ -76,7 +76,9 @@ type LimitError struct {
 }
 
 // Error implements error.
-func (e *LimitError) Error() string { return fmt.Sprintf("weir: invalid limit %q: %s", e.Input, e.Reason) }
+func (e *LimitError) Error() string {
+	return fmt.Sprintf("weir: invalid limit %q: %s", e.Input, e.Reason)
+}
 
 // Unwrap lets errors.Is(err, ErrInvalidLimit) match.
 func (e *LimitError) Unwrap() error { return ErrInvalidLimit }

@@ -227,12 +227,12 @@ func (t *tester) sequence() {
 			{0, 4, want{true, 0, 0}},
 			{0, 1, want{false, 0, 5 * u}}, // next window, when ceil(4×(P−e)/P) ≤ 3: e = u
 			{4 * u, 1, want{false, 0, u}},
-			{5 * u, 1, want{true, 0, 0}},  // weighted 3 + 1
-			{5 * u, 1, want{false, 0, u}}, // needs weighted ≤ 2: e = 2u
-			{6 * u, 1, want{true, 0, 0}},  // weighted 2 + 2
-			{8 * u, 2, want{true, 0, 0}},  // weighted ceil(2×1) + 2
+			{5 * u, 1, want{true, 0, 0}},                                      // weighted 3 + 1
+			{5 * u, 1, want{false, 0, u}},                                     // needs weighted ≤ 2: e = 2u
+			{6 * u, 1, want{true, 0, 0}},                                      // weighted 2 + 2
+			{8 * u, 2, want{true, 0, 0}},                                      // weighted ceil(2×1) + 2
 			{9*u + time.Microsecond, 1, want{false, 0, u - time.Microsecond}}, // weighted ceil(2×(3u−1µs)/4u) = 2, cur 2
-			{10 * u, 1, want{true, 0, 0}}, // weighted ceil(2×2u/4u) = 1, cur 3
+			{10 * u, 1, want{true, 0, 0}},                                     // weighted ceil(2×2u/4u) = 1, cur 3
 		}
 	case weir.TokenBucket, weir.GCRA, weir.LeakyBucket:
 		steps = []step{
