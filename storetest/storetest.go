@@ -99,6 +99,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 				{"Expiry", true, (*tester).expiry},
 				{"Hammer", false, (*tester).hammer},
 				{"Batch", false, (*tester).batch},
+				{"SameAsTokenBucket", true, (*tester).sameAsTokenBucket},
 			} {
 				t.Run(tc.name, func(t *testing.T) {
 					h := newHarness(t)
@@ -261,12 +262,37 @@ func (t *tester) sequence() {
 		t.at(s.at)
 		t.expect(fmt.Sprintf("step %d (t=%v, n=%d)", i, s.at, s.n), t.take("k", l, s.n), s.want)
 	}
+	if t.algo != weir.TokenBucket && t.algo != weir.GCRA && t.algo != weir.LeakyBucket {
+		return
+	}
+	// 3 per 10s: the emission interval is 3333333⅓µs, so every step
+	// carries a fraction of a microsecond that must neither be lost nor
+	// overfill the bucket.
+	us := time.Microsecond
+	frac := weir.Limit{Algorithm: t.algo, Rate: 3, Period: 10 * time.Second}
+	for i, s := range []step{
+		{0, 3, want{true, 0, 0}},
+		{0, 1, want{false, 0, 3333334 * us}},
+		{3333334 * us, 1, want{true, 0, 0}}, // ⅔µs of credit left over
+		{3333334 * us, 1, want{false, 0, 3333333 * us}},
+		{6666667 * us, 1, want{true, 0, 0}}, // ⅓µs left over
+		{6666667 * us, 1, want{false, 0, 3333333 * us}},
+		{16666667 * us, 3, want{true, 0, 0}}, // refilled to exactly full, not ⅓µs over
+		{16666667 * us, 1, want{false, 0, 3333334 * us}},
+	} {
+		t.at(s.at)
+		t.expect(fmt.Sprintf("fractional step %d (t=%v, n=%d)", i, s.at, s.n), t.take("frac", frac, s.n), s.want)
+	}
 }
 
 func (t *tester) peek() {
 	l := t.base()
 	for i := 0; i < 3; i++ {
-		t.expect("peek on a fresh key", t.take("k", l, 0), want{true, 4, 0})
+		p := t.take("k", l, 0)
+		t.expect("peek on a fresh key", p, want{true, 4, 0})
+		if p.Granted != 0 {
+			t.Fatalf("an admitted peek reports %d granted", p.Granted)
+		}
 	}
 	t.expect("take 1", t.take("k", l, 1), want{true, 3, 0})
 	t.expect("peek after one", t.take("k", l, 0), want{true, 3, 0})
@@ -420,6 +446,12 @@ func (t *tester) atMost() {
 	if err != nil || r.Allowed || r.Granted != 0 || r.RetryAfter <= 0 {
 		t.Fatalf("AllowAtMost when exhausted: %+v %v", r, err)
 	}
+	// Asking for more than the limit can ever hold is not an error: the
+	// grant is capped.
+	r, err = t.lim.AllowAtMost(ctx, t.key("big"), l, 1000)
+	if err != nil || !r.Allowed || r.Granted != 4 {
+		t.Fatalf("AllowAtMost 1000 of 4: got %+v %v, want 4 granted", r, err)
+	}
 }
 
 func (t *tester) penaltyBox() {
@@ -453,6 +485,18 @@ func (t *tester) penaltyBox() {
 	r = t.take("k", l, 1)
 	if !r.Allowed || !r.BlockedUntil.IsZero() || r.Remaining != 3 {
 		t.Fatalf("after the penalty box: got %+v, want admitted with 3 left", r)
+	}
+	// A penalty box shorter than the limit's own wait: RetryAfter is the later of the two.
+	short := t.base()
+	short.Block = 5 * time.Second
+	t.take("short", short, 4)
+	r1 := t.take("short", short, 1)
+	if r1.Allowed || r1.RetryAfter < 5*time.Second || r1.BlockedUntil.IsZero() {
+		t.Fatalf("short box, first rejection: %+v", r1)
+	}
+	t.advance(time.Second)
+	if r2 := t.take("short", short, 1); r2.Allowed || r2.RetryAfter != max(r1.RetryAfter-time.Second, 4*time.Second) {
+		t.Fatalf("short box after 1s: RetryAfter %v, want %v", r2.RetryAfter, max(r1.RetryAfter-time.Second, 4*time.Second))
 	}
 	// Reset clears a penalty box too.
 	t.take("k", l, 3)
@@ -712,6 +756,28 @@ func (t *tester) leases() {
 	}
 }
 
+// sameAsTokenBucket runs one random workload against this algorithm and
+// the token bucket: GCRA and a policing leaky bucket must decide exactly
+// like a token bucket of the same rate and burst.
+func (t *tester) sameAsTokenBucket() {
+	if t.algo != weir.GCRA && t.algo != weir.LeakyBucket {
+		t.Skip("only GCRA and the leaky bucket are token-bucket equivalents")
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, l := range []weir.Limit{{Rate: 3, Period: 10 * time.Second, Burst: 5}, {Rate: 7, Period: 3 * time.Second}, {Rate: 1000, Period: 7 * time.Second, Burst: 9}} {
+		tb, other := l, l
+		tb.Algorithm, other.Algorithm = weir.TokenBucket, t.algo
+		for i := 0; i < 300; i++ {
+			n := rng.Int64N(4)
+			a, b := t.take("tb"+l.String(), tb, n), t.take("x"+l.String(), other, n)
+			if a != b {
+				t.Fatalf("%v step %d n=%d: token_bucket %+v, %s %+v", l, i, n, a, t.algo, b)
+			}
+			t.advance(time.Duration(rng.Int64N(int64(l.Period/time.Duration(l.Rate)))) + time.Duration(rng.Int64N(3))*time.Microsecond)
+		}
+	}
+}
+
 // shaping checks the leaky bucket's delays, including nginx's two-stage
 // burst/delay behaviour.
 func (t *tester) shaping() {
@@ -737,6 +803,13 @@ func (t *tester) shaping() {
 	t.advance(u / 2)
 	if r := t.take("capped", l2, 1); !r.Allowed || r.Delay != u+u/2 {
 		t.Fatalf("3rd at RetryAfter: %+v, want delay %v", r, u+u/2)
+	}
+	// A fractional interval (10s/3): delays round up, never down.
+	l4 := weir.Limit{Algorithm: weir.LeakyBucket, Rate: 3, Period: 10 * time.Second, MaxDelay: time.Hour}
+	for i, wd := range []time.Duration{0, 3333334 * time.Microsecond, 6666667 * time.Microsecond} {
+		if r := t.take("frac", l4, 1); !r.Allowed || r.Delay != wd {
+			t.Fatalf("fractional request %d: got %+v, want delay %v", i, r, wd)
+		}
 	}
 	// nginx "burst=5 delay=2": 3 pass at once, the rest are delayed.
 	t.at(0)

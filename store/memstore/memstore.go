@@ -136,6 +136,9 @@ func (s *Store) take(key string, l weir.Limit, n int64, mode algorithm.Mode, lea
 	if err != nil {
 		return weir.Result{}, err
 	}
+	if mode == algorithm.AtMost {
+		n = min(n, e.params.MaxCost()) // a partial grant may ask for more than fits
+	}
 	if err := weir.CheckCost(key, n, e.params.MaxCost()); err != nil {
 		return weir.Result{}, err
 	}
@@ -227,6 +230,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 		e     *entry
 		fresh bool
 		mode  algorithm.Mode
+		n     int64
 	}
 	items := make([]item, len(reqs))
 	idx := make([]int, 0, len(reqs))
@@ -263,15 +267,19 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 		if err != nil {
 			return err
 		}
-		if err := weir.CheckCost(r.Key, r.N, e.params.MaxCost()); err != nil {
+		items[i].n = r.N
+		if r.AtMost {
+			items[i].n = min(r.N, e.params.MaxCost())
+		}
+		if err := weir.CheckCost(r.Key, items[i].n, e.params.MaxCost()); err != nil {
 			return err
 		}
 		items[i].e, items[i].fresh = e, fresh
 	}
 	now := s.now().UnixMicro()
 	all := true
-	for i, r := range reqs {
-		d := algorithm.Check(&items[i].e.params, &items[i].e.state, now, r.N, items[i].mode)
+	for i := range reqs {
+		d := algorithm.Check(&items[i].e.params, &items[i].e.state, now, items[i].n, items[i].mode)
 		results[i] = weir.ResultOf(d)
 		all = all && d.Allowed
 	}
@@ -280,7 +288,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 		var d algorithm.Decision
 		switch {
 		case all:
-			d = algorithm.Take(&it.e.params, &it.e.state, now, r.N, it.mode)
+			d = algorithm.Take(&it.e.params, &it.e.state, now, it.n, it.mode)
 			if d.Granted > 0 && r.Lease != "" {
 				algorithm.SetLeaseID(&it.e.state, r.Lease)
 			}
@@ -288,7 +296,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 		case !results[i].Allowed:
 			// The request that sank the batch: Take consumes nothing
 			// but starts its penalty box.
-			d = algorithm.Take(&it.e.params, &it.e.state, now, r.N, it.mode)
+			d = algorithm.Take(&it.e.params, &it.e.state, now, it.n, it.mode)
 			results[i] = weir.ResultOf(d)
 		default:
 			results[i].Granted = 0

@@ -1,0 +1,119 @@
+package weir_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/weir-dev/weir"
+)
+
+func TestParseLimit(t *testing.T) {
+	for _, tc := range []struct {
+		in     string
+		rate   int64
+		period time.Duration
+		burst  int64
+	}{
+		{"100/s", 100, time.Second, 0},
+		{"100/m", 100, time.Minute, 0},
+		{"5/15m", 5, 15 * time.Minute, 0},
+		{"1000/h", 1000, time.Hour, 0},
+		{"20/30s", 20, 30 * time.Second, 0},
+		{"10/d", 10, 24 * time.Hour, 0},
+		{"7/7d", 7, 7 * 24 * time.Hour, 0},
+		{"3/90m", 3, 90 * time.Minute, 0},
+		{"3/1h30m", 3, 90 * time.Minute, 0},
+		{"1000/h burst 50", 1000, time.Hour, 50},
+		{"  2/minute  burst 9 ", 2, time.Minute, 9},
+		{"5/250ms", 5, 250 * time.Millisecond, 0},
+	} {
+		l, err := weir.ParseLimit(tc.in)
+		if err != nil {
+			t.Errorf("ParseLimit(%q): %v", tc.in, err)
+			continue
+		}
+		if l.Rate != tc.rate || l.Period != tc.period || l.Burst != tc.burst {
+			t.Errorf("ParseLimit(%q) = %+v", tc.in, l)
+		}
+	}
+}
+
+func TestParseLimitErrors(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"", "empty"},
+		{"100", "missing '/'"},
+		{"0/m", "rate must be positive, got 0"},
+		{"-5/m", "rate must be positive, got -5"},
+		{"abc/m", `rate "abc" is not a whole number`},
+		{"99999999999999999999/s", `is not a whole number`},
+		{"9007199254740993/s", "too large"},
+		{"5/", "missing period"},
+		{"5/x", `period "x" is not a duration`},
+		{"5/10", `period "10" has no unit`},
+		{"5/-1s", `period "-1s" must be positive`},
+		{"5/0s", `period "0s" must be positive`},
+		{"5/0d", "days must be a positive whole number"},
+		{"5/1ns", "whole number of microseconds"},
+		{"5/m burst", `unexpected "burst"`},
+		{"5/m burst 0", `burst "0" is not a positive`},
+		{"5/m burst -2", `burst "-2" is not a positive`},
+		{"5/m burst 2 burst 3", "burst given twice"},
+		{"5/m nodelay", `unexpected "nodelay"`},
+	} {
+		_, err := weir.ParseLimit(tc.in)
+		if err == nil {
+			t.Errorf("ParseLimit(%q): no error", tc.in)
+			continue
+		}
+		if !errors.Is(err, weir.ErrInvalidLimit) {
+			t.Errorf("ParseLimit(%q): %v does not wrap ErrInvalidLimit", tc.in, err)
+		}
+		msg := err.Error()
+		if !strings.Contains(msg, tc.want) || !strings.Contains(msg, `"`+tc.in+`"`) {
+			t.Errorf("ParseLimit(%q) error %q: want it to quote the input and say %q", tc.in, msg, tc.want)
+		}
+	}
+}
+
+func TestLimitStringRoundTrip(t *testing.T) {
+	for _, s := range []string{"100/s", "100/m", "5/15m", "1000/h", "20/30s", "10/d", "7/7d", "1000/h burst 50", "5/250ms"} {
+		l, err := weir.ParseLimit(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := l.String(); got != s {
+			t.Errorf("String of %q = %q", s, got)
+		}
+	}
+}
+
+func TestLimitValidate(t *testing.T) {
+	for _, tc := range []struct {
+		l    weir.Limit
+		want string
+	}{
+		{weir.Limit{Algorithm: "leaky", Rate: 1, Period: time.Second}, `unknown algorithm "leaky"`},
+		{weir.Limit{Algorithm: weir.FixedWindow, Rate: 5, Period: time.Second, Burst: 10}, "burst applies to token_bucket"},
+		{weir.Limit{Algorithm: weir.GCRA, Rate: 5, Period: time.Second, MaxDelay: time.Second}, "apply to leaky_bucket"},
+		{weir.Limit{Algorithm: weir.LeakyBucket, Rate: 5, Period: time.Second, DelayAfter: 2}, "needs a max delay"},
+		{weir.Limit{Algorithm: weir.LeakyBucket, Rate: 5, Period: time.Second, MaxDelay: time.Second, DelayAfter: 9}, "exceeds the burst"},
+		{weir.Limit{Algorithm: weir.SlidingLog, Rate: 2_000_000, Period: time.Second}, "use sliding_window"},
+		{weir.Limit{Algorithm: weir.GCRA, Rate: 5, Period: 1500 * time.Nanosecond}, "whole number of microseconds"},
+		{weir.Limit{Algorithm: weir.GCRA, Rate: 9_999_991, Period: 365 * 24 * time.Hour, Burst: 1_000_000}, "too large to track exactly"},
+	} {
+		err := tc.l.Validate()
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, weir.ErrInvalidLimit) {
+			t.Errorf("Validate(%+v) = %v, want an ErrInvalidLimit saying %q", tc.l, err, tc.want)
+		}
+	}
+	// A rate over a million per second is exact: the emission interval is below 1µs.
+	if err := (weir.Limit{Algorithm: weir.GCRA, Rate: 3_000_000, Period: time.Second}).Validate(); err != nil {
+		t.Errorf("3M/s: %v", err)
+	}
+	// The zero algorithm is GCRA.
+	if err := (weir.Limit{Rate: 5, Period: time.Second}).Validate(); err != nil {
+		t.Errorf("zero algorithm: %v", err)
+	}
+}
