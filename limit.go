@@ -30,10 +30,23 @@ func Algorithms() []Algorithm {
 
 // Kind returns the algorithm package's identifier for a, treating "" as GCRA.
 func (a Algorithm) Kind() (algorithm.Kind, bool) {
-	if a == "" {
+	switch a { // a switch, not a loop: this runs on every decision
+	case GCRA, "":
 		return algorithm.GCRA, true
+	case TokenBucket:
+		return algorithm.TokenBucket, true
+	case FixedWindow:
+		return algorithm.FixedWindow, true
+	case SlidingWindow:
+		return algorithm.SlidingWindow, true
+	case SlidingLog:
+		return algorithm.SlidingLog, true
+	case LeakyBucket:
+		return algorithm.LeakyBucket, true
+	case Concurrency:
+		return algorithm.Concurrency, true
 	}
-	return algorithm.ParseKind(string(a))
+	return 0, false
 }
 
 // Limit describes how many events a key may have in a period, and how.

@@ -37,8 +37,10 @@ type Store struct {
 
 type shard struct {
 	mu sync.Mutex
-	m  map[stateKey]*entry
-	_  [40]byte // keep neighbouring shards' mutexes off one cache line
+	// m is keyed by the plain key, so lookups take Go's fast string-key
+	// path; the rare key used under several algorithms chains its entries.
+	m map[string]*entry
+	_ [40]byte // keep neighbouring shards' mutexes off one cache line
 }
 
 type stateKey struct {
@@ -47,10 +49,50 @@ type stateKey struct {
 }
 
 type entry struct {
+	kind    algorithm.Kind
+	next    *entry     // the same key under another algorithm
 	limit   weir.Limit // what params was compiled from
 	params  algorithm.Params
 	state   algorithm.State
 	expires int64 // µs: the state no longer matters from here on
+}
+
+// get returns the entry for sk, or nil.
+func (sh *shard) get(sk stateKey) *entry {
+	e := sh.m[sk.key]
+	for e != nil && e.kind != sk.kind {
+		e = e.next
+	}
+	return e
+}
+
+// put inserts e under sk, which must not be present.
+func (sh *shard) put(sk stateKey, e *entry) {
+	e.kind = sk.kind
+	e.next = sh.m[sk.key]
+	sh.m[sk.key] = e
+}
+
+// remove deletes sk's entry, keeping any other algorithm's.
+func (sh *shard) remove(sk stateKey) {
+	head := sh.m[sk.key]
+	if head == nil {
+		return
+	}
+	if head.kind == sk.kind {
+		if head.next == nil {
+			delete(sh.m, sk.key)
+		} else {
+			sh.m[sk.key] = head.next
+		}
+		return
+	}
+	for p := head; p.next != nil; p = p.next {
+		if p.next.kind == sk.kind {
+			p.next = p.next.next
+			return
+		}
+	}
 }
 
 // Option configures a Store.
@@ -80,7 +122,7 @@ func New(opts ...Option) *Store {
 	s.shards = make([]shard, n)
 	s.mask = uint64(n - 1)
 	for i := range s.shards {
-		s.shards[i].m = make(map[stateKey]*entry)
+		s.shards[i].m = make(map[string]*entry)
 	}
 	s.maxShard = max(s.maxShard/n, 1)
 	return s
@@ -95,8 +137,8 @@ func (s *Store) shardIndex(key string) int { return int(maphash.String(s.seed, k
 // entryFor returns key's entry, creating (but not inserting) one if absent,
 // with params compiled for l. The shard must be locked.
 func (sh *shard) entryFor(sk stateKey, l weir.Limit) (e *entry, fresh bool, err error) {
-	e = sh.m[sk]
-	if e != nil && e.limit == l {
+	e = sh.get(sk)
+	if e != nil && sameLimit(&e.limit, &l) {
 		return e, false, nil
 	}
 	p, err := l.Compile()
@@ -108,6 +150,13 @@ func (sh *shard) entryFor(sk stateKey, l weir.Limit) (e *entry, fresh bool, err 
 	}
 	e.limit, e.params = l, p
 	return e, fresh, nil
+}
+
+// sameLimit is l == m, ordered so the common case (an unchanged limit)
+// costs a few integer compares.
+func sameLimit(l, m *weir.Limit) bool {
+	return l.Rate == m.Rate && l.Period == m.Period && l.Burst == m.Burst && l.Block == m.Block &&
+		l.MaxDelay == m.MaxDelay && l.DelayAfter == m.DelayAfter && l.Algorithm == m.Algorithm
 }
 
 func kindOf(l weir.Limit) (algorithm.Kind, error) {
@@ -161,7 +210,7 @@ func (s *Store) save(sh *shard, sk stateKey, e *entry, fresh bool, now, ttl int6
 		return // an untouched key: nothing worth keeping
 	}
 	s.makeRoom(sh, now)
-	sh.m[sk] = e
+	sh.put(sk, e)
 }
 
 // makeRoom sweeps a few expired keys and, if the shard is full, evicts one.
@@ -173,7 +222,7 @@ func (s *Store) makeRoom(sh *shard, now int64) {
 	for r := 0; r < rounds; r++ {
 		seen, expired := 0, 0
 		for k, e := range sh.m { // map iteration starts at a random place
-			if e.expires <= now {
+			if chainExpired(e, now) {
 				delete(sh.m, k)
 				expired++
 			}
@@ -188,11 +237,11 @@ func (s *Store) makeRoom(sh *shard, now int64) {
 	if len(sh.m) < s.maxShard {
 		return
 	}
-	var victim stateKey
+	var victim string
 	soonest := int64(1<<63 - 1)
 	i := 0
 	for k, e := range sh.m {
-		if e.expires <= now {
+		if chainExpired(e, now) {
 			delete(sh.m, k)
 			soonest = -1
 		} else if e.expires < soonest {
@@ -205,6 +254,16 @@ func (s *Store) makeRoom(sh *shard, now int64) {
 	if soonest >= 0 && len(sh.m) >= s.maxShard {
 		delete(sh.m, victim)
 	}
+}
+
+// chainExpired reports whether every algorithm's state under one key has expired.
+func chainExpired(e *entry, now int64) bool {
+	for ; e != nil; e = e.next {
+		if e.expires > now {
+			return false
+		}
+	}
+	return true
 }
 
 // TakeAll implements weir.MultiStore: every request is decided under the
@@ -318,7 +377,7 @@ func (s *Store) Release(ctx context.Context, key string, l weir.Limit, lease str
 	sh := s.shardOf(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if e := sh.m[sk]; e != nil {
+	if e := sh.get(sk); e != nil {
 		algorithm.Release(&e.state, lease)
 	}
 	return nil
@@ -332,7 +391,7 @@ func (s *Store) Reset(ctx context.Context, key string, l weir.Limit) error {
 	}
 	sh := s.shardOf(key)
 	sh.mu.Lock()
-	delete(sh.m, stateKey{key, k})
+	sh.remove(stateKey{key, k})
 	sh.mu.Unlock()
 	return nil
 }
@@ -359,7 +418,7 @@ func (s *Store) TTL(key string, l weir.Limit) (time.Duration, bool) {
 	sh := s.shardOf(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e := sh.m[stateKey{key, k}]
+	e := sh.get(stateKey{key, k})
 	now := s.now().UnixMicro()
 	if e == nil || e.expires <= now {
 		return 0, false

@@ -1,0 +1,10 @@
+module github.com/weir-dev/weir/bench
+
+go 1.26.0
+
+replace github.com/weir-dev/weir => ../
+
+require (
+	github.com/weir-dev/weir v0.0.0-00010101000000-000000000000
+	golang.org/x/time v0.16.0
+)
