@@ -37,5 +37,12 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./store/memstore/
 	cd bench && $(GO) test -run '^$$' -bench . -benchmem ./...
 
+# Fuzzing: long runs live here, not in `make test` (which replays the seed corpus).
+FUZZTIME ?= 60s
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzParseLimit -fuzztime $(FUZZTIME) .
+	$(GO) test -run '^$$' -fuzz FuzzKey -fuzztime $(FUZZTIME) .
+	$(GO) test -run '^$$' -fuzz FuzzTake -fuzztime $(FUZZTIME) ./algorithm
+
 clean:
 	rm -rf bin

@@ -8,7 +8,7 @@ command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need_apt+=(redis-tools)
 for extra in ${WEIR_DEPS_EXTRA:-}; do
   case "$extra" in
-    nginx) command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_apt+=(nginx-light) ;;
+    nginx) command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_apt+=(nginx) ;;
     caddy) command -v caddy >/dev/null 2>&1 || need_apt+=(caddy) ;;
     chromium) [ -x /usr/bin/chromium ] || need_apt+=(chromium) ;;
   esac
