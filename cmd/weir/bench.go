@@ -1,0 +1,500 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rls "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+func init() {
+	register("bench", "drive load at a running weir and report throughput and latency", runBench)
+}
+
+type benchConfig struct {
+	target      string // grpc | check | auth
+	addr        string
+	concurrency int
+	conns       int
+	duration    time.Duration
+	requests    int64
+	keys        int
+	dist        string
+	zipfS       float64
+	abusive     float64
+	abusiveKeys int
+	domain      string
+	rule        string
+	path        string
+	jsonOut     bool
+	quiet       bool
+}
+
+// benchSummary is the machine-readable result (--json).
+type benchSummary struct {
+	Target      string             `json:"target"`
+	Addr        string             `json:"addr"`
+	Concurrency int                `json:"concurrency"`
+	Connections int                `json:"connections"`
+	Keys        int                `json:"keys"`
+	Dist        string             `json:"distribution"`
+	Abusive     float64            `json:"abusive_share"`
+	Seconds     float64            `json:"seconds"`
+	Total       int64              `json:"total"`
+	Allowed     int64              `json:"allowed"`
+	Limited     int64              `json:"limited"`
+	Errors      int64              `json:"errors"`
+	PerSecond   float64            `json:"decisions_per_second"`
+	LatencyMS   map[string]float64 `json:"latency_ms"`
+	FirstError  string             `json:"first_error,omitempty"`
+
+	histogram *histogram
+}
+
+func runBench(args []string, stdout, stderr io.Writer) int {
+	var c benchConfig
+	fs := flag.NewFlagSet("weir bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.target, "target", "grpc", "what to call: grpc (Envoy ShouldRateLimit), check (POST /v1/check) or auth (GET /v1/auth)")
+	fs.StringVar(&c.addr, "addr", "", "weir's address (default 127.0.0.1:8081 for grpc, http://127.0.0.1:8080 otherwise)")
+	fs.IntVar(&c.concurrency, "concurrency", 64, "concurrent callers")
+	fs.IntVar(&c.conns, "connections", 0, "gRPC connections shared by the callers (default: one per caller)")
+	fs.DurationVar(&c.duration, "duration", 15*time.Second, "how long to run")
+	fs.Int64Var(&c.requests, "requests", 0, "stop after this many requests instead (0 = run for --duration)")
+	fs.IntVar(&c.keys, "keys", 100_000, "size of the key space")
+	fs.StringVar(&c.dist, "dist", "uniform", "key distribution: uniform or zipf (real traffic has hot keys)")
+	fs.Float64Var(&c.zipfS, "zipf-s", 1.1, "zipf exponent (> 1; larger = hotter keys)")
+	fs.Float64Var(&c.abusive, "abusive", 0, "share of requests (0..1) sent by a few abusive keys that exceed their limit")
+	fs.IntVar(&c.abusiveKeys, "abusive-keys", 10, "how many abusive keys")
+	fs.StringVar(&c.domain, "domain", "bench", "grpc: the rate-limit domain; descriptors are [{key: client, value: <key>}]")
+	fs.StringVar(&c.rule, "rule", "demo-ip", "check: the rule name to check")
+	fs.StringVar(&c.path, "path", "/", "auth: the original URI sent in X-Original-URI")
+	fs.BoolVar(&c.jsonOut, "json", false, "print the summary as JSON")
+	fs.BoolVar(&c.quiet, "quiet", false, "no live progress line")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "Usage: weir bench [--target grpc|check|auth] [--addr ADDR] [flags]\n\nDrives load at a running weir (only addresses you own: loopback or your own\nhosts), shows a live progress line, then decisions/s, allowed/limited and\nlatency percentiles with a histogram.\n\nFlags:")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if err := c.validate(); err != nil {
+		fmt.Fprintln(stderr, "weir bench:", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	sum, err := bench(ctx, c, stderr)
+	if err != nil {
+		fmt.Fprintln(stderr, "weir bench:", err)
+		return 1
+	}
+	if c.jsonOut {
+		b, _ := json.MarshalIndent(sum, "", "  ")
+		fmt.Fprintf(stdout, "%s\n", b)
+	} else {
+		printSummary(stdout, sum)
+	}
+	return 0
+}
+
+func (c *benchConfig) validate() error {
+	switch c.target {
+	case "grpc":
+		if c.addr == "" {
+			c.addr = "127.0.0.1:8081"
+		}
+	case "check", "auth":
+		if c.addr == "" {
+			c.addr = "http://127.0.0.1:8080"
+		}
+		if !strings.Contains(c.addr, "://") {
+			c.addr = "http://" + c.addr
+		}
+	default:
+		return fmt.Errorf("--target %q: want grpc, check or auth", c.target)
+	}
+	if c.concurrency < 1 || c.keys < 1 || c.abusiveKeys < 1 {
+		return fmt.Errorf("--concurrency, --keys and --abusive-keys must be at least 1 (got %d, %d, %d)", c.concurrency, c.keys, c.abusiveKeys)
+	}
+	if c.duration <= 0 && c.requests <= 0 {
+		return fmt.Errorf("--duration %v: want a positive duration or --requests", c.duration)
+	}
+	if c.abusive < 0 || c.abusive > 1 {
+		return fmt.Errorf("--abusive %v: want a share between 0 and 1", c.abusive)
+	}
+	if c.dist != "uniform" && c.dist != "zipf" {
+		return fmt.Errorf("--dist %q: want uniform or zipf", c.dist)
+	}
+	if c.dist == "zipf" && c.zipfS <= 1 {
+		return fmt.Errorf("--zipf-s %v: must be greater than 1", c.zipfS)
+	}
+	if c.conns <= 0 || c.conns > c.concurrency {
+		c.conns = c.concurrency
+	}
+	return nil
+}
+
+// caller makes one decision and reports whether it was allowed.
+type caller func(ctx context.Context, key string) (allowed bool, err error)
+
+func bench(ctx context.Context, c benchConfig, progress io.Writer) (benchSummary, error) {
+	callers, closeAll, err := c.callers()
+	if err != nil {
+		return benchSummary{}, err
+	}
+	defer closeAll()
+
+	var total, allowed, limited, errs atomic.Int64
+	var firstErr atomic.Value
+	hists := make([]*histogram, c.concurrency)
+	runCtx := ctx
+	if c.requests <= 0 {
+		var cancel context.CancelFunc
+		runCtx, cancel = context.WithTimeout(ctx, c.duration)
+		defer cancel()
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := 0; w < c.concurrency; w++ {
+		h := newHistogram()
+		hists[w] = h
+		call := callers[w%len(callers)]
+		rng := rand.New(rand.NewPCG(uint64(w)+1, uint64(start.UnixNano())))
+		var zipf *rand.Zipf
+		if c.dist == "zipf" {
+			zipf = rand.NewZipf(rng, c.zipfS, 1, uint64(c.keys-1))
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for runCtx.Err() == nil {
+				if c.requests > 0 && total.Add(1) > c.requests {
+					total.Add(-1)
+					return
+				}
+				var key string
+				switch {
+				case c.abusive > 0 && rng.Float64() < c.abusive:
+					key = "abuser-" + strconv.Itoa(rng.IntN(c.abusiveKeys))
+				case zipf != nil:
+					key = "k" + strconv.FormatUint(zipf.Uint64(), 10)
+				default:
+					key = "k" + strconv.Itoa(rng.IntN(c.keys))
+				}
+				t0 := time.Now()
+				ok, err := call(runCtx, key)
+				if err != nil && runCtx.Err() != nil {
+					if c.requests > 0 {
+						total.Add(-1)
+					}
+					return // the run ended mid-call: not an error of weir's
+				}
+				h.record(time.Since(t0))
+				if c.requests <= 0 {
+					total.Add(1)
+				}
+				switch {
+				case err != nil:
+					errs.Add(1)
+					firstErr.CompareAndSwap(nil, err.Error())
+				case ok:
+					allowed.Add(1)
+				default:
+					limited.Add(1)
+				}
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	last, lastT := int64(0), start
+loop:
+	for {
+		select {
+		case <-done:
+			break loop
+		case now := <-tick.C:
+			if c.quiet {
+				continue
+			}
+			n := allowed.Load() + limited.Load() + errs.Load()
+			rate := float64(n-last) / now.Sub(lastT).Seconds()
+			last, lastT = n, now
+			fmt.Fprintf(progress, "\r  %4.0fs  %9.0f decisions/s  allowed %5.1f%%  limited %5.1f%%  errors %d   ",
+				now.Sub(start).Seconds(), rate, pct(allowed.Load(), n), pct(limited.Load(), n), errs.Load())
+		}
+	}
+	elapsed := time.Since(start)
+	if !c.quiet {
+		fmt.Fprintln(progress)
+	}
+	h := newHistogram()
+	for _, x := range hists {
+		h.merge(x)
+	}
+	s := benchSummary{
+		Target: c.target, Addr: c.addr, Concurrency: c.concurrency, Connections: len(callers), Keys: c.keys,
+		Dist: c.dist, Abusive: c.abusive, Seconds: elapsed.Seconds(),
+		Allowed: allowed.Load(), Limited: limited.Load(), Errors: errs.Load(),
+		LatencyMS: map[string]float64{},
+	}
+	s.Total = s.Allowed + s.Limited + s.Errors
+	s.PerSecond = float64(s.Total) / elapsed.Seconds()
+	for _, q := range []struct {
+		name string
+		q    float64
+	}{{"p50", .5}, {"p90", .9}, {"p99", .99}, {"p99.9", .999}, {"max", 1}} {
+		s.LatencyMS[q.name] = float64(h.quantile(q.q)) / 1e6
+	}
+	if v, ok := firstErr.Load().(string); ok {
+		s.FirstError = v
+	}
+	s.histogram = h
+	return s, nil
+}
+
+func pct(a, b int64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return 100 * float64(a) / float64(b)
+}
+
+func (c benchConfig) callers() ([]caller, func(), error) {
+	switch c.target {
+	case "grpc":
+		var conns []*grpc.ClientConn
+		var out []caller
+		for i := 0; i < c.conns; i++ {
+			cc, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				for _, x := range conns {
+					x.Close()
+				}
+				return nil, nil, fmt.Errorf("--addr %q: %w", c.addr, err)
+			}
+			conns = append(conns, cc)
+			client := rls.NewRateLimitServiceClient(cc)
+			domain := c.domain
+			out = append(out, func(ctx context.Context, key string) (bool, error) {
+				resp, err := client.ShouldRateLimit(ctx, &rls.RateLimitRequest{
+					Domain:      domain,
+					Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "client", Value: key}}}},
+					HitsAddend:  1,
+				})
+				if err != nil {
+					return false, err
+				}
+				return resp.OverallCode != rls.RateLimitResponse_OVER_LIMIT, nil
+			})
+		}
+		return out, func() {
+			for _, x := range conns {
+				x.Close()
+			}
+		}, nil
+	default:
+		tr := &http.Transport{MaxIdleConns: c.concurrency * 2, MaxIdleConnsPerHost: c.concurrency * 2, IdleConnTimeout: 30 * time.Second}
+		client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+		base := strings.TrimRight(c.addr, "/")
+		var call caller
+		if c.target == "check" {
+			url := base + "/v1/check"
+			rule := c.rule
+			call = func(ctx context.Context, key string) (bool, error) {
+				body, _ := json.Marshal(map[string]any{"rule": rule, "key": key, "hits": 1})
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+				req.Header.Set("Content-Type", "application/json")
+				resp, err := client.Do(req)
+				if err != nil {
+					return false, err
+				}
+				defer resp.Body.Close()
+				var out struct {
+					Allowed *bool  `json:"allowed"`
+					Error   string `json:"error"`
+				}
+				if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || out.Allowed == nil {
+					return false, fmt.Errorf("POST %s: status %d %s", url, resp.StatusCode, out.Error)
+				}
+				return *out.Allowed, nil
+			}
+		} else {
+			url := base + "/v1/auth"
+			path := c.path
+			call = func(ctx context.Context, key string) (bool, error) {
+				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+				req.Header.Set("X-Original-URI", path)
+				req.Header.Set("X-Original-Method", "GET")
+				req.Header.Set("X-Real-IP", keyIP(key))
+				req.Header.Set("X-Forwarded-For", keyIP(key))
+				resp, err := client.Do(req)
+				if err != nil {
+					return false, err
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				switch resp.StatusCode {
+				case http.StatusOK:
+					return true, nil
+				case http.StatusForbidden, http.StatusTooManyRequests:
+					return false, nil
+				}
+				return false, fmt.Errorf("GET %s: status %d", url, resp.StatusCode)
+			}
+		}
+		return []caller{call}, tr.CloseIdleConnections, nil
+	}
+}
+
+// keyIP maps a key onto an address in 198.18.0.0/15, the range set aside
+// for benchmarks, so that /v1/auth sees one client per key.
+func keyIP(key string) string {
+	var h uint32 = 2166136261
+	for i := 0; i < len(key); i++ {
+		h = (h ^ uint32(key[i])) * 16777619
+	}
+	h &= 1<<17 - 1
+	return fmt.Sprintf("198.%d.%d.%d", 18+h>>16, (h>>8)&255, h&255)
+}
+
+func printSummary(w io.Writer, s benchSummary) {
+	fmt.Fprintf(w, "weir bench: %s %s, %d callers over %d connection(s), %d keys (%s), abusive share %.0f%%\n\n",
+		s.Target, s.Addr, s.Concurrency, s.Connections, s.Keys, s.Dist, 100*s.Abusive)
+	fmt.Fprintf(w, "  decisions   %d in %.1fs = %.0f/s\n", s.Total, s.Seconds, s.PerSecond)
+	fmt.Fprintf(w, "  allowed     %d (%.1f%%)\n  limited     %d (%.1f%%)\n  errors      %d\n",
+		s.Allowed, pct(s.Allowed, s.Total), s.Limited, pct(s.Limited, s.Total), s.Errors)
+	if s.FirstError != "" {
+		fmt.Fprintf(w, "  first error %s\n", s.FirstError)
+	}
+	fmt.Fprintf(w, "\n  latency     p50 %.3fms  p90 %.3fms  p99 %.3fms  p99.9 %.3fms  max %.3fms\n\n",
+		s.LatencyMS["p50"], s.LatencyMS["p90"], s.LatencyMS["p99"], s.LatencyMS["p99.9"], s.LatencyMS["max"])
+	if s.histogram != nil {
+		s.histogram.draw(w)
+	}
+}
+
+// histogram counts latencies in log-spaced buckets: 20 per decade from
+// 1µs to 100s, so any quantile is within 12% of the truth.
+type histogram struct {
+	counts []int64
+	max    time.Duration
+}
+
+const histPerDecade = 20
+
+func newHistogram() *histogram { return &histogram{counts: make([]int64, 8*histPerDecade+1)} }
+
+func bucketOf(d time.Duration) int {
+	us := float64(d) / 1e3
+	if us < 1 {
+		return 0
+	}
+	return min(int(math.Log10(us)*histPerDecade)+1, 8*histPerDecade)
+}
+
+// upper returns bucket i's upper bound.
+func upper(i int) time.Duration {
+	return time.Duration(math.Pow(10, float64(i)/histPerDecade) * 1e3)
+}
+
+func (h *histogram) record(d time.Duration) {
+	h.counts[bucketOf(d)]++
+	if d > h.max {
+		h.max = d
+	}
+}
+
+func (h *histogram) merge(o *histogram) {
+	for i, c := range o.counts {
+		h.counts[i] += c
+	}
+	h.max = max(h.max, o.max)
+}
+
+func (h *histogram) quantile(q float64) time.Duration {
+	var n int64
+	for _, c := range h.counts {
+		n += c
+	}
+	if n == 0 {
+		return 0
+	}
+	if q >= 1 {
+		return h.max
+	}
+	rank := int64(math.Ceil(q * float64(n)))
+	var seen int64
+	for i, c := range h.counts {
+		if seen += c; seen >= rank {
+			return min(upper(i), h.max)
+		}
+	}
+	return h.max
+}
+
+// draw prints the histogram as text bars, one row per occupied bucket
+// group (5 buckets = a factor of ~1.8).
+func (h *histogram) draw(w io.Writer) {
+	const group = 5
+	var rows []struct {
+		hi time.Duration
+		n  int64
+	}
+	var peak int64
+	first, last := -1, -1
+	for i, c := range h.counts {
+		if c > 0 {
+			if first < 0 {
+				first = i
+			}
+			last = i
+		}
+	}
+	if first < 0 {
+		return
+	}
+	for i := first - first%group; i <= last; i += group {
+		var n int64
+		for j := i; j < i+group && j < len(h.counts); j++ {
+			n += h.counts[j]
+		}
+		rows = append(rows, struct {
+			hi time.Duration
+			n  int64
+		}{min(upper(min(i+group-1, len(h.counts)-1)), h.max), n})
+		peak = max(peak, n)
+	}
+	fmt.Fprintln(w, "  latency histogram")
+	for _, r := range rows {
+		bar := int(math.Round(40 * float64(r.n) / float64(peak)))
+		if r.n > 0 && bar == 0 {
+			bar = 1
+		}
+		fmt.Fprintf(w, "  ≤ %9s │%-40s %d\n", r.hi.Round(time.Microsecond), strings.Repeat("█", bar), r.n)
+	}
+}
