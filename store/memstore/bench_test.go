@@ -2,6 +2,7 @@ package memstore_test
 
 import (
 	"context"
+	"runtime"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -65,6 +66,33 @@ func BenchmarkAllowParallel(b *testing.B) {
 					lim.Allow(ctx, keys[(i>>33)%nkeys], l)
 				}
 			})
+		})
+	}
+}
+
+// BenchmarkMemoryPerKey reports the heap bytes each key costs, for every
+// algorithm, after 100k keys have each taken one event.
+func BenchmarkMemoryPerKey(b *testing.B) {
+	const nkeys = 100_000
+	for _, a := range weir.Algorithms() {
+		b.Run(string(a), func(b *testing.B) {
+			l := weir.Limit{Algorithm: a, Rate: 100, Period: time.Hour}
+			ctx := context.Background()
+			var perKey float64
+			for i := 0; i < b.N; i++ {
+				runtime.GC()
+				var before, after runtime.MemStats
+				runtime.ReadMemStats(&before)
+				s := memstore.New()
+				for k := 0; k < nkeys; k++ {
+					s.Take(ctx, "user:"+strconv.Itoa(k), l, 1)
+				}
+				runtime.GC()
+				runtime.ReadMemStats(&after)
+				perKey = float64(after.HeapAlloc-before.HeapAlloc) / nkeys
+				runtime.KeepAlive(s)
+			}
+			b.ReportMetric(perKey, "bytes/key")
 		})
 	}
 }

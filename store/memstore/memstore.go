@@ -33,6 +33,37 @@ type Store struct {
 	now      func() time.Time
 	maxShard int
 	nshards  int
+
+	// Compiled limits are shared by every key under the same limit.
+	limitsMu sync.Mutex
+	limits   map[weir.Limit]*compiled
+}
+
+// maxCompiled bounds the shared-limit cache; beyond it (a program that
+// makes limits per key) each entry compiles its own.
+const maxCompiled = 4096
+
+type compiled struct {
+	limit  weir.Limit
+	params algorithm.Params
+}
+
+// compile returns l compiled, from the cache when possible.
+func (s *Store) compile(l weir.Limit) (*compiled, error) {
+	s.limitsMu.Lock()
+	defer s.limitsMu.Unlock()
+	if c := s.limits[l]; c != nil {
+		return c, nil
+	}
+	p, err := l.Compile()
+	if err != nil {
+		return nil, err
+	}
+	c := &compiled{l, p}
+	if len(s.limits) < maxCompiled {
+		s.limits[l] = c
+	}
+	return c, nil
 }
 
 type shard struct {
@@ -50,9 +81,8 @@ type stateKey struct {
 
 type entry struct {
 	kind    algorithm.Kind
-	next    *entry     // the same key under another algorithm
-	limit   weir.Limit // what params was compiled from
-	params  algorithm.Params
+	next    *entry    // the same key under another algorithm
+	c       *compiled // the limit this state was last used with
 	state   algorithm.State
 	expires int64 // µs: the state no longer matters from here on
 }
@@ -111,7 +141,7 @@ func WithShards(n int) Option { return func(s *Store) { s.nshards = n } }
 
 // New returns an empty Store.
 func New(opts ...Option) *Store {
-	s := &Store{now: time.Now, maxShard: DefaultMaxKeys, nshards: 256, seed: maphash.MakeSeed()}
+	s := &Store{now: time.Now, maxShard: DefaultMaxKeys, nshards: 256, seed: maphash.MakeSeed(), limits: map[weir.Limit]*compiled{}}
 	for _, o := range opts {
 		o(s)
 	}
@@ -135,20 +165,20 @@ func (s *Store) shardOf(key string) *shard {
 func (s *Store) shardIndex(key string) int { return int(maphash.String(s.seed, key) & s.mask) }
 
 // entryFor returns key's entry, creating (but not inserting) one if absent,
-// with params compiled for l. The shard must be locked.
-func (sh *shard) entryFor(sk stateKey, l weir.Limit) (e *entry, fresh bool, err error) {
+// with its limit compiled as l. The shard must be locked.
+func (s *Store) entryFor(sh *shard, sk stateKey, l weir.Limit) (e *entry, fresh bool, err error) {
 	e = sh.get(sk)
-	if e != nil && sameLimit(&e.limit, &l) {
+	if e != nil && sameLimit(&e.c.limit, &l) {
 		return e, false, nil
 	}
-	p, err := l.Compile()
+	c, err := s.compile(l)
 	if err != nil {
 		return nil, false, err
 	}
 	if e == nil {
 		e, fresh = &entry{}, true
 	}
-	e.limit, e.params = l, p
+	e.c = c
 	return e, fresh, nil
 }
 
@@ -181,18 +211,18 @@ func (s *Store) take(key string, l weir.Limit, n int64, mode algorithm.Mode, lea
 	sh := s.shardOf(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e, fresh, err := sh.entryFor(sk, l)
+	e, fresh, err := s.entryFor(sh, sk, l)
 	if err != nil {
 		return weir.Result{}, err
 	}
 	if mode == algorithm.AtMost {
-		n = min(n, e.params.MaxCost()) // a partial grant may ask for more than fits
+		n = min(n, e.c.params.MaxCost()) // a partial grant may ask for more than fits
 	}
-	if err := weir.CheckCost(key, n, e.params.MaxCost()); err != nil {
+	if err := weir.CheckCost(key, n, e.c.params.MaxCost()); err != nil {
 		return weir.Result{}, err
 	}
 	now := s.now().UnixMicro()
-	d := algorithm.Take(&e.params, &e.state, now, n, mode)
+	d := algorithm.Take(&e.c.params, &e.state, now, n, mode)
 	if d.Granted > 0 && lease != "" {
 		algorithm.SetLeaseID(&e.state, lease)
 	}
@@ -322,15 +352,15 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 		}
 	}()
 	for i, r := range reqs {
-		e, fresh, err := items[i].sh.entryFor(items[i].sk, r.Limit)
+		e, fresh, err := s.entryFor(items[i].sh, items[i].sk, r.Limit)
 		if err != nil {
 			return err
 		}
 		items[i].n = r.N
 		if r.AtMost {
-			items[i].n = min(r.N, e.params.MaxCost())
+			items[i].n = min(r.N, e.c.params.MaxCost())
 		}
-		if err := weir.CheckCost(r.Key, items[i].n, e.params.MaxCost()); err != nil {
+		if err := weir.CheckCost(r.Key, items[i].n, e.c.params.MaxCost()); err != nil {
 			return err
 		}
 		items[i].e, items[i].fresh = e, fresh
@@ -338,7 +368,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 	now := s.now().UnixMicro()
 	all := true
 	for i := range reqs {
-		d := algorithm.Check(&items[i].e.params, &items[i].e.state, now, items[i].n, items[i].mode)
+		d := algorithm.Check(&items[i].e.c.params, &items[i].e.state, now, items[i].n, items[i].mode)
 		results[i] = weir.ResultOf(d)
 		all = all && d.Allowed
 	}
@@ -347,7 +377,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 		var d algorithm.Decision
 		switch {
 		case all:
-			d = algorithm.Take(&it.e.params, &it.e.state, now, it.n, it.mode)
+			d = algorithm.Take(&it.e.c.params, &it.e.state, now, it.n, it.mode)
 			if d.Granted > 0 && r.Lease != "" {
 				algorithm.SetLeaseID(&it.e.state, r.Lease)
 			}
@@ -355,7 +385,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 		case !results[i].Allowed:
 			// The request that sank the batch: Take consumes nothing
 			// but starts its penalty box.
-			d = algorithm.Take(&it.e.params, &it.e.state, now, it.n, it.mode)
+			d = algorithm.Take(&it.e.c.params, &it.e.state, now, it.n, it.mode)
 			results[i] = weir.ResultOf(d)
 		default:
 			results[i].Granted = 0
