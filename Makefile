@@ -5,7 +5,10 @@ STATICCHECK := $(GOBIN)/staticcheck
 # Peers the end-to-end tests drive; deps.sh installs what is missing.
 export WEIR_DEPS_EXTRA ?= nginx caddy chromium
 
-.PHONY: all build test deps vet lint unit bench bench-redis soak fuzz fmt clean
+# Modules of their own (peer libraries stay out of weir's go.mod).
+NESTED     := bench examples/gin examples/echo
+
+.PHONY: all build test deps vet lint unit nested tidy bench soak fuzz fmt clean
 
 all: build
 
@@ -28,9 +31,16 @@ lint: deps
 unit:
 	$(GO) test -race -count=1 -timeout 14m ./...
 
+# The nested modules: vet, staticcheck and their tests.
+nested: deps
+	@set -e; for m in $(NESTED); do echo "== $$m"; (cd $$m && $(GO) vet ./... && $(STATICCHECK) ./... && $(GO) test -race -count=1 ./...); done
+
+# Keep the nested modules' go.sum in step with the root's dependencies.
+tidy:
+	@set -e; for m in $(NESTED); do (cd $$m && $(GO) mod tidy); done
+
 # The one command that runs every test: vet, staticcheck, then the race-enabled suite.
-test: deps vet lint unit
-	cd bench && $(GO) vet ./... && $(GO) test -count=1 -run . ./...
+test: deps vet lint unit nested
 
 # Benchmarks: never part of `make test`; figures go to docs/benchmarks.md.
 bench:

@@ -1,0 +1,64 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func writeFile(t *testing.T, dir, name, content string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestValidate(t *testing.T) {
+	dir := t.TempDir()
+	good := writeFile(t, dir, "good.yaml", "rules:\n  - {name: a, limit: 5/m}\n  - {name: b, limit: 5/m}\n")
+	one := writeFile(t, dir, "one.yaml", "rules:\n  - {name: a, limit: 5/m}\n")
+	bad := writeFile(t, dir, "bad.yaml", "rules:\n  - {name: a, limit: 5/x}\n  - name: a\n    limt: 1/m\n")
+
+	out, errs, code := runCLI(t, "validate", good)
+	if code != 0 || out != "ok: 2 rules\n" || errs != "" {
+		t.Fatalf("good: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	if out, _, code := runCLI(t, "validate", one); code != 0 || out != "ok: 1 rule\n" {
+		t.Fatalf("one: exit %d, %q", code, out)
+	}
+
+	out, errs, code = runCLI(t, "validate", bad)
+	want := bad + ":2:22: invalid limit \"5/x\": period \"x\" is not a duration (use s, m, h, d, 30s, 15m, 7d)\n" +
+		bad + ":3:5: rule \"a\" needs a limit (such as limit: 100/m) or tiers\n" +
+		bad + ":3:11: duplicate rule name \"a\" (first at line 2)\n" +
+		bad + ":4:5: unknown field \"limt\" in rule (did you mean \"limit\"?)\n"
+	if code != 1 || out != "" || errs != want {
+		t.Fatalf("bad: exit %d, stdout %q, stderr:\n%s\nwant:\n%s", code, out, errs, want)
+	}
+
+	out, errs, code = runCLI(t, "validate", good, bad)
+	if code != 1 || out != good+": ok: 2 rules\n" || strings.Count(errs, "\n") != 4 {
+		t.Fatalf("both: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	if out, _, code := runCLI(t, "validate", "-q", good); code != 0 || out != "" {
+		t.Fatalf("-q: exit %d, %q", code, out)
+	}
+}
+
+func TestValidateUsage(t *testing.T) {
+	if _, errs, code := runCLI(t, "validate"); code != 2 || !strings.Contains(errs, "no file given") {
+		t.Fatalf("no args: exit %d, %q", code, errs)
+	}
+	if _, _, code := runCLI(t, "validate", "--nope", "x.yaml"); code != 2 {
+		t.Fatalf("bad flag: exit %d", code)
+	}
+	if _, errs, code := runCLI(t, "validate", filepath.Join(t.TempDir(), "missing.yaml")); code != 2 || !strings.Contains(errs, "no such file") {
+		t.Fatalf("missing file: exit %d, %q", code, errs)
+	}
+	if _, _, code := runCLI(t, "validate", "-h"); code != 0 {
+		t.Fatalf("-h: exit %d", code)
+	}
+}

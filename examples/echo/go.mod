@@ -1,0 +1,17 @@
+module github.com/weir-dev/weir/examples/echo
+
+go 1.26.0
+
+require (
+	github.com/labstack/echo/v5 v5.3.1
+	github.com/weir-dev/weir v0.0.0
+)
+
+require (
+	github.com/fsnotify/fsnotify v1.10.1 // indirect
+	go.yaml.in/yaml/v3 v3.0.6 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/time v0.15.0 // indirect
+)
+
+replace github.com/weir-dev/weir => ../..

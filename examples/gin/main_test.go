@@ -1,0 +1,87 @@
+package main
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/httplimit"
+	"github.com/weir-dev/weir/store/memstore"
+)
+
+func init() { gin.SetMode(gin.TestMode) }
+
+func newTestLimiter() *weir.Limiter {
+	now := time.Unix(1_700_000_000, 0)
+	return weir.NewLimiter(memstore.New(memstore.WithClock(func() time.Time { return now })))
+}
+
+func get(h http.Handler, path, remote string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(http.MethodGet, path, nil)
+	r.RemoteAddr = remote
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
+
+func TestGin(t *testing.T) {
+	h := newRouter(newTestLimiter())
+	for i := 0; i < 10; i++ {
+		w := get(h, "/hello", "192.0.2.1:1")
+		if w.Code != 200 || w.Body.String() != `{"message":"hello, world"}` {
+			t.Fatalf("request %d: %d %q", i, w.Code, w.Body)
+		}
+		if i == 0 && w.Header().Get("RateLimit") != `"per-ip";r=9;t=1` {
+			t.Errorf("RateLimit = %q", w.Header().Get("RateLimit"))
+		}
+	}
+	w := get(h, "/hello", "192.0.2.1:1")
+	if w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") != "1" {
+		t.Fatalf("11th request: %d, Retry-After %q", w.Code, w.Header().Get("Retry-After"))
+	}
+	var p httplimit.Problem
+	if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil || p.Error != "rate_limited" || p.Rule != "per-ip" {
+		t.Errorf("body %q: %+v %v", w.Body, p, err)
+	}
+	if w := get(h, "/hello", "192.0.2.2:1"); w.Code != 200 {
+		t.Errorf("another client: %d", w.Code)
+	}
+}
+
+// A rejected request stops gin's chain, and a panic further down the
+// chain still releases a concurrency lease.
+func TestGinAdapter(t *testing.T) {
+	lim := newTestLimiter()
+	one := weir.Limit{Algorithm: weir.Concurrency, Rate: 1, Period: time.Minute}
+	r := gin.New()
+	var after int
+	r.Use(gin.Recovery(), Middleware(httplimit.New(lim, one)), func(c *gin.Context) { c.Next(); after++ })
+	r.GET("/panic", func(c *gin.Context) { panic("boom") })
+	r.GET("/ok", func(c *gin.Context) { c.String(http.StatusOK, "ok") })
+
+	if w := get(r, "/panic", "192.0.2.1:1"); w.Code != http.StatusInternalServerError {
+		t.Fatalf("panic: %d", w.Code)
+	}
+	w := get(r, "/ok", "192.0.2.1:1")
+	if w.Code != 200 || w.Body.String() != "ok" {
+		t.Fatalf("after the panic: %d %q, want the slot released", w.Code, w.Body)
+	}
+	if after != 1 {
+		t.Errorf("later middleware ran %d times, want 1", after)
+	}
+
+	// A request rejected by the middleware never reaches later handlers.
+	reached := false
+	r2 := gin.New()
+	r2.Use(Middleware(httplimit.New(lim, weir.Limit{Algorithm: weir.FixedWindow, Rate: 1, Period: time.Minute})))
+	r2.GET("/", func(c *gin.Context) { reached = true })
+	get(r2, "/", "192.0.2.9:1")
+	reached = false
+	if w := get(r2, "/", "192.0.2.9:1"); w.Code != 429 || reached {
+		t.Errorf("rejected request: %d, reached handler %v", w.Code, reached)
+	}
+}

@@ -1,0 +1,319 @@
+// Package httplimit puts weir rate limits in front of net/http handlers.
+//
+// The middleware has the standard shape, func(http.Handler) http.Handler, so
+// it works with net/http, chi, gorilla/mux and anything else that takes it.
+// It comes in two forms:
+//
+//   - New applies one Limit to every request, keyed by the client's IP
+//     address or by any key function;
+//   - FromPolicy applies a whole rule set loaded from weir.yaml by package
+//     policy: several rules per request, tiers, shadow rules, the penalty
+//     box, allow and deny lists.
+//
+// Every response that a limit applied to carries the rate-limit headers of
+// draft-ietf-httpapi-ratelimit-headers-11, rendered by one HeaderFormatter:
+//
+//	RateLimit-Policy: "login";q=5;w=900
+//	RateLimit: "login";r=3;t=412
+//
+// A rejected request gets 429 Too Many Requests, a Retry-After header in
+// whole seconds rounded up, and an RFC 9457 problem body
+// (application/problem+json) whose blocked_until field lets a front end
+// show a countdown; a browser that asks for text/html gets a short page
+// instead. A deny-listed client gets 403. OnRejected replaces the response.
+//
+// Three algorithms change what happens around the handler:
+//
+//   - a shaping leaky bucket (a Limit with MaxDelay) holds an admitted
+//     request for Result.Delay before passing it on; a client that goes away
+//     meanwhile stops the wait and the handler is never called;
+//   - the concurrency algorithm acquires a lease before the handler and
+//     releases it when the handler returns, even if it panics;
+//   - every other algorithm just admits or rejects.
+//
+// When the store fails, New lets the request through by default (fail
+// open) and reports the error to the observer; WithErrorPolicy(FailClosed)
+// answers 503 instead. Policies choose per rule in weir.yaml (on_error).
+package httplimit
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/weir-dev/weir"
+)
+
+// DefaultName is the rule name New uses in keys and headers unless WithName
+// gives another.
+const DefaultName = "default"
+
+// StatusClientClosedRequest is the status recorded when a client goes away
+// while its request is being shaped: nginx's 499. The client never sees it;
+// it is there for access logs and metrics.
+const StatusClientClosedRequest = 499
+
+// ErrorPolicy says what to do with a request when the store fails.
+type ErrorPolicy int
+
+const (
+	// FailOpen lets the request through unlimited. It is the default: an
+	// outage of the limiter's store should not become an outage of the
+	// service.
+	FailOpen ErrorPolicy = iota
+	// FailClosed answers 503 Service Unavailable.
+	FailClosed
+)
+
+// Decision is what the middleware reports to an observer for each rule it
+// applied to a request (see WithObserver).
+type Decision struct {
+	// Request is the request decided.
+	Request *http.Request
+	// Rule is the rule's name; empty for allow- and deny-list decisions.
+	Rule string
+	// Tier is the tier of the rule applied (FromPolicy only).
+	Tier string
+	// Key is the rule's identity for the request, such as the client IP.
+	Key string
+	// Allowed reports whether this rule let the request through. A shadow
+	// rule reports what it would have decided.
+	Allowed bool
+	// Shadow reports a rule that counts and reports but never rejects.
+	Shadow bool
+	// AllowListed and DenyListed report requests decided by the policy's
+	// allow and deny lists, without any rule.
+	AllowListed, DenyListed bool
+	// Result is the store's answer. When Err is set it is zero for New, and
+	// the on_error fallback's answer for FromPolicy.
+	Result weir.Result
+	// Latency is how long the decision took, store round trip included.
+	Latency time.Duration
+	// Err is the store or key error, if any; the error policy then decided.
+	Err error
+}
+
+// Option configures the middleware.
+type Option func(*config)
+
+type config struct {
+	key         func(*http.Request) (string, error)
+	name        string
+	formatter   HeaderFormatter
+	legacy      *bool
+	onRejected  func(http.ResponseWriter, *http.Request, Rejection)
+	observer    func(Decision)
+	errorPolicy ErrorPolicy
+	sleep       func(context.Context, time.Duration) error
+	shadow      bool
+}
+
+// WithKey makes fn identify the client of a request; New limits each key
+// separately. The default is the client IP from RemoteAddr (see KeyByIP).
+// When fn returns an error the request is answered 400 Bad Request and the
+// error goes to the observer, unless the error is ErrNoLimit, in which case
+// the request passes unlimited. FromPolicy ignores it: rules name their
+// identities.
+func WithKey(fn func(*http.Request) (string, error)) Option {
+	return func(c *config) { c.key = fn }
+}
+
+// KeyByIP keys requests by client IP address, as policy.ClientIP finds
+// it. The address is the peer's (RemoteAddr) unless the peer is one of the
+// trusted proxies; then X-Forwarded-For is read right to left, skipping
+// trusted addresses, and the first untrusted one is the client (X-Real-IP
+// when there is no X-Forwarded-For). Forwarding headers from an untrusted
+// peer are ignored, so a client cannot pick its own key. Without trusted
+// prefixes this is the default key.
+func KeyByIP(trusted ...netip.Prefix) Option {
+	trusted = append([]netip.Prefix(nil), trusted...)
+	return func(c *config) {
+		c.key = func(r *http.Request) (string, error) { return ipKey(r, trusted), nil }
+	}
+}
+
+// WithName names the rule New applies, in store keys, headers, rejection
+// bodies and decisions. The default is DefaultName. Two middlewares sharing
+// a store need different names unless they are meant to share counters.
+func WithName(rule string) Option { return func(c *config) { c.name = rule } }
+
+// WithLegacyHeaders switches the X-RateLimit-Limit, X-RateLimit-Remaining
+// and X-RateLimit-Reset headers on or off. They are off by default; for
+// FromPolicy the default is the policy's headers.legacy setting.
+func WithLegacyHeaders(on bool) Option { return func(c *config) { c.legacy = &on } }
+
+// WithHeaderFormatter replaces the draft headers with f's. It overrides
+// WithLegacyHeaders.
+func WithHeaderFormatter(f HeaderFormatter) Option { return func(c *config) { c.formatter = f } }
+
+// OnRejected makes fn answer rejected requests instead of WriteRejection.
+// The rate-limit headers and Retry-After are already set on w when fn runs.
+func OnRejected(fn func(w http.ResponseWriter, r *http.Request, rej Rejection)) Option {
+	return func(c *config) { c.onRejected = fn }
+}
+
+// WithObserver makes fn see every decision: one call per rule applied to a
+// request (rule, key, allowed, shadow, latency, error), for metrics and
+// logs. fn runs on the request's goroutine before the handler, so it must
+// be quick.
+func WithObserver(fn func(Decision)) Option { return func(c *config) { c.observer = fn } }
+
+// WithErrorPolicy says what New does with a request when the store fails,
+// and what FromPolicyFunc does while its getter returns nil. The default is
+// FailOpen. Policies choose per rule in weir.yaml instead.
+func WithErrorPolicy(p ErrorPolicy) Option { return func(c *config) { c.errorPolicy = p } }
+
+// WithSleep replaces the timer that holds shaped requests: sleep must wait
+// for d or until ctx is done, and return ctx's error in the latter case.
+// Tests use it to observe delays without waiting.
+func WithSleep(sleep func(ctx context.Context, d time.Duration) error) Option {
+	return func(c *config) { c.sleep = sleep }
+}
+
+// WithShadow makes New count and report without ever rejecting: the
+// headers and the observer say what would have happened. It lets a new
+// limit be tried on live traffic. Policies set shadow per rule.
+func WithShadow(on bool) Option { return func(c *config) { c.shadow = on } }
+
+func newConfig(opts []Option) *config {
+	c := &config{
+		key:   func(r *http.Request) (string, error) { return ipKey(r, nil), nil },
+		name:  DefaultName,
+		sleep: sleepContext,
+	}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
+}
+
+// writeHeaders renders statuses with the formatter in force when the
+// policy's own legacy setting is policyLegacy. The draft formatter is
+// called directly, so that statuses can stay on the caller's stack; a
+// custom formatter gets a copy it may keep.
+func (c *config) writeHeaders(h http.Header, statuses []Status, limiting int, policyLegacy bool) {
+	if c.formatter != nil {
+		c.formatter.WriteHeaders(h, slices.Clone(statuses), limiting)
+		return
+	}
+	if c.legacy != nil {
+		policyLegacy = *c.legacy
+	}
+	DraftHeaders{Legacy: policyLegacy}.WriteHeaders(h, statuses, limiting)
+}
+
+// sleepContext waits for d or until ctx is done.
+func sleepContext(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// New returns middleware that applies l to every request, each key (by
+// default each client IP) separately, with the limiter lim. A concurrency
+// limit holds a lease for the duration of the handler; a shaping leaky
+// bucket delays requests; every other algorithm admits or rejects.
+//
+// New panics if lim is nil or l is invalid, as a bad route pattern does in
+// http.Handle: both are programming errors found at start-up.
+func New(lim *weir.Limiter, l weir.Limit, opts ...Option) func(http.Handler) http.Handler {
+	if lim == nil {
+		panic("httplimit: New with a nil Limiter")
+	}
+	if err := l.Validate(); err != nil {
+		panic("httplimit: " + err.Error())
+	}
+	c := newConfig(opts)
+	return func(next http.Handler) http.Handler {
+		return &single{c: c, lim: lim, limit: l, next: next}
+	}
+}
+
+// single is New's handler.
+type single struct {
+	c     *config
+	lim   *weir.Limiter
+	limit weir.Limit
+	next  http.Handler
+}
+
+func (s *single) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	c := s.c
+	id, err := c.key(r)
+	if err != nil {
+		if errors.Is(err, ErrNoLimit) {
+			s.next.ServeHTTP(w, r)
+			return
+		}
+		c.observe(Decision{Request: r, Rule: c.name, Err: err})
+		c.reject(w, r, Rejection{Status: http.StatusBadRequest, Rule: c.name, Err: err})
+		return
+	}
+	key := weir.Key(c.name, id)
+	ctx := r.Context()
+	var start time.Time
+	if c.observer != nil {
+		start = time.Now()
+	}
+	var (
+		res   weir.Result
+		lease *weir.Lease
+	)
+	if s.limit.Algorithm == weir.Concurrency {
+		lease, res, err = s.lim.Acquire(ctx, key, s.limit)
+	} else {
+		res, err = s.lim.Allow(ctx, key, s.limit)
+	}
+	d := Decision{Request: r, Rule: c.name, Key: id, Allowed: err == nil && res.Allowed, Shadow: c.shadow, Result: res, Err: err}
+	if c.observer != nil {
+		d.Latency = time.Since(start)
+		c.observer(d)
+	}
+	if err != nil {
+		if c.errorPolicy == FailClosed {
+			c.reject(w, r, Rejection{Status: http.StatusServiceUnavailable, Rule: c.name, Err: err})
+			return
+		}
+		s.next.ServeHTTP(w, r)
+		return
+	}
+	if lease != nil {
+		// Release even when the handler panics; the panic goes on up.
+		defer lease.Release(context.WithoutCancel(ctx))
+	}
+	st := [1]Status{{Rule: c.name, Limit: s.limit, Result: res, Shadow: c.shadow}}
+	c.writeHeaders(w.Header(), st[:], 0, false)
+	if !res.Allowed && !c.shadow {
+		c.reject(w, r, Rejection{Status: http.StatusTooManyRequests, Rule: c.name, Result: res, RetryAfter: res.RetryAfter, Statuses: slices.Clone(st[:])})
+		return
+	}
+	if res.Delay > 0 && !c.shadow {
+		if err := c.sleep(ctx, res.Delay); err != nil {
+			w.WriteHeader(StatusClientClosedRequest)
+			return
+		}
+	}
+	s.next.ServeHTTP(w, r)
+}
+
+func (c *config) observe(d Decision) {
+	if c.observer != nil {
+		c.observer(d)
+	}
+}
+
+func (c *config) reject(w http.ResponseWriter, r *http.Request, rej Rejection) {
+	if c.onRejected != nil {
+		c.onRejected(w, r, rej)
+		return
+	}
+	WriteRejection(w, r, rej)
+}

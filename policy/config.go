@@ -1,0 +1,296 @@
+package policy
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Config is weir.yaml, the file docs/configuration.md describes. Parse and
+// LoadFile fill it in from YAML and validate it; a Config built in Go is
+// validated by New.
+type Config struct {
+	Store  StoreConfig
+	Server ServerConfig
+	// TrustedProxies lists the CIDRs of the proxies in front of weir, whose
+	// X-Forwarded-For and X-Real-IP headers are believed (see ClientIP).
+	TrustedProxies []string
+	Headers        HeadersConfig
+	// Shadow makes every rule a shadow rule: evaluated and reported, never
+	// blocking.
+	Shadow bool
+	// OnError is the global failure policy, "allow", "deny" or "local". The
+	// file sets it as store.on_error; Parse copies it here, defaulting to
+	// "local". New reads Store.OnError first, then OnError.
+	OnError string
+	// Instances is how many weir instances (or application replicas) share
+	// the store; the local fallback enforces each limit divided by it,
+	// rounded up. 0 means 1.
+	Instances int
+	// Rules are the rate-limit rules, in the order they are evaluated.
+	Rules []RuleConfig
+	// Allow and Deny list the CIDRs (or bare addresses) of clients that are
+	// never limited, or always refused with 403. Deny wins over Allow.
+	Allow, Deny []string
+	// AllowValues and DenyValues list identity values that are never
+	// limited, or always refused: the file's {identity, values} entries in
+	// allow and deny.
+	AllowValues, DenyValues []ValueList
+}
+
+// StoreConfig is the store section: where limiter state lives and what
+// happens when it cannot be reached.
+type StoreConfig struct {
+	// Type is "memory" or "redis". Left empty, Parse and New set it:
+	// "redis" when Redis.Addrs is set, else "memory".
+	Type  string
+	Redis RedisConfig
+	// Timeout is the deadline of every store call (default 50ms).
+	Timeout time.Duration
+	// OnError is the default failure policy of every rule: "allow",
+	// "deny" or "local" (the default).
+	OnError string
+	// Breaker tunes the circuit breaker around the store.
+	Breaker BreakerConfig
+	// MaxKeys bounds the memory store (default memstore.DefaultMaxKeys).
+	MaxKeys int
+}
+
+// RedisConfig is store.redis. Several Addrs without MasterName mean Redis
+// Cluster; MasterName means Sentinel, with Addrs the sentinels.
+type RedisConfig struct {
+	Addrs      []string
+	MasterName string
+	Username   string
+	// Password is never logged: String and LogValue redact it. Prefer
+	// PasswordEnv, which names an environment variable holding it.
+	Password    string `json:"-"`
+	PasswordEnv string
+	TLS         bool
+	DB          int
+}
+
+// PasswordValue returns Password, or the value of the environment variable
+// PasswordEnv names.
+func (r RedisConfig) PasswordValue() string {
+	if r.PasswordEnv != "" {
+		return os.Getenv(r.PasswordEnv)
+	}
+	return r.Password
+}
+
+// String renders r with the password redacted.
+func (r RedisConfig) String() string {
+	pw := ""
+	if r.Password != "" {
+		pw = "[redacted]"
+	}
+	return fmt.Sprintf("{Addrs:%v MasterName:%s Username:%s Password:%s PasswordEnv:%s TLS:%t DB:%d}",
+		r.Addrs, r.MasterName, r.Username, pw, r.PasswordEnv, r.TLS, r.DB)
+}
+
+// GoString is String, so that %#v does not leak the password either.
+func (r RedisConfig) GoString() string { return "policy.RedisConfig" + r.String() }
+
+// LogValue implements slog.LogValuer with the password redacted.
+func (r RedisConfig) LogValue() slog.Value {
+	attrs := []slog.Attr{slog.Any("addrs", r.Addrs)}
+	if r.MasterName != "" {
+		attrs = append(attrs, slog.String("master_name", r.MasterName))
+	}
+	if r.Username != "" {
+		attrs = append(attrs, slog.String("username", r.Username))
+	}
+	if r.Password != "" {
+		attrs = append(attrs, slog.String("password", "[redacted]"))
+	}
+	if r.PasswordEnv != "" {
+		attrs = append(attrs, slog.String("password_env", r.PasswordEnv))
+	}
+	attrs = append(attrs, slog.Bool("tls", r.TLS), slog.Int("db", r.DB))
+	return slog.GroupValue(attrs...)
+}
+
+// ServerConfig is the server section, read by weir serve.
+type ServerConfig struct {
+	HTTP string // listen address of the HTTP API (default ":8080")
+	GRPC string // listen address of the Envoy gRPC service (default ":8081")
+	// AdminTokenEnv names the environment variable holding the admin API's
+	// bearer token; without it the admin API is off.
+	AdminTokenEnv string
+}
+
+// HeadersConfig is the headers section: which rate-limit headers responses carry.
+type HeadersConfig struct {
+	// Legacy adds X-RateLimit-Limit, -Remaining and -Reset to the IETF
+	// draft's RateLimit and RateLimit-Policy.
+	Legacy bool
+}
+
+// RuleConfig is one entry of rules.
+type RuleConfig struct {
+	// Name identifies the rule in keys, headers, metrics and the APIs:
+	// letters, digits, '.', '_' and '-'.
+	Name  string
+	Match MatchConfig
+	// Identity is what the rule counts by: one spec such as "ip" or
+	// "header:X-API-Key", or several for a composite key. Empty means ip.
+	Identity []string
+	// OnMissing is what a request without the identity gets: "skip" (the
+	// rule does not apply, the default), "deny" (403) or "use_ip" (count it
+	// by client IP instead).
+	OnMissing string
+	// Limit is the limit in weir.ParseLimit syntax, such as "5/15m"; empty
+	// when Tiers is set.
+	Limit     string
+	Algorithm string // default gcra
+	Burst     int64
+	// Block is the penalty box: after a rejection the identity stays
+	// rejected this long.
+	Block time.Duration
+	// MaxDelay and DelayAfter make a leaky_bucket shape instead of police
+	// (weir.Limit's fields of the same names).
+	MaxDelay   time.Duration
+	DelayAfter int64
+	// Tiers picks the limit by a request attribute; nil for one limit.
+	Tiers *TiersConfig
+	// Shadow evaluates and reports the rule but never blocks.
+	Shadow bool
+	// OnError overrides the global failure policy for this rule.
+	OnError string
+}
+
+// MatchConfig selects the requests a rule applies to. Empty fields match
+// everything.
+type MatchConfig struct {
+	// Methods lists HTTP methods; GET also matches HEAD, as in http.ServeMux.
+	Methods []string
+	// Path is a Go 1.22 http.ServeMux path pattern: "/api/login" (exact),
+	// "/api/" (the subtree), "/users/{id}", "/files/{path...}", "/{$}".
+	Path string
+	// Host matches the request's host, port ignored: "api.example.com", or
+	// "*.example.com" for any subdomain.
+	Host string
+}
+
+// TiersConfig is a rule's tiers: the value of By picks a tier by name, and
+// a request without a value, or with one that names no tier, gets the tier
+// named "default".
+type TiersConfig struct {
+	By    string       // an identity spec, such as header:X-Plan
+	Tiers []TierConfig // in file order; one is named "default"
+}
+
+// TierConfig is one tier. Algorithm and Block default to the rule's.
+type TierConfig struct {
+	Name       string
+	Limit      string
+	Algorithm  string
+	Burst      int64
+	Block      time.Duration
+	MaxDelay   time.Duration
+	DelayAfter int64
+}
+
+// ValueList is an allow or deny entry that lists identity values, such as
+// {identity: header:X-API-Key, values: [k1, k2]}.
+type ValueList struct {
+	Identity string
+	Values   []string
+}
+
+// Problem is one thing wrong with a config, with where it is when the
+// config came from YAML (Line and Column count from 1; 0 when unknown).
+type Problem struct {
+	Line, Column int
+	// Path names the field, such as "rules[2].limit".
+	Path    string
+	Message string
+}
+
+// ConfigError lists every problem found in a config.
+type ConfigError struct {
+	File     string
+	Problems []Problem
+}
+
+// Error renders one problem per line as "file:line:col: message", the
+// form editors and CI annotate.
+func (e *ConfigError) Error() string {
+	var b strings.Builder
+	for i, p := range e.Problems {
+		if i > 0 {
+			b.WriteByte('\n')
+		}
+		b.WriteString(p.format(e.File))
+	}
+	return b.String()
+}
+
+func (p Problem) format(file string) string {
+	if file == "" {
+		file = "config"
+	}
+	switch {
+	case p.Line > 0 && p.Column > 0:
+		return fmt.Sprintf("%s:%d:%d: %s", file, p.Line, p.Column, p.Message)
+	case p.Line > 0:
+		return fmt.Sprintf("%s:%d: %s", file, p.Line, p.Message)
+	case p.Path != "":
+		return fmt.Sprintf("%s: %s: %s", file, p.Path, p.Message)
+	}
+	return fmt.Sprintf("%s: %s", file, p.Message)
+}
+
+// Lines returns Error's lines, one per problem.
+func (e *ConfigError) Lines() []string {
+	out := make([]string, len(e.Problems))
+	for i, p := range e.Problems {
+		out[i] = p.format(e.File)
+	}
+	return out
+}
+
+func sortProblems(ps []Problem) {
+	sort.SliceStable(ps, func(i, j int) bool {
+		if ps[i].Line != ps[j].Line {
+			return ps[i].Line < ps[j].Line
+		}
+		return ps[i].Column < ps[j].Column
+	})
+}
+
+// LoadFile reads and parses the config file at path.
+func LoadFile(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return Parse(data, path)
+}
+
+// Parse parses and validates a weir.yaml held in data; filename is used in
+// error messages. On failure the error is a *ConfigError that lists every
+// problem found, each with its line and column.
+func Parse(data []byte, filename string) (*Config, error) {
+	w := newWalker()
+	cfg := w.document(data)
+	if cfg != nil {
+		check(cfg, w)
+	}
+	if len(w.problems) > 0 {
+		sortProblems(w.problems)
+		return nil, &ConfigError{File: filename, Problems: w.problems}
+	}
+	cfg.OnError = cfg.Store.OnError
+	if cfg.OnError == "" {
+		cfg.OnError = OnErrorLocal
+	}
+	return cfg, nil
+}
+
+func quote(s string) string { return strconv.Quote(s) }

@@ -1,0 +1,71 @@
+package policy_test
+
+import (
+	"context"
+	"fmt"
+	"net/http/httptest"
+
+	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/store/memstore"
+)
+
+func ExampleParse() {
+	_, err := policy.Parse([]byte(`
+rules:
+  - name: login
+    match: {methods: [POST], path: /login}
+    limit: 5/15x
+    algoritm: sliding_log
+`), "weir.yaml")
+	fmt.Println(err)
+	// Output:
+	// weir.yaml:5:12: invalid limit "5/15x": period "15x" is not a duration (use s, m, h, d, 30s, 15m, 7d)
+	// weir.yaml:6:5: unknown field "algoritm" in rule (did you mean "algorithm"?)
+}
+
+func ExampleNew() {
+	cfg, err := policy.Parse([]byte(`
+rules:
+  - {name: api, identity: header:X-API-Key, limit: 100/m burst 10}
+  - {name: login, match: {path: /login}, limit: 5/15m, algorithm: sliding_log, block: 15m}
+`), "weir.yaml")
+	if err != nil {
+		panic(err)
+	}
+	// A Guard holds the circuit breaker and the local fallback store; build
+	// it once and pass it to every New so that reloads keep them.
+	guard := policy.NewGuard(memstore.New(), policy.GuardConfig{})
+	p, err := policy.New(cfg, guard)
+	if err != nil {
+		panic(err)
+	}
+	for _, r := range p.Rules() {
+		fmt.Printf("%s %v %q %s block=%q\n", r.Name, r.Identity, r.Limit, r.Algorithm, r.Block)
+	}
+	// Output:
+	// api [header:X-API-Key] "100/m burst 10" gcra block=""
+	// login [ip] "5/15m" sliding_log block="15m0s"
+}
+
+func ExamplePolicy_Check() {
+	cfg, _ := policy.Parse([]byte(`
+rules:
+  - name: login
+    match: {methods: [POST], path: /login}
+    identity: ip
+    limit: 2/m
+    algorithm: fixed_window
+`), "weir.yaml")
+	p, _ := policy.New(cfg, nil) // nil: an in-memory store
+	for i := 0; i < 3; i++ {
+		r := httptest.NewRequest("POST", "/login", nil)
+		r.RemoteAddr = "192.0.2.1:1234"
+		v := p.Check(context.Background(), r)
+		res, _ := v.Limited()
+		fmt.Printf("allowed=%v rule=%s identity=%s remaining=%d\n", v.Allowed, res.Rule, res.Identity, res.Result.Remaining)
+	}
+	// Output:
+	// allowed=true rule=login identity=192.0.2.1 remaining=1
+	// allowed=true rule=login identity=192.0.2.1 remaining=0
+	// allowed=false rule=login identity=192.0.2.1 remaining=0
+}

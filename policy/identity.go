@@ -1,0 +1,237 @@
+package policy
+
+import (
+	"fmt"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"strings"
+)
+
+// idKind is what an identity reads from a request.
+type idKind uint8
+
+const (
+	idIP idKind = iota + 1
+	idHeader
+	idCookie
+	idQuery
+	idMethod
+	idRoute
+	idConst
+)
+
+// identity is one parsed identity spec such as "ip/24" or "header:X-API-Key".
+type identity struct {
+	spec   string // as written
+	kind   idKind
+	arg    string // header name (canonical), cookie or query name, const value
+	bits4  int    // ip: IPv4 prefix length (32 = the whole address)
+	bits6  int    // ip: IPv6 prefix length (128 = the whole address)
+	hasArg bool
+}
+
+// identityHelp lists the identity forms for error messages.
+const identityHelp = "want ip, ip/BITS, header:NAME, cookie:NAME, query:NAME, method, route or const:VALUE"
+
+// parseIdentity parses an identity spec.
+//
+//	ip            the client IP (see ClientIP)
+//	ip/24         IPv4 clients grouped by /24; IPv6 clients whole
+//	ip/64         IPv6 clients grouped by /64; IPv4 clients whole
+//	ip/24/64      both
+//	header:NAME   the request header NAME
+//	cookie:NAME   the cookie NAME
+//	query:NAME    the query parameter NAME
+//	method        the request method
+//	route         the matched path pattern, e.g. /users/{id}
+//	const:VALUE   the constant VALUE: one bucket shared by every request
+func parseIdentity(s string) (identity, error) {
+	id := identity{spec: s}
+	kind, arg, hasArg := strings.Cut(s, ":")
+	id.arg, id.hasArg = arg, hasArg
+	noArg := func() error {
+		if hasArg {
+			return fmt.Errorf("identity %q: %s takes no value", s, kind)
+		}
+		return nil
+	}
+	needArg := func(what string) error {
+		if arg == "" {
+			return fmt.Errorf("identity %q needs a %s, as in %s:%s", s, what, kind, map[string]string{"header": "X-API-Key", "cookie": "session", "query": "api_key", "const": "all"}[kind])
+		}
+		return nil
+	}
+	switch {
+	case kind == "ip" || strings.HasPrefix(kind, "ip/"):
+		id.kind, id.bits4, id.bits6 = idIP, 32, 128
+		if err := noArg(); err != nil {
+			return id, err
+		}
+		if rest, ok := strings.CutPrefix(kind, "ip/"); ok {
+			if err := parseIPBits(&id, rest); err != nil {
+				return id, fmt.Errorf("identity %q: %v", s, err)
+			}
+		}
+	case kind == "header":
+		id.kind = idHeader
+		if err := needArg("header name"); err != nil {
+			return id, err
+		}
+		if !validToken(arg) {
+			return id, fmt.Errorf("identity %q: %q is not a valid header name", s, arg)
+		}
+		id.arg = http.CanonicalHeaderKey(arg)
+	case kind == "cookie":
+		id.kind = idCookie
+		if err := needArg("cookie name"); err != nil {
+			return id, err
+		}
+		if !validToken(arg) {
+			return id, fmt.Errorf("identity %q: %q is not a valid cookie name", s, arg)
+		}
+	case kind == "query":
+		id.kind = idQuery
+		if err := needArg("query parameter name"); err != nil {
+			return id, err
+		}
+	case kind == "const":
+		id.kind = idConst
+		if err := needArg("value"); err != nil {
+			return id, err
+		}
+	case kind == "method":
+		id.kind = idMethod
+		if err := noArg(); err != nil {
+			return id, err
+		}
+	case kind == "route":
+		id.kind = idRoute
+		if err := noArg(); err != nil {
+			return id, err
+		}
+	default:
+		return id, fmt.Errorf("unknown identity %q (%s)", s, identityHelp)
+	}
+	return id, nil
+}
+
+// parseIPBits reads "24", "64" or "24/64" after "ip/".
+func parseIPBits(id *identity, s string) error {
+	v4, v6, both := strings.Cut(s, "/")
+	atoi := func(t string, max int, fam string) (int, error) {
+		n, err := strconv.Atoi(t)
+		if err != nil || n < 1 || n > max {
+			return 0, fmt.Errorf("%s prefix length %q must be a whole number from 1 to %d", fam, t, max)
+		}
+		return n, nil
+	}
+	if both {
+		var err error
+		if id.bits4, err = atoi(v4, 32, "IPv4"); err != nil {
+			return err
+		}
+		id.bits6, err = atoi(v6, 128, "IPv6")
+		return err
+	}
+	n, err := atoi(v4, 128, "the")
+	if err != nil {
+		return err
+	}
+	if n <= 32 {
+		id.bits4 = n
+	} else {
+		id.bits6 = n
+	}
+	return nil
+}
+
+// validToken reports whether s is an RFC 9110 token (header, cookie and
+// method names).
+func validToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' {
+			continue
+		}
+		if !strings.ContainsRune("!#$%&'*+-.^_`|~", rune(c)) {
+			return false
+		}
+	}
+	return true
+}
+
+// reqView is a request as the identities see it, with the client IP and
+// the query computed at most once.
+type reqView struct {
+	r        *http.Request
+	trusted  []netip.Prefix
+	ip       netip.Addr
+	ipDone   bool
+	query    url.Values
+	queryErr bool
+}
+
+func (v *reqView) clientIP() netip.Addr {
+	if !v.ipDone {
+		v.ip, v.ipDone = ClientIP(v.r, v.trusted), true
+	}
+	return v.ip
+}
+
+// value returns the identity's value for the request, or "" when the
+// request does not carry it. route is the pattern the rule matched.
+func (id *identity) value(v *reqView, route string) string {
+	switch id.kind {
+	case idIP:
+		return ipValue(v.clientIP(), id.bits4, id.bits6)
+	case idHeader:
+		return strings.TrimSpace(v.r.Header.Get(id.arg))
+	case idCookie:
+		c, err := v.r.Cookie(id.arg)
+		if err != nil {
+			return ""
+		}
+		return strings.TrimSpace(c.Value)
+	case idQuery:
+		if v.query == nil && !v.queryErr {
+			if v.r.URL == nil {
+				v.queryErr = true
+				return ""
+			}
+			v.query = v.r.URL.Query()
+		}
+		return strings.TrimSpace(v.query.Get(id.arg))
+	case idMethod:
+		return v.r.Method
+	case idRoute:
+		return route
+	case idConst:
+		return id.arg
+	}
+	return ""
+}
+
+// ipValue renders a client address grouped by prefix: "192.0.2.0/24" for a
+// grouped address, the bare address otherwise; "" for no address.
+func ipValue(a netip.Addr, bits4, bits6 int) string {
+	if !a.IsValid() {
+		return ""
+	}
+	bits := bits6
+	if a.Is4() {
+		bits = bits4
+	}
+	if bits >= a.BitLen() {
+		return a.String()
+	}
+	p, err := a.Prefix(bits)
+	if err != nil {
+		return a.String()
+	}
+	return p.String()
+}

@@ -1,0 +1,707 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/store/memstore"
+)
+
+// ErrUnknownRule is wrapped by CheckKey's error when no rule has the name.
+var ErrUnknownRule = errors.New("policy: unknown rule")
+
+// Policy is a compiled rule set over a store. It is immutable and safe for
+// concurrent use; a reload builds a new Policy (see Holder).
+type Policy struct {
+	cfg      *Config
+	c        *compiled
+	guard    *Guard
+	observer func(context.Context, RuleResult, time.Duration)
+	log      *slog.Logger
+	now      func() time.Time
+	infos    []RuleInfo
+}
+
+// An Option configures New.
+type Option func(*options)
+
+type options struct {
+	observer func(context.Context, RuleResult, time.Duration)
+	log      *slog.Logger
+	now      func() time.Time
+	guard    GuardConfig
+}
+
+// WithObserver reports every decision: each RuleResult that Check or
+// CheckKey produces (shadow, skipped and fallback ones included) with the
+// time its store call took. httplimit and the server hook metrics and logs
+// here. The function must be safe for concurrent use and must not block.
+func WithObserver(f func(ctx context.Context, r RuleResult, latency time.Duration)) Option {
+	return func(o *options) { o.observer = f }
+}
+
+// WithLogger sets the logger (default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
+
+// WithClock sets the clock of the breaker and the local fallback store,
+// for tests. It applies only when New builds the Guard itself.
+func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
+
+// WithGuardConfig adjusts the Guard that New builds when it is given a
+// plain store; the config file's store.timeout and store.breaker fill the
+// fields left zero.
+func WithGuardConfig(g GuardConfig) Option { return func(o *options) { o.guard = g } }
+
+// New compiles cfg into a Policy over store.
+//
+// Pass a *Guard as store to share the circuit breaker and the local
+// fallback counters across reloads; any other store is wrapped in a new
+// Guard configured from cfg.Store. A nil store means a new memstore, which
+// is only allowed when cfg.Store.Type is memory. An invalid cfg gives a
+// *ConfigError.
+func New(cfg *Config, store weir.Store, opts ...Option) (*Policy, error) {
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	var o options
+	for _, f := range opts {
+		f(&o)
+	}
+	if o.log == nil {
+		o.log = slog.Default()
+	}
+	if o.now == nil {
+		o.now = time.Now
+	}
+	rep := &plain{}
+	c := check(cfg, rep)
+	if len(rep.problems) > 0 {
+		return nil, &ConfigError{Problems: rep.problems}
+	}
+	g, ok := store.(*Guard)
+	if !ok {
+		if store == nil {
+			if cfg.Store.Type == StoreRedis {
+				return nil, errors.New("policy: store.type is redis, so New needs the Redis store (redisstore.New); it was given none")
+			}
+			var mo []memstore.Option
+			if cfg.Store.MaxKeys > 0 {
+				mo = append(mo, memstore.WithMaxKeys(cfg.Store.MaxKeys))
+			}
+			store = memstore.New(mo...)
+		}
+		gc := o.guard
+		if gc.Timeout == 0 {
+			gc.Timeout = cfg.Store.Timeout
+		}
+		if gc.Breaker == (BreakerConfig{}) {
+			gc.Breaker = cfg.Store.Breaker
+		}
+		if gc.Logger == nil {
+			gc.Logger = o.log
+		}
+		if gc.Now == nil {
+			gc.Now = o.now
+		}
+		g = NewGuard(store, gc)
+	}
+	p := &Policy{cfg: cfg, c: c, guard: g, observer: o.observer, log: o.log, now: o.now}
+	for _, r := range c.rules {
+		p.infos = append(p.infos, r.info)
+	}
+	return p, nil
+}
+
+// Config returns the config the policy was built from. It must not be
+// modified.
+func (p *Policy) Config() *Config { return p.cfg }
+
+// Guard returns the guard around the policy's store: its breaker state and
+// failure counters are what metrics report.
+func (p *Policy) Guard() *Guard { return p.guard }
+
+// Store returns the store behind the policy's guard.
+func (p *Policy) Store() weir.Store { return p.guard.store }
+
+// Rules describes the rules in force, in evaluation order.
+func (p *Policy) Rules() []RuleInfo {
+	out := make([]RuleInfo, len(p.infos))
+	copy(out, p.infos)
+	return out
+}
+
+// Limit returns the limit of rule's tier; "" is the default tier.
+func (p *Policy) Limit(rule, tier string) (weir.Limit, error) {
+	r, err := p.rule(rule)
+	if err != nil {
+		return weir.Limit{}, err
+	}
+	return r.pick(tier).limit, nil
+}
+
+func (p *Policy) rule(name string) (*rule, error) {
+	r := p.c.byName[name]
+	if r == nil {
+		return nil, fmt.Errorf("%w %q", ErrUnknownRule, name)
+	}
+	return r, nil
+}
+
+// pick returns the tier named name, or the default.
+func (r *rule) pick(name string) *tier {
+	if t := r.tierNamed[name]; t != nil {
+		return t
+	}
+	return r.tiers[0]
+}
+
+// RuleInfo describes a rule for GET /v1/rules and the dashboard.
+type RuleInfo struct {
+	Name      string    `json:"name"`
+	Match     MatchInfo `json:"match"`
+	Identity  []string  `json:"identity"`
+	OnMissing string    `json:"on_missing"`
+	// Limit, Algorithm and Block are the default tier's.
+	Limit     string     `json:"limit"`
+	Algorithm string     `json:"algorithm"`
+	Block     string     `json:"block,omitempty"`
+	Shadow    bool       `json:"shadow"`
+	OnError   string     `json:"on_error"`
+	TierBy    string     `json:"tier_by,omitempty"`
+	Tiers     []TierInfo `json:"tiers,omitempty"`
+
+	path string
+}
+
+// MatchInfo is a rule's match section.
+type MatchInfo struct {
+	Methods []string `json:"methods,omitempty"`
+	Path    string   `json:"path,omitempty"`
+	Host    string   `json:"host,omitempty"`
+}
+
+// TierInfo describes one tier of a rule.
+type TierInfo struct {
+	Name      string `json:"name"`
+	Limit     string `json:"limit"`
+	Algorithm string `json:"algorithm"`
+	Block     string `json:"block,omitempty"`
+}
+
+func durString(d time.Duration) string {
+	if d == 0 {
+		return ""
+	}
+	return d.String()
+}
+
+func ruleInfo(rc *RuleConfig, r *rule, path string) RuleInfo {
+	info := RuleInfo{
+		Name:      r.name,
+		Match:     MatchInfo{Path: rc.Match.Path, Host: rc.Match.Host},
+		OnMissing: r.onMissing,
+		Shadow:    r.shadow,
+		OnError:   r.onError,
+		path:      path,
+	}
+	for _, m := range rc.Match.Methods {
+		info.Match.Methods = append(info.Match.Methods, strings.ToUpper(strings.TrimSpace(m)))
+	}
+	for _, id := range r.ids {
+		info.Identity = append(info.Identity, id.spec)
+	}
+	d := r.tiers[0].limit
+	info.Limit, info.Algorithm, info.Block = d.String(), string(d.Algorithm), durString(d.Block)
+	if r.tierBy != nil {
+		info.TierBy = r.tierBy.spec
+		for _, t := range r.tiers {
+			info.Tiers = append(info.Tiers, TierInfo{Name: t.name, Limit: t.limit.String(), Algorithm: string(t.limit.Algorithm), Block: durString(t.limit.Block)})
+		}
+	}
+	return info
+}
+
+// Verdict is the outcome of Check for one request.
+type Verdict struct {
+	// Allowed says the request may proceed. It is false when an enforced
+	// rule rejected it or it was Denied.
+	Allowed bool
+	// Denied says the request must be refused with 403 rather than 429:
+	// the deny list matched it (Results is empty and no store call was
+	// made), or a rule with on_missing: deny found no identity in it (that
+	// RuleResult has Denied set, and no enforced rule consumed anything).
+	Denied bool
+	// AllowListed says the allow list matched: the request is never limited
+	// and no rule was evaluated.
+	AllowListed bool
+	// Results has one entry per rule that matched the request, in rule
+	// order, shadow and skipped rules included.
+	Results []RuleResult
+	// Limiting is the index in Results of the most restrictive enforced
+	// result: a rejection (the longest RetryAfter among several), else the
+	// lowest Remaining/Limit. It is -1 when no enforced rule produced a
+	// result: none matched, or every match was skipped or shadow.
+	Limiting int
+
+	leases []heldLease
+}
+
+// Limited returns the most restrictive result, Results[Limiting].
+func (v *Verdict) Limited() (RuleResult, bool) {
+	if v.Limiting < 0 || v.Limiting >= len(v.Results) {
+		return RuleResult{}, false
+	}
+	return v.Results[v.Limiting], true
+}
+
+// Release gives back the concurrency slots the request holds, for rules
+// using the concurrency algorithm. Call it when the request is done;
+// calling it on any verdict is harmless. Unreleased slots expire after the
+// rule's period.
+func (v *Verdict) Release(ctx context.Context) error {
+	var errs []error
+	for _, l := range v.leases {
+		if err := l.store.Release(ctx, l.key, l.limit, l.id); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	v.leases = nil
+	return errors.Join(errs...)
+}
+
+type heldLease struct {
+	store weir.MultiStore
+	key   string
+	limit weir.Limit
+	id    string
+}
+
+// RuleResult is one rule's decision for one request.
+type RuleResult struct {
+	// Rule is the rule's name.
+	Rule string
+	// Identity is the identity value the rule counted: the client IP (or
+	// its prefix, such as 192.0.2.0/24), a header value, and so on; for a
+	// composite identity the values joined by weir.Key's escaping, as in
+	// "alice:PROMO1"; "ip:ADDR" when on_missing: use_ip applied. CheckKey
+	// with the same rule and Identity reaches the same state (use_ip
+	// excepted).
+	Identity string
+	// Key is the store key: weir.Key(rule, identity).
+	Key string
+	// Limit is the limit applied (the tier's).
+	Limit weir.Limit
+	// Tier is the tier applied, "default" for an untiered rule.
+	Tier string
+	// Result is the decision. For a skipped or denied rule it is zero.
+	Result weir.Result
+	// Shadow marks a shadow rule: its Result is reported, never enforced.
+	Shadow bool
+	// Skipped marks a rule that matched but was not applied: it found no
+	// identity and has on_missing: skip, or another rule's on_missing: deny
+	// refused the request first. Its Result is zero; renderers should
+	// ignore it.
+	Skipped bool
+	// Denied marks a rule that matched but found no identity and has
+	// on_missing: deny.
+	Denied bool
+	// Err is the store error, if any; Fallback then says which on_error
+	// policy produced Result: "allow", "deny" or "local".
+	Err      error
+	Fallback string
+
+	quota int64
+	tier  *tier
+}
+
+// enforced reports whether r counts toward the verdict.
+func (r *RuleResult) enforced() bool { return !r.Shadow && !r.Skipped }
+
+// match reports whether r applies to req, and the route pattern matched.
+func (r *rule) match(req *http.Request) (string, bool) {
+	if r.methods != nil && !r.methods[req.Method] {
+		return "", false
+	}
+	if r.host != "" {
+		h := strings.ToLower(req.Host)
+		if hh, _, err := net.SplitHostPort(h); err == nil {
+			h = hh
+		}
+		h = strings.TrimSuffix(h, ".")
+		if r.hostWild {
+			if !strings.HasSuffix(h, "."+r.host) {
+				return "", false
+			}
+		} else if h != r.host {
+			return "", false
+		}
+	}
+	if r.mux == nil {
+		return "", true
+	}
+	if req.URL == nil {
+		return "", false
+	}
+	// The pattern is returned for a match, and also when the mux would
+	// redirect to a match: an unclean path (/api//login) or a missing
+	// trailing slash (/api for /api/). Both count, so that a limit cannot
+	// be dodged by spelling the path differently.
+	_, pat := r.mux.Handler(req)
+	return pat, pat != ""
+}
+
+// identify returns the identity value of req for r, or ok false when it
+// lacks one.
+func (r *rule) identify(v *reqView, route string) (string, bool) {
+	if len(r.ids) == 1 {
+		s := r.ids[0].value(v, route)
+		return s, s != ""
+	}
+	parts := make([]string, len(r.ids))
+	for i := range r.ids {
+		if parts[i] = r.ids[i].value(v, route); parts[i] == "" {
+			return "", false
+		}
+	}
+	return weir.Key(parts[0], parts[1:]...), true
+}
+
+// Check runs the whole pipeline for an HTTP request: the deny and allow
+// lists, then every rule that matches, all or nothing, and returns the
+// combined verdict. It never fails: store errors are handled by each
+// rule's on_error policy and reported in the results.
+func (p *Policy) Check(ctx context.Context, r *http.Request) Verdict {
+	v := &reqView{r: r, trusted: p.c.trusted}
+	if p.c.listed(v, p.c.denyNets, p.c.denyVals) {
+		return Verdict{Denied: true, Limiting: -1}
+	}
+	if p.c.listed(v, p.c.allowNets, p.c.allowVals) {
+		return Verdict{Allowed: true, AllowListed: true, Limiting: -1}
+	}
+	verdict := Verdict{Allowed: true, Limiting: -1, Results: make([]RuleResult, 0, min(len(p.c.rules), 8))}
+	var eBuf, sBuf [8]int
+	enforced, shadow := eBuf[:0], sBuf[:0] // indexes into verdict.Results to decide
+	denied := false
+	for _, ru := range p.c.rules {
+		route, ok := ru.match(r)
+		if !ok {
+			continue
+		}
+		rr := RuleResult{Rule: ru.name, Shadow: ru.shadow}
+		id, ok := ru.identify(v, route)
+		key := ""
+		if ok {
+			key = weir.Key(ru.name, id)
+		} else {
+			switch ru.onMissing {
+			case OnMissingUseIP:
+				if ip := ipValue(v.clientIP(), 32, 128); ip != "" {
+					id, key, ok = "ip:"+ip, weir.Key(ru.name, "", ip), true
+				}
+			case OnMissingDeny:
+				rr.Denied = true
+				if !rr.Shadow {
+					denied = true
+				}
+			}
+		}
+		t := ru.tiers[0]
+		if ru.tierBy != nil {
+			t = ru.pick(ru.tierBy.value(v, route))
+		}
+		rr.Tier, rr.Limit, rr.quota, rr.tier = t.name, t.limit, t.quota, t
+		if !ok {
+			rr.Skipped = !rr.Denied
+			verdict.Results = append(verdict.Results, rr)
+			continue
+		}
+		rr.Identity, rr.Key = id, key
+		verdict.Results = append(verdict.Results, rr)
+		if rr.Shadow {
+			shadow = append(shadow, len(verdict.Results)-1)
+		} else {
+			enforced = append(enforced, len(verdict.Results)-1)
+		}
+	}
+	res := verdict.Results
+	var lats []time.Duration
+	if p.observer != nil {
+		lats = make([]time.Duration, len(res))
+	}
+	if denied {
+		// Refused for a missing identity: the other enforced rules are not
+		// applied, so they consume nothing and report nothing.
+		verdict.Allowed, verdict.Denied = false, true
+		for _, j := range enforced {
+			res[j].Skipped = true
+		}
+	} else if len(enforced) > 0 {
+		d := p.decide(ctx, res, enforced, &verdict)
+		for _, j := range enforced {
+			if lats != nil {
+				lats[j] = d
+			}
+		}
+	}
+	for _, j := range shadow {
+		d := p.decide(ctx, res, []int{j}, &verdict)
+		if lats != nil {
+			lats[j] = d
+		}
+	}
+	// The verdict.
+	for i := range res {
+		rr := &res[i]
+		if !rr.enforced() {
+			continue
+		}
+		if rr.Denied {
+			if verdict.Limiting < 0 || !res[verdict.Limiting].Denied {
+				verdict.Limiting = i
+			}
+			continue
+		}
+		if denied {
+			continue
+		}
+		if !rr.Result.Allowed {
+			verdict.Allowed = false
+		}
+		if verdict.Limiting < 0 || moreRestrictive(rr, &res[verdict.Limiting]) {
+			verdict.Limiting = i
+		}
+	}
+	if p.observer != nil {
+		for i := range res {
+			p.observer(ctx, res[i], lats[i])
+		}
+	}
+	return verdict
+}
+
+// moreRestrictive reports whether a limits more than b: a rejection beats
+// an admission (the longer wait among rejections), then the lower share
+// of the quota remaining.
+func moreRestrictive(a, b *RuleResult) bool {
+	if b.Denied {
+		return false
+	}
+	ar, br := a.Result, b.Result
+	if ar.Allowed != br.Allowed {
+		return !ar.Allowed
+	}
+	if !ar.Allowed {
+		return ar.RetryAfter > br.RetryAfter
+	}
+	return ratio(ar) < ratio(br)
+}
+
+func ratio(r weir.Result) float64 {
+	if r.Limit <= 0 {
+		return 1
+	}
+	return float64(r.Remaining) / float64(r.Limit)
+}
+
+// listed reports whether the request is in a list of CIDRs or values.
+func (c *compiled) listed(v *reqView, nets []netip.Prefix, vals []valueSet) bool {
+	if len(nets) > 0 {
+		if ip := v.clientIP(); ip.IsValid() && inPrefixes(ip, nets) {
+			return true
+		}
+	}
+	for i := range vals {
+		if s := vals[i].id.value(v, ""); s != "" && vals[i].values[s] {
+			return true
+		}
+	}
+	return false
+}
+
+// decide takes the results at idx (all enforced, or one shadow rule) from
+// the store, all or nothing, applying on_error on failure. It returns the
+// store latency.
+func (p *Policy) decide(ctx context.Context, res []RuleResult, idx []int, verdict *Verdict) time.Duration {
+	g := p.guard
+	start := time.Now()
+	var err error
+	if g.Multi() {
+		reqs := make([]weir.Request, len(idx))
+		out := make([]weir.Result, len(idx))
+		for i, j := range idx {
+			reqs[i] = weir.Request{Key: res[j].Key, Limit: res[j].Limit, N: 1}
+			if res[j].Limit.Algorithm == weir.Concurrency {
+				reqs[i].Lease = weir.NewLeaseID()
+			}
+		}
+		err = g.TakeAll(ctx, reqs, out)
+		if err == nil {
+			for i, j := range idx {
+				res[j].Result = out[i]
+				if reqs[i].Lease != "" && out[i].Allowed && out[i].Granted > 0 {
+					verdict.leases = append(verdict.leases, heldLease{g, reqs[i].Key, reqs[i].Limit, reqs[i].Lease})
+				}
+			}
+		}
+	} else {
+		// Without a MultiStore the rules are taken one by one; after a
+		// rejection the rest only peek, so they consume nothing, but the
+		// rules before it have consumed.
+		rejected := false
+		for _, j := range idx {
+			n := int64(1)
+			if rejected {
+				n = 0
+			}
+			var r weir.Result
+			if r, err = g.Take(ctx, res[j].Key, res[j].Limit, n); err != nil {
+				break
+			}
+			if rejected {
+				r.Allowed = true // a peek says what it would have done
+			}
+			res[j].Result = r
+			rejected = rejected || !r.Allowed
+		}
+	}
+	lat := time.Since(start)
+	if err != nil {
+		p.fallback(ctx, res, idx, err, verdict)
+	}
+	return lat
+}
+
+// fallback applies each rule's on_error to a failed store call: deny
+// rejects, allow admits, and local decides with the in-process store, all
+// or nothing among the local rules, unless a deny rule already rejected.
+func (p *Policy) fallback(ctx context.Context, res []RuleResult, idx []int, err error, verdict *Verdict) {
+	g := p.guard
+	var local []int
+	anyDeny := false
+	for _, j := range idx {
+		rr := &res[j]
+		rr.Err = err
+		rr.Fallback = p.c.byName[rr.Rule].onError
+		switch rr.Fallback {
+		case OnErrorDeny:
+			anyDeny = true
+			rr.Result = weir.Result{Limit: rr.quota, RetryAfter: g.retryHint(), ResetAfter: g.retryHint()}
+		case OnErrorAllow:
+			rr.Result = weir.Result{Allowed: true, Limit: rr.quota, Remaining: rr.quota}
+		case OnErrorLocal:
+			local = append(local, j)
+		}
+	}
+	if len(local) == 0 {
+		return
+	}
+	reqs := make([]weir.Request, len(local))
+	out := make([]weir.Result, len(local))
+	for i, j := range local {
+		n := int64(1)
+		if anyDeny {
+			n = 0 // the request is rejected anyway: peek, consume nothing
+		}
+		reqs[i] = weir.Request{Key: res[j].Key, Limit: res[j].tier.local, N: n}
+		if n > 0 && reqs[i].Limit.Algorithm == weir.Concurrency {
+			reqs[i].Lease = weir.NewLeaseID()
+		}
+	}
+	if lerr := g.local.TakeAll(ctx, reqs, out); lerr != nil {
+		// Cannot happen with valid limits; fail open rather than block.
+		for _, j := range local {
+			res[j].Result = weir.Result{Allowed: true, Limit: res[j].quota, Remaining: res[j].quota}
+			res[j].Fallback = OnErrorAllow
+		}
+		return
+	}
+	for i, j := range local {
+		res[j].Result = out[i]
+		if reqs[i].Lease != "" && out[i].Allowed && out[i].Granted > 0 {
+			verdict.leases = append(verdict.leases, heldLease{g.local, reqs[i].Key, reqs[i].Limit, reqs[i].Lease})
+		}
+	}
+}
+
+// CheckKey decides hits events for a raw identity key under the named
+// rule's default tier, without an HTTP request: the POST /v1/check API.
+// key is what RuleResult.Identity holds, such as a client IP or an API key;
+// hits == 0 peeks. An unknown rule gives an error wrapping ErrUnknownRule;
+// an empty key, or hits outside 0..the limit's capacity, give an error
+// too. Store failures are not errors: the rule's on_error decides, and the
+// RuleResult says so. The allow and deny lists do not apply. Under the
+// concurrency algorithm an admitted CheckKey holds an anonymous slot until
+// the period ends: there is no lease to release.
+func (p *Policy) CheckKey(ctx context.Context, rule, key string, hits int64) (RuleResult, error) {
+	return p.CheckKeyTier(ctx, rule, "", key, hits)
+}
+
+// CheckKeyTier is CheckKey under the named tier; a tier the rule lacks,
+// or "", is the default tier.
+func (p *Policy) CheckKeyTier(ctx context.Context, rule, tierName, key string, hits int64) (RuleResult, error) {
+	r, err := p.rule(rule)
+	if err != nil {
+		return RuleResult{}, err
+	}
+	if key == "" {
+		return RuleResult{}, fmt.Errorf("policy: rule %q: empty key", rule)
+	}
+	t := r.pick(tierName)
+	rr := RuleResult{Rule: r.name, Identity: key, Key: weir.Key(r.name, key), Limit: t.limit, Tier: t.name, Shadow: r.shadow, quota: t.quota, tier: t}
+	start := time.Now()
+	res, err := p.guard.Take(ctx, rr.Key, t.limit, hits)
+	lat := time.Since(start)
+	switch {
+	case err == nil:
+		rr.Result = res
+	case errors.Is(err, weir.ErrInvalidCost) || errors.Is(err, weir.ErrInvalidLimit):
+		return RuleResult{}, fmt.Errorf("policy: rule %q: %w", rule, err)
+	default:
+		rr.Err, rr.Fallback = err, r.onError
+		switch r.onError {
+		case OnErrorAllow:
+			rr.Result = weir.Result{Allowed: true, Limit: t.quota, Remaining: t.quota}
+		case OnErrorDeny:
+			rr.Result = weir.Result{Limit: t.quota, RetryAfter: p.guard.retryHint(), ResetAfter: p.guard.retryHint()}
+		default:
+			lres, lerr := p.guard.local.Take(ctx, rr.Key, t.local, hits)
+			if lerr != nil {
+				// More hits than this instance's share can ever admit.
+				lres = weir.Result{Limit: t.local.Rate, RetryAfter: p.guard.retryHint()}
+			}
+			rr.Result = lres
+		}
+	}
+	if p.observer != nil {
+		p.observer(ctx, rr, lat)
+	}
+	return rr, nil
+}
+
+// Reset clears the state of key under every tier of the named rule,
+// penalty box included: DELETE /v1/state.
+func (p *Policy) Reset(ctx context.Context, rule, key string) error {
+	r, err := p.rule(rule)
+	if err != nil {
+		return err
+	}
+	if key == "" {
+		return fmt.Errorf("policy: rule %q: empty key", rule)
+	}
+	sk := weir.Key(r.name, key)
+	var errs []error
+	for _, t := range r.tiers {
+		if err := p.guard.Reset(ctx, sk, t.limit); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

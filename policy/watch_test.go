@@ -1,0 +1,309 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/weir-dev/weir/store/memstore"
+)
+
+const (
+	confV1  = "rules:\n  - {name: a, identity: const:x, limit: 3/h, algorithm: fixed_window}\n"
+	confV2  = "rules:\n  - {name: a, identity: const:x, limit: 3/h, algorithm: fixed_window}\n  - {name: b, identity: const:x, limit: 9/h}\n"
+	confV3  = "rules:\n  - {name: a, identity: const:x, limit: 3/h, algorithm: fixed_window}\n  - {name: c, identity: const:x, limit: 9/h}\n"
+	confBad = "rules:\n  - {name: a, identity: const:x, limit: 3/hh}\n  - {name: a, limit: 1/m}\n"
+)
+
+// watched starts Watch on path with a shared guard and records swaps.
+type watched struct {
+	h     *Holder
+	guard *Guard
+	mu    sync.Mutex
+	swaps []error // nil for a success
+	logs  *countingHandler
+}
+
+func (w *watched) swapCount() (ok, failed int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, e := range w.swaps {
+		if e == nil {
+			ok++
+		} else {
+			failed++
+		}
+	}
+	return ok, failed
+}
+
+func startWatch(t *testing.T, path string, opts ...WatchOption) *watched {
+	t.Helper()
+	w := &watched{logs: &countingHandler{}}
+	w.guard = NewGuard(memstore.New(), GuardConfig{})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	opts = append([]WatchOption{WatchLogger(slog.New(w.logs)), WatchDebounce(20 * time.Millisecond)}, opts...)
+	h, err := Watch(ctx, path, func(c *Config) (*Policy, error) { return New(c, w.guard) },
+		func(old, new *Policy, err error) {
+			if old == nil || (err == nil) == (new == nil) {
+				t.Errorf("onSwap(%p, %p, %v)", old, new, err)
+			}
+			w.mu.Lock()
+			w.swaps = append(w.swaps, err)
+			w.mu.Unlock()
+		}, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.h = h
+	return w
+}
+
+func ruleNames(p *Policy) []string {
+	var out []string
+	for _, r := range p.Rules() {
+		out = append(out, r.Name)
+	}
+	return out
+}
+
+func hasRule(h *Holder, name string) bool {
+	for _, n := range ruleNames(h.Load()) {
+		if n == name {
+			return true
+		}
+	}
+	return false
+}
+
+func write(t *testing.T, path, data string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestWatchWrite(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "weir.yaml")
+	write(t, path, confV1)
+	w := startWatch(t, path)
+	if got := ruleNames(w.h.Load()); len(got) != 1 {
+		t.Fatalf("first load: %v", got)
+	}
+	// Counters of an unchanged rule survive the reload.
+	for i := 0; i < 2; i++ {
+		if !w.h.Load().Check(ctx, req("GET", "/")).Allowed {
+			t.Fatal("rejected")
+		}
+	}
+	write(t, path, confV2)
+	waitFor(t, 10*time.Second, "the rewritten file to be loaded", func() bool {
+		ok, _ := w.swapCount()
+		return hasRule(w.h, "b") && ok == 1
+	})
+	v := w.h.Load().Check(ctx, req("GET", "/"))
+	if !v.Allowed || v.Results[0].Rule != "a" || v.Results[0].Result.Remaining != 0 {
+		t.Fatalf("after the reload, rule a: %+v", v.Results[0])
+	}
+	if v := w.h.Load().Check(ctx, req("GET", "/")); v.Allowed {
+		t.Fatal("the reload reset rule a's counter")
+	}
+	if w.h.ReloadsOK() != 1 || w.h.ReloadsFailed() != 0 {
+		t.Fatalf("counters %d/%d", w.h.ReloadsOK(), w.h.ReloadsFailed())
+	}
+	// Touching the file without changing it reloads nothing.
+	now := time.Now().Add(time.Second)
+	if err := os.Chtimes(path, now, now); err != nil {
+		t.Fatal(err)
+	}
+	write(t, path, confV2)
+	write(t, path, confV3)
+	waitFor(t, 10*time.Second, "the third version", func() bool {
+		ok, _ := w.swapCount()
+		return hasRule(w.h, "c") && ok == 2
+	})
+	if ok, failed := w.swapCount(); ok != 2 || failed != 0 || w.h.ReloadsOK() != 2 {
+		t.Fatalf("%d swaps (%d failed), %d reloads counted; want 2", ok, failed, w.h.ReloadsOK())
+	}
+}
+
+// TestWatchRename: editors write a new file and rename it over the old.
+func TestWatchRename(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "weir.yaml")
+	write(t, path, confV1)
+	w := startWatch(t, path)
+	tmp := filepath.Join(dir, ".weir.yaml.swp")
+	write(t, tmp, confV2)
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the renamed file to be loaded", func() bool { return hasRule(w.h, "b") })
+	// And again, to show the watch survives the inode change.
+	write(t, tmp, confV3)
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the second rename", func() bool { return hasRule(w.h, "c") })
+}
+
+// TestWatchKubernetes replays a ConfigMap update: the file is a symlink
+// through "..data", which is swapped atomically to a new directory.
+func TestWatchKubernetes(t *testing.T) {
+	dir := t.TempDir()
+	mk := func(ts, content string) {
+		if err := os.Mkdir(filepath.Join(dir, ts), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		write(t, filepath.Join(dir, ts, "weir.yaml"), content)
+	}
+	mk("..2030_01_01_00_00_00.1", confV1)
+	if err := os.Symlink("..2030_01_01_00_00_00.1", filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("..data/weir.yaml", filepath.Join(dir, "weir.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	w := startWatch(t, filepath.Join(dir, "weir.yaml"))
+	swap := func(ts, content, old string) {
+		mk(ts, content)
+		tmp := filepath.Join(dir, "..data_tmp")
+		if err := os.Symlink(ts, tmp); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, filepath.Join(dir, "..data")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.RemoveAll(filepath.Join(dir, old)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	swap("..2030_01_01_00_01_00.2", confV2, "..2030_01_01_00_00_00.1")
+	waitFor(t, 10*time.Second, "the ConfigMap update to be loaded", func() bool { return hasRule(w.h, "b") })
+	swap("..2030_01_01_00_02_00.3", confV3, "..2030_01_01_00_01_00.2")
+	waitFor(t, 10*time.Second, "the second ConfigMap update", func() bool { return hasRule(w.h, "c") })
+}
+
+// TestWatchBadFile: a bad file is rejected, logged and counted; the old
+// rules stay in force until a good file arrives.
+func TestWatchBadFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "weir.yaml")
+	write(t, path, confV1)
+	w := startWatch(t, path)
+	before := w.h.Load()
+	write(t, path, confBad)
+	waitFor(t, 10*time.Second, "the bad file to be rejected", func() bool {
+		_, failed := w.swapCount()
+		return w.h.ReloadsFailed() == 1 && failed == 1
+	})
+	if w.h.Load() != before {
+		t.Fatal("a bad file replaced the policy")
+	}
+	if _, failed := w.swapCount(); failed != 1 {
+		t.Fatalf("%d failed swaps reported", failed)
+	}
+	w.mu.Lock()
+	var ce *ConfigError
+	if !errors.As(w.swaps[0], &ce) || len(ce.Problems) != 2 {
+		t.Fatalf("onSwap error: %v", w.swaps[0])
+	}
+	w.mu.Unlock()
+	if w.logs.count("weir: config problem") != 2 || w.logs.count("weir: config rejected; the old rules stay in force") != 1 {
+		t.Fatalf("logs: %d problems, %d rejections", w.logs.count("weir: config problem"), w.logs.count("weir: config rejected; the old rules stay in force"))
+	}
+	write(t, path, confV2)
+	waitFor(t, 10*time.Second, "the fixed file", func() bool {
+		ok, _ := w.swapCount()
+		return hasRule(w.h, "b") && ok == 1
+	})
+	if w.h.ReloadsOK() != 1 || w.h.ReloadsFailed() != 1 {
+		t.Fatalf("counters %d/%d", w.h.ReloadsOK(), w.h.ReloadsFailed())
+	}
+}
+
+// TestReloadOnSIGHUP installs the handler, then signals this process.
+func TestReloadOnSIGHUP(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "weir.yaml")
+	write(t, path, confV1)
+	// A debounce of an hour keeps fsnotify out of it: only the signal reloads.
+	w := startWatch(t, path, WatchDebounce(time.Hour))
+	stop := w.h.ReloadOnSignal(context.Background(), syscall.SIGHUP)
+	defer stop()
+	write(t, path, confV2)
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "SIGHUP to reload", func() bool { return hasRule(w.h, "b") })
+	// A SIGHUP with a bad file keeps the rules.
+	write(t, path, confBad)
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the bad reload", func() bool { return w.h.ReloadsFailed() == 1 })
+	if !hasRule(w.h, "b") {
+		t.Fatal("a bad file replaced the rules")
+	}
+	if err := w.h.Reload(); err == nil {
+		t.Fatal("Reload of a bad file succeeded")
+	}
+}
+
+func TestHolderSwap(t *testing.T) {
+	p1 := mustPolicy(t, confV1, nil)
+	p2 := mustPolicy(t, confV2, nil)
+	h := NewHolder(p1)
+	if h.Load() != p1 {
+		t.Fatal("Load")
+	}
+	if old := h.Swap(p2); old != p1 || h.Load() != p2 || h.ReloadsOK() != 1 {
+		t.Fatal("Swap")
+	}
+	if err := h.Reload(); err == nil {
+		t.Fatal("Reload without a file succeeded")
+	}
+}
+
+func TestWatchFirstLoadFails(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "weir.yaml")
+	write(t, path, confBad)
+	var ce *ConfigError
+	if _, err := Watch(context.Background(), path, nil, nil); !errors.As(err, &ce) {
+		t.Fatalf("got %v", err)
+	}
+	if _, err := Watch(context.Background(), filepath.Join(dir, "missing.yaml"), nil, nil); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("got %v", err)
+	}
+}
+
+// TestWatchNilBuild: without a build function, reloads still share one
+// store, so counters survive them.
+func TestWatchNilBuild(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "weir.yaml")
+	write(t, path, confV1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	h, err := Watch(ctx, path, nil, nil, WatchLogger(slog.New(&countingHandler{})), WatchDebounce(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		h.Load().Check(ctx, req("GET", "/"))
+	}
+	write(t, path, confV2)
+	waitFor(t, 10*time.Second, "the reload", func() bool { return hasRule(h, "b") })
+	if v := h.Load().Check(ctx, req("GET", "/")); v.Allowed {
+		t.Fatal("the reload reset rule a's counter")
+	}
+}
