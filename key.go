@@ -17,6 +17,11 @@ const MaxIdentityLen = 64
 // SHA-256. Two different (rule, parts) never give the same key.
 func Key(rule string, parts ...string) string {
 	var b strings.Builder
+	n := len(rule)
+	for _, p := range parts {
+		n += 1 + min(len(p), MaxIdentityLen)
+	}
+	b.Grow(n + n/4) // room for a few escapes: one allocation in the common case
 	writeEscaped(&b, rule)
 	for _, p := range parts {
 		b.WriteByte(':')

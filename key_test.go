@@ -44,3 +44,9 @@ func TestKeyReadableAndBounded(t *testing.T) {
 		t.Errorf("a 10 KB identity gave a %d-byte key", len(k))
 	}
 }
+
+func TestKeyAllocatesOnce(t *testing.T) {
+	if n := testing.AllocsPerRun(100, func() { _ = weir.Key("per-ip", "198.51.100.7") }); n > 1 {
+		t.Errorf("Key allocates %v times, want 1", n)
+	}
+}

@@ -321,8 +321,15 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 		mode  algorithm.Mode
 		n     int64
 	}
-	items := make([]item, len(reqs))
-	idx := make([]int, 0, len(reqs))
+	// Batches are small (one request per matched rule): keep them on the stack.
+	var itemsBuf [8]item
+	var idxBuf [8]int
+	items := itemsBuf[:0]
+	if len(reqs) > len(itemsBuf) {
+		items = make([]item, 0, len(reqs))
+	}
+	items = items[:len(reqs)]
+	idx := idxBuf[:0]
 	for i, r := range reqs {
 		k, err := kindOf(r.Limit)
 		if err != nil {
