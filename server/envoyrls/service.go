@@ -1,0 +1,520 @@
+package envoyrls
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/weir-dev/weir"
+)
+
+// ErrBadRequest is wrapped by every error about a malformed request: an
+// empty domain or descriptor list, an unusable limit override, a negative
+// hits addend. gRPC reports it as InvalidArgument, CheckJSON as 400.
+var ErrBadRequest = errors.New("envoyrls: bad request")
+
+// KeyRule is the rule part of every state key the Service writes: a
+// descriptor's counter lives under weir.Key(KeyRule, domain, key1, value1,
+// key2, value2, ...).
+const KeyRule = "envoy"
+
+// keyRuleShared is the rule part of the keys of descriptors that match a
+// share_threshold wildcard. Their parts are tagged ("=" before a value,
+// "*" before a shared pattern) so that a pattern never meets a value.
+const keyRuleShared = "envoy-shared"
+
+// A Decider decides a batch of requests, one per rate-limited descriptor of
+// a call, and fills res (as long as reqs). Each request is decided on its
+// own: one being rejected must not stop another from consuming, because
+// envoyproxy/ratelimit counts descriptors independently. An error fails the
+// whole call (gRPC Unavailable); a Decider that implements fail-open or
+// fail-closed fills res and returns nil instead.
+type Decider func(ctx context.Context, reqs []weir.Request, res []weir.Result) error
+
+// Outcome is what happened to one descriptor of a call.
+type Outcome int
+
+// The outcomes, as an Observer sees them.
+const (
+	NoLimit       Outcome = iota // no rule applies: unknown domain, no match, or replaced
+	Unlimited                    // the rule is unlimited: OK without counting
+	Allowed                      // within the limit
+	Limited                      // over the limit: OVER_LIMIT
+	ShadowLimited                // over the limit, but the rule is in shadow mode: OK
+	Failed                       // the Decider failed, so the call failed
+)
+
+// String returns the outcome's name, fit for a metric label.
+func (o Outcome) String() string {
+	switch o {
+	case NoLimit:
+		return "no_limit"
+	case Unlimited:
+		return "unlimited"
+	case Allowed:
+		return "allowed"
+	case Limited:
+		return "limited"
+	case ShadowLimited:
+		return "shadow_limited"
+	case Failed:
+		return "error"
+	}
+	return fmt.Sprintf("Outcome(%d)", int(o))
+}
+
+// A Decision reports one descriptor of a call to an Observer.
+type Decision struct {
+	// Domain is the request's domain. It may be one the configuration does
+	// not know (Outcome NoLimit, Rule empty): label metrics by Rule, which
+	// names a configured rule, rather than by Domain alone.
+	Domain     string
+	Descriptor int    // index in the request's descriptors
+	Rule       string // the rule's path, "domain.key_value.key": bounded, never a request value
+	Name       string // the rule's name, if it has one
+	Hits       int64  // the hits asked for; 0 checks without counting
+	Outcome    Outcome
+	Result     weir.Result // the store's answer; zero when it was not asked
+	Err        error       // set when Outcome is Failed
+}
+
+// An Observer is told about every descriptor of every call, after the
+// decision and before the response is sent. It must be quick and safe for
+// concurrent use.
+type Observer func(ctx context.Context, d Decision)
+
+// Option configures a Service.
+type Option func(*Service)
+
+// WithDecider routes the store calls through d, for example to add a
+// circuit breaker and fail modes. The default calls the store directly.
+func WithDecider(d Decider) Option { return func(s *Service) { s.decide = d } }
+
+// WithObserver reports every decision to o, for metrics.
+func WithObserver(o Observer) Option { return func(s *Service) { s.observe = o } }
+
+// WithLogger sets where the service logs; the default is slog.Default().
+// It logs only what should never happen: a panic caught in a call.
+func WithLogger(l *slog.Logger) Option { return func(s *Service) { s.log = l } }
+
+// WithClock makes the service read time from now; it only needs time to
+// report duration_until_reset for a fixed window the store has not yet
+// touched. Tests set it to the store's clock.
+func WithClock(now func() time.Time) Option { return func(s *Service) { s.now = now } }
+
+// Service answers Envoy's ShouldRateLimit calls from an envoyproxy/ratelimit
+// Config, keeping its counters in a weir Store. It implements
+// envoy.service.ratelimit.v3.RateLimitServiceServer and is safe for
+// concurrent use; SetConfig swaps the configuration atomically.
+//
+// Responses are those of envoyproxy/ratelimit for the same configuration
+// and requests, with one difference of substance: a request weir rejects
+// consumes nothing, where upstream counts it anyway. docs/envoy.md lists
+// the details.
+type Service struct {
+	cfg     atomic.Pointer[Config]
+	store   weir.Store
+	decide  Decider
+	observe Observer
+	now     func() time.Time
+	log     *slog.Logger
+}
+
+// New returns a Service answering from cfg with counters in store. A nil
+// cfg knows no domain, so every call is answered OK until SetConfig.
+func New(cfg *Config, store weir.Store, opts ...Option) *Service {
+	s := &Service{store: store, now: time.Now, log: slog.Default()}
+	for _, o := range opts {
+		o(s)
+	}
+	if s.decide == nil {
+		s.decide = StoreDecider(store)
+	}
+	s.SetConfig(cfg)
+	return s
+}
+
+// SetConfig replaces the configuration. Calls under way finish with the one
+// they started with. Counters survive: they are keyed by descriptor, not by
+// configuration.
+func (s *Service) SetConfig(cfg *Config) {
+	if cfg == nil {
+		cfg = &Config{domains: map[string]*domainConfig{}}
+	}
+	s.cfg.Store(cfg)
+}
+
+// Config returns the configuration in force.
+func (s *Service) Config() *Config { return s.cfg.Load() }
+
+// StoreDecider returns the default Decider: each request goes to store on
+// its own, through MultiStore.TakeAll when store has it.
+func StoreDecider(store weir.Store) Decider {
+	if ms, ok := store.(weir.MultiStore); ok {
+		return func(ctx context.Context, reqs []weir.Request, res []weir.Result) error {
+			for i := range reqs {
+				if err := ms.TakeAll(ctx, reqs[i:i+1], res[i:i+1]); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+	}
+	return func(ctx context.Context, reqs []weir.Request, res []weir.Result) error {
+		for i, r := range reqs {
+			var err error
+			if res[i], err = store.Take(ctx, r.Key, r.Limit, r.N); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// ShouldRateLimit implements envoy.service.ratelimit.v3.RateLimitService.
+// A malformed request gets InvalidArgument; a store failure the Decider
+// does not absorb gets Unavailable.
+func (s *Service) ShouldRateLimit(ctx context.Context, req *rlspb.RateLimitRequest) (resp *rlspb.RateLimitResponse, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			s.log.Error("envoyrls: panic in ShouldRateLimit", "panic", p, "domain", req.GetDomain())
+			resp, err = nil, status.Errorf(codes.Internal, "envoyrls: internal error: %v", p)
+		}
+	}()
+	resp, err = s.Check(ctx, req)
+	if err != nil {
+		return nil, status.Error(grpcCode(err), err.Error())
+	}
+	return resp, nil
+}
+
+func grpcCode(err error) codes.Code {
+	switch {
+	case errors.Is(err, ErrBadRequest):
+		return codes.InvalidArgument
+	case errors.Is(err, context.Canceled):
+		return codes.Canceled
+	case errors.Is(err, context.DeadlineExceeded):
+		return codes.DeadlineExceeded
+	}
+	return codes.Unavailable
+}
+
+// item is one descriptor of a call being decided.
+type item struct {
+	rule   *rule
+	shared []string // share_threshold patterns by entry, or nil
+	hits   int64
+	forced bool // over the limit's capacity: rejected without consuming
+	req    int  // index in the store batch, -1 if the store is not asked
+}
+
+// Check decides req like ShouldRateLimit, returning plain errors: those
+// wrapping ErrBadRequest are the caller's fault, others the store's.
+func (s *Service) Check(ctx context.Context, req *rlspb.RateLimitRequest) (*rlspb.RateLimitResponse, error) {
+	if req.GetDomain() == "" {
+		return nil, fmt.Errorf("%w: domain must not be empty", ErrBadRequest)
+	}
+	descs := req.GetDescriptors()
+	if len(descs) == 0 {
+		return nil, fmt.Errorf("%w: descriptors must not be empty", ErrBadRequest)
+	}
+	cfg := s.cfg.Load()
+	dom := cfg.domains[req.Domain]
+	reqHits := max(int64(1), int64(req.GetHitsAddend()))
+
+	items := make([]item, len(descs))
+	var replacing map[string]bool
+	for i, desc := range descs {
+		it := &items[i]
+		it.req = -1
+		if desc.GetIsNegativeHits() {
+			return nil, fmt.Errorf("%w: descriptors[%d].is_negative_hits is not supported: weir never gives back what it counted", ErrBadRequest, i)
+		}
+		if dom == nil {
+			continue // unknown domain: OK, as upstream
+		}
+		if ov := desc.GetLimit(); ov != nil {
+			r, err := overrideRule(req.Domain, i, desc)
+			if err != nil {
+				return nil, err
+			}
+			it.rule = r
+		} else {
+			it.rule, it.shared = dom.match(desc.GetEntries())
+		}
+		if it.rule == nil {
+			continue
+		}
+		for _, name := range it.rule.replaces {
+			if replacing == nil {
+				replacing = map[string]bool{}
+			}
+			replacing[name] = true
+		}
+		it.hits = reqHits
+		if h := desc.GetHitsAddend(); h != nil {
+			it.hits = int64(min(h.GetValue(), math.MaxInt64))
+		}
+	}
+
+	// Rules named in another matched rule's replaces are dropped; unlimited
+	// rules are never dropped but do replace.
+	var reqs []weir.Request
+	for i := range items {
+		it := &items[i]
+		r := it.rule
+		if r == nil || r.unlimited {
+			continue
+		}
+		if r.name != "" && replacing[r.name] {
+			it.rule = nil
+			continue
+		}
+		if r.deny {
+			continue
+		}
+		n := it.hits
+		if n > r.maxCost {
+			// More than the limit can ever admit: upstream says OVER_LIMIT,
+			// and a peek fetches the state to report.
+			n, it.forced = 0, true
+		}
+		it.req = len(reqs)
+		reqs = append(reqs, weir.Request{Key: stateKey(req.Domain, descs[i].GetEntries(), it.shared), Limit: r.limit, N: n})
+	}
+
+	results := make([]weir.Result, len(reqs))
+	if len(reqs) > 0 {
+		if err := s.decide(ctx, reqs, results); err != nil {
+			err = fmt.Errorf("envoyrls: domain %q: %w", req.Domain, err)
+			if s.observe != nil {
+				for i, it := range items {
+					if it.req >= 0 {
+						s.observe(ctx, Decision{Domain: req.Domain, Descriptor: i, Rule: it.rule.path, Name: it.rule.name, Hits: it.hits, Outcome: Failed, Err: err})
+					}
+				}
+			}
+			return nil, err
+		}
+	}
+
+	resp := &rlspb.RateLimitResponse{Statuses: make([]*rlspb.RateLimitResponse_DescriptorStatus, len(items))}
+	over := false
+	var quotaGroups map[string]bool // group → over
+	for i := range items {
+		it := &items[i]
+		st := &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK}
+		resp.Statuses[i] = st
+		d := Decision{Domain: req.Domain, Descriptor: i, Hits: it.hits}
+		r := it.rule
+		switch {
+		case r == nil:
+			d.Outcome = NoLimit
+		case r.unlimited:
+			st.LimitRemaining = math.MaxUint32
+			d.Rule, d.Name, d.Outcome = r.path, r.name, Unlimited
+		default:
+			d.Rule, d.Name = r.path, r.name
+			allowed := false
+			if it.req >= 0 {
+				d.Result = results[it.req]
+				allowed = d.Result.Allowed && !it.forced
+			}
+			st.CurrentLimit = r.proto()
+			st.LimitRemaining = uint32(min(max(d.Result.Remaining, 0), math.MaxUint32))
+			st.DurationUntilReset = s.untilReset(r, d.Result)
+			switch {
+			case allowed:
+				d.Outcome = Allowed
+			case r.shadow:
+				d.Outcome = ShadowLimited
+			default:
+				d.Outcome = Limited
+				st.Code = rlspb.RateLimitResponse_OVER_LIMIT
+			}
+			if r.quota {
+				if quotaGroups == nil {
+					quotaGroups = map[string]bool{}
+				}
+				g := quotaGroup(descs[i].GetEntries())
+				quotaGroups[g] = quotaGroups[g] || d.Outcome == Limited
+			} else if d.Outcome == Limited {
+				over = true
+			}
+		}
+		if s.observe != nil {
+			s.observe(ctx, d)
+		}
+	}
+	// quota_mode descriptors are grouped; the call is over the limit when a
+	// plain descriptor is, or when every quota group is.
+	if len(quotaGroups) > 0 {
+		all := true
+		for _, g := range quotaGroups {
+			all = all && g
+		}
+		over = over || all
+	}
+	if over {
+		resp.OverallCode = rlspb.RateLimitResponse_OVER_LIMIT
+	} else {
+		resp.OverallCode = rlspb.RateLimitResponse_OK
+	}
+	return resp, nil
+}
+
+// untilReset is duration_until_reset. For a fixed window it is the time
+// to the end of the window in whole seconds, as upstream computes it even
+// when the window is untouched; for other algorithms it is the time until
+// the key's state is empty again.
+func (s *Service) untilReset(r *rule, res weir.Result) *durationpb.Duration {
+	d := res.ResetAfter
+	if r.deny || r.limit.Algorithm == weir.FixedWindow {
+		p := r.limit.Period
+		if d <= 0 {
+			d = p - time.Duration(s.now().UnixNano()%int64(p))
+		}
+		if p%time.Second == 0 {
+			d = (d + time.Second - 1).Truncate(time.Second)
+		}
+	}
+	return durationpb.New(d)
+}
+
+// proto returns the rule's current_limit.
+func (r *rule) proto() *rlspb.RateLimitResponse_RateLimit {
+	l := &rlspb.RateLimitResponse_RateLimit{Name: r.name, RequestsPerUnit: r.rpu, Unit: r.unit}
+	if r.mult > 1 {
+		l.UnitMultiplier = wrapperspb.UInt32(r.mult)
+	}
+	return l
+}
+
+// match walks the domain's descriptor tree along entries. At each level an
+// entry matches its exact key and value first, then the first wildcard
+// value (in file order) that prefixes its value, then its key alone. The
+// rule is the one on the node reached by the last entry; a request with
+// more or fewer entries than the tree is deep matches nothing. shared
+// holds, per entry, the wildcard pattern whose counter is shared
+// (share_threshold), or is nil.
+func (d *domainConfig) match(entries []*rlcommon.RateLimitDescriptor_Entry) (r *rule, shared []string) {
+	lvl := &d.root
+	for i, e := range entries {
+		k, v := e.GetKey(), e.GetValue()
+		n := lvl.exact[entryKey{k, v}]
+		wild := false
+		if n == nil {
+			for _, w := range lvl.wildcards {
+				if w.key == k && strings.HasPrefix(v, w.prefix) {
+					n, wild = w, true
+					break
+				}
+			}
+		}
+		if n == nil {
+			n = lvl.defaults[k]
+		}
+		if n == nil {
+			return nil, nil
+		}
+		if wild && n.share {
+			if shared == nil {
+				shared = make([]string, len(entries))
+			}
+			shared[i] = n.value
+		}
+		if i == len(entries)-1 {
+			return n.rule, shared
+		}
+		if n.children.empty() {
+			return nil, nil
+		}
+		lvl = &n.children
+	}
+	return nil, nil
+}
+
+// overrideRule builds the rule of a descriptor that carries its own limit
+// (Envoy's limit override). As upstream, it applies whatever the tree
+// says, counts like a plain fixed window and is never in shadow mode.
+func overrideRule(domain string, i int, desc *rlcommon.RateLimitDescriptor) (*rule, error) {
+	ov := desc.GetLimit()
+	unit := rlspb.RateLimitResponse_RateLimit_Unit(ov.GetUnit())
+	ud := unitDuration(unit)
+	if ud == 0 {
+		return nil, fmt.Errorf("%w: descriptors[%d].limit.unit must be a known unit, got %v", ErrBadRequest, i, ov.GetUnit())
+	}
+	mult := max(1, ov.GetUnitMultiplier().GetValue())
+	if time.Duration(mult) > (1<<53-1)*time.Microsecond/ud {
+		return nil, fmt.Errorf("%w: descriptors[%d].limit.unit_multiplier %d makes the period too long", ErrBadRequest, i, mult)
+	}
+	var path strings.Builder
+	path.WriteString(domain)
+	for _, e := range desc.GetEntries() {
+		path.WriteByte('.')
+		path.WriteString(e.GetKey())
+	}
+	r := &rule{
+		domain: domain, path: path.String(),
+		rpu: ov.GetRequestsPerUnit(), unit: unit, mult: mult,
+		limit: weir.Limit{Algorithm: weir.FixedWindow, Rate: int64(ov.GetRequestsPerUnit()), Period: ud * time.Duration(mult)},
+	}
+	r.maxCost = r.limit.Rate
+	r.deny = r.rpu == 0
+	return r, nil
+}
+
+// stateKey is the store key of a descriptor's counter.
+func stateKey(domain string, entries []*rlcommon.RateLimitDescriptor_Entry, shared []string) string {
+	parts := make([]string, 0, 1+2*len(entries))
+	parts = append(parts, domain)
+	if shared == nil {
+		for _, e := range entries {
+			parts = append(parts, e.GetKey(), e.GetValue())
+		}
+		return weir.Key(KeyRule, parts...)
+	}
+	for i, e := range entries {
+		v := "=" + e.GetValue()
+		if shared[i] != "" {
+			v = "*" + shared[i]
+		}
+		parts = append(parts, e.GetKey(), v)
+	}
+	return weir.Key(keyRuleShared, parts...)
+}
+
+// quotaGroup is the group of a quota_mode descriptor, as upstream forms
+// it: its backend_name and model_name_override entries if it has either,
+// otherwise all its entries.
+func quotaGroup(entries []*rlcommon.RateLimitDescriptor_Entry) string {
+	var backend, model string
+	var all strings.Builder
+	for _, e := range entries {
+		switch e.GetKey() {
+		case "backend_name":
+			backend = e.GetValue()
+		case "model_name_override":
+			model = e.GetValue()
+		}
+		all.WriteString(weir.Key(e.GetKey(), e.GetValue()))
+		all.WriteByte(';')
+	}
+	if backend != "" || model != "" {
+		return "\x00" + backend + "\x00" + model
+	}
+	return all.String()
+}
