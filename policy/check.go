@@ -74,8 +74,8 @@ type rule struct {
 	methods   map[string]bool // nil: any
 	host      string          // lower case; "" any
 	hostWild  bool            // host is a "*." suffix
-	path      string
-	mux       *http.ServeMux // nil: any path
+	dotHost   string          // "." + host, for hostWild
+	path      *pathPattern    // nil: any path
 	ids       []identity
 	onMissing string
 	tierBy    *identity
@@ -84,6 +84,10 @@ type rule struct {
 	shadow    bool
 	onError   string
 	info      RuleInfo
+
+	// fixedID and fixedKey are the identity and key of a rule counting by
+	// route or by a constant alone, which are the same for every request.
+	fixedID, fixedKey string
 }
 
 // tier is one limit of a rule; an untiered rule has one, named "default".
@@ -309,16 +313,16 @@ func checkRule(rc *RuleConfig, rp string, c *compiled, cfg *Config, rep reporter
 		}
 	}
 	if m.Path != "" {
-		r.path = m.Path
-		mux, msg := compilePath(m.Path)
+		pp, msg := compilePath(m.Path)
 		if msg != "" {
 			bad(rp+".match.path", msg)
 		}
-		r.mux = mux
+		r.path = pp
 	}
 	if m.Host != "" {
 		h := strings.ToLower(m.Host)
 		r.host, r.hostWild = strings.CutPrefix(h, "*.")
+		r.dotHost = "." + r.host
 		switch {
 		case strings.ContainsAny(r.host, "/ *") || r.host == "":
 			bad(rp+".match.host", fmt.Sprintf("host %s must be a host name such as api.example.com or *.example.com", quote(m.Host)))
@@ -398,13 +402,28 @@ func checkRule(rc *RuleConfig, rp string, c *compiled, cfg *Config, rep reporter
 	if !ok {
 		return nil
 	}
+	if len(r.ids) == 1 {
+		switch id := r.ids[0]; id.kind {
+		case idRoute:
+			if r.path != nil {
+				r.fixedID = r.path.str
+			}
+		case idConst:
+			r.fixedID = id.arg
+		}
+		if r.fixedID != "" {
+			r.fixedKey = weir.Key(r.name, r.fixedID)
+		}
+	}
 	r.info = ruleInfo(rc, r, rp)
 	return r
 }
 
-// compilePath turns a path pattern into a one-pattern ServeMux, or an error
-// message.
-func compilePath(p string) (mux *http.ServeMux, msg string) {
+// compilePath compiles a path pattern, or returns an error message. A
+// one-pattern http.ServeMux validates it, so that policy accepts exactly
+// the patterns ServeMux does, with its messages; Check then matches with
+// the pathPattern, which answers as that ServeMux would.
+func compilePath(p string) (pp *pathPattern, msg string) {
 	if !strings.HasPrefix(p, "/") {
 		return nil, fmt.Sprintf("path %s must start with \"/\"; put methods in match.methods and the host in match.host", quote(p))
 	}
@@ -413,15 +432,14 @@ func compilePath(p string) (mux *http.ServeMux, msg string) {
 	}
 	defer func() {
 		if e := recover(); e != nil {
-			mux = nil
+			pp = nil
 			m := fmt.Sprint(e)
 			m = strings.TrimPrefix(m, "parsing "+quote(p)+": ")
 			msg = fmt.Sprintf("invalid path pattern %s: %s", quote(p), m)
 		}
 	}()
-	mux = http.NewServeMux()
-	mux.Handle(p, http.NotFoundHandler())
-	return mux, ""
+	http.NewServeMux().Handle(p, http.NotFoundHandler())
+	return parsePathPattern(p), ""
 }
 
 // limitSpec is a limit as a rule or tier writes it.

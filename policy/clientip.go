@@ -29,30 +29,34 @@ func ClientIP(r *http.Request, trusted []netip.Prefix) netip.Addr {
 	if !peer.IsValid() || !inPrefixes(peer, trusted) {
 		return peer
 	}
+	// The entries of every X-Forwarded-For line, in order, empty ones
+	// skipped, walked from the right without splitting them into a slice.
 	xff := r.Header.Values("X-Forwarded-For")
-	if len(xff) > 0 {
-		hops := make([]string, 0, 4)
-		for _, h := range xff {
-			for _, e := range strings.Split(h, ",") {
-				if e = strings.TrimSpace(e); e != "" {
-					hops = append(hops, e)
-				}
+	last, seen := peer, false
+	for i := len(xff) - 1; i >= 0; i-- {
+		for h, more := xff[i], true; more; {
+			e := h
+			if j := strings.LastIndexByte(h, ','); j >= 0 {
+				e, h = h[j+1:], h[:j]
+			} else {
+				more = false
 			}
-		}
-		if len(hops) > 0 {
-			last := peer
-			for i := len(hops) - 1; i >= 0; i-- {
-				a := parseHostAddr(hops[i])
-				if !a.IsValid() {
-					return last
-				}
-				if !inPrefixes(a, trusted) {
-					return a
-				}
-				last = a
+			if e = strings.TrimSpace(e); e == "" {
+				continue
 			}
-			return last
+			seen = true
+			a := parseHostAddr(e)
+			if !a.IsValid() {
+				return last
+			}
+			if !inPrefixes(a, trusted) {
+				return a
+			}
+			last = a
 		}
+	}
+	if seen {
+		return last
 	}
 	if real := parseHostAddr(strings.TrimSpace(r.Header.Get("X-Real-IP"))); real.IsValid() {
 		return real
@@ -61,13 +65,23 @@ func ClientIP(r *http.Request, trusted []netip.Prefix) netip.Addr {
 }
 
 // parseHostAddr parses "1.2.3.4", "1.2.3.4:80", "::1", "[::1]:80" or
-// "[::1]", unmapping IPv4-in-IPv6 and dropping any zone.
+// "[::1]", unmapping IPv4-in-IPv6 and dropping any zone. It allocates
+// nothing for these forms: it only parses s as an address when s can be
+// one, since a failed parse allocates its error.
 func parseHostAddr(s string) netip.Addr {
 	if s == "" {
 		return netip.Addr{}
 	}
-	if a, err := netip.ParseAddr(s); err == nil {
-		return clean(a)
+	// An address neither starts with '[' nor has exactly one colon (an
+	// IPv6 address has at least two), so such an s is host:port, or
+	// "[host]".
+	if s[0] != '[' && !oneColon(s) {
+		if a, err := netip.ParseAddr(s); err == nil {
+			return clean(a)
+		}
+		// Without '[' and with no or several colons, s is not host:port
+		// either.
+		return netip.Addr{}
 	}
 	if host, _, err := net.SplitHostPort(s); err == nil {
 		if a, err := netip.ParseAddr(host); err == nil {
@@ -81,6 +95,12 @@ func parseHostAddr(s string) netip.Addr {
 		}
 	}
 	return netip.Addr{}
+}
+
+// oneColon reports whether s holds exactly one ':'.
+func oneColon(s string) bool {
+	i := strings.IndexByte(s, ':')
+	return i >= 0 && strings.IndexByte(s[i+1:], ':') < 0
 }
 
 func clean(a netip.Addr) netip.Addr { return a.Unmap().WithZone("") }

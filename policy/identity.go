@@ -7,6 +7,8 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+
+	"github.com/weir-dev/weir"
 )
 
 // idKind is what an identity reads from a request.
@@ -222,16 +224,56 @@ func ipValue(a netip.Addr, bits4, bits6 int) string {
 	if !a.IsValid() {
 		return ""
 	}
+	var buf [64]byte
+	return string(appendIPValue(buf[:0], a, bits4, bits6))
+}
+
+// appendIPValue appends ipValue(a, bits4, bits6) for a valid a to b.
+func appendIPValue(b []byte, a netip.Addr, bits4, bits6 int) []byte {
 	bits := bits6
 	if a.Is4() {
 		bits = bits4
 	}
 	if bits >= a.BitLen() {
-		return a.String()
+		return a.AppendTo(b)
 	}
 	p, err := a.Prefix(bits)
 	if err != nil {
-		return a.String()
+		return a.AppendTo(b)
 	}
-	return p.String()
+	return p.AppendTo(b)
+}
+
+// ipKey returns the ip identity of a client address, as ipValue renders
+// it, and its store key weir.Key(rule, id); ok is false for no address.
+// For IPv4 it makes one allocation: the text of an IPv4 address or prefix
+// has nothing weir.Key escapes, so the key ends with it and id is that end
+// of the key. An IPv6 identity, whose colons the key escapes, needs its
+// own string.
+func ipKey(rule string, a netip.Addr, bits4, bits6 int) (id, key string, ok bool) {
+	if !a.IsValid() {
+		return "", "", false
+	}
+	var buf [64]byte
+	b := appendIPValue(buf[:0], a, bits4, bits6)
+	if a.Is4() {
+		key = weir.Key(rule, string(b)) // string(b) stays on the stack
+		if n := len(key) - len(b); n > 0 && key[n:] == string(b) {
+			return key[n:], key, true
+		}
+	}
+	id = string(b)
+	return id, weir.Key(rule, id), true
+}
+
+// useIPKey returns the identity "ip:ADDR" that on_missing: use_ip counts
+// a client address by, and its store key weir.Key(rule, "", ADDR); ok is
+// false for no address.
+func useIPKey(rule string, a netip.Addr) (id, key string, ok bool) {
+	if !a.IsValid() {
+		return "", "", false
+	}
+	var buf [64]byte
+	id = string(a.AppendTo(append(buf[:0], "ip:"...)))
+	return id, weir.Key(rule, "", id[len("ip:"):]), true
 }

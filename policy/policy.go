@@ -9,7 +9,9 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/store/memstore"
@@ -325,87 +327,152 @@ type RuleResult struct {
 // enforced reports whether r counts toward the verdict.
 func (r *RuleResult) enforced() bool { return !r.Shadow && !r.Skipped }
 
-// match reports whether r applies to req, and the route pattern matched.
-func (r *rule) match(req *http.Request) (string, bool) {
+// match reports whether r applies to req, whose path as ServeMux sees it
+// rp holds (or will), and the route pattern matched.
+func (r *rule) match(req *http.Request, rp *reqPath) (string, bool) {
 	if r.methods != nil && !r.methods[req.Method] {
 		return "", false
 	}
-	if r.host != "" {
-		h := strings.ToLower(req.Host)
-		if hh, _, err := net.SplitHostPort(h); err == nil {
-			h = hh
-		}
-		h = strings.TrimSuffix(h, ".")
-		if r.hostWild {
-			if !strings.HasSuffix(h, "."+r.host) {
-				return "", false
-			}
-		} else if h != r.host {
-			return "", false
-		}
-	}
-	if r.mux == nil {
-		return "", true
-	}
-	if req.URL == nil {
+	if r.host != "" && !r.matchHost(req.Host) {
 		return "", false
 	}
-	// The pattern is returned for a match, and also when the mux would
+	if r.path == nil {
+		return "", true
+	}
+	// The pattern is returned for a match, and also when ServeMux would
 	// redirect to a match: an unclean path (/api//login) or a missing
 	// trailing slash (/api for /api/). Both count, so that a limit cannot
 	// be dodged by spelling the path differently.
-	_, pat := r.mux.Handler(req)
-	return pat, pat != ""
+	if !r.path.match(rp.of(req)) {
+		return "", false
+	}
+	return r.path.str, true
 }
 
-// identify returns the identity value of req for r, or ok false when it
-// lacks one.
-func (r *rule) identify(v *reqView, route string) (string, bool) {
-	if len(r.ids) == 1 {
-		s := r.ids[0].value(v, route)
-		return s, s != ""
-	}
-	parts := make([]string, len(r.ids))
-	for i := range r.ids {
-		if parts[i] = r.ids[i].value(v, route); parts[i] == "" {
-			return "", false
+// matchHost reports whether host, the request's Host, is the rule's host or,
+// for a wildcard, a subdomain of it: case-insensitively, without the port
+// and a trailing dot. It allocates nothing for an ASCII host.
+func (r *rule) matchHost(host string) bool {
+	h := host
+	ascii := true
+	for i := 0; i < len(h); i++ {
+		if h[i] >= utf8.RuneSelf {
+			ascii = false
+			break
 		}
 	}
-	return weir.Key(parts[0], parts[1:]...), true
+	if !ascii {
+		h = strings.ToLower(h)
+	}
+	// SplitHostPort fails, leaving h as it is, without a colon.
+	if strings.IndexByte(h, ':') >= 0 {
+		if hh, _, err := net.SplitHostPort(h); err == nil {
+			h = hh
+		}
+	}
+	h = strings.TrimSuffix(h, ".")
+	if r.hostWild {
+		return len(h) >= len(r.dotHost) && asciiLowerEqual(h[len(h)-len(r.dotHost):], r.dotHost)
+	}
+	return asciiLowerEqual(h, r.host)
+}
+
+// asciiLowerEqual reports whether strings.ToLower(s) == want for a want in
+// lower case, ASCII-only s and any s already in lower case.
+func asciiLowerEqual(s, want string) bool {
+	if len(s) != len(want) {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != want[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// identify returns the identity value of req for r and its store key
+// weir.Key(r.name, id), or ok false when req lacks the identity.
+func (r *rule) identify(v *reqView, route string) (id, key string, ok bool) {
+	if r.fixedKey != "" {
+		return r.fixedID, r.fixedKey, true
+	}
+	if len(r.ids) == 1 {
+		if ip := &r.ids[0]; ip.kind == idIP {
+			return ipKey(r.name, v.clientIP(), ip.bits4, ip.bits6)
+		}
+		id = r.ids[0].value(v, route)
+		if id == "" {
+			return "", "", false
+		}
+		return id, weir.Key(r.name, id), true
+	}
+	var buf [4]string
+	parts := buf[:0]
+	for i := range r.ids {
+		s := r.ids[i].value(v, route)
+		if s == "" {
+			return "", "", false
+		}
+		parts = append(parts, s)
+	}
+	id = weir.Key(parts[0], parts[1:]...)
+	return id, weir.Key(r.name, id), true
+}
+
+// maxScratch is how many rules a request can match, or a store call can
+// carry, before Check's scratch space spills to the heap.
+const maxScratch = 8
+
+// hit is a rule that matched a request, with the route pattern matched.
+type hit struct {
+	ru    *rule
+	route string
 }
 
 // Check runs the whole pipeline for an HTTP request: the deny and allow
 // lists, then every rule that matches, all or nothing, and returns the
 // combined verdict. It never fails: store errors are handled by each
 // rule's on_error policy and reported in the results.
+//
+// Check allocates Verdict.Results and at most one string per matched rule
+// for the common identities, its store key: an IPv4 ip identity shares
+// the key's memory, and the key of a rule counting by route or by a
+// constant alone is made once, at New. The rest of the decision path
+// works on the stack or in pooled scratch space.
 func (p *Policy) Check(ctx context.Context, r *http.Request) Verdict {
-	v := &reqView{r: r, trusted: p.c.trusted}
-	if p.c.listed(v, p.c.denyNets, p.c.denyVals) {
+	v := reqView{r: r, trusted: p.c.trusted}
+	if p.c.listed(&v, p.c.denyNets, p.c.denyVals) {
 		return Verdict{Denied: true, Limiting: -1}
 	}
-	if p.c.listed(v, p.c.allowNets, p.c.allowVals) {
+	if p.c.listed(&v, p.c.allowNets, p.c.allowVals) {
 		return Verdict{Allowed: true, AllowListed: true, Limiting: -1}
 	}
-	verdict := Verdict{Allowed: true, Limiting: -1, Results: make([]RuleResult, 0, min(len(p.c.rules), 8))}
-	var eBuf, sBuf [8]int
+	// Match first, so that Results is allocated once, at its size.
+	var hBuf [maxScratch]hit
+	hits := hBuf[:0]
+	var rp reqPath
+	for _, ru := range p.c.rules {
+		if route, ok := ru.match(r, &rp); ok {
+			hits = append(hits, hit{ru, route})
+		}
+	}
+	verdict := Verdict{Allowed: true, Limiting: -1, Results: make([]RuleResult, 0, len(hits))}
+	var eBuf, sBuf [maxScratch]int
 	enforced, shadow := eBuf[:0], sBuf[:0] // indexes into verdict.Results to decide
 	denied := false
-	for _, ru := range p.c.rules {
-		route, ok := ru.match(r)
-		if !ok {
-			continue
-		}
+	for _, h := range hits {
+		ru, route := h.ru, h.route
 		rr := RuleResult{Rule: ru.name, Shadow: ru.shadow}
-		id, ok := ru.identify(v, route)
-		key := ""
-		if ok {
-			key = weir.Key(ru.name, id)
-		} else {
+		id, key, ok := ru.identify(&v, route)
+		if !ok {
 			switch ru.onMissing {
 			case OnMissingUseIP:
-				if ip := ipValue(v.clientIP(), 32, 128); ip != "" {
-					id, key, ok = "ip:"+ip, weir.Key(ru.name, "", ip), true
-				}
+				id, key, ok = useIPKey(ru.name, v.clientIP())
 			case OnMissingDeny:
 				rr.Denied = true
 				if !rr.Shadow {
@@ -415,7 +482,7 @@ func (p *Policy) Check(ctx context.Context, r *http.Request) Verdict {
 		}
 		t := ru.tiers[0]
 		if ru.tierBy != nil {
-			t = ru.pick(ru.tierBy.value(v, route))
+			t = ru.pick(ru.tierBy.value(&v, route))
 		}
 		rr.Tier, rr.Limit, rr.quota, rr.tier = t.name, t.limit, t.quota, t
 		if !ok {
@@ -432,9 +499,14 @@ func (p *Policy) Check(ctx context.Context, r *http.Request) Verdict {
 		}
 	}
 	res := verdict.Results
+	var lBuf [maxScratch]time.Duration
 	var lats []time.Duration
 	if p.observer != nil {
-		lats = make([]time.Duration, len(res))
+		if len(res) <= len(lBuf) {
+			lats = lBuf[:len(res)]
+		} else {
+			lats = make([]time.Duration, len(res))
+		}
 	}
 	if denied {
 		// Refused for a missing identity: the other enforced rules are not
@@ -452,7 +524,8 @@ func (p *Policy) Check(ctx context.Context, r *http.Request) Verdict {
 		}
 	}
 	for _, j := range shadow {
-		d := p.decide(ctx, res, []int{j}, &verdict)
+		one := [1]int{j}
+		d := p.decide(ctx, res, one[:], &verdict)
 		if lats != nil {
 			lats[j] = d
 		}
@@ -526,6 +599,36 @@ func (c *compiled) listed(v *reqView, nets []netip.Prefix, vals []valueSet) bool
 	return false
 }
 
+// scratch is the requests and results of one store call, pooled so that
+// deciding allocates nothing. Stores do not keep them past the call.
+type scratch struct {
+	reqs [maxScratch]weir.Request
+	out  [maxScratch]weir.Result
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+
+// getScratch returns n requests and results, from the pool when n fits;
+// give s back to putScratch.
+func getScratch(n int) (reqs []weir.Request, out []weir.Result, s *scratch) {
+	if n > maxScratch {
+		return make([]weir.Request, n), make([]weir.Result, n), nil
+	}
+	s = scratchPool.Get().(*scratch)
+	return s.reqs[:n], s.out[:n], s
+}
+
+// putScratch clears the first n entries of s, so that the pool holds no
+// keys, and gives it back; a nil s is ignored.
+func putScratch(s *scratch, n int) {
+	if s == nil {
+		return
+	}
+	clear(s.reqs[:n])
+	clear(s.out[:n])
+	scratchPool.Put(s)
+}
+
 // decide takes the results at idx (all enforced, or one shadow rule) from
 // the store, all or nothing, applying on_error on failure. It returns the
 // store latency.
@@ -534,8 +637,7 @@ func (p *Policy) decide(ctx context.Context, res []RuleResult, idx []int, verdic
 	start := time.Now()
 	var err error
 	if g.Multi() {
-		reqs := make([]weir.Request, len(idx))
-		out := make([]weir.Result, len(idx))
+		reqs, out, s := getScratch(len(idx))
 		for i, j := range idx {
 			reqs[i] = weir.Request{Key: res[j].Key, Limit: res[j].Limit, N: 1}
 			if res[j].Limit.Algorithm == weir.Concurrency {
@@ -551,6 +653,7 @@ func (p *Policy) decide(ctx context.Context, res []RuleResult, idx []int, verdic
 				}
 			}
 		}
+		putScratch(s, len(idx))
 	} else {
 		// Without a MultiStore the rules are taken one by one; after a
 		// rejection the rest only peek, so they consume nothing, but the
@@ -584,7 +687,8 @@ func (p *Policy) decide(ctx context.Context, res []RuleResult, idx []int, verdic
 // or nothing among the local rules, unless a deny rule already rejected.
 func (p *Policy) fallback(ctx context.Context, res []RuleResult, idx []int, err error, verdict *Verdict) {
 	g := p.guard
-	var local []int
+	var lBuf [maxScratch]int
+	local := lBuf[:0]
 	anyDeny := false
 	for _, j := range idx {
 		rr := &res[j]
@@ -603,8 +707,8 @@ func (p *Policy) fallback(ctx context.Context, res []RuleResult, idx []int, err 
 	if len(local) == 0 {
 		return
 	}
-	reqs := make([]weir.Request, len(local))
-	out := make([]weir.Result, len(local))
+	reqs, out, s := getScratch(len(local))
+	defer putScratch(s, len(local))
 	for i, j := range local {
 		n := int64(1)
 		if anyDeny {

@@ -1,0 +1,279 @@
+package policy
+
+import (
+	"context"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/store/memstore"
+)
+
+// clientIPRef is ClientIP as it was before it stopped splitting
+// X-Forwarded-For and parsing addresses it knew would fail: the reference
+// the rewrite must agree with.
+func clientIPRef(r *http.Request, trusted []netip.Prefix) netip.Addr {
+	peer := parseHostAddrRef(r.RemoteAddr)
+	if !peer.IsValid() || !inPrefixes(peer, trusted) {
+		return peer
+	}
+	xff := r.Header.Values("X-Forwarded-For")
+	if len(xff) > 0 {
+		hops := make([]string, 0, 4)
+		for _, h := range xff {
+			for _, e := range strings.Split(h, ",") {
+				if e = strings.TrimSpace(e); e != "" {
+					hops = append(hops, e)
+				}
+			}
+		}
+		if len(hops) > 0 {
+			last := peer
+			for i := len(hops) - 1; i >= 0; i-- {
+				a := parseHostAddrRef(hops[i])
+				if !a.IsValid() {
+					return last
+				}
+				if !inPrefixes(a, trusted) {
+					return a
+				}
+				last = a
+			}
+			return last
+		}
+	}
+	if real := parseHostAddrRef(strings.TrimSpace(r.Header.Get("X-Real-IP"))); real.IsValid() {
+		return real
+	}
+	return peer
+}
+
+func parseHostAddrRef(s string) netip.Addr {
+	if s == "" {
+		return netip.Addr{}
+	}
+	if a, err := netip.ParseAddr(s); err == nil {
+		return clean(a)
+	}
+	if host, _, err := net.SplitHostPort(s); err == nil {
+		if a, err := netip.ParseAddr(host); err == nil {
+			return clean(a)
+		}
+		return netip.Addr{}
+	}
+	if strings.HasPrefix(s, "[") && strings.HasSuffix(s, "]") {
+		if a, err := netip.ParseAddr(s[1 : len(s)-1]); err == nil {
+			return clean(a)
+		}
+	}
+	return netip.Addr{}
+}
+
+// hostAddrs are addresses as RemoteAddr and forwarding headers hold them.
+var hostAddrs = []string{
+	"", "1.2.3.4", "1.2.3.4:80", "10.0.0.1", "10.0.0.1:1", "10.9.9.9:65535",
+	"127.0.0.1", "::1", "[::1]", "[::1]:80", "::ffff:10.0.0.2", "[::ffff:10.0.0.2]:5",
+	"[::ffff:203.0.113.5]", "2001:db8::1", "[2001:db8::1]:443", "fd00::1", "[fd00::1]:5",
+	"fe80::1%eth0", "[fe80::1%eth0]:80", "[fe80::1%eth0]", "fe80::1%eth0:1",
+	"1.2.3.4%eth0", "[1.2.3.4]", "[1.2.3.4]:80", "1.2.3.4:", ":80", "[]:80", "[",
+	"]", "[]", "[::1", "::1]", "[::1]]:80", "[::1]:80:90", "1.2.3.4:80:90",
+	"1.2.3", "1.2.3.4.5", "01.2.3.4", "256.1.1.1", "unknown", "garbage", "@",
+	"host:80", "localhost", " 1.2.3.4", "1.2.3.4 ", "1::2::3", ":::", "::",
+	"0.0.0.0", "203.0.113.5", "198.51.100.7", "6.6.6.6:1234", "a:b", "%", "%:1",
+	"[%]:1", "::%:1",
+}
+
+// TestParseHostAddrMatchesRef checks parseHostAddr against the reference
+// on a table and on random strings.
+func TestParseHostAddrMatchesRef(t *testing.T) {
+	in := append([]string(nil), hostAddrs...)
+	rng := rand.New(rand.NewPCG(3, 4))
+	const alphabet = "0123456789abcdef.:[]%fz "
+	for range 20000 {
+		b := make([]byte, rng.IntN(14))
+		for i := range b {
+			b[i] = alphabet[rng.IntN(len(alphabet))]
+		}
+		in = append(in, string(b))
+	}
+	for _, s := range in {
+		if got, want := parseHostAddr(s), parseHostAddrRef(s); got != want {
+			t.Errorf("parseHostAddr(%q) = %v, want %v", s, got, want)
+		}
+	}
+}
+
+func FuzzParseHostAddr(f *testing.F) {
+	for _, s := range hostAddrs {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if got, want := parseHostAddr(s), parseHostAddrRef(s); got != want {
+			t.Fatalf("parseHostAddr(%q) = %v, want %v", s, got, want)
+		}
+	})
+}
+
+// TestClientIPMatchesRef checks ClientIP against the reference on
+// generated requests: peers trusted or not, X-Forwarded-For lines with
+// empty, spaced, trusted, untrusted and garbage entries, and X-Real-IP.
+func TestClientIPMatchesRef(t *testing.T) {
+	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("127.0.0.1/32"), netip.MustParsePrefix("fd00::/8")}
+	entries := []string{"", " ", "10.0.0.7", "10.0.0.8:80", "203.0.113.5", " 203.0.113.6 ", "6.6.6.6", "[2001:db8::1]:443", "fd00::9", "unknown", "::ffff:10.1.2.3", "127.0.0.1"}
+	peers := []string{"10.0.0.2:5", "127.0.0.1:5", "[fd00::1]:5", "198.51.100.1:5", "garbage", "", "10.0.0.2", "[::ffff:10.0.0.2]:5"}
+	rng := rand.New(rand.NewPCG(5, 6))
+	for range 5000 {
+		r := &http.Request{Header: http.Header{}, RemoteAddr: peers[rng.IntN(len(peers))]}
+		for n := rng.IntN(4); n > 0; n-- {
+			var b strings.Builder
+			for k := rng.IntN(4); k >= 0; k-- {
+				b.WriteString(entries[rng.IntN(len(entries))])
+				if k > 0 {
+					b.WriteString(",")
+				}
+			}
+			r.Header.Add("X-Forwarded-For", b.String())
+		}
+		if rng.IntN(2) == 0 {
+			r.Header.Set("X-Real-IP", entries[rng.IntN(len(entries))])
+		}
+		for _, tr := range [][]netip.Prefix{nil, trusted} {
+			if got, want := ClientIP(r, tr), clientIPRef(r, tr); got != want {
+				t.Fatalf("peer %q XFF %q X-Real-IP %q trusted %v: %v, want %v", r.RemoteAddr, r.Header.Values("X-Forwarded-For"), r.Header.Get("X-Real-IP"), tr != nil, got, want)
+			}
+		}
+	}
+}
+
+// TestIPKey checks the ip identity and key built without Addr.String
+// against ipValue's definition and weir.Key.
+func TestIPKey(t *testing.T) {
+	ref := func(a netip.Addr, bits4, bits6 int) string {
+		bits := bits6
+		if a.Is4() {
+			bits = bits4
+		}
+		if bits >= a.BitLen() {
+			return a.String()
+		}
+		p, err := a.Prefix(bits)
+		if err != nil {
+			return a.String()
+		}
+		return p.String()
+	}
+	rng := rand.New(rand.NewPCG(7, 8))
+	var addrs []netip.Addr
+	for range 300 {
+		var b16 [16]byte
+		for i := range b16 {
+			b16[i] = byte(rng.Uint32())
+		}
+		addrs = append(addrs, netip.AddrFrom4([4]byte(b16[:4])), netip.AddrFrom16(b16))
+	}
+	addrs = append(addrs, netip.MustParseAddr("2001:db8:85a3:1234:5678:8a2e:370:7334"), netip.MustParseAddr("::"), netip.MustParseAddr("0.0.0.0"))
+	for _, a := range addrs {
+		for _, bits := range [][2]int{{32, 128}, {24, 128}, {32, 64}, {16, 48}, {1, 1}, {31, 127}} {
+			want := ref(a, bits[0], bits[1])
+			if got := ipValue(a, bits[0], bits[1]); got != want {
+				t.Fatalf("ipValue(%v, %v) = %q, want %q", a, bits, got, want)
+			}
+			id, key, ok := ipKey("per-ip", a, bits[0], bits[1])
+			if !ok || id != want || key != weir.Key("per-ip", want) {
+				t.Fatalf("ipKey(%v, %v) = %q, %q, %v; want %q, %q", a, bits, id, key, ok, want, weir.Key("per-ip", want))
+			}
+		}
+		id, key, ok := useIPKey("r", a)
+		if !ok || id != "ip:"+a.String() || key != weir.Key("r", "", a.String()) {
+			t.Fatalf("useIPKey(%v) = %q, %q, %v", a, id, key, ok)
+		}
+	}
+	if _, _, ok := ipKey("r", netip.Addr{}, 32, 128); ok {
+		t.Error("ipKey of no address is ok")
+	}
+	if _, _, ok := useIPKey("r", netip.Addr{}); ok {
+		t.Error("useIPKey of no address is ok")
+	}
+}
+
+// TestCheckAllocs keeps the decision path allocation-free: Check makes
+// Verdict.Results and one store key per matched rule, and nothing else,
+// except an IPv6 ip identity, which needs its own string besides the key.
+func TestCheckAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector makes sync.Pool drop items, which allocates")
+	}
+	const doc = `
+trusted_proxies: [10.0.0.0/8]
+deny: [203.0.113.0/24]
+rules:
+  - {name: per-ip, match: {path: /api/}, identity: ip, limit: 1000000/s}
+  - {name: per-key, match: {path: "/api/{x}"}, identity: header:X-API-Key, limit: 1000000/s}
+  - {name: login, match: {methods: [POST], path: /login}, limit: 5/m}
+  - {name: net, match: {path: /net/}, identity: ip/24/64, limit: 1000000/s}
+  - {name: route, match: {path: "/r/{id}"}, identity: route, limit: 1000000/s}
+  - {name: host, match: {host: "*.Example.com", methods: [GET]}, identity: "const:all", limit: 1000000/s}
+  - {name: shadow, match: {path: /shadow}, identity: ip, limit: 1000000/s, shadow: true}
+`
+	observed := 0
+	for _, c := range []struct {
+		name     string
+		observe  bool
+		method   string
+		target   string
+		host     string
+		remote   string
+		xff      string
+		rules    int // the rules that apply
+		maxAlloc float64
+	}{
+		// The benchmark: per-ip and per-key, from behind a proxy.
+		{"benchmark", false, "GET", "/api/items", "", "10.0.0.1:1", "198.51.100.7", 2, 3},
+		{"benchmark observed", true, "GET", "/api/items", "", "10.0.0.1:1", "198.51.100.7", 2, 3},
+		{"several hops", false, "GET", "/api/items", "", "10.0.0.1:1", "6.6.6.6, 198.51.100.7, 10.0.0.3", 2, 3},
+		// Cleaning the path costs path.Clean's two allocations, once for
+		// all the rules.
+		{"unclean path", false, "GET", "/api/./items", "", "192.0.2.1:1", "", 2, 5},
+		// An escape the client chose (URL.RawPath): URL.EscapedPath checks
+		// it by unescaping it, once; the rules compare without unescaping.
+		{"escaped path", false, "GET", "/api/%69tems", "", "192.0.2.1:1", "", 2, 4},
+		{"prefix", false, "GET", "/net/x", "", "192.0.2.1:1", "", 1, 2},
+		// Counting by route or a constant alone, the key is the rule's.
+		{"route", false, "GET", "/r/42", "", "192.0.2.1:1", "", 1, 1},
+		{"host", false, "GET", "/x", "A.EXAMPLE.com:8443", "192.0.2.1:1", "", 1, 1},
+		{"shadow", false, "GET", "/shadow", "", "192.0.2.1:1", "", 1, 2},
+		{"IPv6 client", false, "GET", "/api/items", "", "[2001:db8::1]:1", "", 2, 4},
+		{"no rule", false, "GET", "/other", "", "192.0.2.1:1", "", 0, 0},
+		{"deny list", false, "GET", "/api/items", "", "203.0.113.9:1", "", 0, 0},
+	} {
+		opts := []Option(nil)
+		if c.observe {
+			opts = append(opts, WithObserver(func(context.Context, RuleResult, time.Duration) { observed++ }))
+		}
+		p := mustPolicy(t, doc, memstore.New(), opts...)
+		r := req(c.method, c.target, "X-API-Key", "k1")
+		r.RemoteAddr = c.remote
+		if c.xff != "" {
+			r.Header.Set("X-Forwarded-For", c.xff)
+		}
+		if c.host != "" {
+			r.Host = c.host
+		}
+		if v := p.Check(ctx, r); len(v.Results) != c.rules || (c.rules > 0 && !v.Allowed) {
+			t.Fatalf("%s: %d results %v, allowed %v; want %d", c.name, len(v.Results), names(v), v.Allowed, c.rules)
+		}
+		got := testing.AllocsPerRun(200, func() { p.Check(ctx, r) })
+		t.Logf("%s: %v", c.name, got)
+		if got > c.maxAlloc {
+			t.Errorf("%s: Check makes %v allocations, want at most %v", c.name, got, c.maxAlloc)
+		}
+	}
+	if observed == 0 {
+		t.Error("the observer was not called")
+	}
+}
