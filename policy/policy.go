@@ -295,7 +295,8 @@ type RuleResult struct {
 	// composite identity the values joined by weir.Key's escaping, as in
 	// "alice:PROMO1"; "ip:ADDR" when on_missing: use_ip applied. CheckKey
 	// with the same rule and Identity reaches the same state (use_ip
-	// excepted).
+	// excepted: its state has a key no literal value can reach), and Reset
+	// with them clears it (use_ip included).
 	Identity string
 	// Key is the store key: weir.Key(rule, identity).
 	Key string
@@ -800,11 +801,24 @@ func (p *Policy) Reset(ctx context.Context, rule, key string) error {
 	if key == "" {
 		return fmt.Errorf("policy: rule %q: empty key", rule)
 	}
-	sk := weir.Key(r.name, key)
+	keys := []string{weir.Key(r.name, key)}
+	// "ip:ADDR" is how a result reports an identity counted by
+	// on_missing: use_ip, whose store key differs from a literal value's
+	// (so that no header value can reach it). Clear that state too; at
+	// worst this also resets a literal identity spelled the same.
+	if addr, ok := strings.CutPrefix(key, "ip:"); ok && r.onMissing == OnMissingUseIP {
+		if a, err := netip.ParseAddr(addr); err == nil {
+			if _, k, ok := useIPKey(r.name, a); ok {
+				keys = append(keys, k)
+			}
+		}
+	}
 	var errs []error
-	for _, t := range r.tiers {
-		if err := p.guard.Reset(ctx, sk, t.limit); err != nil {
-			errs = append(errs, err)
+	for _, sk := range keys {
+		for _, t := range r.tiers {
+			if err := p.guard.Reset(ctx, sk, t.limit); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	return errors.Join(errs...)
