@@ -117,3 +117,9 @@ func TestLimitValidate(t *testing.T) {
 		t.Errorf("zero algorithm: %v", err)
 	}
 }
+
+func TestLimitPeriodBound(t *testing.T) {
+	if err := (weir.Limit{Rate: 1, Period: 11 * 366 * 24 * time.Hour}).Validate(); err == nil || !strings.Contains(err.Error(), "at most 10 years") {
+		t.Fatalf("an 11-year period: %v", err)
+	}
+}

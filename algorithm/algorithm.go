@@ -30,6 +30,9 @@ import (
 // the limit of a Lua number).
 const MaxExact = 1 << 53
 
+// MaxPeriod is the longest period, block or delay, in µs: ten years.
+const MaxPeriod = 10 * 366 * 24 * 3600 * 1_000_000
+
 // MaxLogSize caps the rate of a sliding log, whose memory is one entry per
 // admitted request.
 const MaxLogSize = 1_000_000
@@ -117,8 +120,13 @@ func Compile(c Config) (Params, error) {
 	if c.MaxDelay < 0 || c.DelayAfter < 0 {
 		return p, fmt.Errorf("max delay and delay-after must not be negative, got %dµs and %d", c.MaxDelay, c.DelayAfter)
 	}
-	if c.Rate >= MaxExact || c.Period >= MaxExact || c.Block >= MaxExact {
-		return p, errors.New("rate, period and block must be below 2^53")
+	if c.Rate >= MaxExact {
+		return p, errors.New("rate must be below 2^53")
+	}
+	// Window arithmetic adds a few periods to the epoch time; ten years
+	// keeps every sum exact in a Lua number.
+	if c.Period > MaxPeriod || c.Block > MaxPeriod || c.MaxDelay > MaxPeriod {
+		return p, fmt.Errorf("period, block and max delay must be at most 10 years, got %dµs, %dµs and %dµs", c.Period, c.Block, c.MaxDelay)
 	}
 	bucket := c.Kind == TokenBucket || c.Kind == LeakyBucket || c.Kind == GCRA
 	if c.Burst != 0 && !bucket {
@@ -455,11 +463,12 @@ func decide(p *Params, s *State, now, cost int64, mode Mode, apply bool) Decisio
 		c := p.Burst * p.A
 		var diff int64
 		if s.TAT != 0 {
-			if ahead := s.TAT - now; ahead > c/p.B {
+			switch ahead := s.TAT - now; {
+			case ahead > c/p.B:
 				diff = c
-			} else {
-				diff = max(ahead*p.B+s.Frac, 0)
-			}
+			case ahead >= 0:
+				diff = ahead*p.B + s.Frac
+			} // a TAT in the past leaves diff 0 (Frac < B), and never multiplies a long idle time
 		}
 		g := grant(cost, max(c-diff, 0)/p.A, mode)
 		if g == 0 {

@@ -226,12 +226,13 @@ func (s *Store) take(key string, l weir.Limit, n int64, mode algorithm.Mode, lea
 	if d.Granted > 0 && lease != "" {
 		algorithm.SetLeaseID(&e.state, lease)
 	}
-	s.save(sh, sk, e, fresh, now, d.TTL)
+	s.save(sh, sk, e, fresh, now, d.TTL, false)
 	return weir.ResultOf(d), nil
 }
 
-// save records e's new expiry and inserts it if it is new and matters.
-func (s *Store) save(sh *shard, sk stateKey, e *entry, fresh bool, now, ttl int64) {
+// save records e's new expiry and inserts it if it is new and matters,
+// first making room unless the caller already did.
+func (s *Store) save(sh *shard, sk stateKey, e *entry, fresh bool, now, ttl int64, swept bool) {
 	e.expires = now + ttl
 	if !fresh {
 		return
@@ -239,7 +240,9 @@ func (s *Store) save(sh *shard, sk stateKey, e *entry, fresh bool, now, ttl int6
 	if ttl <= 0 {
 		return // an untouched key: nothing worth keeping
 	}
-	s.makeRoom(sh, now)
+	if !swept {
+		s.makeRoom(sh, now)
+	}
 	sh.put(sk, e)
 }
 
@@ -358,6 +361,15 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 			s.shards[si].mu.Unlock()
 		}
 	}()
+	now := s.now().UnixMicro()
+	// Sweep before any entry of the batch is resolved: a sweep run while
+	// saving one member could otherwise drop another member's (expired)
+	// entry after it was looked up, losing that member's new state.
+	for i := range items {
+		if items[i].sh.get(items[i].sk) == nil {
+			s.makeRoom(items[i].sh, now)
+		}
+	}
 	for i, r := range reqs {
 		e, fresh, err := s.entryFor(items[i].sh, items[i].sk, r.Limit)
 		if err != nil {
@@ -372,7 +384,6 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 		}
 		items[i].e, items[i].fresh = e, fresh
 	}
-	now := s.now().UnixMicro()
 	all := true
 	for i := range reqs {
 		d := algorithm.Check(&items[i].e.c.params, &items[i].e.state, now, items[i].n, items[i].mode)
@@ -399,7 +410,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 			results[i].Delay = 0
 			continue
 		}
-		s.save(it.sh, it.sk, it.e, it.fresh, now, d.TTL)
+		s.save(it.sh, it.sk, it.e, it.fresh, now, d.TTL, true)
 	}
 	return nil
 }

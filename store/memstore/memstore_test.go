@@ -75,3 +75,35 @@ func TestLimitChangeKeepsState(t *testing.T) {
 		t.Fatalf("after raising the limit: %+v %v, want 11 remaining", r, err)
 	}
 }
+
+// TestTakeAllSweepKeepsBatch: a batch with a new key and an expired one
+// must not lose the expired key's new state to the sweep that makes room
+// for the new key (found by redisstore's differential test).
+func TestTakeAllSweepKeepsBatch(t *testing.T) {
+	clock := storetest.NewClock(storetest.Epoch)
+	s := memstore.New(memstore.WithClock(clock.Now), memstore.WithShards(1))
+	ctx := context.Background()
+	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 4, Period: time.Minute}
+	s.Take(ctx, "a", l, 1)
+	clock.Advance(time.Minute) // a's state has expired
+	res := make([]weir.Result, 2)
+	if err := s.TakeAll(ctx, []weir.Request{{Key: "b", Limit: l, N: 1}, {Key: "a", Limit: l, N: 1}}, res); err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := s.Take(ctx, "a", l, 4); r.Allowed {
+		t.Fatal("a admitted 1 + 4 = 5 events in one window of a 4/m limit")
+	}
+}
+
+// TestGCRAIdleAtHighRate: a key idle for hours at a billion per second
+// must not overflow (ahead × B).
+func TestGCRAIdleAtHighRate(t *testing.T) {
+	clock := storetest.NewClock(storetest.Epoch)
+	s := memstore.New(memstore.WithClock(clock.Now))
+	l := weir.Limit{Algorithm: weir.GCRA, Rate: 1_000_000_007, Period: time.Second, Burst: 1}
+	s.Take(context.Background(), "k", l, 1)
+	clock.Advance(3 * time.Hour)
+	if r, _ := s.Take(context.Background(), "k", l, 1); !r.Allowed || r.RetryAfter != 0 {
+		t.Fatalf("idle key: %+v", r)
+	}
+}
