@@ -12,6 +12,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/store/memstore"
+	"github.com/weir-dev/weir/store/redisstore"
 )
 
 func init() {
@@ -164,10 +165,22 @@ func ceilMS(d time.Duration) int64 {
 	return int64((d + time.Millisecond - 1) / time.Millisecond)
 }
 
-// openStore returns the store the command line asked for.
+// openStore returns the store the command line asked for: memory, or the
+// Redis that redisURL names (see redisstore.ParseURL), and a function that
+// closes it.
 func openStore(redisURL string) (weir.Store, func(), error) {
 	if redisURL == "" {
 		return memstore.New(), func() {}, nil
 	}
-	return nil, nil, fmt.Errorf("--redis: the Redis store is not built yet")
+	cfg, err := redisstore.ParseURL(redisURL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--redis: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := redisstore.New(ctx, cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--redis: %w", err) // names the addresses, never the password
+	}
+	return s, func() { s.Close() }, nil
 }

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Benchmarks store/redisstore against the ceiling of its own scripts.
+#
+# Starts a private redis-server on a free loopback port, loads each
+# algorithm's script, and for every algorithm measures:
+#   - the ceiling: redis-benchmark -c 64 -P 1 calling the script with EVALSHA
+#     (random keys out of 100k, the Go benchmark's key space and limit), and
+#     the same with -P 16, what Redis does when the client pipelines;
+#   - decisions/s through redisstore (BenchmarkTake) at 1, 16, 64 and 256
+#     goroutines, against the same server in the same run;
+#   - MEMORY USAGE of one key's state after 1 and after 100 decisions
+#     (limit 100/minute).
+# Prints a markdown table. Never touches a Redis it did not start.
+#
+#   bench/redis/run.sh                 # N=200000 requests, BENCHTIME=3s
+#   N=500000 BENCHTIME=5s bench/redis/run.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+N=${N:-200000}
+BENCHTIME=${BENCHTIME:-3s}
+for tool in redis-server redis-cli redis-benchmark go; do
+	command -v "$tool" >/dev/null || { echo "run.sh: $tool not found" >&2; exit 1; }
+done
+
+tmp=$(mktemp -d)
+pid=""
+cleanup() {
+	if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
+	rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+# A free port: try random ones until a server of ours answers on one.
+for _ in $(seq 1 20); do
+	port=$((20000 + RANDOM % 20000))
+	[ "$port" = 6379 ] && continue
+	redis-cli -p "$port" ping >/dev/null 2>&1 && continue # someone else's
+	redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+		--dir "$tmp" --daemonize no --logfile "$tmp/redis.log" &
+	pid=$!
+	for _ in $(seq 1 100); do
+		redis-cli -p "$port" ping >/dev/null 2>&1 && break
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 0.05
+	done
+	if kill -0 "$pid" 2>/dev/null && redis-cli -p "$port" ping >/dev/null 2>&1; then break; fi
+	pid=""
+done
+[ -n "$pid" ] || { echo "run.sh: could not start redis-server" >&2; exit 1; }
+cli() { redis-cli -p "$port" "$@"; }
+
+# The assembled scripts, their SHA-1s and ARGV, from the Go package itself.
+WEIR_BENCH_DUMP=$tmp go test -count=1 -run '^TestDumpScripts$' ./store/redisstore/ >/dev/null
+
+algos="fixed_window sliding_log sliding_window token_bucket leaky_bucket gcra concurrency"
+echo "Machine: $(nproc) cores, $(redis-server --version | cut -d' ' -f3), $(go version | cut -d' ' -f3), redis-benchmark -n $N -c 64 -P 1, go bench -benchtime $BENCHTIME"
+echo
+echo "| algorithm | redis-benchmark -P 1 (ceiling) | redis-benchmark -P 16 | g=1 | g=16 | g=64 | g=256 | g=64 / ceiling | g=256 / ceiling | bytes/key, 1 event | bytes/key, 100 events |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+for algo in $algos; do
+	sha=$(cat "$tmp/$algo.sha")
+	loaded=$(cli -x SCRIPT LOAD <"$tmp/$algo.lua")
+	[ "$loaded" = "$sha" ] || { echo "run.sh: $algo: SCRIPT LOAD gave $loaded, want $sha" >&2; exit 1; }
+	read -r -a args <"$tmp/$algo.args"
+	read -r -a args100 <"$tmp/$algo.args100"
+
+	# Ceiling: the same script, keys and limit, straight from redis-benchmark.
+	cli FLUSHALL >/dev/null
+	ceiling=$(redis-benchmark -p "$port" -n "$N" -c 64 -P 1 -r "$((100000))" --csv \
+		EVALSHA "$sha" 2 "weir:{b__rand_int__}:$algo" "weir:{b__rand_int__}:block" "" 1 0 "m__rand_int__" "${args[@]}" |
+		tail -1 | awk -F'"' '{print $4}')
+	ceiling=${ceiling%.*}
+	# And what Redis itself can do when the client pipelines (-P 16).
+	cli FLUSHALL >/dev/null
+	pipelined=$(redis-benchmark -p "$port" -n "$N" -c 64 -P 16 -r "$((100000))" --csv \
+		EVALSHA "$sha" 2 "weir:{b__rand_int__}:$algo" "weir:{b__rand_int__}:block" "" 1 0 "m__rand_int__" "${args[@]}" |
+		tail -1 | awk -F'"' '{print $4}')
+	pipelined=${pipelined%.*}
+
+	# redisstore at 1, 16, 64 and 256 goroutines on the same server.
+	cli FLUSHALL >/dev/null
+	declare -A rate=()
+	while read -r name _ _ _ value unit; do
+		[ "$unit" = "decisions/s" ] || continue
+		g=${name##*g=}
+		g=${g%%-*}
+		rate[$g]=$value
+	done < <(WEIR_BENCH_REDIS=127.0.0.1:$port go test -count=1 -run '^$' -bench "^BenchmarkTake/$algo/" \
+		-benchtime "$BENCHTIME" ./store/redisstore/ | grep decisions/s)
+
+	# Memory per key: one decision, then 100 (unique member ids for the ZSETs).
+	cli FLUSHALL >/dev/null
+	key="weir:{mem}:$algo"
+	cli EVALSHA "$sha" 2 "$key" "weir:{mem}:block" "" 1 0 "m0" "${args100[@]}" >/dev/null
+	mem1=$(cli MEMORY USAGE "$key")
+	for i in $(seq 1 99); do
+		printf 'EVALSHA %s 2 %s weir:{mem}:block "" 1 0 m%d %s\n' "$sha" "$key" "$i" "${args100[*]}"
+	done | cli >/dev/null
+	mem100=$(cli MEMORY USAGE "$key")
+
+	ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'; }
+	printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$algo" "$ceiling" "$pipelined" \
+		"${rate[1]%.*}" "${rate[16]%.*}" "${rate[64]%.*}" "${rate[256]%.*}" \
+		"$(ratio "${rate[64]}" "$ceiling")" "$(ratio "${rate[256]}" "$ceiling")" "$mem1" "$mem100"
+	unset rate
+done

@@ -1,0 +1,320 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/internal/redistest"
+	"github.com/weir-dev/weir/storetest"
+)
+
+// TestCluster runs everything cluster-specific against one 3-primary
+// Redis Cluster.
+func TestCluster(t *testing.T) {
+	c := redistest.Cluster(t)
+	t.Run("Conformance", func(t *testing.T) { storetest.Run(t, harness(c.Addrs)) })
+	t.Run("SameAsMemstore", func(t *testing.T) { sameAsMemstore(t, c.Addrs, 600) })
+	t.Run("KeySlots", func(t *testing.T) { clusterKeySlots(t, c) })
+	t.Run("Spread", func(t *testing.T) { clusterSpread(t, c) })
+	t.Run("SameSlotBatch", func(t *testing.T) { clusterSameSlotBatch(t, c) })
+	t.Run("CrossSlotRefund", func(t *testing.T) { clusterCrossSlotRefund(t, c) })
+	t.Run("Migration", func(t *testing.T) { clusterMigration(t, c) })
+}
+
+func keyslot(t *testing.T, c *redistest.ClusterGroup, key string) int64 {
+	t.Helper()
+	v, err := c.Nodes[0].Do("CLUSTER", "KEYSLOT", key)
+	if err != nil {
+		t.Fatalf("CLUSTER KEYSLOT %q: %v", trunc(key), err)
+	}
+	return v.(int64)
+}
+
+// clusterKeySlots: every crafted identity's state and penalty-box keys land
+// in the slot of its own hash tag, as Redis itself computes it, and the
+// store's own CRC16 agrees with Redis.
+func clusterKeySlots(t *testing.T, c *redistest.ClusterGroup) {
+	s := &Store{prefix: "weir"}
+	for _, k := range craftedKeys() {
+		n := s.names(k, "sliding_log")
+		want := keyslot(t, c, n.tag)
+		if got := keyslot(t, c, n.state); got != want {
+			t.Fatalf("key %q: state key %q in slot %d, its tag %q in %d", trunc(k), trunc(n.state), got, trunc(n.tag), want)
+		}
+		if got := keyslot(t, c, n.block); got != want {
+			t.Fatalf("key %q: penalty-box key in slot %d, want %d", trunc(k), got, want)
+		}
+		if got := int64(slot(n.tag)); got != want {
+			t.Fatalf("key %q: slot() says %d, Redis %d", trunc(k), got, want)
+		}
+	}
+}
+
+// countKeys counts the keys matching pattern on one node with SCAN.
+func countKeys(t *testing.T, n *redistest.Server, pattern string) int64 {
+	t.Helper()
+	var count int64
+	cursor := "0"
+	for {
+		v, err := n.Do("SCAN", cursor, "MATCH", pattern, "COUNT", "1000")
+		if err != nil {
+			t.Fatal(err)
+		}
+		page := v.([]any)
+		cursor = page[0].(string)
+		count += int64(len(page[1].([]any)))
+		if cursor == "0" {
+			return count
+		}
+	}
+}
+
+// clusterSpread: 300 keys spread over all three primaries (counted with
+// SCAN on each node, since other subtests' keys expire meanwhile).
+func clusterSpread(t *testing.T, c *redistest.ClusterGroup) {
+	s := newTestStore(t, Config{Addrs: c.Addrs, Prefix: "spread"})
+	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 10, Period: time.Hour}
+	for i := range 300 {
+		if _, err := s.Take(context.Background(), weir.Key("api", fmt.Sprintf("user-%d", i)), l, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var total int64
+	for _, n := range c.Nodes {
+		got := countKeys(t, n, "spread:*")
+		t.Logf("node %s holds %d of the 300 keys", n.Addr, got)
+		if got < 50 {
+			t.Errorf("node %s holds only %d of 300 keys", n.Addr, got)
+		}
+		total += got
+	}
+	if total != 300 {
+		t.Errorf("%d keys written for 300 limited keys", total)
+	}
+}
+
+// sameSlotKeys returns n keys whose tags share one hash slot.
+func sameSlotKeys(prefix string, n int) ([]string, uint16) {
+	keys := []string{prefix + "-0"}
+	want := slot(tagOf(keys[0]))
+	for i := 1; len(keys) < n; i++ {
+		k := fmt.Sprintf("%s-%d", prefix, i)
+		if slot(tagOf(k)) == want {
+			keys = append(keys, k)
+		}
+	}
+	return keys, want
+}
+
+// clusterSameSlotBatch: a batch whose keys share a slot is one script over
+// many keys (no CROSSSLOT), under every algorithm at once, and all or
+// nothing atomically: an exhausted key in the same slot holds back the rest.
+func clusterSameSlotBatch(t *testing.T, c *redistest.ClusterGroup) {
+	s := newTestStore(t, Config{Addrs: c.Addrs, Prefix: "sameslot"})
+	ctx := context.Background()
+	algos := weir.Algorithms()
+	keys, sl := sameSlotKeys("tenant", 2*len(algos)+1)
+	reqs := make([]weir.Request, len(algos))
+	items := make([]item, len(keys))
+	for i, a := range algos {
+		reqs[i] = weir.Request{Key: keys[i], Limit: weir.Limit{Algorithm: a, Rate: 3, Period: time.Hour}, N: 1}
+		items[i].k = s.names(keys[i], string(a))
+	}
+	for i := len(algos); i < len(keys); i++ {
+		items[i].k = s.names(keys[i], "gcra")
+	}
+	if g := s.groupBySlot(items); len(g) != 1 {
+		t.Fatalf("keys of slot %d split into %d groups", sl, len(g))
+	}
+	res := make([]weir.Result, len(reqs)+1)
+	for round := range 4 {
+		if err := s.TakeAll(ctx, reqs, res); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		for i, r := range res[:len(reqs)] {
+			if want := round < 3; r.Allowed != want || (want && (r.Granted != 1 || r.Remaining != int64(2-round))) {
+				t.Fatalf("round %d, %s: %+v", round, reqs[i].Limit.Algorithm, r)
+			}
+		}
+	}
+	// Fresh keys of the slot, plus one exhausted key of the slot.
+	narrow := weir.Limit{Algorithm: weir.GCRA, Rate: 1, Period: time.Hour}
+	last := keys[len(keys)-1]
+	if _, err := s.Take(ctx, last, narrow, 1); err != nil {
+		t.Fatal(err)
+	}
+	for i := range reqs {
+		reqs[i].Key = keys[len(algos)+i]
+	}
+	reqs = append(reqs, weir.Request{Key: last, Limit: narrow, N: 1})
+	if err := s.TakeAll(ctx, reqs, res); err != nil {
+		t.Fatal(err)
+	}
+	if res[len(algos)].Allowed {
+		t.Fatalf("exhausted key admitted: %+v", res[len(algos)])
+	}
+	for i, r := range reqs[:len(algos)] {
+		if res[i].Granted != 0 {
+			t.Fatalf("%s granted %d in a rejected batch", r.Limit.Algorithm, res[i].Granted)
+		}
+		if p, err := s.Take(ctx, r.Key, r.Limit, 0); err != nil || p.Remaining != 3 {
+			t.Fatalf("%s after a rejected batch: %+v %v, want 3 remaining", r.Limit.Algorithm, p, err)
+		}
+	}
+}
+
+// clusterCrossSlotRefund: a batch over keys in several slots admits all or
+// nothing for every algorithm; a rejection refunds the slots that had
+// admitted, so nothing stays consumed (checked with peeks).
+func clusterCrossSlotRefund(t *testing.T, c *redistest.ClusterGroup) {
+	s := newTestStore(t, Config{Addrs: c.Addrs, Prefix: "refund"})
+	ctx := context.Background()
+	for _, a := range weir.Algorithms() {
+		wide := weir.Limit{Algorithm: a, Rate: 10, Period: time.Hour}
+		narrow := weir.Limit{Algorithm: a, Rate: 2, Period: time.Hour}
+		reqs := []weir.Request{
+			{Key: "w1-" + string(a), Limit: wide, N: 2},
+			{Key: "w2-" + string(a), Limit: wide, N: 3, AtMost: true},
+			{Key: "n-" + string(a), Limit: narrow, N: 1},
+		}
+		slots := map[uint16]bool{}
+		for _, r := range reqs {
+			slots[slot(tagOf(r.Key))] = true
+		}
+		if len(slots) < 2 {
+			t.Fatalf("%s: test keys share a slot", a)
+		}
+		res := make([]weir.Result, len(reqs))
+		for round := range 2 {
+			if err := s.TakeAll(ctx, reqs, res); err != nil {
+				t.Fatal(err)
+			}
+			if !res[0].Allowed || !res[1].Allowed || !res[2].Allowed || res[1].Granted != 3 {
+				t.Fatalf("%s round %d: %+v", a, round, res)
+			}
+		}
+		for range 3 {
+			if err := s.TakeAll(ctx, reqs, res); err != nil {
+				t.Fatal(err)
+			}
+			if res[2].Allowed || res[2].RetryAfter <= 0 {
+				t.Fatalf("%s: narrow limit admitted a third time: %+v", a, res[2])
+			}
+			if !res[0].Allowed || res[0].Granted != 0 || res[0].Remaining != 6 || res[1].Granted != 0 || res[1].Remaining != 4 {
+				t.Fatalf("%s: refunded requests: %+v %+v, want admissible with nothing granted", a, res[0], res[1])
+			}
+		}
+		for i, want := range []int64{6, 4, 0} {
+			if r, err := s.Take(ctx, reqs[i].Key, reqs[i].Limit, 0); err != nil || r.Remaining != want {
+				t.Fatalf("%s: %s after refunds: %+v %v, want %d remaining", a, reqs[i].Key, r, err, want)
+			}
+		}
+	}
+}
+
+// clusterMigration moves a slot back and forth between primaries while
+// goroutines keep taking on keys of that slot, and checks that no key ever
+// admits more than its limit. During the move Redis answers ASK (rueidis
+// follows it with ASKING), and TRYAGAIN while a script's two keys are split
+// between the nodes (the penalty-box key usually does not exist, so a
+// script names one existing and one missing key); the store retries
+// TRYAGAIN, which Redis sends without running the script, until the call's
+// deadline. Calls that still fail are counted and reported: a failed call
+// admits nothing it reports, and the limit bounds what it may have consumed.
+func clusterMigration(t *testing.T, c *redistest.ClusterGroup) {
+	s := newTestStore(t, Config{Addrs: c.Addrs, Prefix: "migrate", Timeout: 2 * time.Second})
+	ctx := context.Background()
+	keys, sl := sameSlotKeys("hot", 4)
+	const rate = 150
+	limits := []weir.Limit{
+		{Algorithm: weir.SlidingLog, Rate: rate, Period: time.Hour},
+		{Algorithm: weir.GCRA, Rate: rate, Period: 24 * time.Hour},
+		{Algorithm: weir.TokenBucket, Rate: rate, Period: 24 * time.Hour},
+		{Algorithm: weir.Concurrency, Rate: rate, Period: time.Hour},
+	}
+	var admitted [4]atomic.Int64
+	var calls, failures atomic.Int64
+	var errMu sync.Mutex
+	errKinds := map[string]int{}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				k := (g + i) % len(keys)
+				calls.Add(1)
+				r, err := s.Take(ctx, keys[k], limits[k], 1)
+				if err != nil {
+					failures.Add(1)
+					msg := err.Error()
+					if i := strings.LastIndex(msg, ": "); i >= 0 {
+						msg = msg[i+2:]
+					}
+					errMu.Lock()
+					errKinds[msg]++
+					errMu.Unlock()
+					continue
+				}
+				admitted[k].Add(r.Granted)
+				time.Sleep(time.Millisecond)
+			}
+		}()
+	}
+	from := c.NodeForSlot(int(sl))
+	var to *redistest.Server
+	for _, n := range c.Nodes {
+		if n != from {
+			to = n
+			break
+		}
+	}
+	time.Sleep(50 * time.Millisecond)
+	for i := range 4 {
+		if err := c.MigrateSlot(int(sl), from, to); err != nil {
+			close(stop)
+			wg.Wait()
+			t.Fatalf("migration %d: %v", i, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+		from, to = to, from
+	}
+	close(stop)
+	wg.Wait()
+	t.Logf("slot %d moved 4 times under load: %d calls, %d retried after TRYAGAIN/CLUSTERDOWN (not run), %d failed %v",
+		sl, calls.Load(), s.notRunRetries.Load(), failures.Load(), errKinds)
+	for i, k := range keys {
+		got := admitted[i].Load()
+		if got > rate {
+			t.Errorf("%s (%s): %d admitted, limit %d", k, limits[i].Algorithm, got, rate)
+		}
+		r, err := s.Take(ctx, k, limits[i], 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// What the store holds agrees with what was reported admitted:
+		// only failed calls may have consumed unreported.
+		if used := rate - r.Remaining; used < got || used > got+failures.Load() {
+			t.Errorf("%s: %d used per the state, %d reported admitted, %d failed calls", k, used, got, failures.Load())
+		}
+	}
+	if owner := c.NodeForSlot(int(sl)); owner != from {
+		t.Errorf("slot %d ended on %v, want %s", sl, owner, from.Addr)
+	}
+	if err := s.client.Do(ctx, s.client.B().Ping().Build()).Error(); err != nil && !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,239 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/algorithm"
+)
+
+// item is one request of a batch, resolved.
+type item struct {
+	req  *weir.Request
+	c    *compiled
+	k    keyNames
+	id   string
+	mode algorithm.Mode
+	n    int64 // the cost asked, capped at the limit's maximum for AtMost
+	// granted is what the request's take granted, for a refund.
+	granted int64
+}
+
+// group is the requests of a batch that share a hash slot, and what their
+// script answered.
+type group struct {
+	idx  []int
+	vals []int64
+	err  error
+}
+
+// TakeAll implements weir.MultiStore: all the requests are admitted and
+// consume, or none consumes; a rejected request's penalty box still starts.
+// Keys in one batch must be distinct (per algorithm). See the package
+// documentation for batches whose keys span cluster slots.
+func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
+	if len(results) < len(reqs) {
+		return fmt.Errorf("redisstore: %d results for %d requests", len(results), len(reqs))
+	}
+	switch len(reqs) {
+	case 0:
+		return nil
+	case 1:
+		r := &reqs[0]
+		d, _, err := s.take(ctx, r.Key, r.Limit, r.N, modeOf(r), r.Lease)
+		if err != nil {
+			return err
+		}
+		results[0] = weir.ResultOf(d)
+		return nil
+	}
+	items := make([]item, len(reqs))
+	for i := range reqs {
+		r := &reqs[i]
+		c, err := s.compile(r.Limit)
+		if err != nil {
+			return err
+		}
+		n := r.N
+		if r.AtMost {
+			n = min(n, c.maxCost) // a partial grant may ask for more than fits
+		}
+		if err := weir.CheckCost(r.Key, n, c.maxCost); err != nil {
+			return err
+		}
+		for j := 0; j < i; j++ {
+			if reqs[j].Key == r.Key && items[j].c.p.Kind == c.p.Kind {
+				return fmt.Errorf("redisstore: key %s appears twice under %s in one batch", quoteKey(r.Key), c.algo)
+			}
+		}
+		items[i] = item{req: r, c: c, k: s.names(r.Key, c.algo), id: s.memberID(c, n, r.Lease), mode: modeOf(r), n: n}
+	}
+	groups := s.groupBySlot(items)
+	if len(groups) == 1 {
+		g := &groups[0]
+		g.vals, g.err = s.runGroup(ctx, items, g.idx, "take", "")
+		if g.err != nil {
+			return batchError("take", items, g.idx, g.err)
+		}
+		fill(results, g.idx, g.vals)
+		return nil
+	}
+
+	// Keys in several cluster slots: one all-or-nothing script per slot,
+	// all at once, then refunds if any slot did not admit.
+	s.runGroups(ctx, items, groups, "take")
+	var firstErr error
+	allAdmitted := true
+	for i := range groups {
+		g := &groups[i]
+		if g.err != nil {
+			if firstErr == nil {
+				firstErr = batchError("take", items, g.idx, g.err)
+			}
+			allAdmitted = false
+		} else if g.vals[0] != 1 {
+			allAdmitted = false
+		}
+	}
+	if allAdmitted {
+		for i := range groups {
+			fill(results, groups[i].idx, groups[i].vals)
+		}
+		return nil
+	}
+	// Refund the slots that admitted, even if the caller's context is done:
+	// an undelivered refund keeps capacity consumed until it expires.
+	var refunds []group
+	for i := range groups {
+		if g := &groups[i]; g.err == nil && g.vals[0] == 1 {
+			refunds = append(refunds, group{idx: g.idx, vals: g.vals})
+		}
+	}
+	s.runGroups(context.WithoutCancel(ctx), items, refunds, "refund")
+	for i := range refunds {
+		if r := &refunds[i]; r.err != nil {
+			if firstErr == nil {
+				firstErr = batchError("refund (capacity stays consumed until it expires)", items, r.idx, r.err)
+			}
+		} else {
+			fill(results, r.idx, r.vals)
+		}
+	}
+	if firstErr != nil {
+		return firstErr
+	}
+	for i := range groups {
+		if g := &groups[i]; g.vals[0] != 1 {
+			fill(results, g.idx, g.vals)
+		}
+	}
+	return nil
+}
+
+func modeOf(r *weir.Request) algorithm.Mode {
+	if r.AtMost {
+		return algorithm.AtMost
+	}
+	return algorithm.Exact
+}
+
+// groupBySlot splits a batch by cluster hash slot, keeping request order
+// within each group. Outside a cluster every key can go in one script.
+func (s *Store) groupBySlot(items []item) []group {
+	if !s.cluster {
+		idx := make([]int, len(items))
+		for i := range idx {
+			idx[i] = i
+		}
+		return []group{{idx: idx}}
+	}
+	var groups []group
+	var slots []uint16
+next:
+	for i := range items {
+		sl := slot(items[i].k.tag)
+		for j, have := range slots {
+			if have == sl {
+				groups[j].idx = append(groups[j].idx, i)
+				continue next
+			}
+		}
+		slots = append(slots, sl)
+		groups = append(groups, group{idx: []int{i}})
+	}
+	return groups
+}
+
+// runGroups runs op on every group concurrently, each with its own retries.
+func (s *Store) runGroups(ctx context.Context, items []item, groups []group, op string) {
+	var wg sync.WaitGroup
+	for i := range groups {
+		g := &groups[i]
+		takeNow := ""
+		if op == "refund" {
+			takeNow = strconv.FormatInt(g.vals[1], 10)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			g.vals, g.err = s.runGroup(ctx, items, g.idx, op, takeNow)
+		}()
+	}
+	wg.Wait()
+}
+
+// runGroup runs the multi script over the requests idx of items: op "take"
+// decides them all or nothing; op "refund" gives back what the take that
+// ran at takeNow granted them (read from the take's reply in item order).
+func (s *Store) runGroup(ctx context.Context, items []item, idx []int, op, takeNow string) ([]int64, error) {
+	keys := make([]string, 0, 2*len(idx))
+	args := make([]string, 0, 3+len(idx)*(4+nLimitArgs))
+	args = append(args, op, s.nowArg(), takeNow)
+	for _, i := range idx {
+		it := &items[i]
+		keys = append(keys, it.k.state, it.k.block)
+		granted := "0"
+		if op == "refund" {
+			granted = strconv.FormatInt(it.granted, 10)
+		}
+		args = append(args, strconv.FormatInt(it.n, 10), modeArg(it.mode), it.id, granted)
+		args = append(args, it.c.args[:]...)
+	}
+	vals, err := s.eval(ctx, multiScript, keys, args, make([]int64, 0, 2+8*len(idx)))
+	if err == nil && len(vals) != 2+8*len(idx) {
+		err = fmt.Errorf("unexpected reply of %d values for %d requests", len(vals), len(idx))
+	}
+	if err == nil && op == "take" {
+		for j, i := range idx {
+			items[i].granted = vals[2+8*j+1]
+		}
+	}
+	return vals, err
+}
+
+// fill decodes a multi reply into the results of the requests idx.
+func fill(results []weir.Result, idx []int, vals []int64) {
+	for j, i := range idx {
+		results[i] = weir.ResultOf(decodeDecision(vals[2+8*j : 2+8*j+8]))
+	}
+}
+
+// batchError wraps err with weir.ErrStore and names the batch's keys.
+func batchError(what string, items []item, idx []int, err error) error {
+	var b strings.Builder
+	for n, i := range idx {
+		if n == 3 {
+			fmt.Fprintf(&b, ", … (%d keys)", len(idx))
+			break
+		}
+		if n > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(quoteKey(items[i].req.Key))
+	}
+	return fmt.Errorf("%w: batch %s on keys %s: %w", weir.ErrStore, what, b.String(), err)
+}

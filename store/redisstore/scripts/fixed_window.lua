@@ -1,0 +1,57 @@
+-- fixed_window: a counter per window, windows aligned to the Unix epoch.
+-- State: a string "<window>:<count>" with PEXPIRE at the window's end.
+
+ALG.fixed_window = {
+  load = function(s, p, now)
+    s.window, s.count = 0, 0
+    local v = redis.call('GET', s.key)
+    if v then
+      local i = string.find(v, ':', 1, true)
+      s.window = tonumber(string.sub(v, 1, i - 1))
+      s.count = tonumber(string.sub(v, i + 1))
+    end
+  end,
+
+  decide = function(p, s, now, cost, mode, apply)
+    local d = decision(p)
+    local w = idiv(now, p.period) -- the window now falls in
+    local count = s.count
+    if s.window ~= w then
+      count = 0 -- a new window starts empty
+    end
+    count = min(count, p.rate)
+    local g = grant(cost, p.rate - count, mode)
+    local fin = (w + 1) * p.period - now -- µs until this window ends
+    if g == 0 then
+      d.retry = fin -- the next window admits anything up to Rate
+    elseif apply then
+      count = count + g
+      s.window, s.count = w, count
+      d.changed = true
+    end
+    d.granted, d.remaining = g, p.rate - count
+    if count > 0 then
+      d.reset = fin
+    end
+    d.allowed = d.granted > 0
+    return d
+  end,
+
+  save = function(s, ttl)
+    if ttl <= 0 then
+      redis.call('DEL', s.key)
+      return
+    end
+    redis.call('SET', s.key, fmt(s.window) .. ':' .. fmt(s.count), 'PX', ms(ttl))
+  end,
+
+  -- refund: the g events counted at take_now leave the count, if that
+  -- window is still the stored one (a later window forgot them anyway).
+  refund = function(p, s, take_now, now, g)
+    if s.window ~= idiv(take_now, p.period) or s.count == 0 then
+      return false
+    end
+    s.count = max(s.count - g, 0)
+    return true
+  end,
+}

@@ -1,0 +1,73 @@
+-- gcra: the generic cell rate algorithm (redis-cell semantics). The state is
+-- the theoretical arrival time TAT; a request fits while TAT - now leaves
+-- room for its cells in a burst of c = Burst*A units. TAT is kept as whole
+-- µs plus a fraction in units of 1/B µs, so nothing is ever rounded.
+-- State: a string "<tat_us>:<frac>". No key = an idle key.
+
+-- gcra_diff returns TAT - now in units of 1/B µs, in [0, c].
+local function gcra_diff(p, s, now, c)
+  local diff = 0
+  if s.tat ~= 0 then
+    local ahead = s.tat - now
+    if ahead > idiv(c, p.b) then
+      diff = c -- guard before multiplying: ahead*B would pass c
+    else
+      -- When ahead < 0 the product may be large and inexact, but it keeps
+      -- its sign and max() clamps it to 0, as the exact value would be.
+      diff = max(ahead * p.b + s.frac, 0)
+    end
+  end
+  return diff
+end
+
+ALG.gcra = {
+  load = function(s, p, now)
+    s.tat, s.frac = 0, 0
+    local v = redis.call('GET', s.key)
+    if v then
+      local i = string.find(v, ':', 1, true)
+      s.tat = tonumber(string.sub(v, 1, i - 1))
+      s.frac = tonumber(string.sub(v, i + 1))
+    end
+  end,
+
+  decide = function(p, s, now, cost, mode, apply)
+    local d = decision(p)
+    local c = p.burst * p.a
+    local diff = gcra_diff(p, s, now, c)
+    local g = grant(cost, idiv(max(c - diff, 0), p.a), mode)
+    if g == 0 then
+      -- (diff - c) + cost*A: the same value as Go's diff+cost*A-c, summed in
+      -- an order that never passes 2^53.
+      d.retry = ceil_div((diff - c) + cost * p.a, p.b)
+    elseif apply then
+      diff = diff + g * p.a
+      s.tat, s.frac = now + idiv(diff, p.b), imod(diff, p.b)
+      d.changed = true
+    end
+    d.granted, d.remaining = g, idiv(max(c - diff, 0), p.a)
+    d.reset = ceil_div(diff, p.b) -- until TAT
+    d.allowed = d.granted > 0
+    return d
+  end,
+
+  save = function(s, ttl)
+    if ttl <= 0 then
+      redis.call('DEL', s.key)
+      return
+    end
+    redis.call('SET', s.key, fmt(s.tat) .. ':' .. fmt(s.frac), 'PX', ms(ttl))
+  end,
+
+  -- refund: move TAT back by g cells, measured from now and floored at now
+  -- (TAT advances linearly, so this is the TAT without the take).
+  refund = function(p, s, take_now, now, g)
+    if s.tat == 0 then
+      return false
+    end
+    local c = p.burst * p.a
+    local diff = max(gcra_diff(p, s, now, c) - g * p.a, 0)
+    s.tat, s.frac = now + idiv(diff, p.b), imod(diff, p.b)
+    return true
+  end,
+}

@@ -1,0 +1,86 @@
+-- leaky_bucket: a bucket that drains at Rate per Period. Each admitted
+-- event adds A units; it holds c = Burst*A and leaks B per µs. Policing
+-- rejects what does not fit; shaping (MaxDelay > 0) admits up to a level of
+-- room = min(c, MaxDelay*B + DelayAfter*A) and asks the caller to delay each
+-- request until its units have drained below DelayAfter events (nginx's
+-- burst without nodelay, and its delay=N).
+-- State: a hash {level, ts}: the level at µs ts. No key = an empty bucket.
+
+-- lb_level returns the level at now: the stored one minus el*B, floored at 0.
+local function lb_level(p, s, now, c)
+  local level = 0
+  if s.ts ~= 0 then
+    level = min(s.level, c)
+    local el = now - s.ts
+    if el > 0 then
+      -- Compare before multiplying: el*B only when it stays below level.
+      if el >= ceil_div(level, p.b) then
+        level = 0
+      else
+        level = level - el * p.b
+      end
+    end
+  end
+  return level
+end
+
+ALG.leaky_bucket = {
+  load = function(s, p, now)
+    s.level, s.ts = 0, 0
+    local v = redis.call('HMGET', s.key, 'level', 'ts')
+    if v[1] then
+      s.level, s.ts = tonumber(v[1]), tonumber(v[2])
+    end
+  end,
+
+  decide = function(p, s, now, cost, mode, apply)
+    local d = decision(p)
+    local c = p.burst * p.a
+    local level = lb_level(p, s, now, c)
+    -- room is the level a request may find and still be admitted, plus its own cost.
+    local room = c
+    if p.shaping then
+      room = min(room, p.maxdelay * p.b + p.delayafter * p.a)
+    end
+    local g = grant(cost, idiv(max(room - level, 0), p.a), mode)
+    if g == 0 then
+      d.retry = ceil_div(level - (room - cost * p.a), p.b) -- until cost*A fits
+    elseif apply then
+      level = level + g * p.a
+      s.level, s.ts = level, now
+      d.changed = true
+    end
+    if g > 0 and p.shaping then
+      -- Hold the request until the level drains to DelayAfter events.
+      local after = level
+      if not apply then
+        after = after + g * p.a
+      end
+      d.delay = max(ceil_div(after - p.delayafter * p.a, p.b), 0)
+    end
+    d.granted, d.remaining = g, idiv(max(room - level, 0), p.a)
+    d.reset = ceil_div(level, p.b) -- until the bucket is empty
+    d.allowed = d.granted > 0
+    return d
+  end,
+
+  save = function(s, ttl)
+    if ttl <= 0 then
+      redis.call('DEL', s.key)
+      return
+    end
+    redis.call('HSET', s.key, 'level', fmt(s.level), 'ts', fmt(s.ts))
+    redis.call('PEXPIRE', s.key, ms(ttl))
+  end,
+
+  -- refund: take g*A units out at now, floored at 0; draining is linear
+  -- above 0, so this is the level the bucket would have without the take.
+  refund = function(p, s, take_now, now, g)
+    if s.ts == 0 then
+      return false -- expired: the bucket is empty anyway
+    end
+    local level = lb_level(p, s, now, p.burst * p.a)
+    s.level, s.ts = max(level - g * p.a, 0), max(now, s.ts)
+    return true
+  end,
+}

@@ -1,0 +1,237 @@
+-- weir prelude: shared by every weir script. scripts.go concatenates it in
+-- front of the algorithm files and one driver (take.lua or multi.lua), so
+-- each algorithm's math exists once and both drivers run it.
+--
+-- The Go package algorithm is the reference: every function here mirrors a
+-- Go function of the same name, line for line, and both stores must agree to
+-- the microsecond.
+--
+-- Numbers. A Lua 5.1 number is an IEEE double, which holds every integer
+-- below 2^53 exactly. Every value weir stores or computes is such an integer
+-- (algorithm.Compile rejects limits that would need more), and +, - and *
+-- of them are exact while the result stays below 2^53; the code forms a
+-- product only after a guard bounds it, exactly where the Go code does.
+--
+-- Division. For 0 <= a < 2^53 and an integer b >= 1, math.floor(a / b) is
+-- exactly Go's a / b. Write a = q*b + r with 0 <= r < b. If r = 0 the double
+-- quotient is q itself. Otherwise a/b lies in [q + 1/b, q + 1 - 1/b]; say it
+-- lies in the binade [2^e, 2^(e+1)), where doubles are 2^(e-52) apart, so
+-- rounding moves it by at most 2^(e-53). Reaching q + 1 would need
+-- 1/b <= 2^(e-53), i.e. b >= 2^(53-e), and then a >= 2^e * b >= 2^53: a
+-- contradiction. Rounding cannot go below q either, since q is a double. So
+-- floor(double(a/b)) = q. (Lua's % is a - floor(a/b)*b, hence exact too, but
+-- the code spells it out.)
+
+local EXACT, ATMOST = 0, 1
+
+-- min and max are Go's builtins.
+local min, max = math.min, math.max
+
+-- idiv is Go's integer a / b (truncating toward zero) for |a| < 2^53, b > 0.
+local function idiv(a, b)
+  if a < 0 then
+    return -math.floor(-a / b)
+  end
+  return math.floor(a / b)
+end
+
+-- imod is Go's a % b for 0 <= a < 2^53, b > 0.
+local function imod(a, b)
+  return a - idiv(a, b) * b
+end
+
+-- ceil_div mirrors algorithm.ceilDiv: ceil(a/b) for a > 0, else 0. It never
+-- forms a + b - 1, which could pass 2^53.
+local function ceil_div(a, b)
+  if a <= 0 then
+    return 0
+  end
+  local q = math.floor(a / b)
+  if q * b < a then
+    q = q + 1
+  end
+  return q
+end
+
+-- fmt renders an integer in full. tostring and Redis's own number-to-string
+-- conversion use %.14g, which would round a µs timestamp (16 digits).
+local function fmt(x)
+  return string.format('%d', x)
+end
+
+-- ms converts a TTL in µs to PEXPIRE milliseconds, rounded up so that a key
+-- never expires while its state still matters.
+local function ms(us)
+  return fmt(max(ceil_div(us, 1000), 1))
+end
+
+-- clock returns now in µs: the test clock's time when the Go side passed one
+-- (Config.Clock; tests only), otherwise Redis's own TIME, so that every
+-- application server shares one clock however skewed their own are.
+local function clock(arg)
+  if arg ~= '' then
+    return tonumber(arg)
+  end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- grant mirrors algorithm.grant: how much of cost to admit given avail.
+local function grant(cost, avail, mode)
+  if avail >= cost then
+    return cost
+  end
+  if mode == ATMOST and avail > 0 then
+    return avail
+  end
+  return 0
+end
+
+-- params reads one compiled limit from ARGV[i..i+11], in the order of
+-- limitArgs in scripts.go. Every derived constant comes from Go's
+-- algorithm.Compile; the scripts never recompute one.
+local function params(i)
+  return {
+    kind = ARGV[i],
+    rate = tonumber(ARGV[i + 1]),
+    period = tonumber(ARGV[i + 2]),
+    burst = tonumber(ARGV[i + 3]),
+    block = tonumber(ARGV[i + 4]),
+    maxdelay = tonumber(ARGV[i + 5]),
+    delayafter = tonumber(ARGV[i + 6]),
+    cap = tonumber(ARGV[i + 7]),
+    a = tonumber(ARGV[i + 8]),
+    b = tonumber(ARGV[i + 9]),
+    tick = tonumber(ARGV[i + 10]),
+    shaping = ARGV[i + 11] == '1',
+  }
+end
+
+-- decision is algorithm.Decision's zero value for p.
+local function decision(p)
+  return {
+    allowed = false, granted = 0, limit = p.cap, remaining = 0,
+    retry = 0, reset = 0, delay = 0, blocked = 0, changed = false,
+  }
+end
+
+-- ALG holds one table per algorithm, filled in by the algorithm files:
+--   load(s, p, now)       reads the key's state into s
+--   decide(p, s, now, cost, mode, apply)  mirrors algorithm.decide
+--   save(s, ttl)          writes s with a TTL of ttl µs (deletes it at 0)
+--   refund(p, s, take_now, now, g)  gives back g events taken at take_now
+local ALG = {}
+
+-- add_members ZADDs the members id#from..id#to with one score, in chunks
+-- that stay clear of Lua's unpack limit.
+local function add_members(key, score, id, from, to)
+  local args = {}
+  for i = from, to do
+    args[#args + 1] = score
+    args[#args + 1] = id .. '#' .. fmt(i)
+    if #args >= 1000 then
+      redis.call('ZADD', key, unpack(args))
+      args = {}
+    end
+  end
+  if #args > 0 then
+    redis.call('ZADD', key, unpack(args))
+  end
+end
+
+-- remove_members ZREMs id#1, id#2, ... in chunks until a chunk finds fewer
+-- members than it names: a lease's (or a take's) members are numbered from 1
+-- without gaps and always expire together.
+local function remove_members(key, id, upto)
+  local i = 1
+  while upto == nil or i <= upto do
+    local hi = i + 99
+    if upto ~= nil then
+      hi = min(hi, upto)
+    end
+    local args = {}
+    for j = i, hi do
+      args[#args + 1] = id .. '#' .. fmt(j)
+    end
+    local removed = redis.call('ZREM', key, unpack(args))
+    if removed < #args then
+      return
+    end
+    i = hi + 1
+  end
+end
+
+-- load reads a request's state and penalty box into a fresh s.
+local function load(alg, p, skey, bkey, id, now)
+  local s = { key = skey, bkey = bkey, id = id, bu = 0, block_set = false }
+  local b = redis.call('GET', bkey)
+  if b then
+    s.bu = tonumber(b)
+  end
+  alg.load(s, p, now)
+  return s
+end
+
+-- take mirrors algorithm.take: the penalty box around decide. With commit
+-- false it is algorithm.Check: nothing is consumed and no box starts.
+local function take(alg, p, s, now, n, mode, commit)
+  local peek = n == 0
+  local cost = n
+  if peek then
+    cost = 1
+    mode = EXACT
+  end
+  if s.bu ~= 0 and s.bu <= now then
+    s.bu = 0 -- the penalty box has lapsed
+  end
+  if s.bu > now then
+    -- Blocked: still ask the algorithm when it would admit, change nothing.
+    local d = alg.decide(p, s, now, cost, mode, false)
+    d.allowed, d.granted, d.remaining, d.delay = false, 0, 0, 0
+    d.retry = max(d.retry, s.bu - now)
+    d.blocked = s.bu
+    return d
+  end
+  commit = commit and not peek
+  local d = alg.decide(p, s, now, cost, mode, commit)
+  if peek then
+    d.granted = 0
+    d.delay = 0
+  end
+  if not d.allowed and commit and p.block > 0 then
+    -- A rejection starts the penalty box: blocked_until = now + Block.
+    s.bu = now + p.block
+    s.block_set = true
+    d.blocked = s.bu
+    d.retry = max(d.retry, p.block)
+    d.remaining = 0
+  end
+  return d
+end
+
+-- persist writes what take changed: the state with a TTL equal to the
+-- decision's ResetAfter, and a new penalty box with a TTL of Block.
+local function persist(alg, p, s, d)
+  if d.changed then
+    alg.save(s, d.reset)
+  end
+  if s.block_set then
+    redis.call('SET', s.bkey, fmt(s.bu), 'PX', ms(p.block))
+  end
+end
+
+-- put appends d to a reply in the order decodeDecision reads it.
+local function put(out, d)
+  local allowed = 0
+  if d.allowed then
+    allowed = 1
+  end
+  out[#out + 1] = allowed
+  out[#out + 1] = d.granted
+  out[#out + 1] = d.limit
+  out[#out + 1] = d.remaining
+  out[#out + 1] = d.retry
+  out[#out + 1] = d.reset
+  out[#out + 1] = d.delay
+  out[#out + 1] = d.blocked
+end

@@ -1,0 +1,24 @@
+-- take: one decision, the body of each per-algorithm script (scripts.go
+-- builds prelude + <algorithm>.lua + take.lua).
+--
+-- KEYS[1]  the state key          <prefix>:{<key>}:<algorithm>
+-- KEYS[2]  the penalty-box key    <prefix>:{<key>}:block
+-- ARGV[1]  now in µs, or '' to read Redis TIME (the normal case)
+-- ARGV[2]  n, the cost (0 peeks)
+-- ARGV[3]  mode: 0 all or nothing, 1 at most n
+-- ARGV[4]  member id for sliding_log entries and concurrency leases
+-- ARGV[5..16]  the compiled limit (see params)
+--
+-- Reply: {allowed, granted, limit, remaining, retry_after_us,
+--         reset_after_us, delay_us, blocked_until_us, now_us}
+
+local p = params(5)
+local alg = ALG[p.kind]
+local now = clock(ARGV[1])
+local s = load(alg, p, KEYS[1], KEYS[2], ARGV[4], now)
+local d = take(alg, p, s, now, tonumber(ARGV[2]), tonumber(ARGV[3]), true)
+persist(alg, p, s, d)
+local out = {}
+put(out, d)
+out[#out + 1] = now
+return out
