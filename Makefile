@@ -8,7 +8,7 @@ export WEIR_DEPS_EXTRA ?= nginx caddy chromium
 # Modules of their own (peer libraries stay out of weir's go.mod).
 NESTED     := bench examples/gin examples/echo
 
-.PHONY: all build test deps vet lint unit nested tidy bench soak fuzz fmt clean
+.PHONY: all build test deps vet lint unit nested tidy bench bench-redis fuzz fmt clean
 
 all: build
 
@@ -46,6 +46,11 @@ test: deps vet lint unit nested
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./store/memstore/
 	cd bench && $(GO) test -run '^$$' -bench . -benchmem ./...
+
+# Redis: decisions/s through redisstore against redis-benchmark's ceiling,
+# and MEMORY USAGE per key; prints the tables in docs/benchmarks.md.
+bench-redis:
+	./bench/redis/run.sh
 
 # Fuzzing: long runs live here, not in `make test` (which replays the seed corpus).
 FUZZTIME ?= 60s

@@ -10,7 +10,12 @@ for extra in ${WEIR_DEPS_EXTRA:-}; do
   case "$extra" in
     nginx) command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_apt+=(nginx) ;;
     caddy) command -v caddy >/dev/null 2>&1 || need_apt+=(caddy) ;;
-    chromium) [ -x /usr/bin/chromium ] || need_apt+=(chromium) ;;
+    chromium)
+      [ -x /usr/bin/chromium ] || need_apt+=(chromium)
+      # The dashboard's browser test drives Chromium with playwright-core.
+      command -v node >/dev/null 2>&1 || need_apt+=(nodejs)
+      command -v npm >/dev/null 2>&1 || need_apt+=(npm)
+      ;;
   esac
 done
 

@@ -1,0 +1,357 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// syncBuffer is a bytes.Buffer safe for a writer and a reader at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestServeHelpDocumentsEveryFlag(t *testing.T) {
+	out, errs, code := runCLI(t, "serve", "--help")
+	if code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	help := out + errs
+	fs, _ := newServeFlagSet(io.Discard)
+	n := 0
+	fs.VisitAll(func(f *flag.Flag) {
+		n++
+		if !strings.Contains(help, "-"+f.Name+" ") || !strings.Contains(help, "$"+envName(f.Name)) {
+			t.Errorf("--help does not document --%s and $%s", f.Name, envName(f.Name))
+		}
+		if len(f.Usage) < 20 {
+			t.Errorf("--%s has a one-word description", f.Name)
+		}
+	})
+	if n < 10 {
+		t.Fatalf("only %d flags", n)
+	}
+	for _, want := range []string{"WEIR_REDIS", "SIGTERM", "SIGHUP", "/v1/auth", "/v1/check", ":8080", ":8081"} {
+		if !strings.Contains(help, want) {
+			t.Errorf("--help does not mention %s", want)
+		}
+	}
+	if envName("envoy-config") != "WEIR_ENVOY_CONFIG" || envName("http") != "WEIR_HTTP" {
+		t.Fatal(envName("envoy-config"))
+	}
+}
+
+var servingLine = regexp.MustCompile(`^weir: serving on http://(\S+) \(dashboard\), (gRPC \S+|gRPC off), store (.+)\n$`)
+
+// startServe runs serve in-process with the given environment and waits
+// for its one line on stdout.
+func startServe(t *testing.T, env map[string]string, args ...string) (base string, line []string, stop func() int) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	stdout, stderr := &syncBuffer{}, &syncBuffer{}
+	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	done := make(chan int, 1)
+	go func() { done <- serve(ctx, args, stdout, stderr, lookup, nil) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if m := servingLine.FindStringSubmatch(stdout.String()); m != nil {
+			line = m
+			break
+		}
+		select {
+		case code := <-done:
+			cancel()
+			t.Fatalf("serve exited %d early:\n%s%s", code, stdout, stderr)
+		default:
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("no serving line after 10s: stdout %q stderr %q", stdout, stderr)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	stopped := false
+	code := 0
+	stop = func() int {
+		if !stopped {
+			stopped = true
+			cancel()
+			code = <-done
+		}
+		return code
+	}
+	t.Cleanup(func() { stop() })
+	return "http://" + line[1], line, stop
+}
+
+func getJSON(t *testing.T, url string) map[string]any {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var m map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&m); err != nil {
+		t.Fatalf("%s: %v", url, err)
+	}
+	return m
+}
+
+func TestServeFromEnvironment(t *testing.T) {
+	env := map[string]string{
+		"WEIR_HTTP":        "127.0.0.1:0",
+		"WEIR_GRPC":        "off",
+		"WEIR_INSTANCE_ID": "from-env",
+		"WEIR_LOG_LEVEL":   "error",
+	}
+	base, line, stop := startServe(t, env)
+	if line[2] != "gRPC off" || line[3] != "memory" {
+		t.Fatalf("serving line: %q", line[0])
+	}
+	snap := getJSON(t, base+"/v1/dashboard/snapshot")
+	if id := snap["instance"].(map[string]any)["id"]; id != "from-env" {
+		t.Fatalf("instance id %v", id)
+	}
+	// No flags, no config: the demo rules.
+	rules := getJSON(t, base+"/v1/rules")["rules"].([]any)
+	var names []string
+	for _, r := range rules {
+		names = append(names, r.(map[string]any)["name"].(string))
+	}
+	if strings.Join(names, ",") != "demo-ip,login,api" {
+		t.Fatalf("demo rules: %v", names)
+	}
+	if code := stop(); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+}
+
+func TestServeFlagsWinOverEnvironment(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "weir.yaml")
+	if err := os.WriteFile(cfg, []byte("server:\n  http: 127.0.0.1:1\nrules:\n  - name: only\n    limit: 1/s\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{
+		"WEIR_HTTP":        "127.0.0.1:1", // a flag overrides it
+		"WEIR_GRPC":        "127.0.0.1:0",
+		"WEIR_INSTANCE_ID": "from-env",
+		"WEIR_CONFIG":      cfg,
+		"WEIR_LOG_LEVEL":   "error",
+		"WEIR_ADMIN_TOKEN": "should-not-matter",
+		"MY_TOKEN":         "tok",
+	}
+	base, line, _ := startServe(t, env, "--http", "127.0.0.1:0", "--instance-id", "from-flag", "--admin-token-env", "MY_TOKEN")
+	if !strings.HasPrefix(line[2], "gRPC 127.0.0.1:") {
+		t.Fatalf("gRPC from the environment: %q", line[0])
+	}
+	snap := getJSON(t, base+"/v1/dashboard/snapshot")
+	if id := snap["instance"].(map[string]any)["id"]; id != "from-flag" {
+		t.Fatalf("instance id %v", id)
+	}
+	if snap["admin_enabled"] != true {
+		t.Fatal("admin token from --admin-token-env not used")
+	}
+	rules := getJSON(t, base+"/v1/rules")["rules"].([]any)
+	if len(rules) != 1 || rules[0].(map[string]any)["name"] != "only" {
+		t.Fatalf("config from WEIR_CONFIG: %v", rules)
+	}
+}
+
+func TestServeUsageAndConfigErrors(t *testing.T) {
+	for _, tc := range []struct {
+		env     map[string]string
+		args    []string
+		code    int
+		mention string
+	}{
+		{nil, []string{"extra"}, 2, "unexpected argument"},
+		{nil, []string{"--nope"}, 2, "nope"},
+		{map[string]string{"WEIR_SHUTDOWN_TIMEOUT": "banana"}, nil, 2, "WEIR_SHUTDOWN_TIMEOUT"},
+		{nil, []string{"--log-level", "loud"}, 2, "log-level"},
+		{nil, []string{"--log-format", "xml"}, 2, "log-format"},
+		{nil, []string{"--config", "/nonexistent/weir.yaml"}, 1, "/nonexistent/weir.yaml"},
+		{nil, []string{"--redis", "redis://:bad:port:/x", "--http", "127.0.0.1:0"}, 1, "redis"},
+		{nil, []string{"--envoy-config", "/nonexistent-dir", "--http", "127.0.0.1:0"}, 1, "nonexistent-dir"},
+	} {
+		var stdout, stderr bytes.Buffer
+		lookup := func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok }
+		code := serve(context.Background(), tc.args, &stdout, &stderr, lookup, nil)
+		if code != tc.code || !strings.Contains(stderr.String(), tc.mention) {
+			t.Errorf("%v %v: exit %d, stderr %q; want %d mentioning %q", tc.env, tc.args, code, stderr.String(), tc.code, tc.mention)
+		}
+	}
+	// A bad config file names its line.
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "weir.yaml")
+	os.WriteFile(bad, []byte("rules:\n  - name: x\n    limit: 5/fortnight\n"), 0o644)
+	var stderr bytes.Buffer
+	if code := serve(context.Background(), []string{"--config", bad}, io.Discard, &stderr, func(string) (string, bool) { return "", false }, nil); code != 1 ||
+		!strings.Contains(stderr.String(), "weir.yaml:3") {
+		t.Fatalf("bad config: %d %q", code, stderr.String())
+	}
+}
+
+func TestServeReloadsOnSignal(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "weir.yaml")
+	os.WriteFile(cfg, []byte("rules:\n  - name: one\n    limit: 1/s\n"), 0o644)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stdout := &syncBuffer{}
+	reload := make(chan os.Signal, 1)
+	env := map[string]string{"WEIR_HTTP": "127.0.0.1:0", "WEIR_GRPC": "off", "WEIR_LOG_LEVEL": "error"}
+	done := make(chan int, 1)
+	go func() {
+		done <- serve(ctx, []string{"--config", cfg}, stdout, io.Discard, func(k string) (string, bool) { v, ok := env[k]; return v, ok }, reload)
+	}()
+	var base string
+	for base == "" {
+		if m := servingLine.FindStringSubmatch(stdout.String()); m != nil {
+			base = "http://" + m[1]
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Changing the file reloads it by itself; SIGHUP forces a reload.
+	os.WriteFile(cfg, []byte("rules:\n  - name: two\n    limit: 1/s\n"), 0o644)
+	reload <- syscall.SIGHUP
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		rules := getJSON(t, base+"/v1/rules")["rules"].([]any)
+		if len(rules) == 1 && rules[0].(map[string]any)["name"] == "two" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not reloaded: %v", rules)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	if code := <-done; code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+}
+
+// TestServeHelperProcess is not a test: TestServeSIGTERMDrains runs the test
+// binary again as `weir serve` through it.
+func TestServeHelperProcess(t *testing.T) {
+	if os.Getenv("WEIR_SERVE_HELPER") != "1" {
+		t.Skip("runs only as a child of TestServeSIGTERMDrains")
+	}
+	args := strings.Fields(os.Getenv("WEIR_SERVE_ARGS"))
+	os.Exit(run(append([]string{"serve"}, args...), os.Stdout, os.Stderr))
+}
+
+// TestServeSIGTERMDrains runs weir serve as a real process, holds a request
+// in flight (its body half sent), sends SIGTERM, and checks that the
+// request still completes and the process exits 0.
+func TestServeSIGTERMDrains(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "-test.run=^TestServeHelperProcess$")
+	cmd.Env = append(os.Environ(), "WEIR_SERVE_HELPER=1",
+		"WEIR_SERVE_ARGS=--http 127.0.0.1:0 --grpc 127.0.0.1:0 --log-level error --shutdown-timeout 10s")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr syncBuffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+	})
+	lineCh := make(chan string, 1)
+	go func() {
+		ln, _ := bufio.NewReader(stdout).ReadString('\n')
+		lineCh <- ln
+		io.Copy(io.Discard, stdout)
+	}()
+	var line string
+	select {
+	case line = <-lineCh:
+	case <-time.After(15 * time.Second):
+		t.Fatalf("no serving line; stderr: %s", stderr.String())
+	}
+	m := servingLine.FindStringSubmatch(line)
+	if m == nil {
+		t.Fatalf("serving line %q", line)
+	}
+	addr := m[1]
+
+	body := `{"rule":"login","key":"192.0.2.1","hits":1}`
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /v1/check HTTP/1.1\r\nHost: weir\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body[:10])
+	time.Sleep(200 * time.Millisecond) // the handler is now reading the body
+
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	select {
+	case err := <-exited:
+		t.Fatalf("exited with a request in flight: %v\n%s", err, stderr.String())
+	default:
+	}
+	if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+		c.Close()
+		t.Fatal("still accepting connections after SIGTERM")
+	}
+	if _, err := io.WriteString(conn, body[10:]); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("reading the in-flight response: %v", err)
+	}
+	var d map[string]any
+	json.NewDecoder(resp.Body).Decode(&d)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || d["allowed"] != true {
+		t.Fatalf("in-flight request: %d %v", resp.StatusCode, d)
+	}
+	conn.Close()
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("exit: %v\n%s", err, stderr.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("did not exit after the in-flight request finished")
+	}
+}

@@ -1,0 +1,242 @@
+package server
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/policy"
+)
+
+// admin wraps an admin API handler: it answers 404 while the admin API is
+// off (no token configured) and 401 without the right bearer token. The
+// token is compared in constant time, on hashes so that not even its
+// length leaks.
+func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if s.adminToken == "" {
+			writeError(w, http.StatusNotFound, codeAdminDisabled,
+				"the admin API is off: set the environment variable %s to a secret token and restart weir, then send it as Authorization: Bearer <token>", s.adminEnv)
+			return
+		}
+		scheme, token, ok := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
+		if !ok || !strings.EqualFold(scheme, "Bearer") || !tokenEqual(strings.TrimSpace(token), s.adminToken) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="weir admin"`)
+			writeError(w, http.StatusUnauthorized, codeUnauthorized,
+				"the admin API needs Authorization: Bearer <token>, the token in the environment variable %s", s.adminEnv)
+			return
+		}
+		h(w, r)
+	}
+}
+
+func tokenEqual(got, want string) bool {
+	a, b := sha256.Sum256([]byte(got)), sha256.Sum256([]byte(want))
+	return subtle.ConstantTimeCompare(a[:], b[:]) == 1
+}
+
+// ruleAndKey reads the rule and key query parameters, answering 400 when
+// one is missing.
+func ruleAndKey(w http.ResponseWriter, r *http.Request) (rule, key string, ok bool) {
+	q := r.URL.Query()
+	rule, key = q.Get("rule"), q.Get("key")
+	switch {
+	case rule == "":
+		writeError(w, http.StatusBadRequest, codeBadRequest, "query parameter rule is required: ?rule=NAME&key=IDENTITY")
+		return "", "", false
+	case key == "":
+		writeError(w, http.StatusBadRequest, codeBadRequest, "query parameter key is required: ?rule=NAME&key=IDENTITY")
+		return "", "", false
+	}
+	return rule, key, true
+}
+
+// handleStateGet serves GET /v1/state?rule=&key=[&tier=]: what the next
+// request of key would get, without consuming anything.
+func (s *Server) handleStateGet(w http.ResponseWriter, r *http.Request) {
+	rule, key, ok := ruleAndKey(w, r)
+	if !ok {
+		return
+	}
+	p := s.holder.Load()
+	l, err := p.Limit(rule, r.URL.Query().Get("tier"))
+	if err != nil {
+		s.writeRuleError(w, p, rule, err)
+		return
+	}
+	res, err := s.guard.Take(r.Context(), weir.Key(rule, key), l, 0)
+	if err != nil {
+		s.writeRuleError(w, p, rule, err)
+		return
+	}
+	d := decisionOf(rule, res, false)
+	d.Key = key
+	writeJSON(w, http.StatusOK, d)
+}
+
+// handleStateDelete serves DELETE /v1/state?rule=&key=: the key's state
+// under every tier of the rule is cleared, penalty box included.
+func (s *Server) handleStateDelete(w http.ResponseWriter, r *http.Request) {
+	rule, key, ok := ruleAndKey(w, r)
+	if !ok {
+		return
+	}
+	p := s.holder.Load()
+	if err := p.Reset(r.Context(), rule, key); err != nil {
+		s.writeRuleError(w, p, rule, err)
+		return
+	}
+	if err := s.blocked.remove(r.Context(), rule, key); err != nil {
+		s.log.Warn("weir: removing a reset key from the penalty-box index failed", "rule", rule, "err", err)
+	}
+	s.log.Info("weir: admin reset a key", "rule", rule)
+	writeJSON(w, http.StatusOK, map[string]any{"reset": true, "rule": rule, "key": key})
+}
+
+// handleBlockedGet serves GET /v1/blocked.
+func (s *Server) handleBlockedGet(w http.ResponseWriter, r *http.Request) {
+	list, err := s.blocked.list(r.Context())
+	source := "local"
+	if s.rdb != nil {
+		source = "redis"
+	}
+	if err != nil {
+		source = "local"
+		s.log.Warn("weir: reading the penalty-box index from Redis failed; listing this instance's", "err", err)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"blocked": list, "source": source, "now_ms": s.now().UnixMilli()})
+}
+
+// handleBlockedDelete serves DELETE /v1/blocked?rule=&key=: the identity
+// leaves the penalty box (its state is reset) and the list.
+func (s *Server) handleBlockedDelete(w http.ResponseWriter, r *http.Request) {
+	rule, key, ok := ruleAndKey(w, r)
+	if !ok {
+		return
+	}
+	p := s.holder.Load()
+	err := p.Reset(r.Context(), rule, key)
+	if err != nil && !errors.Is(err, policy.ErrUnknownRule) {
+		s.writeRuleError(w, p, rule, err)
+		return
+	}
+	// A rule removed since the block has no state worth resetting; its
+	// entry still leaves the list.
+	if rerr := s.blocked.remove(r.Context(), rule, key); rerr != nil {
+		writeError(w, http.StatusServiceUnavailable, codeStore, "the key was reset, but removing it from the penalty-box index in Redis failed: %v", rerr)
+		return
+	}
+	s.log.Info("weir: admin unblocked a key", "rule", rule)
+	writeJSON(w, http.StatusOK, map[string]any{"unblocked": true, "rule": rule, "key": key})
+}
+
+// envoyRuleInfo describes an Envoy descriptor rule in GET /v1/rules.
+type envoyRuleInfo struct {
+	Domain    string `json:"domain"`
+	Path      string `json:"path"`
+	Name      string `json:"name,omitempty"`
+	Limit     string `json:"limit,omitempty"`
+	Algorithm string `json:"algorithm,omitempty"`
+	Unlimited bool   `json:"unlimited,omitempty"`
+	Shadow    bool   `json:"shadow,omitempty"`
+}
+
+// handleRulesGet serves GET /v1/rules: the rules in force, public.
+func (s *Server) handleRulesGet(w http.ResponseWriter, r *http.Request) {
+	p := s.holder.Load()
+	out := map[string]any{
+		"rules":  p.Rules(),
+		"source": s.rules.source(),
+	}
+	var env []envoyRuleInfo
+	for _, er := range s.envoy.Config().Rules() {
+		ei := envoyRuleInfo{Domain: er.Domain, Path: er.Path, Name: er.Name, Unlimited: er.Unlimited, Shadow: er.Shadow}
+		if !er.Unlimited {
+			ei.Limit, ei.Algorithm = er.Limit.String(), string(er.Limit.Algorithm)
+		}
+		env = append(env, ei)
+	}
+	if len(env) > 0 {
+		out["envoy"] = env
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// handleTop serves GET /v1/top?rule=&n=: the identities most often
+// limited, per rule, heaviest first, from a space-saving sketch (count
+// overestimates the true count by at most error). With Redis the lists of
+// every instance are added up.
+func (s *Server) handleTop(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	n := 10
+	if v := q.Get("n"); v != "" {
+		i, err := strconv.Atoi(v)
+		if err != nil || i < 1 {
+			writeError(w, http.StatusBadRequest, codeBadRequest, "n=%q: want a whole number from 1 to %d", v, topK)
+			return
+		}
+		n = min(i, topK)
+	}
+	tops := s.topView(n)
+	rule := q.Get("rule")
+	if rule == "" {
+		writeJSON(w, http.StatusOK, map[string]any{"top": tops, "n": n})
+		return
+	}
+	list, ok := tops[rule]
+	if !ok {
+		p := s.holder.Load()
+		if _, err := p.Limit(rule, ""); err != nil && !s.isEnvoyRule(rule) {
+			s.writeRuleError(w, p, rule, err)
+			return
+		}
+		list = []TopEntry{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"rule": rule, "top": list, "n": n})
+}
+
+func (s *Server) isEnvoyRule(path string) bool {
+	for _, er := range s.envoy.Config().Rules() {
+		if er.Path == path {
+			return true
+		}
+	}
+	return false
+}
+
+// topView merges this instance's sketches with the fleet's, n per rule.
+func (s *Server) topView(n int) map[string][]TopEntry {
+	local := s.tops.all(topK)
+	merged := mergeTops(append(s.fleet.remoteTops(), local)...)
+	if len(s.fleet.remoteTops()) == 0 {
+		merged = local // keep the error bounds of a single sketch
+	}
+	for rule, es := range merged {
+		if len(es) > n {
+			merged[rule] = es[:n]
+		}
+	}
+	return merged
+}
+
+// handleHealthz serves /healthz: 200 while the process serves.
+func (s *Server) handleHealthz(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// handleReadyz serves /readyz: 200 when the store answers a peek within
+// the store timeout, 503 otherwise.
+func (s *Server) handleReadyz(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	if !s.probe(r.Context()) {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "unavailable", "store": s.storeInfo().Type,
+			"detail": "the store did not answer within the timeout", "breaker": s.guard.State().String()})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "store": s.storeInfo().Type, "latency_ms": float64(time.Since(start).Microseconds()) / 1000})
+}

@@ -1,0 +1,169 @@
+package server
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/weir-dev/weir/httplimit"
+)
+
+// handleAuth serves GET /v1/auth, the endpoint of nginx auth_request,
+// Traefik ForwardAuth and Caddy forward_auth.
+//
+// The proxy asks it about the request it is holding, described by headers:
+// the URI in X-Original-URI (nginx) or X-Forwarded-Uri (Traefik, Caddy),
+// the method in X-Original-Method or X-Forwarded-Method, the host in
+// X-Original-Host or X-Forwarded-Host, and the client in X-Forwarded-For
+// and X-Real-IP. Every other header of the auth request is taken as the
+// original request's (proxies forward them), so header: and cookie:
+// identities work. The forwarded client address is believed only when the
+// peer (the proxy) is in trusted_proxies; otherwise the peer's own
+// address is the client.
+//
+// Any method is accepted, since nginx's subrequest carries the original
+// request's. Rules using the concurrency algorithm hold their slot until
+// the rule's period ends, as no proxy reports when a request finishes.
+//
+// Allowed: 200 with RateLimit-Policy and RateLimit. Limited: 403 with
+// Retry-After, the same headers and a JSON body, because nginx turns any
+// other status but 401 into a 500; ?status=429 answers 429 for proxies
+// that pass the status on (Traefik, Caddy). A deny-listed client gets 403.
+func (s *Server) handleAuth(w http.ResponseWriter, r *http.Request) {
+	limitedStatus := http.StatusForbidden
+	if v := r.URL.Query().Get("status"); v != "" {
+		switch v {
+		case "429":
+			limitedStatus = http.StatusTooManyRequests
+		case "403":
+		default:
+			writeError(w, http.StatusBadRequest, codeBadRequest, "status=%q: want 403 or 429", v)
+			return
+		}
+	}
+	orig, err := originalRequest(r)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, codeBadRequest, "%v", err)
+		return
+	}
+	p := s.holder.Load()
+	v := p.Check(r.Context(), orig)
+	if v.Denied && len(v.Results) == 0 {
+		s.metrics.decision(ruleDenyList, resultDenied)
+	}
+	if v.AllowListed {
+		s.metrics.decision(ruleAllowList, resultAllowed)
+	}
+	statuses := make([]httplimit.Status, 0, len(v.Results))
+	for _, rr := range v.Results {
+		if rr.Skipped || rr.Denied {
+			continue
+		}
+		statuses = append(statuses, httplimit.Status{Rule: rr.Rule, Limit: rr.Limit, Result: rr.Result, Shadow: rr.Shadow})
+	}
+	h := w.Header()
+	h.Set("Cache-Control", "no-store")
+	httplimit.WriteHeaders(h, statuses, httplimit.MostRestrictive(statuses), formatter(p))
+	switch {
+	case v.Denied:
+		rej := httplimit.Rejection{Status: http.StatusForbidden}
+		if rr, ok := v.Limited(); ok {
+			rej.Rule = rr.Rule
+		}
+		httplimit.WriteRejection(w, orig, rej)
+	case !v.Allowed:
+		rr, _ := v.Limited()
+		retry, _ := httplimit.RetryAfter(statuses)
+		rej := httplimit.Rejection{Status: http.StatusTooManyRequests, Rule: rr.Rule, Result: rr.Result, RetryAfter: retry, Statuses: statuses}
+		if limitedStatus == http.StatusTooManyRequests {
+			httplimit.WriteRejection(w, orig, rej)
+			return
+		}
+		// 403 for nginx; the body still says rate_limited.
+		prob := httplimit.ProblemOf(rej)
+		prob.Status, prob.Title = http.StatusForbidden, http.StatusText(http.StatusForbidden)
+		body, _ := json.Marshal(prob)
+		h.Set("Content-Type", httplimit.ProblemContentType)
+		h.Set("X-Content-Type-Options", "nosniff")
+		w.WriteHeader(http.StatusForbidden)
+		_, _ = w.Write(append(body, '\n'))
+	default:
+		w.WriteHeader(http.StatusOK)
+	}
+}
+
+// originalRequest rebuilds the request a proxy is asking about from the
+// auth request's headers.
+func originalRequest(r *http.Request) (*http.Request, error) {
+	uri := firstHeader(r, "X-Original-URI", "X-Forwarded-Uri")
+	if uri == "" {
+		return nil, errMissingURI
+	}
+	u, err := url.ParseRequestURI(uri)
+	if err != nil {
+		// A full URL, as some proxies send.
+		if u, err = url.Parse(uri); err != nil || u.Path == "" {
+			return nil, &headerError{"the original URI " + quoteShort(uri) + " is not a request URI"}
+		}
+	}
+	method := strings.ToUpper(firstHeader(r, "X-Original-Method", "X-Forwarded-Method"))
+	if method == "" {
+		method = http.MethodGet
+	}
+	if !validMethod(method) {
+		return nil, &headerError{"the original method " + quoteShort(method) + " is not an HTTP method"}
+	}
+	host := firstHeader(r, "X-Original-Host", "X-Forwarded-Host")
+	if host == "" {
+		host = r.Host
+	}
+	orig := &http.Request{
+		Method:     method,
+		URL:        u,
+		RequestURI: uri,
+		Proto:      r.Proto,
+		ProtoMajor: r.ProtoMajor,
+		ProtoMinor: r.ProtoMinor,
+		Header:     r.Header.Clone(),
+		Host:       host,
+		RemoteAddr: r.RemoteAddr,
+	}
+	return orig.WithContext(r.Context()), nil
+}
+
+type headerError struct{ msg string }
+
+func (e *headerError) Error() string { return e.msg }
+
+var errMissingURI = &headerError{"the auth request lacks X-Original-URI (nginx: proxy_set_header X-Original-URI $request_uri) or X-Forwarded-Uri (Traefik, Caddy); weir cannot tell which request to decide"}
+
+func firstHeader(r *http.Request, names ...string) string {
+	for _, n := range names {
+		if v := strings.TrimSpace(r.Header.Get(n)); v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+func validMethod(m string) bool {
+	if m == "" || len(m) > 32 {
+		return false
+	}
+	for i := 0; i < len(m); i++ {
+		c := m[i]
+		if !(c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+func quoteShort(s string) string {
+	if len(s) > 100 {
+		s = s[:100] + "…"
+	}
+	b, _ := json.Marshal(s)
+	return string(b)
+}

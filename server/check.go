@@ -1,0 +1,187 @@
+package server
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/httplimit"
+	"github.com/weir-dev/weir/policy"
+)
+
+// checkRequest is the body of POST /v1/check by rule and key.
+type checkRequest struct {
+	// Rule names a rule of the config.
+	Rule string `json:"rule"`
+	// Key is the identity to decide for: what the rule counts by, such as
+	// a client IP or an API key.
+	Key string `json:"key"`
+	// Hits is the cost of the request, 1 when absent; 0 peeks.
+	Hits *int64 `json:"hits"`
+	// Tier picks a tier of a tiered rule; empty is the default tier.
+	Tier string `json:"tier"`
+}
+
+// Decision is the answer of POST /v1/check and GET /v1/state.
+type Decision struct {
+	Rule    string `json:"rule"`
+	Allowed bool   `json:"allowed"`
+	// Limit is the quota: the rule's Rate, or Burst for bucket algorithms.
+	Limit     int64 `json:"limit"`
+	Remaining int64 `json:"remaining"`
+	// RetryAfterMS is when a retry can succeed, in milliseconds rounded up;
+	// 0 if allowed.
+	RetryAfterMS int64 `json:"retry_after_ms"`
+	// ResetAfterMS is when the quota is whole again, in milliseconds.
+	ResetAfterMS int64 `json:"reset_after_ms"`
+	// BlockedUntil is the end of the penalty box in Unix milliseconds, 0
+	// when none holds the key.
+	BlockedUntil int64 `json:"blocked_until"`
+	// Key echoes the identity (GET /v1/state only).
+	Key string `json:"key,omitempty"`
+	// Tier is the tier applied.
+	Tier string `json:"tier,omitempty"`
+	// Shadow marks a shadow rule: Allowed is then always true and
+	// ShadowLimited says what the rule would have decided.
+	Shadow        bool `json:"shadow,omitempty"`
+	ShadowLimited bool `json:"shadow_limited,omitempty"`
+	// Fallback names the on_error policy that decided because the store
+	// failed: allow, deny or local.
+	Fallback string `json:"fallback,omitempty"`
+	// DelayMS asks a shaping leaky bucket's caller to hold the request.
+	DelayMS int64 `json:"delay_ms,omitempty"`
+}
+
+// decisionOf renders a store result.
+func decisionOf(rule string, res weir.Result, shadow bool) Decision {
+	d := Decision{
+		Rule:         rule,
+		Allowed:      res.Allowed || shadow,
+		Limit:        res.Limit,
+		Remaining:    max(res.Remaining, 0),
+		RetryAfterMS: ceilMS(res.RetryAfter),
+		ResetAfterMS: ceilMS(res.ResetAfter),
+		DelayMS:      ceilMS(res.Delay),
+		Shadow:       shadow,
+	}
+	if shadow && !res.Allowed {
+		d.ShadowLimited = true
+	}
+	if !res.BlockedUntil.IsZero() {
+		d.BlockedUntil = res.BlockedUntil.UnixMilli()
+	}
+	return d
+}
+
+// ceilMS rounds d up to whole milliseconds, so that a client waiting that
+// long is never early.
+func ceilMS(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+// handleCheck serves POST /v1/check.
+func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
+	if be := checkJSONContentType(r); be != nil {
+		be.write(w)
+		return
+	}
+	body, be := readBody(w, r)
+	if be != nil {
+		be.write(w)
+		return
+	}
+	// An object with a domain or descriptors is an Envoy-style request.
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(body, &fields) == nil {
+		_, hasDomain := fields["domain"]
+		_, hasDesc := fields["descriptors"]
+		if hasDomain || hasDesc {
+			if _, ok := fields["rule"]; ok {
+				writeError(w, http.StatusBadRequest, codeBadRequest,
+					`the body names both a rule and a domain; send {"rule","key","hits"} or {"domain","descriptors"}`)
+				return
+			}
+			out, status, _ := s.envoy.CheckJSON(r.Context(), body)
+			h := w.Header()
+			h.Set("Content-Type", "application/json")
+			h.Set("Cache-Control", "no-store")
+			w.WriteHeader(status)
+			_, _ = w.Write(append(out, '\n'))
+			return
+		}
+	}
+	var req checkRequest
+	if be := decodeStrict(body, &req); be != nil {
+		be.write(w)
+		return
+	}
+	hits := int64(1)
+	if req.Hits != nil {
+		hits = *req.Hits
+	}
+	switch {
+	case req.Rule == "":
+		writeError(w, http.StatusBadRequest, codeBadRequest, `field "rule" is required: the name of a rule (GET /v1/rules lists them)`)
+		return
+	case req.Key == "":
+		writeError(w, http.StatusBadRequest, codeBadRequest, `field "key" is required: the identity to decide for, such as a client IP`)
+		return
+	case hits < 0:
+		writeError(w, http.StatusBadRequest, codeBadRequest, `field "hits" is %d; it must be 0 (peek) or more`, hits)
+		return
+	}
+	p := s.holder.Load()
+	rr, err := p.CheckKeyTier(r.Context(), req.Rule, req.Tier, req.Key, hits)
+	if err != nil {
+		s.writeRuleError(w, p, req.Rule, err)
+		return
+	}
+	d := decisionOf(rr.Rule, rr.Result, rr.Shadow)
+	d.Tier, d.Fallback = rr.Tier, rr.Fallback
+	st := []httplimit.Status{{Rule: rr.Rule, Limit: rr.Limit, Result: rr.Result, Shadow: rr.Shadow}}
+	httplimit.WriteHeaders(w.Header(), st, 0, formatter(p))
+	writeJSON(w, http.StatusOK, d)
+}
+
+// formatter returns the header formatter the config asks for.
+func formatter(p *policy.Policy) httplimit.HeaderFormatter {
+	return httplimit.DraftHeaders{Legacy: p.Config().Headers.Legacy}
+}
+
+// writeRuleError answers an error of CheckKey, Limit or Reset: 404 for an
+// unknown rule, 400 otherwise.
+func (s *Server) writeRuleError(w http.ResponseWriter, p *policy.Policy, rule string, err error) {
+	if errors.Is(err, policy.ErrUnknownRule) {
+		writeError(w, http.StatusNotFound, codeUnknownRule, "no rule is named %q; the rules in force are: %s", rule, ruleNames(p))
+		return
+	}
+	if errors.Is(err, weir.ErrStore) {
+		writeError(w, http.StatusServiceUnavailable, codeStore, "the store failed: %v", err)
+		return
+	}
+	writeError(w, http.StatusBadRequest, codeBadRequest, "%v", err)
+}
+
+// ruleNames lists the rules in force for an error message.
+func ruleNames(p *policy.Policy) string {
+	rs := p.Rules()
+	if len(rs) == 0 {
+		return "(none)"
+	}
+	names := make([]string, 0, min(len(rs), 20))
+	for i, r := range rs {
+		if i == 20 {
+			names = append(names, fmt.Sprintf("and %d more", len(rs)-20))
+			break
+		}
+		names = append(names, r.Name)
+	}
+	return strings.Join(names, ", ")
+}

@@ -1,0 +1,7 @@
+//go:build !linux
+
+package server
+
+import "syscall"
+
+func procAttr() *syscall.SysProcAttr { return nil }

@@ -1,0 +1,177 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+)
+
+// maxBody is the largest request body the JSON endpoints read.
+const maxBody = 64 << 10
+
+// apiError is the body of every error the API answers:
+// {"error":"bad_request","detail":"…"}. Error is a stable code for
+// programs, Detail a sentence for people that names the problem.
+type apiError struct {
+	Error  string `json:"error"`
+	Detail string `json:"detail"`
+}
+
+// Error codes.
+const (
+	codeBadRequest    = "bad_request"
+	codeNotFound      = "not_found"
+	codeUnknownRule   = "unknown_rule"
+	codeTooLarge      = "body_too_large"
+	codeUnauthorized  = "unauthorized"
+	codeAdminDisabled = "admin_disabled"
+	codeMethod        = "method_not_allowed"
+	codeUnsupported   = "unsupported_media_type"
+	codeStore         = "store_unavailable"
+	codeInternal      = "internal"
+)
+
+// writeJSON answers status with v as JSON.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		body, _ = json.Marshal(apiError{codeInternal, "encoding the response failed: " + err.Error()})
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(body, '\n'))
+}
+
+// writeError answers status with an apiError.
+func writeError(w http.ResponseWriter, status int, code, format string, args ...any) {
+	writeJSON(w, status, apiError{Error: code, Detail: fmt.Sprintf(format, args...)})
+}
+
+// bodyError is a request body that cannot be decoded; status is 400, 413
+// or 415.
+type bodyError struct {
+	status int
+	code   string
+	detail string
+}
+
+func (e *bodyError) Error() string { return e.detail }
+
+func (e *bodyError) write(w http.ResponseWriter) { writeError(w, e.status, e.code, "%s", e.detail) }
+
+// readBody reads at most maxBody bytes of r's body, answering 413 beyond.
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, *bodyError) {
+	if r.ContentLength > maxBody {
+		return nil, &bodyError{http.StatusRequestEntityTooLarge, codeTooLarge,
+			fmt.Sprintf("the body is %d bytes; the limit is %d (64 KB)", r.ContentLength, maxBody)}
+	}
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, &bodyError{http.StatusRequestEntityTooLarge, codeTooLarge,
+				fmt.Sprintf("the body is over %d bytes (64 KB)", maxBody)}
+		}
+		return nil, &bodyError{http.StatusBadRequest, codeBadRequest, "reading the body failed: " + err.Error()}
+	}
+	return data, nil
+}
+
+// checkJSONContentType rejects a body declared as something other than
+// JSON. A missing Content-Type is accepted, for curl users.
+func checkJSONContentType(r *http.Request) *bodyError {
+	ct := r.Header.Get("Content-Type")
+	if ct == "" {
+		return nil
+	}
+	mt, _, _ := strings.Cut(ct, ";")
+	mt = strings.ToLower(strings.TrimSpace(mt))
+	if mt == "application/json" || strings.HasSuffix(mt, "+json") || mt == "text/plain" {
+		return nil
+	}
+	return &bodyError{http.StatusUnsupportedMediaType, codeUnsupported,
+		fmt.Sprintf("Content-Type %q is not JSON; send application/json", ct)}
+}
+
+// decodeStrict decodes data into v, rejecting unknown fields, trailing
+// data and type mismatches with a message that names the field.
+func decodeStrict(data []byte, v any) *bodyError {
+	if len(bytes.TrimSpace(data)) == 0 {
+		return &bodyError{http.StatusBadRequest, codeBadRequest, "the body is empty; send a JSON object"}
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return &bodyError{http.StatusBadRequest, codeBadRequest, describeJSONError(data, err)}
+	}
+	if dec.More() {
+		return &bodyError{http.StatusBadRequest, codeBadRequest, "the body holds data after the JSON object; send exactly one object"}
+	}
+	var extra json.RawMessage
+	if err := dec.Decode(&extra); err != io.EOF {
+		return &bodyError{http.StatusBadRequest, codeBadRequest, "the body holds data after the JSON object; send exactly one object"}
+	}
+	return nil
+}
+
+// describeJSONError turns a decoding error into a sentence naming the
+// problem and where it is.
+func describeJSONError(data []byte, err error) string {
+	var syn *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &syn):
+		line, col := position(data, syn.Offset)
+		return fmt.Sprintf("malformed JSON at line %d, column %d: %v", line, col, syn)
+	case errors.As(err, &typ):
+		field := typ.Field
+		if field == "" {
+			return fmt.Sprintf("the body is a JSON %s; want an object", typ.Value)
+		}
+		return fmt.Sprintf("field %q is a JSON %s; want %s", field, typ.Value, jsonTypeName(typ.Type.String()))
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return "malformed JSON: the body ends before the object does"
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		name := strings.TrimPrefix(err.Error(), "json: unknown field ")
+		return "unknown field " + name + " in the body"
+	}
+	return "malformed JSON: " + err.Error()
+}
+
+func jsonTypeName(goType string) string {
+	switch goType {
+	case "int64", "int", "*int64", "uint32", "int32":
+		return "a whole number"
+	case "string":
+		return "a string"
+	case "bool":
+		return "true or false"
+	}
+	if strings.HasPrefix(goType, "[]") {
+		return "an array"
+	}
+	return "a " + goType
+}
+
+// position converts a byte offset into a 1-based line and column.
+func position(data []byte, off int64) (line, col int) {
+	off = min(max(off, 0), int64(len(data)))
+	line, col = 1, 1
+	for _, c := range data[:off] {
+		if c == '\n' {
+			line++
+			col = 1
+		} else {
+			col++
+		}
+	}
+	return line, col
+}

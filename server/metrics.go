@@ -1,0 +1,103 @@
+package server
+
+import (
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Values of the result label of weir_decisions_total.
+const (
+	resultAllowed       = "allowed"
+	resultLimited       = "limited"
+	resultShadowLimited = "shadow_limited"
+	resultError         = "error"
+	resultDenied        = "denied"
+)
+
+// Rule label values for decisions that no rule made.
+const (
+	ruleAllowList = "(allow list)"
+	ruleDenyList  = "(deny list)"
+)
+
+// metrics are the service's Prometheus metrics, in a registry of their own:
+// nothing is registered globally, so two Servers in one process (tests)
+// never collide. Label values are bounded: rule names from the config,
+// never identities.
+type metrics struct {
+	reg          *prometheus.Registry
+	decisions    *prometheus.CounterVec
+	storeLatency prometheus.Histogram
+	storeErrors  prometheus.Counter
+	reloads      *prometheus.CounterVec
+	errorsTotal  atomic.Uint64 // storeErrors, readable for the snapshot
+}
+
+// newMetrics registers the metrics; breaker reports the circuit breaker's
+// state as 0 (closed), 1 (half-open) or 2 (open).
+func newMetrics(breaker func() float64) *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "weir_decisions_total",
+			Help: "Rate-limit decisions by rule and result (allowed, limited, shadow_limited, error, denied).",
+		}, []string{"rule", "result"}),
+		storeLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "weir_store_latency_seconds",
+			Help:    "Latency of store calls made for decisions.",
+			Buckets: []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
+		}),
+		storeErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "weir_store_errors_total",
+			Help: "Decisions the store failed to make (errors, timeouts, open circuit breaker).",
+		}),
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "weir_config_reloads_total",
+			Help: "Rule-set reloads by result (success, failure).",
+		}, []string{"result"}),
+	}
+	breakerGauge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "weir_circuit_breaker_state",
+		Help: "State of the circuit breaker in front of the store: 0 closed, 1 half-open, 2 open.",
+	}, breaker)
+	m.reg.MustRegister(m.decisions, m.storeLatency, m.storeErrors, m.reloads, breakerGauge,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// Make the reload series exist from the start, at 0.
+	m.reloads.WithLabelValues("success")
+	m.reloads.WithLabelValues("failure")
+	return m
+}
+
+// decision counts one decision.
+func (m *metrics) decision(rule, result string) {
+	m.decisions.WithLabelValues(rule, result).Inc()
+}
+
+// store records one store call.
+func (m *metrics) store(lat time.Duration, failed bool) {
+	if lat >= 0 {
+		m.storeLatency.Observe(lat.Seconds())
+	}
+	if failed {
+		m.storeErrors.Inc()
+		m.errorsTotal.Add(1)
+	}
+}
+
+// reload counts one rule-set reload.
+func (m *metrics) reload(ok bool) {
+	if ok {
+		m.reloads.WithLabelValues("success").Inc()
+	} else {
+		m.reloads.WithLabelValues("failure").Inc()
+	}
+}
+
+func (m *metrics) handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
