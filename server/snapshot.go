@@ -20,7 +20,7 @@ type Snapshot struct {
 	AdminEnabled bool                  `json:"admin_enabled"`
 	Store        SnapshotStore         `json:"store"`
 	Series       SnapshotSeries        `json:"series"`
-	Instances    []FleetInstance        `json:"instances"`
+	Instances    []FleetInstance       `json:"instances"`
 	Rules        []SnapshotRule        `json:"rules"`
 	Top          map[string][]TopEntry `json:"top"`
 	Blocked      []BlockedEntry        `json:"blocked"`
