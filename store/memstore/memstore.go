@@ -16,6 +16,7 @@ import (
 	"hash/maphash"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/weir-dev/weir"
@@ -30,7 +31,8 @@ type Store struct {
 	shards   []shard
 	mask     uint64
 	seed     maphash.Seed
-	now      func() time.Time
+	now      func() time.Time // an injected clock; nil means clock
+	clock    monoClock
 	maxShard int
 	nshards  int
 
@@ -141,7 +143,7 @@ func WithShards(n int) Option { return func(s *Store) { s.nshards = n } }
 
 // New returns an empty Store.
 func New(opts ...Option) *Store {
-	s := &Store{now: time.Now, maxShard: DefaultMaxKeys, nshards: 256, seed: maphash.MakeSeed(), limits: map[weir.Limit]*compiled{}}
+	s := &Store{maxShard: DefaultMaxKeys, nshards: 256, seed: maphash.MakeSeed(), limits: map[weir.Limit]*compiled{}}
 	for _, o := range opts {
 		o(s)
 	}
@@ -155,7 +157,46 @@ func New(opts ...Option) *Store {
 		s.shards[i].m = make(map[string]*entry)
 	}
 	s.maxShard = max(s.maxShard/n, 1)
+	s.clock.rebase()
 	return s
+}
+
+// micros returns the current time in µs since the Unix epoch.
+func (s *Store) micros() int64 {
+	if s.now != nil {
+		return s.now().UnixMicro()
+	}
+	return s.clock.micros()
+}
+
+// monoClock reads the wall clock as a base plus monotonic time elapsed
+// since: one clock read per decision instead of time.Now's two. It takes a
+// fresh base every minute, so NTP's adjustments reach it soon.
+type monoClock struct {
+	base atomic.Pointer[clockBase]
+}
+
+type clockBase struct {
+	t    time.Time // carries a monotonic reading
+	wall int64     // t in µs since the epoch
+}
+
+const rebaseEvery = time.Minute
+
+func (c *monoClock) rebase() {
+	t := time.Now()
+	c.base.Store(&clockBase{t, t.UnixMicro()})
+}
+
+func (c *monoClock) micros() int64 {
+	b := c.base.Load()
+	el := time.Since(b.t) // monotonic only: one vDSO call
+	if el >= rebaseEvery || el < 0 {
+		c.rebase()
+		b = c.base.Load()
+		el = time.Since(b.t)
+	}
+	return b.wall + el.Microseconds()
 }
 
 func (s *Store) shardOf(key string) *shard {
@@ -221,7 +262,7 @@ func (s *Store) take(key string, l weir.Limit, n int64, mode algorithm.Mode, lea
 	if err := weir.CheckCost(key, n, e.c.params.MaxCost()); err != nil {
 		return weir.Result{}, err
 	}
-	now := s.now().UnixMicro()
+	now := s.micros()
 	d := algorithm.Take(&e.c.params, &e.state, now, n, mode)
 	if d.Granted > 0 && lease != "" {
 		algorithm.SetLeaseID(&e.state, lease)
@@ -361,7 +402,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 			s.shards[si].mu.Unlock()
 		}
 	}()
-	now := s.now().UnixMicro()
+	now := s.micros()
 	// Sweep before any entry of the batch is resolved: a sweep run while
 	// saving one member could otherwise drop another member's (expired)
 	// entry after it was looked up, losing that member's new state.
@@ -467,7 +508,7 @@ func (s *Store) TTL(key string, l weir.Limit) (time.Duration, bool) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.get(stateKey{key, k})
-	now := s.now().UnixMicro()
+	now := s.micros()
 	if e == nil || e.expires <= now {
 		return 0, false
 	}

@@ -107,3 +107,18 @@ func TestGCRAIdleAtHighRate(t *testing.T) {
 		t.Fatalf("idle key: %+v", r)
 	}
 }
+
+// TestDefaultClockIsWallTime: the default clock (a wall base plus
+// monotonic time) reports epoch time, as penalty boxes and windows need.
+func TestDefaultClockIsWallTime(t *testing.T) {
+	s := memstore.New()
+	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 1, Period: time.Minute, Block: time.Hour}
+	s.Take(context.Background(), "k", l, 1)
+	before := time.Now()
+	r, _ := s.Take(context.Background(), "k", l, 1)
+	after := time.Now()
+	lo, hi := before.Add(time.Hour-time.Second), after.Add(time.Hour+time.Second)
+	if r.BlockedUntil.Before(lo) || r.BlockedUntil.After(hi) {
+		t.Fatalf("blocked until %v, want about %v", r.BlockedUntil, before.Add(time.Hour))
+	}
+}
