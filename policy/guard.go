@@ -271,8 +271,12 @@ func classify(parent context.Context, err error) outcome {
 		return success
 	case errors.Is(err, weir.ErrInvalidLimit) || errors.Is(err, weir.ErrInvalidCost) || errors.Is(err, weir.ErrUnsupported):
 		return success
-	case parent.Err() != nil && !errors.Is(err, context.DeadlineExceeded):
-		return inconclusive // the caller cancelled; the store is not to blame
+	case parent.Err() != nil:
+		// The caller gave up (cancelled, or its own deadline passed, as
+		// Envoy's 20ms rate-limit timeout does under load): the store is
+		// not to blame. Had the guard's own, shorter timeout fired, the
+		// caller's context would still be live here.
+		return inconclusive
 	}
 	return failure
 }

@@ -311,3 +311,32 @@ func TestScaleLimit(t *testing.T) {
 		}
 	}
 }
+
+// TestCallerDeadlineIsNotAStoreFailure: a caller whose own deadline passes
+// (Envoy's rate-limit filter times out after 20ms by default) must not
+// count against the store, or a burst of impatient callers would open the
+// breaker for everyone.
+func TestCallerDeadlineIsNotAStoreFailure(t *testing.T) {
+	store := newFakeStore(nil)
+	store.block.Store(true) // the store answers only when the context ends
+	g := NewGuard(store, GuardConfig{Timeout: time.Second, Breaker: BreakerConfig{Failures: 1}})
+	l := weir.PerMinute(weir.FixedWindow, 5)
+	for i := 0; i < 3; i++ {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Millisecond)
+		_, err := g.Take(cctx, "k", l, 1)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("call %d: %v", i, err)
+		}
+	}
+	if g.State() != BreakerClosed || g.Failures() != 0 {
+		t.Fatalf("after callers' own deadlines: breaker %v, %d failures; want closed, 0", g.State(), g.Failures())
+	}
+	// The guard's own deadline, shorter than the caller's, is a failure.
+	g2 := NewGuard(store, GuardConfig{Timeout: 5 * time.Millisecond, Breaker: BreakerConfig{Failures: 1}})
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if _, err := g2.Take(cctx, "k", l, 1); err == nil || g2.Failures() != 1 || g2.State() != BreakerOpen {
+		t.Fatalf("store timeout: err %v, %d failures, breaker %v; want 1 failure and open", err, g2.Failures(), g2.State())
+	}
+}

@@ -44,6 +44,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -525,7 +526,10 @@ func (s *Server) Serve(ctx context.Context, hl, gl net.Listener) error {
 	var gs *grpc.Server
 	var hlth *health.Server
 	if gl != nil {
-		gs = grpc.NewServer()
+		// Reuse a pool of goroutines for streams instead of one new
+		// goroutine per RPC, whose stack would grow afresh every time
+		// (measured at ~15% of the CPU under load).
+		gs = grpc.NewServer(grpc.NumStreamWorkers(uint32(max(4, runtime.GOMAXPROCS(0)*4))))
 		hlth = envoyrls.RegisterGRPC(gs, s.envoy)
 	}
 	s.mu.Lock()

@@ -8,8 +8,11 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -35,6 +38,7 @@ type serveFlags struct {
 	config, envoyConfig, http, grpc, redis string
 	adminTokenEnv, instanceID              string
 	logLevel, logFormat                    string
+	pprof                                  string
 	shutdownTimeout                        time.Duration
 }
 
@@ -51,6 +55,7 @@ func newServeFlagSet(stderr io.Writer) (*flag.FlagSet, *serveFlags) {
 	fs.StringVar(&f.instanceID, "instance-id", "", "this instance's name in the dashboard's fleet view (default: hostname-pid)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log format on stderr: text or json")
+	fs.StringVar(&f.pprof, "pprof", "", `serve Go's profiler (/debug/pprof/) on this address, e.g. "127.0.0.1:6060"; off by default, never on a public address`)
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", server.DefaultShutdownTimeout, "on SIGTERM or SIGINT, how long to let in-flight requests finish")
 	// Every flag's help names its environment variable.
 	fs.VisitAll(func(fl *flag.Flag) { fl.Usage += " [$" + envName(fl.Name) + "]" })
@@ -170,10 +175,33 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, lookup 
 	if f.instanceID != "" {
 		opts = append(opts, server.WithInstanceID(f.instanceID))
 	}
+	if _, set := lookup("GOGC"); !set {
+		// The service's heap is small and its allocation rate high: a
+		// GC target of 400% halves GC work (and the goroutine stacks it
+		// shrinks and requests regrow) for a few MB. GOGC still wins.
+		debug.SetGCPercent(400)
+	}
 	srv, err := server.New(opts...)
 	if err != nil {
 		fmt.Fprintln(stderr, "weir serve:", err)
 		return 1
+	}
+	if f.pprof != "" {
+		pl, err := net.Listen("tcp", f.pprof)
+		if err != nil {
+			srv.Close()
+			fmt.Fprintf(stderr, "weir serve: --pprof %s: %v\n", f.pprof, err)
+			return 1
+		}
+		mux := http.NewServeMux()
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		ps := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go ps.Serve(pl)
+		defer ps.Close()
 	}
 	hl, err := net.Listen("tcp", srv.HTTPAddr())
 	if err != nil {
