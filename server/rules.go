@@ -253,33 +253,16 @@ func (s *Server) handleRulesPut(w http.ResponseWriter, r *http.Request) {
 		writeRulesError(w, err)
 		return
 	}
-	rs := s.rules
-	version := ""
-	if s.rdb != nil {
-		ctx := r.Context()
-		if err := s.rdb.Do(ctx, s.rdb.B().Set().Key(rulesKey).Value(string(raw)).Build()).Error(); err != nil {
-			writeError(w, http.StatusServiceUnavailable, codeStore, "storing the rules in Redis failed: %v", err)
-			return
-		}
-		n, err := s.rdb.Do(ctx, s.rdb.B().Incr().Key(rulesVersionKey).Build()).AsInt64()
-		if err != nil {
-			writeError(w, http.StatusServiceUnavailable, codeStore, "bumping the rules version in Redis failed: %v", err)
-			return
-		}
-		version = fmt.Sprint(n)
+	version, err := s.publishRules(r.Context(), raw)
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, codeStore, "storing the rules in Redis failed: %v", err)
+		return
 	}
-	rs.mu.Lock()
-	if version != "" {
-		rs.version = version
-	}
-	rs.raw, rs.cfg, rs.present = raw, cfg, present
-	rs.mu.Unlock()
-	p, err := s.build(s.base.Load())
+	p, err := s.applyRules(raw, cfg, present, version)
 	if err != nil {
 		writeRulesError(w, err)
 		return
 	}
-	s.swap(p)
 	scope := "instance"
 	if s.rdb != nil {
 		scope = "fleet"
@@ -291,35 +274,59 @@ func (s *Server) handleRulesPut(w http.ResponseWriter, r *http.Request) {
 // handleRulesDelete serves DELETE /v1/rules: the config's rules are back in
 // force, on every instance with Redis.
 func (s *Server) handleRulesDelete(w http.ResponseWriter, r *http.Request) {
-	rs := s.rules
-	version := ""
-	if s.rdb != nil {
-		ctx := r.Context()
-		res := s.rdb.DoMulti(ctx, s.rdb.B().Del().Key(rulesKey).Build(), s.rdb.B().Incr().Key(rulesVersionKey).Build())
-		n, err := res[1].AsInt64()
-		if err == nil {
-			err = res[0].Error()
-		}
-		if err != nil {
-			writeError(w, http.StatusServiceUnavailable, codeStore, "removing the rules from Redis failed: %v", err)
-			return
-		}
-		version = fmt.Sprint(n)
+	version, err := s.publishRules(r.Context(), nil)
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, codeStore, "removing the rules from Redis failed: %v", err)
+		return
 	}
-	rs.mu.Lock()
-	if version != "" {
-		rs.version = version
-	}
-	rs.raw, rs.cfg, rs.present = nil, nil, nil
-	rs.mu.Unlock()
-	p, err := s.build(s.base.Load())
+	p, err := s.applyRules(nil, nil, nil, version)
 	if err != nil {
 		writeRulesError(w, err)
 		return
 	}
-	s.swap(p)
 	s.log.Info("weir: admin restored the config's rules", "rules", len(p.Rules()))
 	writeJSON(w, http.StatusOK, map[string]any{"restored": true, "version": version, "rules": p.Rules()})
+}
+
+// publishRules stores raw (nil: removes it) in Redis for the whole fleet
+// and bumps the version every instance polls, in one pipelined round trip
+// (the rules land before the version that announces them). Without Redis
+// it does nothing and returns an empty version.
+func (s *Server) publishRules(ctx context.Context, raw []byte) (string, error) {
+	if s.rdb == nil {
+		return "", nil
+	}
+	write := s.rdb.B().Del().Key(rulesKey).Build()
+	if raw != nil {
+		write = s.rdb.B().Set().Key(rulesKey).Value(string(raw)).Build()
+	}
+	res := s.rdb.DoMulti(ctx, write, s.rdb.B().Incr().Key(rulesVersionKey).Build())
+	if err := res[0].Error(); err != nil {
+		return "", err
+	}
+	n, err := res[1].AsInt64()
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprint(n), nil
+}
+
+// applyRules puts a run-time rule set (nil: the config's own) in force on
+// this instance.
+func (s *Server) applyRules(raw []byte, cfg *policy.Config, present map[string]bool, version string) (*policy.Policy, error) {
+	rs := s.rules
+	rs.mu.Lock()
+	if version != "" {
+		rs.version = version
+	}
+	rs.raw, rs.cfg, rs.present = raw, cfg, present
+	rs.mu.Unlock()
+	p, err := s.build(s.base.Load())
+	if err != nil {
+		return nil, err
+	}
+	s.swap(p)
+	return p, nil
 }
 
 // writeRulesError answers 400 with every problem of a rule set.
