@@ -8,7 +8,7 @@ export WEIR_DEPS_EXTRA ?= nginx caddy chromium
 # Modules of their own (peer libraries stay out of weir's go.mod).
 NESTED     := bench examples/gin examples/echo
 
-.PHONY: all build test deps vet lint unit nested tidy bench bench-redis fuzz fmt clean
+.PHONY: all build test deps vet lint unit nested tidy bench bench-redis bench-serve fuzz fmt clean
 
 all: build
 
@@ -51,6 +51,10 @@ bench:
 # and MEMORY USAGE per key; prints the tables in docs/benchmarks.md.
 bench-redis:
 	./bench/redis/run.sh
+
+# weir serve on Redis under weir bench over gRPC (STORE=memory for no Redis).
+bench-serve:
+	./bench/serve/run.sh
 
 # Fuzzing: long runs live here, not in `make test` (which replays the seed corpus).
 FUZZTIME ?= 60s
