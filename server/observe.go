@@ -86,17 +86,38 @@ func (s *Server) count(rule, result string, outcome int, now time.Time, lat time
 // (deadline and circuit breaker) and, when the store fails, applies the
 // config's global on_error instead of failing the call.
 func (s *Server) envoyDecider(ctx context.Context, reqs []weir.Request, res []weir.Result) error {
-	for i := range reqs {
+	// Descriptors are independent (as in envoyproxy/ratelimit), so a
+	// request's descriptors are decided concurrently: with Redis, rueidis
+	// pipelines them into one round trip instead of one each.
+	var one [1]error
+	var oneLat [1]time.Duration
+	errs, lats := one[:], oneLat[:]
+	if len(reqs) > 1 {
+		errs, lats = make([]error, len(reqs)), make([]time.Duration, len(reqs))
+	}
+	decide := func(i int) {
 		start := time.Now()
-		var err error
 		if s.guard.Multi() {
-			err = s.guard.TakeAll(ctx, reqs[i:i+1], res[i:i+1])
+			errs[i] = s.guard.TakeAll(ctx, reqs[i:i+1], res[i:i+1])
 		} else {
-			res[i], err = s.guard.Take(ctx, reqs[i].Key, reqs[i].Limit, reqs[i].N)
+			res[i], errs[i] = s.guard.Take(ctx, reqs[i].Key, reqs[i].Limit, reqs[i].N)
 		}
-		lat := time.Since(start)
-		s.metrics.store(lat, err != nil)
-		s.stats.observeStore(s.now(), lat)
+		lats[i] = time.Since(start)
+	}
+	if len(reqs) == 1 {
+		decide(0)
+	} else {
+		var wg sync.WaitGroup
+		for i := 1; i < len(reqs); i++ {
+			wg.Go(func() { decide(i) })
+		}
+		decide(0)
+		wg.Wait()
+	}
+	for i := range reqs {
+		err := errs[i]
+		s.metrics.store(lats[i], err != nil)
+		s.stats.observeStore(s.now(), lats[i])
 		if err == nil {
 			continue
 		}

@@ -1,0 +1,72 @@
+package server
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/weir-dev/weir/internal/redistest"
+)
+
+// TestGRPCSeveralDescriptorsOnRedis: the descriptors of one request are
+// decided concurrently (one pipelined round trip) and each still counts
+// on its own, exactly, against real Redis.
+func TestGRPCSeveralDescriptorsOnRedis(t *testing.T) {
+	r := redistest.Standalone(t)
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "rl.yaml"), []byte(`domain: rl
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: ip
+    rate_limit: {unit: minute, requests_per_unit: 3}
+`), 0o644)
+	s, err := New(WithConfig(mustParse(t, testConfig)), WithRedisURL("redis://"+r.Addr+"/0"), WithEnvoyConfigDir(dir), WithLogger(quietLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hl, _ := net.Listen("tcp", "127.0.0.1:0")
+	gl, _ := net.Listen("tcp", "127.0.0.1:0")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, hl, gl) }()
+	defer func() { cancel(); <-done }()
+	conn, err := grpc.NewClient(gl.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	rl := rlspb.NewRateLimitServiceClient(conn)
+	cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer ccancel()
+	d := func(k, v string) *rlcommon.RateLimitDescriptor {
+		return &rlcommon.RateLimitDescriptor{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: k, Value: v}}}
+	}
+	req := &rlspb.RateLimitRequest{Domain: "rl", Descriptors: []*rlcommon.RateLimitDescriptor{d("user", "alice"), d("ip", "192.0.2.1"), d("user", "bob")}}
+	ok, over := rlspb.RateLimitResponse_OK, rlspb.RateLimitResponse_OVER_LIMIT
+	for call, want := range [][3]rlspb.RateLimitResponse_Code{{ok, ok, ok}, {ok, ok, ok}, {over, ok, over}, {over, over, over}} {
+		resp, err := rl.ShouldRateLimit(cctx, req)
+		if err != nil {
+			t.Fatalf("call %d: %v", call, err)
+		}
+		for i, st := range resp.Statuses {
+			if st.Code != want[i] {
+				t.Fatalf("call %d descriptor %d: %v, want %v (all: %v)", call, i, st.Code, want[i], resp.Statuses)
+			}
+		}
+		wantRemaining := []uint32{uint32(max(1-call, 0)), uint32(max(2-call, 0)), uint32(max(1-call, 0))}
+		for i, st := range resp.Statuses {
+			if st.LimitRemaining != wantRemaining[i] {
+				t.Fatalf("call %d descriptor %d: %d remaining, want %d", call, i, st.LimitRemaining, wantRemaining[i])
+			}
+		}
+	}
+}
