@@ -1,6 +1,7 @@
 package httplimit
 
 import (
+	"github.com/weir-dev/weir"
 	"net/http"
 	"net/netip"
 
@@ -16,4 +17,22 @@ func ipKey(r *http.Request, trusted []netip.Prefix) string {
 		return a.String()
 	}
 	return r.RemoteAddr
+}
+
+// ipIdentity returns the client-IP identity of r and its store key under
+// rule in one allocation for IPv4: the address is written to the stack and
+// escaped straight into the key, whose tail is then the identity (escaping
+// leaves an IPv4 address as it is).
+func ipIdentity(r *http.Request, trusted []netip.Prefix, rule string) (id, key string) {
+	a := policy.ClientIP(r, trusted)
+	if !a.IsValid() {
+		return r.RemoteAddr, weir.Key(rule, r.RemoteAddr)
+	}
+	var b [64]byte
+	t := a.AppendTo(b[:0])
+	key = weir.Key(rule, string(t))
+	if n := len(key) - len(t); n > 0 && key[n:] == string(t) {
+		return key[n:], key
+	}
+	return string(t), key
 }

@@ -68,7 +68,10 @@ func (f DraftHeaders) WriteHeaders(h http.Header, statuses []Status, limiting in
 	if len(statuses) == 0 {
 		return
 	}
-	buf := make([]byte, 0, 32*len(statuses))
+	// Both headers are built in one buffer (on the stack for a few rules)
+	// and become one string and one backing array: two allocations.
+	var stack [256]byte
+	buf := stack[:0]
 	for i, s := range statuses {
 		if i > 0 {
 			buf = append(buf, ", "...)
@@ -79,20 +82,30 @@ func (f DraftHeaders) WriteHeaders(h http.Header, statuses []Status, limiting in
 		buf = append(buf, ";w="...)
 		buf = strconv.AppendInt(buf, ceilSeconds(s.Limit.Period), 10)
 	}
-	h[headerPolicy] = []string{string(buf)}
-
-	if limiting >= 0 && limiting < len(statuses) {
+	policyEnd := len(buf)
+	var reset, remaining int64
+	var limit int64
+	has := limiting >= 0 && limiting < len(statuses)
+	if has {
 		s := statuses[limiting]
-		reset := ceilSeconds(resetAfter(s.Result))
-		remaining := max(s.Result.Remaining, 0)
-		buf = appendName(buf[:0], s.Rule)
+		reset = ceilSeconds(resetAfter(s.Result))
+		remaining = max(s.Result.Remaining, 0)
+		limit = s.Result.Limit
+		buf = appendName(buf, s.Rule)
 		buf = append(buf, ";r="...)
 		buf = strconv.AppendInt(buf, remaining, 10)
 		buf = append(buf, ";t="...)
 		buf = strconv.AppendInt(buf, reset, 10)
-		h[headerRateLimit] = []string{string(buf)}
+	}
+	all := string(buf)
+	vals := make([]string, 2)
+	vals[0] = all[:policyEnd]
+	h[headerPolicy] = vals[0:1:1]
+	if has {
+		vals[1] = all[policyEnd:]
+		h[headerRateLimit] = vals[1:2:2]
 		if f.Legacy {
-			h[headerLegacyLimit] = []string{strconv.FormatInt(s.Result.Limit, 10)}
+			h[headerLegacyLimit] = []string{strconv.FormatInt(limit, 10)}
 			h[headerLegacyRemain] = []string{strconv.FormatInt(remaining, 10)}
 			h[headerLegacyReset] = []string{strconv.FormatInt(reset, 10)}
 		}

@@ -101,6 +101,8 @@ type Option func(*config)
 
 type config struct {
 	key         func(*http.Request) (string, error)
+	byIP        bool           // key is the client IP: ServeHTTP builds it without the extra string
+	trusted     []netip.Prefix // the proxies KeyByIP trusts
 	name        string
 	formatter   HeaderFormatter
 	legacy      *bool
@@ -118,7 +120,7 @@ type config struct {
 // the request passes unlimited. FromPolicy ignores it: rules name their
 // identities.
 func WithKey(fn func(*http.Request) (string, error)) Option {
-	return func(c *config) { c.key = fn }
+	return func(c *config) { c.key, c.byIP = fn, false }
 }
 
 // KeyByIP keys requests by client IP address, as policy.ClientIP finds
@@ -132,6 +134,7 @@ func KeyByIP(trusted ...netip.Prefix) Option {
 	trusted = append([]netip.Prefix(nil), trusted...)
 	return func(c *config) {
 		c.key = func(r *http.Request) (string, error) { return ipKey(r, trusted), nil }
+		c.byIP, c.trusted = true, trusted
 	}
 }
 
@@ -181,6 +184,7 @@ func WithShadow(on bool) Option { return func(c *config) { c.shadow = on } }
 func newConfig(opts []Option) *config {
 	c := &config{
 		key:   func(r *http.Request) (string, error) { return ipKey(r, nil), nil },
+		byIP:  true,
 		name:  DefaultName,
 		sleep: sleepContext,
 	}
@@ -247,17 +251,23 @@ type single struct {
 
 func (s *single) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	c := s.c
-	id, err := c.key(r)
-	if err != nil {
-		if errors.Is(err, ErrNoLimit) {
-			s.next.ServeHTTP(w, r)
+	var id, key string
+	var err error
+	if c.byIP {
+		id, key = ipIdentity(r, c.trusted, c.name)
+	} else {
+		id, err = c.key(r)
+		if err != nil {
+			if errors.Is(err, ErrNoLimit) {
+				s.next.ServeHTTP(w, r)
+				return
+			}
+			c.observe(Decision{Request: r, Rule: c.name, Err: err})
+			c.reject(w, r, Rejection{Status: http.StatusBadRequest, Rule: c.name, Err: err})
 			return
 		}
-		c.observe(Decision{Request: r, Rule: c.name, Err: err})
-		c.reject(w, r, Rejection{Status: http.StatusBadRequest, Rule: c.name, Err: err})
-		return
+		key = weir.Key(c.name, id)
 	}
-	key := weir.Key(c.name, id)
 	ctx := r.Context()
 	var start time.Time
 	if c.observer != nil {
