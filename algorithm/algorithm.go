@@ -97,7 +97,20 @@ type Params struct {
 	A, B int64
 	// Tick is the sliding window's time unit in µs.
 	Tick int64
+	// MaxWait bounds, in µs, how far past the last change of a key's state
+	// its RetryAfter or ResetAfter can reach: one period for the windows,
+	// the log and leases, two for the sliding window, a full refill for the
+	// buckets.
+	MaxWait int64
 }
+
+// BoxOutlasts reports whether p's penalty box outlasts anything the key's
+// state could still need. Nothing is consumed while a box holds, so the
+// state is frozen at the rejection that started it, and its every instant
+// lies within MaxWait of that: the box's end decides RetryAfter and
+// ResetAfter, and a blocked check need not look at the state at all (in
+// Redis: one GET of the box key).
+func (p *Params) BoxOutlasts() bool { return p.Block > 0 && p.Block >= p.MaxWait }
 
 // Compile validates c and derives the constants its algorithm needs.
 func Compile(c Config) (Params, error) {
@@ -136,6 +149,7 @@ func Compile(c Config) (Params, error) {
 		return p, fmt.Errorf("max delay and delay-after apply to leaky_bucket, not %s", c.Kind)
 	}
 	p.Cap = c.Rate
+	p.MaxWait = c.Period
 	switch c.Kind {
 	case SlidingLog:
 		if c.Rate > MaxLogSize {
@@ -153,6 +167,7 @@ func Compile(c Config) (Params, error) {
 		if p.Tick == 0 {
 			return p, fmt.Errorf("sliding_window: rate %d over a %dµs period is too large to weigh exactly (lower the rate or use a whole-second period)", c.Rate, c.Period)
 		}
+		p.MaxWait = 2 * c.Period // the current window's count weighs into the next
 	case TokenBucket, LeakyBucket, GCRA:
 		if p.Burst == 0 {
 			p.Burst = c.Rate
@@ -163,6 +178,7 @@ func Compile(c Config) (Params, error) {
 		if p.Burst > (MaxExact-1)/p.A {
 			return p, fmt.Errorf("%s: burst %d × interval %d/%dµs is too large to track exactly (lower the burst, or pick a rate that divides the period)", c.Kind, p.Burst, p.A, p.B)
 		}
+		p.MaxWait = ceilDiv(p.Burst*p.A, p.B) // a full refill, or drain
 		if c.Kind == LeakyBucket && c.MaxDelay > 0 {
 			if p.DelayAfter == 0 {
 				p.DelayAfter = 1
@@ -305,11 +321,17 @@ func take(p *Params, s *State, now, n int64, mode Mode, commit bool) Decision {
 		s.BlockedUntil = 0 // the penalty box has lapsed
 	}
 	if s.BlockedUntil > now {
+		left := s.BlockedUntil - now
+		if p.BoxOutlasts() {
+			// The box's end is later than anything the frozen state needs.
+			return Decision{Limit: p.Cap, RetryAfter: left, ResetAfter: left, BlockedUntil: s.BlockedUntil, TTL: left}
+		}
 		d := decide(p, s, now, cost, mode, false)
 		d.Allowed, d.Granted, d.Remaining, d.Delay = false, 0, 0, 0
-		d.RetryAfter = max(d.RetryAfter, s.BlockedUntil-now)
+		d.RetryAfter = max(d.RetryAfter, left)
+		d.ResetAfter = max(d.ResetAfter, left) // nothing is usable before the box opens
 		d.BlockedUntil = s.BlockedUntil
-		d.TTL = max(d.ResetAfter, s.BlockedUntil-now)
+		d.TTL = d.ResetAfter
 		return d
 	}
 	commit = commit && !peek

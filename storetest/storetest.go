@@ -471,8 +471,8 @@ func (t *tester) penaltyBox() {
 	}
 	t.advance(5 * time.Minute) // the limit itself has long recovered
 	r = t.take("k", l, 1)
-	if r.Allowed || !r.BlockedUntil.Equal(wantUntil) || r.RetryAfter != 5*time.Minute {
-		t.Fatalf("inside the penalty box: got %+v, want rejected until %v", r, wantUntil)
+	if r.Allowed || !r.BlockedUntil.Equal(wantUntil) || r.RetryAfter != 5*time.Minute || r.ResetAfter != 5*time.Minute {
+		t.Fatalf("inside the penalty box: got %+v, want rejected until %v, with RetryAfter and ResetAfter 5m (the box outlasts the state)", r, wantUntil)
 	}
 	if p := t.take("k", l, 0); p.Allowed || !p.BlockedUntil.Equal(wantUntil) {
 		t.Fatalf("peek inside the penalty box: %+v", p)
@@ -495,8 +495,8 @@ func (t *tester) penaltyBox() {
 		t.Fatalf("short box, first rejection: %+v", r1)
 	}
 	t.advance(time.Second)
-	if r2 := t.take("short", short, 1); r2.Allowed || r2.RetryAfter != max(r1.RetryAfter-time.Second, 4*time.Second) {
-		t.Fatalf("short box after 1s: RetryAfter %v, want %v", r2.RetryAfter, max(r1.RetryAfter-time.Second, 4*time.Second))
+	if r2 := t.take("short", short, 1); r2.Allowed || r2.RetryAfter != max(r1.RetryAfter-time.Second, 4*time.Second) || r2.ResetAfter < r2.RetryAfter {
+		t.Fatalf("short box after 1s: RetryAfter %v ResetAfter %v, want RetryAfter %v and ResetAfter no sooner", r2.RetryAfter, r2.ResetAfter, max(r1.RetryAfter-time.Second, 4*time.Second))
 	}
 	// Reset clears a penalty box too.
 	t.take("k", l, 3)

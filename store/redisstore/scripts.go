@@ -68,7 +68,7 @@ func init() {
 }
 
 // nLimitArgs is the number of ARGV values a compiled limit takes.
-const nLimitArgs = 12
+const nLimitArgs = 13
 
 // limitArgs renders p as the scripts' params() reads it. Every derived
 // constant is Compile's; the scripts never recompute one.
@@ -77,9 +77,13 @@ func limitArgs(p *algorithm.Params) [nLimitArgs]string {
 	if p.Shaping() {
 		shaping = "1"
 	}
+	outlasts := "0"
+	if p.BoxOutlasts() {
+		outlasts = "1"
+	}
 	f := func(v int64) string { return strconv.FormatInt(v, 10) }
 	return [nLimitArgs]string{
 		p.Kind.String(), f(p.Rate), f(p.Period), f(p.Burst), f(p.Block),
-		f(p.MaxDelay), f(p.DelayAfter), f(p.Cap), f(p.A), f(p.B), f(p.Tick), shaping,
+		f(p.MaxDelay), f(p.DelayAfter), f(p.Cap), f(p.A), f(p.B), f(p.Tick), shaping, outlasts,
 	}
 }

@@ -18,7 +18,7 @@
 --
 -- Reply: {all_admitted, now_us, then 8 values per request as put() writes}
 
-local W = 16
+local W = 17 -- 4 per request + the 13 values of a compiled limit
 local op = ARGV[1]
 local now = clock(ARGV[2])
 local m = #KEYS / 2
@@ -31,7 +31,7 @@ for i = 1, m do
     n = tonumber(ARGV[b]), mode = tonumber(ARGV[b + 1]), id = ARGV[b + 2],
     granted = tonumber(ARGV[b + 3]),
   }
-  r.s = load(r.alg, p, KEYS[2 * i - 1], KEYS[2 * i], r.id, now)
+  r.s = load(r.alg, p, KEYS[2 * i - 1], KEYS[2 * i], r.id, now, op == 'refund')
   reqs[i] = r
 end
 

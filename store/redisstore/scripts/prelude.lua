@@ -87,7 +87,7 @@ local function grant(cost, avail, mode)
   return 0
 end
 
--- params reads one compiled limit from ARGV[i..i+11], in the order of
+-- params reads one compiled limit from ARGV[i..i+12], in the order of
 -- limitArgs in scripts.go. Every derived constant comes from Go's
 -- algorithm.Compile; the scripts never recompute one.
 local function params(i)
@@ -104,6 +104,9 @@ local function params(i)
     b = tonumber(ARGV[i + 9]),
     tick = tonumber(ARGV[i + 10]),
     shaping = ARGV[i + 11] == '1',
+    -- algorithm.Params.BoxOutlasts: a penalty box outlasts anything the
+    -- (frozen) state could need, so a blocked check skips the state.
+    outlasts = ARGV[i + 12] == '1',
   }
 end
 
@@ -161,12 +164,17 @@ local function remove_members(key, id, upto)
   end
 end
 
--- load reads a request's state and penalty box into a fresh s.
-local function load(alg, p, skey, bkey, id, now)
+-- load reads a request's penalty box and state into a fresh s. While a box
+-- that outlasts the state holds, the state is not read (take answers from
+-- the box alone), unless need_state: a refund must see it.
+local function load(alg, p, skey, bkey, id, now, need_state)
   local s = { key = skey, bkey = bkey, id = id, bu = 0, block_set = false }
   local b = redis.call('GET', bkey)
   if b then
     s.bu = tonumber(b)
+  end
+  if p.outlasts and s.bu > now and not need_state then
+    return s
   end
   alg.load(s, p, now)
   return s
@@ -185,10 +193,18 @@ local function take(alg, p, s, now, n, mode, commit)
     s.bu = 0 -- the penalty box has lapsed
   end
   if s.bu > now then
+    local left = s.bu - now
+    if p.outlasts then
+      -- The box's end is later than anything the frozen state needs.
+      local d = decision(p)
+      d.retry, d.reset, d.blocked = left, left, s.bu
+      return d
+    end
     -- Blocked: still ask the algorithm when it would admit, change nothing.
     local d = alg.decide(p, s, now, cost, mode, false)
     d.allowed, d.granted, d.remaining, d.delay = false, 0, 0, 0
-    d.retry = max(d.retry, s.bu - now)
+    d.retry = max(d.retry, left)
+    d.reset = max(d.reset, left) -- nothing is usable before the box opens
     d.blocked = s.bu
     return d
   end

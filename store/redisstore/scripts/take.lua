@@ -7,7 +7,7 @@
 -- ARGV[2]  n, the cost (0 peeks)
 -- ARGV[3]  mode: 0 all or nothing, 1 at most n
 -- ARGV[4]  member id for sliding_log entries and concurrency leases
--- ARGV[5..16]  the compiled limit (see params)
+-- ARGV[5..17]  the compiled limit (see params)
 --
 -- Reply: {allowed, granted, limit, remaining, retry_after_us,
 --         reset_after_us, delay_us, blocked_until_us, now_us}
@@ -15,7 +15,7 @@
 local p = params(5)
 local alg = ALG[p.kind]
 local now = clock(ARGV[1])
-local s = load(alg, p, KEYS[1], KEYS[2], ARGV[4], now)
+local s = load(alg, p, KEYS[1], KEYS[2], ARGV[4], now, false)
 local d = take(alg, p, s, now, tonumber(ARGV[2]), tonumber(ARGV[3]), true)
 persist(alg, p, s, d)
 local out = {}
