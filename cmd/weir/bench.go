@@ -46,6 +46,7 @@ type benchConfig struct {
 	path        string
 	jsonOut     bool
 	quiet       bool
+	rate        float64
 }
 
 // benchSummary is the machine-readable result (--json).
@@ -87,6 +88,7 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&c.domain, "domain", "bench", "grpc: the rate-limit domain; descriptors are [{key: client, value: <key>}]")
 	fs.StringVar(&c.rule, "rule", "demo-ip", "check: the rule name to check")
 	fs.StringVar(&c.path, "path", "/", "auth: the original URI sent in X-Original-URI")
+	fs.Float64Var(&c.rate, "rate", 0, "pace the load to this many requests per second in total (0 = as fast as the callers can go)")
 	fs.BoolVar(&c.jsonOut, "json", false, "print the summary as JSON")
 	fs.BoolVar(&c.quiet, "quiet", false, "no live progress line")
 	fs.Usage = func() {
@@ -141,6 +143,9 @@ func (c *benchConfig) validate() error {
 	if c.duration <= 0 && c.requests <= 0 {
 		return fmt.Errorf("--duration %v: want a positive duration or --requests", c.duration)
 	}
+	if c.rate < 0 {
+		return fmt.Errorf("--rate %v: want a positive rate, or 0 for no pacing", c.rate)
+	}
 	if c.abusive < 0 || c.abusive > 1 {
 		return fmt.Errorf("--abusive %v: want a share between 0 and 1", c.abusive)
 	}
@@ -187,10 +192,27 @@ func bench(ctx context.Context, c benchConfig, progress io.Writer) (benchSummary
 		if c.dist == "zipf" {
 			zipf = rand.NewZipf(rng, c.zipfS, 1, uint64(c.keys-1))
 		}
+		// With --rate, each caller takes every concurrency-th slot of a
+		// schedule spaced 1/rate apart, so the total is paced.
+		var every time.Duration
+		if c.rate > 0 {
+			every = time.Duration(float64(c.concurrency) * float64(time.Second) / c.rate)
+		}
+		next := start.Add(time.Duration(float64(w) * float64(time.Second) / max(c.rate, 1)))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for runCtx.Err() == nil {
+				if every > 0 {
+					if d := time.Until(next); d > 0 {
+						select {
+						case <-time.After(d):
+						case <-runCtx.Done():
+							return
+						}
+					}
+					next = next.Add(every)
+				}
 				if c.requests > 0 && total.Add(1) > c.requests {
 					total.Add(-1)
 					return

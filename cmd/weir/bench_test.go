@@ -118,6 +118,19 @@ func TestBenchHTTPTargets(t *testing.T) {
 	}
 }
 
+// TestBenchPaced: --rate paces the callers; a run of 30 requests at a
+// rate far above what the machine needs still makes exactly 30.
+func TestBenchPaced(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/check", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte(`{"allowed":true}`)) })
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	s := benchJSON(t, "--target", "check", "--addr", srv.URL, "--requests", "30", "--concurrency", "3", "--rate", "2000")
+	if s.Total != 30 || s.Allowed != 30 {
+		t.Fatalf("%+v", s)
+	}
+}
+
 func TestBenchReadableSummary(t *testing.T) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/check", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte(`{"allowed":true}`)) })
@@ -137,6 +150,7 @@ func TestBenchUsageErrors(t *testing.T) {
 		{"bench", "--dist", "pareto"},
 		{"bench", "--dist", "zipf", "--zipf-s", "1"},
 		{"bench", "--duration", "0s"},
+		{"bench", "--rate", "-5"},
 	} {
 		if _, errs, code := runCLI(t, args...); code != 2 || errs == "" {
 			t.Errorf("%v: exit %d %q, want 2 with a message", args, code, errs)
