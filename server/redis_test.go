@@ -29,7 +29,7 @@ func TestRedisRulesReachEveryInstance(t *testing.T) {
 	r := redistest.Standalone(t)
 	a, baseA := newRedisServer(t, r.Addr, "a")
 	b, baseB := newRedisServer(t, r.Addr, "b")
-	if !strings.HasPrefix(a.StoreDescription(), "redis standalone "+r.Addr) {
+	if a.StoreDescription() != "redis standalone "+r.Addr+" (scripts as functions)" {
 		t.Fatalf("store: %s", a.StoreDescription())
 	}
 	newRules := "rules:\n  - name: fleetwide\n    limit: 3/m\n    algorithm: sliding_log\n"

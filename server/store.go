@@ -28,16 +28,21 @@ const (
 
 // storeInfo describes the store for the dashboard.
 type storeInfo struct {
-	Type     string   // memory | redis
-	Topology string   // memory | standalone | sentinel | cluster
-	Nodes    []string // Redis addresses
+	Type      string   // memory | redis
+	Topology  string   // memory | standalone | sentinel | cluster
+	Nodes     []string // Redis addresses
+	Scripting string   // Redis: functions | eval (redisstore.Store.Scripting)
 }
 
 func (i storeInfo) String() string {
 	if i.Type != policy.StoreRedis {
 		return i.Type
 	}
-	return i.Type + " " + i.Topology + " " + strings.Join(i.Nodes, ",")
+	d := i.Type + " " + i.Topology + " " + strings.Join(i.Nodes, ",")
+	if i.Scripting != "" {
+		d += " (scripts as " + i.Scripting + ")"
+	}
+	return d
 }
 
 // applyRedisURL points cfg's store at the Redis that url names.
@@ -147,7 +152,7 @@ func (s *Server) openStore(cfg *policy.Config) error {
 		s.rdb = c
 		s.owned = func() { c.Close(); rs.Close() }
 	}
-	s.setInfo(redisInfo(cfg.Store.Redis, s.rdb))
+	s.setInfo(s.redisInfo(cfg.Store.Redis))
 	return nil
 }
 
@@ -196,6 +201,16 @@ func redisInfo(r policy.RedisConfig, c rueidis.Client) storeInfo {
 	return info
 }
 
+// redisInfo describes the Redis store now: its nodes (which change on a
+// cluster or after a failover) and how it runs its scripts.
+func (s *Server) redisInfo(r policy.RedisConfig) storeInfo {
+	info := redisInfo(r, s.rdb)
+	if rs, ok := s.store.(*redisstore.Store); ok {
+		info.Scripting = rs.Scripting()
+	}
+	return info
+}
+
 // readyKey is the key the readiness probe peeks at. Peeking consumes
 // nothing and writes nothing.
 var readyLimit = weir.Limit{Algorithm: weir.FixedWindow, Rate: 1, Period: time.Second}
@@ -218,8 +233,8 @@ func (s *Server) probeLoop(ctx context.Context) {
 			return
 		case <-t.C:
 			s.probe(ctx)
-			if i := s.storeInfo(); i.Type == policy.StoreRedis && i.Topology != "standalone" {
-				s.setInfo(redisInfo(s.base.Load().Store.Redis, s.rdb))
+			if i := s.storeInfo(); i.Type == policy.StoreRedis {
+				s.setInfo(s.redisInfo(s.base.Load().Store.Redis))
 			}
 		}
 	}

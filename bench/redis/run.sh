@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Benchmarks store/redisstore against the ceiling of its own scripts.
 #
-# Starts a private redis-server on a free loopback port, loads each
-# algorithm's script, and for every algorithm measures:
-#   - the ceiling: redis-benchmark -c 64 -P 1 calling the script with EVALSHA
-#     (random keys out of 100k, the Go benchmark's key space and limit), and
-#     the same with -P 16, what Redis does when the client pipelines;
+# Starts a private redis-server on a free loopback port, loads weir's
+# function library and each algorithm's EVAL script, and for every
+# algorithm measures:
+#   - the ceiling: redis-benchmark -c 64 -P 1 calling the library's take
+#     function with FCALL, as the store does (random keys out of 100k, the Go
+#     benchmark's key space and limit), and the same with -P 16, what Redis
+#     does when the client pipelines; and for comparison the EVALSHA script
+#     with -P 16, the form the store falls back to without Functions;
 #   - decisions/s through redisstore (BenchmarkTake) at 1, 16, 64 and 256
 #     goroutines, against the same server in the same run;
 #   - MEMORY USAGE of one key's state after 1 and after 100 decisions
@@ -53,11 +56,15 @@ cli() { redis-cli -p "$port" "$@"; }
 # The assembled scripts, their SHA-1s and ARGV, from the Go package itself.
 WEIR_BENCH_DUMP=$tmp go test -count=1 -run '^TestDumpScripts$' ./store/redisstore/ >/dev/null
 
+fn=$(cat "$tmp/take.fn")
+loaded=$(cli -x FUNCTION LOAD <"$tmp/library.lua")
+[ "$fn" = "${loaded}_take" ] || { echo "run.sh: FUNCTION LOAD gave $loaded, want the library of $fn" >&2; exit 1; }
+
 algos="fixed_window sliding_log sliding_window token_bucket leaky_bucket gcra concurrency"
 echo "Machine: $(nproc) cores, $(redis-server --version | cut -d' ' -f3), $(go version | cut -d' ' -f3), redis-benchmark -n $N -c 64 -P 1, go bench -benchtime $BENCHTIME"
 echo
-echo "| algorithm | redis-benchmark -P 1 (ceiling) | redis-benchmark -P 16 | g=1 | g=16 | g=64 | g=256 | g=64 / ceiling | g=256 / ceiling | bytes/key, 1 event | bytes/key, 100 events |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "| algorithm | FCALL -P 1 (ceiling) | FCALL -P 16 | EVALSHA -P 16 | g=1 | g=16 | g=64 | g=256 | g=64 / ceiling | g=256 / ceiling | bytes/key, 1 event | bytes/key, 100 events |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for algo in $algos; do
 	sha=$(cat "$tmp/$algo.sha")
 	loaded=$(cli -x SCRIPT LOAD <"$tmp/$algo.lua")
@@ -65,18 +72,19 @@ for algo in $algos; do
 	read -r -a args <"$tmp/$algo.args"
 	read -r -a args100 <"$tmp/$algo.args100"
 
-	# Ceiling: the same script, keys and limit, straight from redis-benchmark.
-	cli FLUSHALL >/dev/null
-	ceiling=$(redis-benchmark -p "$port" -n "$N" -c 64 -P 1 -r "$((100000))" --csv \
-		EVALSHA "$sha" 2 "weir:{b__rand_int__}:$algo" "weir:{b__rand_int__}:block" "" 1 0 "m__rand_int__" "${args[@]}" |
-		tail -1 | awk -F'"' '{print $4}')
-	ceiling=${ceiling%.*}
-	# And what Redis itself can do when the client pipelines (-P 16).
-	cli FLUSHALL >/dev/null
-	pipelined=$(redis-benchmark -p "$port" -n "$N" -c 64 -P 16 -r "$((100000))" --csv \
-		EVALSHA "$sha" 2 "weir:{b__rand_int__}:$algo" "weir:{b__rand_int__}:block" "" 1 0 "m__rand_int__" "${args[@]}" |
-		tail -1 | awk -F'"' '{print $4}')
-	pipelined=${pipelined%.*}
+	# Ceiling: the same function, keys and limit, straight from redis-benchmark.
+	rb() { # rb <pipeline> <command and args...>: calls/s
+		cli FLUSHALL >/dev/null
+		local p=$1
+		shift
+		local v
+		v=$(redis-benchmark -p "$port" -n "$N" -c 64 -P "$p" -r 100000 --csv "$@" "weir:{b__rand_int__}:$algo" \
+			"weir:{b__rand_int__}:block" "" 1 0 "m__rand_int__" "${args[@]}" | tail -1 | awk -F'"' '{print $4}')
+		echo "${v%.*}"
+	}
+	ceiling=$(rb 1 FCALL "$fn" 2)
+	pipelined=$(rb 16 FCALL "$fn" 2)
+	evalsha=$(rb 16 EVALSHA "$sha" 2)
 
 	# redisstore at 1, 16, 64 and 256 goroutines on the same server.
 	cli FLUSHALL >/dev/null
@@ -100,7 +108,7 @@ for algo in $algos; do
 	mem100=$(cli MEMORY USAGE "$key")
 
 	ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'; }
-	printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$algo" "$ceiling" "$pipelined" \
+	printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$algo" "$ceiling" "$pipelined" "$evalsha" \
 		"${rate[1]%.*}" "${rate[16]%.*}" "${rate[64]%.*}" "${rate[256]%.*}" \
 		"$(ratio "${rate[64]}" "$ceiling")" "$(ratio "${rate[256]}" "$ceiling")" "$mem1" "$mem100"
 	unset rate

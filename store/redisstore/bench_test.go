@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/algorithm"
 	"github.com/weir-dev/weir/internal/redistest"
 )
 
@@ -88,17 +89,24 @@ func BenchmarkTake(b *testing.B) {
 }
 
 // TestDumpScripts writes what bench/redis/run.sh needs to call the scripts
-// from redis-benchmark and redis-cli: per algorithm, the assembled Lua, its
-// SHA-1, and the ARGV tail (after now, n, mode, id) for the benchmark limit
-// and for 100 per minute. It runs only when WEIR_BENCH_DUMP names a directory.
+// from redis-benchmark and redis-cli: the library and its take function's
+// name; per algorithm, the assembled EVAL script, its SHA-1, and the ARGV
+// tail (after now, n, mode, id) for the benchmark limit and for 100 per
+// minute. It runs only when WEIR_BENCH_DUMP names a directory.
 func TestDumpScripts(t *testing.T) {
 	dir := os.Getenv("WEIR_BENCH_DUMP")
 	if dir == "" {
 		t.Skip("WEIR_BENCH_DUMP not set")
 	}
+	if err := os.WriteFile(filepath.Join(dir, "library.lua"), []byte(lib.src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "take.fn"), []byte(takeRoutines[algorithm.FixedWindow].fn+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, a := range weir.Algorithms() {
 		kind, _ := a.Kind()
-		sc := takeScripts[kind]
+		sc := takeRoutines[kind].script
 		write := func(name, content string) {
 			if err := os.WriteFile(filepath.Join(dir, string(a)+"."+name), []byte(content), 0o644); err != nil {
 				t.Fatal(err)

@@ -25,6 +25,7 @@ func TestCluster(t *testing.T) {
 	t.Run("Spread", func(t *testing.T) { clusterSpread(t, c) })
 	t.Run("SameSlotBatch", func(t *testing.T) { clusterSameSlotBatch(t, c) })
 	t.Run("CrossSlotRefund", func(t *testing.T) { clusterCrossSlotRefund(t, c) })
+	t.Run("Library", func(t *testing.T) { clusterLibrary(t, c) })
 	t.Run("Migration", func(t *testing.T) { clusterMigration(t, c) })
 }
 

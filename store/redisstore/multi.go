@@ -203,7 +203,7 @@ func (s *Store) runGroup(ctx context.Context, items []item, idx []int, op, takeN
 		args = append(args, strconv.FormatInt(it.n, 10), modeArg(it.mode), it.id, granted)
 		args = append(args, it.c.args[:]...)
 	}
-	vals, err := s.eval(ctx, multiScript, keys, args, make([]int64, 0, 2+8*len(idx)))
+	vals, err := s.eval(ctx, &multiRoutine, keys, args, make([]int64, 0, 2+8*len(idx)))
 	if err == nil && len(vals) != 2+8*len(idx) {
 		err = fmt.Errorf("unexpected reply of %d values for %d requests", len(vals), len(idx))
 	}

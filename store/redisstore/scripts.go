@@ -4,27 +4,39 @@ import (
 	"crypto/sha1"
 	"embed"
 	"encoding/hex"
+	"fmt"
 	"strconv"
 	"strings"
 
 	"github.com/weir-dev/weir/algorithm"
 )
 
-// The Lua sources. Each algorithm's math lives in one file; scripts are
-// assembled from them at init so that the per-algorithm take script and the
-// multi-key script run the same code.
+// The Lua sources. Each algorithm's math lives in one file, and the
+// drivers (take.lua, multi.lua, release.lua) each define one Lua function
+// of (KEYS, ARGV), so that the same code runs in both forms Redis offers:
+//
+//   - the library: one Redis Functions library holding the prelude, every
+//     algorithm and the three drivers, loaded once with FUNCTION LOAD and
+//     called with FCALL. Redis builds the prelude's closures and tables when
+//     it loads the library, not on every call; that is most of a small
+//     script's cost (docs/benchmarks.md has the figures).
+//   - EVAL scripts: the same files plus a line that calls the driver with
+//     the KEYS and ARGV globals, for a Redis without Functions (before 7.0)
+//     or an ACL that forbids FUNCTION LOAD. A take script carries only its
+//     own algorithm.
 //
 //go:embed scripts/*.lua
 var scriptFiles embed.FS
 
-// script is one assembled Lua script and its SHA-1, the name EVALSHA uses.
+// script is one assembled EVAL script and its SHA-1, the name EVALSHA uses.
 type script struct {
 	name string
 	src  string
 	sha  string
 }
 
-func newScript(name string, files ...string) *script {
+// source concatenates the named files.
+func source(files ...string) string {
 	var b strings.Builder
 	for _, f := range files {
 		src, err := scriptFiles.ReadFile("scripts/" + f + ".lua")
@@ -35,20 +47,40 @@ func newScript(name string, files ...string) *script {
 		b.Write(src)
 		b.WriteByte('\n')
 	}
-	src := b.String()
+	return b.String()
+}
+
+// newScript builds an EVAL script from files, ending in a call of the Lua
+// function driver with the script's KEYS and ARGV.
+func newScript(name, driver string, files ...string) *script {
+	src := source(files...) + "return " + driver + "(KEYS, ARGV)\n"
 	sum := sha1.Sum([]byte(src))
 	return &script{name: name, src: src, sha: hex.EncodeToString(sum[:])}
 }
 
+// routine is one of weir's entry points into Redis, in both forms: the
+// library function fn, and the equivalent EVAL script.
+type routine struct {
+	fn     string
+	script *script
+}
+
+// lib is the Functions library. Its name, and so its functions' names,
+// carry a hash of its code ("weir_<12 hex digits>"): two weir versions
+// sharing a Redis during a rolling upgrade each call their own code, and
+// loading a library that is already there is a no-op.
+var lib struct {
+	name string
+	src  string
+}
+
 var (
-	// takeScripts[k] decides one request under algorithm k:
-	// prelude + <algorithm>.lua + take.lua.
-	takeScripts [len(kindNames)]*script
-	// multiScript decides a batch all or nothing, and refunds one:
-	// prelude + every algorithm + multi.lua.
-	multiScript *script
-	// releaseScript gives a concurrency lease back.
-	releaseScript *script
+	// takeRoutines[k] decides one request under algorithm k.
+	takeRoutines [len(kindNames)]routine
+	// multiRoutine decides a batch all or nothing, and refunds one.
+	multiRoutine routine
+	// releaseRoutine gives a concurrency lease back.
+	releaseRoutine routine
 )
 
 // kindNames indexes algorithm names by algorithm.Kind.
@@ -60,11 +92,23 @@ func init() {
 		if kindNames[k] != k.String() {
 			panic("redisstore: kindNames out of step with package algorithm")
 		}
-		takeScripts[k] = newScript(k.String(), "prelude", k.String(), "take")
 		all = append(all, k.String())
 	}
-	multiScript = newScript("multi", append(all, "multi")...)
-	releaseScript = newScript("release", "release")
+	body := source(append(all, "take", "multi", "release")...)
+	sum := sha1.Sum([]byte(body))
+	lib.name = "weir_" + hex.EncodeToString(sum[:6])
+	fn := func(driver string) string { return lib.name + "_" + driver }
+	var reg strings.Builder
+	for _, d := range []string{"take", "multi", "release"} {
+		fmt.Fprintf(&reg, "redis.register_function('%s', weir_%s)\n", fn(d), d)
+	}
+	lib.src = "#!lua name=" + lib.name + "\n" + body + reg.String()
+
+	for _, k := range algorithm.Kinds() {
+		takeRoutines[k] = routine{fn: fn("take"), script: newScript(k.String(), "weir_take", "prelude", k.String(), "take")}
+	}
+	multiRoutine = routine{fn: fn("multi"), script: newScript("multi", "weir_multi", append(all, "multi")...)}
+	releaseRoutine = routine{fn: fn("release"), script: newScript("release", "weir_release", "release")}
 }
 
 // nLimitArgs is the number of ARGV values a compiled limit takes.

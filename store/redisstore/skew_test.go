@@ -48,7 +48,7 @@ func TestClockSkew(t *testing.T) {
 		l := weir.Limit{Algorithm: algo, Rate: 5, Period: time.Minute, Block: 90 * time.Second}
 		agree(t, ctx, a, b, "shared-"+string(algo), l, true)
 	}
-	// Every EVALSHA/EVAL sent so far must carry an empty time argument.
+	// Every FCALL/EVALSHA/EVAL sent so far must carry an empty time argument.
 	if _, err := srv.Do("ECHO", "skew-test-end"); err != nil {
 		t.Fatal(err)
 	}
@@ -63,11 +63,11 @@ func TestClockSkew(t *testing.T) {
 			break
 		}
 		args := monitorArgs(line)
-		if len(args) < 4 || (args[0] != "EVALSHA" && args[0] != "EVAL") {
+		if len(args) < 4 || (args[0] != "FCALL" && args[0] != "EVALSHA" && args[0] != "EVAL") {
 			continue
 		}
 		evals++
-		// EVALSHA sha numkeys key... now ...
+		// FCALL function numkeys key... now ... (EVALSHA sha, EVAL source)
 		nk := 2
 		if args[2] != "2" {
 			t.Fatalf("unexpected script call %q", line)

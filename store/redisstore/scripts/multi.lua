@@ -18,65 +18,67 @@
 --
 -- Reply: {all_admitted, now_us, then 8 values per request as put() writes}
 
-local W = 17 -- 4 per request + the 13 values of a compiled limit
-local op = ARGV[1]
-local now = clock(ARGV[2])
-local m = #KEYS / 2
-local reqs = {}
-for i = 1, m do
-  local b = 4 + (i - 1) * W
-  local p = params(b + 4)
-  local r = {
-    p = p, alg = ALG[p.kind],
-    n = tonumber(ARGV[b]), mode = tonumber(ARGV[b + 1]), id = ARGV[b + 2],
-    granted = tonumber(ARGV[b + 3]),
-  }
-  r.s = load(r.alg, p, KEYS[2 * i - 1], KEYS[2 * i], r.id, now, op == 'refund')
-  reqs[i] = r
-end
+local function weir_multi(KEYS, ARGV)
+  local W = 17 -- 4 per request + the 13 values of a compiled limit
+  local op = ARGV[1]
+  local now = clock(ARGV[2])
+  local m = #KEYS / 2
+  local reqs = {}
+  for i = 1, m do
+    local b = 4 + (i - 1) * W
+    local p = params(ARGV, b + 4)
+    local r = {
+      p = p, alg = ALG[p.kind],
+      n = tonumber(ARGV[b]), mode = tonumber(ARGV[b + 1]), id = ARGV[b + 2],
+      granted = tonumber(ARGV[b + 3]),
+    }
+    r.s = load(r.alg, p, KEYS[2 * i - 1], KEYS[2 * i], r.id, now, op == 'refund')
+    reqs[i] = r
+  end
 
-local out = { 0, now }
+  local out = { 0, now }
 
-if op == 'refund' then
-  local take_now = tonumber(ARGV[3])
+  if op == 'refund' then
+    local take_now = tonumber(ARGV[3])
+    for i = 1, m do
+      local r = reqs[i]
+      local changed = false
+      if r.granted > 0 then
+        changed = r.alg.refund(r.p, r.s, take_now, now, r.granted)
+      end
+      local d = take(r.alg, r.p, r.s, now, r.n, r.mode, false)
+      if changed then
+        r.alg.save(r.s, d.reset)
+      end
+      d.granted, d.delay = 0, 0
+      put(out, d)
+    end
+    return out
+  end
+
+  -- Phase 1: check every request; nothing is written.
+  local all = true
+  local checks = {}
   for i = 1, m do
     local r = reqs[i]
-    local changed = false
-    if r.granted > 0 then
-      changed = r.alg.refund(r.p, r.s, take_now, now, r.granted)
+    checks[i] = take(r.alg, r.p, r.s, now, r.n, r.mode, false)
+    all = all and checks[i].allowed
+  end
+  -- Phase 2: take them all, or only the rejected ones (which consume nothing
+  -- but start their penalty boxes); the rest report their check.
+  for i = 1, m do
+    local r = reqs[i]
+    local d = checks[i]
+    if all or not d.allowed then
+      d = take(r.alg, r.p, r.s, now, r.n, r.mode, true)
+      persist(r.alg, r.p, r.s, d)
+    else
+      d.granted, d.delay = 0, 0
     end
-    local d = take(r.alg, r.p, r.s, now, r.n, r.mode, false)
-    if changed then
-      r.alg.save(r.s, d.reset)
-    end
-    d.granted, d.delay = 0, 0
     put(out, d)
+  end
+  if all then
+    out[1] = 1
   end
   return out
 end
-
--- Phase 1: check every request; nothing is written.
-local all = true
-local checks = {}
-for i = 1, m do
-  local r = reqs[i]
-  checks[i] = take(r.alg, r.p, r.s, now, r.n, r.mode, false)
-  all = all and checks[i].allowed
-end
--- Phase 2: take them all, or only the rejected ones (which consume nothing
--- but start their penalty boxes); the rest report their check.
-for i = 1, m do
-  local r = reqs[i]
-  local d = checks[i]
-  if all or not d.allowed then
-    d = take(r.alg, r.p, r.s, now, r.n, r.mode, true)
-    persist(r.alg, r.p, r.s, d)
-  else
-    d.granted, d.delay = 0, 0
-  end
-  put(out, d)
-end
-if all then
-  out[1] = 1
-end
-return out

@@ -24,8 +24,22 @@
 
 local EXACT, ATMOST = 0, 1
 
--- min and max are Go's builtins.
-local min, max = math.min, math.max
+-- min and max are Go's builtins, for two numbers. (Not math.min: a
+-- library's top level runs when Redis loads it, where Redis 7.0 offers no
+-- globals at all; function bodies see them when called.)
+local function min(a, b)
+  if b < a then
+    return b
+  end
+  return a
+end
+
+local function max(a, b)
+  if b > a then
+    return b
+  end
+  return a
+end
 
 -- idiv is Go's integer a / b (truncating toward zero) for |a| < 2^53, b > 0.
 local function idiv(a, b)
@@ -89,8 +103,10 @@ end
 
 -- params reads one compiled limit from ARGV[i..i+12], in the order of
 -- limitArgs in scripts.go. Every derived constant comes from Go's
--- algorithm.Compile; the scripts never recompute one.
-local function params(i)
+-- algorithm.Compile; the scripts never recompute one. (The drivers take
+-- KEYS and ARGV as arguments: a Redis function gets them that way, and an
+-- EVAL script passes its globals.)
+local function params(ARGV, i)
   return {
     kind = ARGV[i],
     rate = tonumber(ARGV[i + 1]),

@@ -1,5 +1,5 @@
--- take: one decision, the body of each per-algorithm script (scripts.go
--- builds prelude + <algorithm>.lua + take.lua).
+-- take: one decision. scripts.go puts it in the library and, after the
+-- prelude and one algorithm, in each algorithm's EVAL script.
 --
 -- KEYS[1]  the state key          <prefix>:{<key>}:<algorithm>
 -- KEYS[2]  the penalty-box key    <prefix>:{<key>}:block
@@ -12,13 +12,15 @@
 -- Reply: {allowed, granted, limit, remaining, retry_after_us,
 --         reset_after_us, delay_us, blocked_until_us, now_us}
 
-local p = params(5)
-local alg = ALG[p.kind]
-local now = clock(ARGV[1])
-local s = load(alg, p, KEYS[1], KEYS[2], ARGV[4], now, false)
-local d = take(alg, p, s, now, tonumber(ARGV[2]), tonumber(ARGV[3]), true)
-persist(alg, p, s, d)
-local out = {}
-put(out, d)
-out[#out + 1] = now
-return out
+local function weir_take(KEYS, ARGV)
+  local p = params(ARGV, 5)
+  local alg = ALG[p.kind]
+  local now = clock(ARGV[1])
+  local s = load(alg, p, KEYS[1], KEYS[2], ARGV[4], now, false)
+  local d = take(alg, p, s, now, tonumber(ARGV[2]), tonumber(ARGV[3]), true)
+  persist(alg, p, s, d)
+  local out = {}
+  put(out, d)
+  out[#out + 1] = now
+  return out
+end
