@@ -31,6 +31,7 @@ func init() {
 
 type benchConfig struct {
 	target      string // grpc | check | auth
+	grpcClient  string // lean | grpc-go
 	addr        string
 	concurrency int
 	conns       int
@@ -52,6 +53,7 @@ type benchConfig struct {
 // benchSummary is the machine-readable result (--json).
 type benchSummary struct {
 	Target      string             `json:"target"`
+	GRPCClient  string             `json:"grpc_client,omitempty"`
 	Addr        string             `json:"addr"`
 	Concurrency int                `json:"concurrency"`
 	Connections int                `json:"connections"`
@@ -75,6 +77,7 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("weir bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.target, "target", "grpc", "what to call: grpc (Envoy ShouldRateLimit), check (POST /v1/check) or auth (GET /v1/auth)")
+	fs.StringVar(&c.grpcClient, "grpc-client", "lean", "grpc: the gRPC client, lean (a minimal HTTP/2 client, cheap enough not to starve a server on the same machine) or grpc-go")
 	fs.StringVar(&c.addr, "addr", "", "weir's address (default 127.0.0.1:8081 for grpc, http://127.0.0.1:8080 otherwise)")
 	fs.IntVar(&c.concurrency, "concurrency", 64, "concurrent callers")
 	fs.IntVar(&c.conns, "connections", 0, "gRPC connections shared by the callers (default: one per caller)")
@@ -136,6 +139,9 @@ func (c *benchConfig) validate() error {
 		}
 	default:
 		return fmt.Errorf("--target %q: want grpc, check or auth", c.target)
+	}
+	if c.grpcClient != "lean" && c.grpcClient != "grpc-go" {
+		return fmt.Errorf("--grpc-client %q: want lean or grpc-go", c.grpcClient)
 	}
 	if c.concurrency < 1 || c.keys < 1 || c.abusiveKeys < 1 {
 		return fmt.Errorf("--concurrency, --keys and --abusive-keys must be at least 1 (got %d, %d, %d)", c.concurrency, c.keys, c.abusiveKeys)
@@ -289,6 +295,9 @@ loop:
 		Allowed: allowed.Load(), Limited: limited.Load(), Errors: errs.Load(),
 		LatencyMS: map[string]float64{},
 	}
+	if c.target == "grpc" {
+		s.GRPCClient = c.grpcClient
+	}
 	s.Total = s.Allowed + s.Limited + s.Errors
 	s.PerSecond = float64(s.Total) / elapsed.Seconds()
 	for _, q := range []struct {
@@ -314,6 +323,10 @@ func pct(a, b int64) float64 {
 func (c benchConfig) callers() ([]caller, func(), error) {
 	switch c.target {
 	case "grpc":
+		if c.grpcClient != "grpc-go" {
+			out, closeAll := c.leanCallers()
+			return out, closeAll, nil
+		}
 		var conns []*grpc.ClientConn
 		var out []caller
 		for i := 0; i < c.conns; i++ {
@@ -410,8 +423,12 @@ func keyIP(key string) string {
 }
 
 func printSummary(w io.Writer, s benchSummary) {
+	target := s.Target
+	if s.GRPCClient != "" {
+		target += " (" + s.GRPCClient + " client)"
+	}
 	fmt.Fprintf(w, "weir bench: %s %s, %d callers over %d connection(s), %d keys (%s), abusive share %.0f%%\n\n",
-		s.Target, s.Addr, s.Concurrency, s.Connections, s.Keys, s.Dist, 100*s.Abusive)
+		target, s.Addr, s.Concurrency, s.Connections, s.Keys, s.Dist, 100*s.Abusive)
 	fmt.Fprintf(w, "  decisions   %d in %.1fs = %.0f/s\n", s.Total, s.Seconds, s.PerSecond)
 	fmt.Fprintf(w, "  allowed     %d (%.1f%%)\n  limited     %d (%.1f%%)\n  errors      %d\n",
 		s.Allowed, pct(s.Allowed, s.Total), s.Limited, pct(s.Limited, s.Total), s.Errors)

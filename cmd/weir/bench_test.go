@@ -59,24 +59,28 @@ func benchJSON(t *testing.T, args ...string) benchSummary {
 }
 
 func TestBenchGRPC(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer()
-	rls.RegisterRateLimitServiceServer(gs, &limitedServer{lim: weir.NewLimiter(memstore.New())})
-	go gs.Serve(ln)
-	defer gs.Stop()
+	for _, client := range []string{"lean", "grpc-go"} {
+		t.Run(client, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			gs := grpc.NewServer()
+			rls.RegisterRateLimitServiceServer(gs, &limitedServer{lim: weir.NewLimiter(memstore.New())})
+			go gs.Serve(ln)
+			defer gs.Stop()
 
-	s := benchJSON(t, "--target", "grpc", "--addr", ln.Addr().String(), "--concurrency", "8", "--connections", "2",
-		"--requests", "2000", "--keys", "1000", "--dist", "zipf", "--abusive", "0.2", "--abusive-keys", "3")
-	if s.Total != 2000 || s.Connections != 2 {
-		t.Fatalf("total %d over %d connections, want 2000 over 2", s.Total, s.Connections)
-	}
-	// Each of the 3 abusive keys is admitted 5 times; ~400 abusive requests
-	// means most of them are limited.
-	if s.Limited < 300 {
-		t.Fatalf("only %d limited with 20%% abusive traffic", s.Limited)
+			s := benchJSON(t, "--target", "grpc", "--grpc-client", client, "--addr", ln.Addr().String(), "--concurrency", "8", "--connections", "2",
+				"--requests", "2000", "--keys", "1000", "--dist", "zipf", "--abusive", "0.2", "--abusive-keys", "3")
+			if s.Total != 2000 || s.Connections != 2 {
+				t.Fatalf("total %d over %d connections, want 2000 over 2", s.Total, s.Connections)
+			}
+			// Each of the 3 abusive keys is admitted 5 times; ~400 abusive
+			// requests means most of them are limited.
+			if s.Limited < 300 {
+				t.Fatalf("only %d limited with 20%% abusive traffic", s.Limited)
+			}
+		})
 	}
 }
 
@@ -151,6 +155,7 @@ func TestBenchUsageErrors(t *testing.T) {
 		{"bench", "--dist", "zipf", "--zipf-s", "1"},
 		{"bench", "--duration", "0s"},
 		{"bench", "--rate", "-5"},
+		{"bench", "--grpc-client", "grpc-java"},
 	} {
 		if _, errs, code := runCLI(t, args...); code != 2 || errs == "" {
 			t.Errorf("%v: exit %d %q, want 2 with a message", args, code, errs)

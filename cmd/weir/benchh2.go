@@ -1,0 +1,1167 @@
+package main
+
+// A lean gRPC client for one unary method, Envoy's
+// RateLimitService/ShouldRateLimit, over cleartext HTTP/2 (h2c with prior
+// knowledge, as grpc-go's insecure credentials). It exists so that
+// `weir bench --target grpc` measures weir rather than its own load
+// generator: grpc-go's client spends ~50 µs of CPU per call, which on a
+// small machine starves the server it shares the cores with. Like h2load,
+// this client does as little as the protocol allows: the HPACK block of
+// the request headers is encoded once per connection, the request body is
+// hand-encoded protobuf written into a reused buffer, only field 1 of the
+// response (overall_code) is decoded, with one caller per connection the
+// caller itself writes its request and reads the frames of the answer,
+// with no goroutine handoff, and the PING ACKs grpc-go's server asks for
+// about once a call ride in the next request's write.
+//
+// Framing and HPACK are golang.org/x/net/http2's Framer and hpack. The
+// client speaks correct HTTP/2: preface and SETTINGS (and ACKs the
+// server's), PING ACKs, GOAWAY and RST_STREAM (the calls they end fail with
+// an error naming them), odd increasing stream IDs with a fresh connection
+// before they run out, flow control in both directions, and the server's
+// SETTINGS_MAX_FRAME_SIZE, SETTINGS_MAX_CONCURRENT_STREAMS,
+// SETTINGS_INITIAL_WINDOW_SIZE and SETTINGS_HEADER_TABLE_SIZE.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	rls "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// The receive windows the lean client advertises: per stream through
+// SETTINGS_INITIAL_WINDOW_SIZE, per connection through a WINDOW_UPDATE
+// right after the preface. Variables so that tests can shrink them.
+var (
+	leanStreamWindow int64 = 1 << 20
+	leanConnWindow   int64 = 1 << 24
+)
+
+const (
+	// rlsPath is the one method the lean client calls.
+	rlsPath = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+	// leanMaxStreamID is the largest stream ID HTTP/2 allows; a
+	// connection whose next ID would pass it is replaced.
+	leanMaxStreamID = 1<<31 - 1
+	// leanMaxResponse bounds a response message, as grpc-go's default
+	// max receive size does.
+	leanMaxResponse = 4 << 20
+	// http2 defaults (RFC 9113 §6.5.2) that hold until the server's
+	// SETTINGS say otherwise.
+	h2DefaultWindow    = 65535
+	h2DefaultFrameSize = 16384
+	h2DefaultTableSize = 4096
+	h2MaxWindow        = 1<<31 - 1
+)
+
+var (
+	// errLeanUnusable: the connection takes no new streams (GOAWAY, a
+	// failure, or stream IDs used up) and the request was not sent, so it
+	// can go to a new connection.
+	errLeanUnusable = errors.New("connection takes no new streams")
+	errLeanClosed   = errors.New("lean gRPC client closed")
+	errLeanRetired  = errors.New("connection retired")
+	aLongTimeAgo    = time.Unix(1, 0)
+)
+
+// leanCallers returns the lean client's callers for --target grpc, one per
+// --connections, and the function that closes them all. A connection used
+// by a single caller (the default, --connections = --concurrency) runs
+// synchronously; one shared by several callers multiplexes their streams.
+func (c benchConfig) leanCallers() ([]caller, func()) {
+	conns := max(c.conns, 1)
+	clients := make([]*leanClient, conns)
+	out := make([]caller, conns)
+	for i := range clients {
+		// bench hands worker w the caller w % len(callers).
+		users := c.concurrency / conns
+		if i < c.concurrency%conns {
+			users++
+		}
+		clients[i] = newLeanClient(c.addr, c.domain, users > 1)
+		out[i] = clients[i].call
+	}
+	return out, func() {
+		for _, cl := range clients {
+			cl.close()
+		}
+	}
+}
+
+// leanClient is one --connections slot of the lean client: it holds the
+// current HTTP/2 connection, dials it on first use and replaces it when it
+// stops taking new streams.
+type leanClient struct {
+	addr, domain string
+	shared       bool // several callers: multiplex them on one connection
+
+	callMu sync.Mutex // synchronous mode: one call at a time
+
+	mu     sync.Mutex // guards the fields below
+	cur    *leanConn
+	all    map[*leanConn]struct{} // every connection not yet closed
+	closed bool
+}
+
+// newLeanClient returns a client for addr; shared says whether several
+// goroutines will call it at once.
+func newLeanClient(addr, domain string, shared bool) *leanClient {
+	return &leanClient{addr: addr, domain: domain, shared: shared, all: map[*leanConn]struct{}{}}
+}
+
+// call makes one ShouldRateLimit call for key; it is a caller.
+func (cl *leanClient) call(ctx context.Context, key string) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	if !cl.shared {
+		cl.callMu.Lock()
+		defer cl.callMu.Unlock()
+	}
+	for attempt := 0; ; attempt++ {
+		var cc *leanConn
+		if !cl.shared {
+			cc = cl.cur // only this call changes it (close does not)
+		}
+		if cc == nil {
+			var err error
+			if cc, err = cl.conn(ctx); err != nil {
+				return false, err
+			}
+		}
+		allowed, err := cc.roundTrip(ctx, cl.domain, key)
+		if err == errLeanUnusable && attempt < 3 {
+			cl.drop(cc) // never sent: try a fresh connection
+			continue
+		}
+		return allowed, err
+	}
+}
+
+// conn returns a connection that takes new streams, dialling one if need be.
+func (cl *leanClient) conn(ctx context.Context) (*leanConn, error) {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	if cl.closed {
+		return nil, errLeanClosed
+	}
+	if cc := cl.cur; cc != nil {
+		if cc.usable() {
+			return cc, nil
+		}
+		cc.retire()
+		cl.cur = nil
+	}
+	for x := range cl.all {
+		if x.dead() {
+			delete(cl.all, x)
+		}
+	}
+	nc, err := (&net.Dialer{}).DialContext(ctx, "tcp", cl.addr)
+	if err != nil {
+		return nil, err
+	}
+	cc := newLeanConn(nc, cl.addr, cl.shared)
+	if err := cc.start(); err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("h2 connection to %s: %w", cl.addr, err)
+	}
+	if cl.shared {
+		go cc.readLoop()
+	} else {
+		leanAcks.add(cc)
+	}
+	cl.cur = cc
+	cl.all[cc] = struct{}{}
+	return cc, nil
+}
+
+// drop replaces cc, which takes no new streams, if it is still the current
+// connection.
+func (cl *leanClient) drop(cc *leanConn) {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	if cl.cur == cc {
+		cc.retire()
+		cl.cur = nil
+	}
+}
+
+// close closes every connection; calls in flight fail.
+func (cl *leanClient) close() {
+	cl.mu.Lock()
+	cl.closed = true
+	all := cl.all
+	cl.all = nil
+	cl.mu.Unlock()
+	for cc := range all {
+		cc.close()
+	}
+}
+
+// leanConn is one HTTP/2 connection of the lean client.
+//
+// With one caller (synchronous mode) that caller writes its request and
+// then reads frames itself until its stream ends; nothing else runs but
+// leanAcks, now and then, to send a held-back PING ACK. With
+// several callers (shared mode) they write their requests under mu and a
+// reader goroutine reads every frame and hands each stream's outcome to
+// its caller through the stream's done channel; callers waiting for flow
+// control window or a free stream slot wait on the changed channel.
+type leanConn struct {
+	nc     net.Conn
+	br     *bufio.Reader
+	bw     *bufio.Writer
+	fr     *http2.Framer
+	shared bool
+	addr   string
+
+	readerDone chan struct{} // shared mode: closed when readLoop returns
+
+	// The receive windows this connection advertised.
+	streamWindow, connWindow int64
+
+	mu sync.Mutex // guards everything below, and all writes to fr/bw
+
+	err       error // once set, the connection is closed
+	goAway    error // the server's GOAWAY; no new streams
+	retired   bool  // replaced: close when the last stream ends
+	nextID    uint32
+	active    uint32                 // open streams
+	streams   map[uint32]*leanStream // shared mode
+	single    *leanStream            // synchronous mode: the open stream
+	syncSt    leanStream             // synchronous mode: reused for every call
+	scratch   []byte                 // synchronous mode: request body buffer
+	changed   chan struct{}          // shared mode: closed on a state change someone waits for
+	watched   context.Context        // synchronous mode: ctx whose end sets a past deadline on nc
+	stopWatch func() bool
+
+	// Synchronous mode: a PING ACK waits in bw to go out with the next
+	// request, or with leanAcks if no request comes soon.
+	flushPending bool
+	ackHeld      atomic.Bool // flushPending, for leanAcks to read without mu
+
+	// What the server allows us.
+	connSendWin int64
+	peerInitWin int64 // SETTINGS_INITIAL_WINDOW_SIZE
+	maxFrame    int   // SETTINGS_MAX_FRAME_SIZE
+	maxStreams  uint32
+
+	// Request headers: HPACK-encoded by enc; once the encoder's dynamic
+	// table holds them all, every later block is the same bytes, hdrCache.
+	reqHeaders   []hpack.HeaderField
+	reqHdrSize   uint32
+	enc          *hpack.Encoder
+	encBuf       bytes.Buffer
+	encodes      int
+	hdrCacheable bool
+	hdrCache     []byte
+
+	// Receive side, touched by whoever reads frames (under mu).
+	recvAvail    int64 // connection receive window left
+	dec          *hpack.Decoder
+	hdrID        uint32 // stream of the header block being decoded
+	hdrEndStream bool
+	hf           leanHeaders
+
+	// Counters, for tests.
+	windowWaits int
+}
+
+// leanHeaders holds the fields the client cares about from one header block.
+type leanHeaders struct {
+	status, contentType, grpcStatus, grpcMessage string
+	hasGRPCStatus                                bool
+}
+
+// leanStream is one call.
+type leanStream struct {
+	id           uint32
+	sendWin      int64
+	recvd        int64
+	gotHeaders   bool   // the response HEADERS arrived
+	remoteClosed bool   // the server ended the stream
+	reset        bool   // RST_STREAM sent or received
+	msg          []byte // the gRPC-framed response
+	done         chan struct{}
+	finished     bool
+	allowed      bool
+	err          error
+}
+
+// newLeanConn wraps nc; start sends the preface.
+func newLeanConn(nc net.Conn, addr string, shared bool) *leanConn {
+	c := &leanConn{
+		nc:           nc,
+		addr:         addr,
+		shared:       shared,
+		br:           bufio.NewReaderSize(nc, 32<<10),
+		bw:           bufio.NewWriterSize(nc, 32<<10),
+		streamWindow: min(max(leanStreamWindow, 1), h2MaxWindow),
+		connWindow:   min(max(leanConnWindow, h2DefaultWindow), h2MaxWindow),
+		nextID:       1,
+		connSendWin:  h2DefaultWindow,
+		peerInitWin:  h2DefaultWindow,
+		maxFrame:     h2DefaultFrameSize,
+		maxStreams:   math.MaxUint32,
+	}
+	c.fr = http2.NewFramer(c.bw, c.br)
+	c.fr.SetMaxReadFrameSize(h2DefaultFrameSize) // we do not raise SETTINGS_MAX_FRAME_SIZE
+	c.fr.SetReuseFrames()
+	c.dec = hpack.NewDecoder(h2DefaultTableSize, c.onField)
+	c.dec.SetMaxStringLength(64 << 10)
+	c.enc = hpack.NewEncoder(&c.encBuf)
+	c.reqHeaders = []hpack.HeaderField{
+		{Name: ":method", Value: "POST"},
+		{Name: ":scheme", Value: "http"},
+		{Name: ":path", Value: rlsPath},
+		{Name: ":authority", Value: addr},
+		{Name: "content-type", Value: "application/grpc"},
+		{Name: "te", Value: "trailers"},
+	}
+	for _, f := range c.reqHeaders {
+		c.reqHdrSize += f.Size()
+	}
+	c.hdrCacheable = c.reqHdrSize <= c.enc.MaxDynamicTableSize()
+	c.recvAvail = c.connWindow
+	if shared {
+		c.streams = map[uint32]*leanStream{}
+		c.readerDone = make(chan struct{})
+	}
+	return c
+}
+
+// start writes the client preface, our SETTINGS and the connection window.
+func (c *leanConn) start() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.bw.WriteString(http2.ClientPreface)
+	c.fr.WriteSettings(
+		http2.Setting{ID: http2.SettingEnablePush, Val: 0},
+		http2.Setting{ID: http2.SettingInitialWindowSize, Val: uint32(c.streamWindow)},
+	)
+	if c.connWindow > h2DefaultWindow {
+		c.fr.WriteWindowUpdate(0, uint32(c.connWindow-h2DefaultWindow))
+	}
+	return c.bw.Flush()
+}
+
+// usable reports whether the connection takes new streams.
+func (c *leanConn) usable() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err == nil && c.goAway == nil && !c.retired && c.nextID <= leanMaxStreamID
+}
+
+// dead reports whether the connection is closed.
+func (c *leanConn) dead() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err != nil
+}
+
+// watch makes the end of ctx end a synchronous call promptly: it sets a
+// deadline in the past on the connection, which fails the blocked read or
+// write. Watching costs nothing per call while ctx stays the same. It
+// reports false if an earlier ctx has ended, when the connection (its
+// deadline spent) must be replaced. Called with mu held.
+func (c *leanConn) watch(ctx context.Context) bool {
+	if ctx == c.watched {
+		return true
+	}
+	if c.stopWatch != nil && !c.stopWatch() {
+		return false
+	}
+	c.watched, c.stopWatch = ctx, nil
+	if ctx.Done() != nil {
+		nc := c.nc
+		c.stopWatch = context.AfterFunc(ctx, func() { nc.SetDeadline(aLongTimeAgo) })
+	}
+	return true
+}
+
+// retire stops new streams; the connection closes once its last stream ends.
+func (c *leanConn) retire() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.retired = true
+	if c.active == 0 {
+		c.fail(errLeanRetired)
+	}
+}
+
+// close closes the connection, failing its calls, and waits for its reader.
+func (c *leanConn) close() {
+	c.mu.Lock()
+	c.fail(errLeanClosed)
+	c.mu.Unlock()
+	if c.shared {
+		<-c.readerDone
+	}
+}
+
+// readLoop is the shared mode's reader.
+func (c *leanConn) readLoop() {
+	defer close(c.readerDone)
+	for !c.readOne(nil) {
+	}
+}
+
+// roundTrip makes one call on the connection. It returns errLeanUnusable,
+// having sent nothing, if the connection takes no new streams.
+func (c *leanConn) roundTrip(ctx context.Context, domain, key string) (bool, error) {
+	c.mu.Lock()
+	if !c.shared && !c.watch(ctx) {
+		c.mu.Unlock()
+		return false, errLeanUnusable
+	}
+	st, err := c.open(ctx)
+	if err != nil {
+		c.mu.Unlock()
+		return false, err
+	}
+	var body []byte
+	if c.shared {
+		body = appendRLSRequest(nil, domain, key)
+	} else {
+		c.scratch = appendRLSRequest(c.scratch[:0], domain, key)
+		body = c.scratch
+	}
+	c.send(ctx, st, body)
+	done := st.finished
+	c.mu.Unlock()
+
+	if c.shared {
+		select {
+		case <-st.done:
+		case <-ctx.Done():
+			c.mu.Lock()
+			c.finishLocal(st, http2.ErrCodeCancel, ctx.Err())
+			c.mu.Unlock()
+		}
+	} else {
+		for !done {
+			done = c.readOne(st)
+		}
+	}
+	// st is finished and, in shared mode, out of the reader's reach.
+	if st.err != nil {
+		if ctx.Err() != nil {
+			return false, ctx.Err() // the call was cut off
+		}
+		return false, st.err
+	}
+	return st.allowed, nil
+}
+
+// open starts a stream, waiting for a free slot under the server's
+// SETTINGS_MAX_CONCURRENT_STREAMS. Called with mu held; the caller must
+// write the stream's HEADERS before releasing it, so that stream IDs and
+// HPACK state reach the wire in order.
+func (c *leanConn) open(ctx context.Context) (*leanStream, error) {
+	for {
+		if c.err != nil || c.goAway != nil || c.retired || c.nextID > leanMaxStreamID {
+			return nil, errLeanUnusable
+		}
+		if c.active < c.maxStreams {
+			break
+		}
+		if err := c.wait(ctx); err != nil && ctx.Err() != nil {
+			return nil, err
+		}
+	}
+	var st *leanStream
+	if c.shared {
+		st = &leanStream{done: make(chan struct{})}
+		c.streams[c.nextID] = st
+	} else {
+		st = &c.syncSt
+		*st = leanStream{msg: st.msg[:0]}
+		c.single = st
+	}
+	st.id = c.nextID
+	st.sendWin = c.peerInitWin
+	c.nextID += 2
+	c.active++
+	return st, nil
+}
+
+// send writes the request: HEADERS (+CONTINUATION if the block is larger
+// than the server's frame size) and the body in DATA frames within the
+// flow control windows, the last with END_STREAM. Called with mu held.
+// Failures finish the stream.
+func (c *leanConn) send(ctx context.Context, st *leanStream, body []byte) {
+	block := c.headerBlock()
+	for first := true; first || len(block) > 0; first = false {
+		n := min(len(block), c.maxFrame)
+		frag := block[:n]
+		block = block[n:]
+		var err error
+		if first {
+			err = c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: st.id, BlockFragment: frag, EndHeaders: len(block) == 0})
+		} else {
+			err = c.fr.WriteContinuation(st.id, len(block) == 0, frag)
+		}
+		if err != nil {
+			c.fail(err)
+			return
+		}
+	}
+	for len(body) > 0 {
+		if st.finished {
+			// Answered, reset or refused before we sent it all: stop
+			// sending, and close our half if the server did not.
+			if !st.reset && c.err == nil {
+				st.reset = true
+				if err := c.fr.WriteRSTStream(st.id, http2.ErrCodeCancel); err != nil {
+					c.fail(err)
+				} else if err := c.bw.Flush(); err != nil {
+					c.fail(err)
+				}
+			}
+			return
+		}
+		n := int64(min(len(body), c.maxFrame))
+		n = min(n, c.connSendWin, st.sendWin)
+		if n <= 0 {
+			c.windowWaits++
+			if err := c.wait(ctx); err != nil {
+				if ctx.Err() != nil {
+					c.finishLocal(st, http2.ErrCodeCancel, err)
+				}
+				return // else the connection failed, which finished st
+			}
+			continue
+		}
+		if err := c.fr.WriteData(st.id, n == int64(len(body)), body[:n]); err != nil {
+			c.fail(err)
+			return
+		}
+		c.connSendWin -= n
+		st.sendWin -= n
+		body = body[n:]
+	}
+	c.flush()
+}
+
+// headerBlock returns the HPACK block of the request headers. Called with mu held.
+func (c *leanConn) headerBlock() []byte {
+	if c.hdrCache != nil {
+		return c.hdrCache
+	}
+	c.encBuf.Reset()
+	for _, f := range c.reqHeaders {
+		c.enc.WriteField(f)
+	}
+	c.encodes++
+	// The first block since the table (re)started adds the headers to
+	// the server's dynamic table; if they all fit, the second and every
+	// later block only refers to them.
+	if c.hdrCacheable && c.encodes >= 2 {
+		c.hdrCache = bytes.Clone(c.encBuf.Bytes())
+	}
+	return c.encBuf.Bytes()
+}
+
+// wait blocks until the connection's state changes: in synchronous mode
+// by reading and handling one frame, in shared mode until the reader
+// signals or ctx ends. It flushes what is buffered first, since the server
+// may need it to grant what we wait for. Called with mu held, which it
+// releases meanwhile. It returns ctx's error or the connection's.
+func (c *leanConn) wait(ctx context.Context) error {
+	if c.flush(); c.err != nil {
+		return c.err
+	}
+	if !c.shared {
+		c.mu.Unlock()
+		c.readOne(nil)
+		c.mu.Lock()
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		return c.err
+	}
+	if c.changed == nil {
+		c.changed = make(chan struct{})
+	}
+	ch := c.changed
+	c.mu.Unlock()
+	var err error
+	select {
+	case <-ch:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	c.mu.Lock()
+	if err == nil {
+		err = c.err
+	}
+	return err
+}
+
+// deferFlush leaves what bw holds (a PING ACK) to go out with the next
+// request, in the same write, rather than in a write of its own: grpc-go's
+// server pings to estimate the bandwidth-delay product about once per
+// round trip, which with one call per round trip would double the writes.
+// leanAcks flushes it if no request follows within a few milliseconds.
+// Called with mu held, in synchronous mode.
+func (c *leanConn) deferFlush() {
+	c.flushPending = true
+	c.ackHeld.Store(true)
+}
+
+// flush writes out what bw holds. Called with mu held.
+func (c *leanConn) flush() {
+	if c.flushPending {
+		c.flushPending = false
+		c.ackHeld.Store(false)
+	}
+	if err := c.bw.Flush(); err != nil {
+		c.fail(err)
+	}
+}
+
+// leanAcks sends the PING ACKs that synchronous connections hold back for
+// their next request when none has come within leanAckDelay. One goroutine
+// for all of them, running while any is open: a timer per connection,
+// reset on every PING, costs more than the write it saves.
+var leanAcks leanAckFlusher
+
+const leanAckDelay = 2 * time.Millisecond
+
+// leanAckFlusher is the type of leanAcks.
+type leanAckFlusher struct {
+	mu      sync.Mutex
+	conns   map[*leanConn]struct{} // open synchronous connections
+	running bool
+}
+
+// add registers a synchronous connection; fail unregisters it.
+func (f *leanAckFlusher) add(c *leanConn) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.conns == nil {
+		f.conns = map[*leanConn]struct{}{}
+	}
+	f.conns[c] = struct{}{}
+	if !f.running {
+		f.running = true
+		go f.run()
+	}
+}
+
+func (f *leanAckFlusher) remove(c *leanConn) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.conns, c)
+}
+
+func (f *leanAckFlusher) run() {
+	var held []*leanConn
+	for {
+		time.Sleep(leanAckDelay)
+		f.mu.Lock()
+		if len(f.conns) == 0 {
+			f.running = false
+			f.mu.Unlock()
+			return
+		}
+		held = held[:0]
+		for c := range f.conns {
+			if c.ackHeld.Load() {
+				held = append(held, c)
+			}
+		}
+		f.mu.Unlock()
+		for _, c := range held {
+			// If c is busy, it is sending a request (and the ACK) or
+			// will be seen again next time.
+			if c.mu.TryLock() {
+				if c.flushPending && c.err == nil {
+					c.flush()
+				}
+				c.mu.Unlock()
+			}
+		}
+	}
+}
+
+// broadcast wakes the callers in wait. Called with mu held.
+func (c *leanConn) broadcast() {
+	if c.changed != nil {
+		close(c.changed)
+		c.changed = nil
+	}
+}
+
+// readOne reads and handles a frame, and any more that are already
+// buffered, until st (if not nil) finishes. It reports whether st has
+// finished or the connection has failed.
+func (c *leanConn) readOne(st *leanStream) bool {
+	f, err := c.fr.ReadFrame()
+	c.mu.Lock()
+	for {
+		if err == nil {
+			err = c.handle(f)
+		}
+		if err != nil {
+			c.readError(err)
+		}
+		if c.err != nil || st != nil && st.finished || !c.frameBuffered() {
+			break
+		}
+		f, err = c.fr.ReadFrame() // does not block: the frame is buffered
+	}
+	done := c.err != nil || st != nil && st.finished
+	c.mu.Unlock()
+	return done
+}
+
+// frameBuffered reports whether a whole frame waits in br, so that reading
+// it does not block.
+func (c *leanConn) frameBuffered() bool {
+	n := c.br.Buffered()
+	if n < 9 {
+		return false
+	}
+	h, _ := c.br.Peek(3)
+	return n-9 >= int(h[0])<<16|int(h[1])<<8|int(h[2])
+}
+
+// readError handles an error from reading or handling a frame: the end of
+// one stream for a StreamError, else of the connection. Called with mu held.
+func (c *leanConn) readError(err error) {
+	var se http2.StreamError
+	if errors.As(err, &se) {
+		// A malformed frame on one stream (e.g. a zero WINDOW_UPDATE).
+		if s := c.lookup(se.StreamID); s != nil {
+			c.finishLocal(s, se.Code, fmt.Errorf("h2 stream %d: %w", se.StreamID, err))
+		}
+		return
+	}
+	if c.goAway != nil {
+		err = fmt.Errorf("%w; then: %v", c.goAway, err)
+	}
+	c.fail(fmt.Errorf("h2 connection to %s: %w", c.addr, err))
+}
+
+// handle applies one frame. Called with mu held; an error is the
+// connection's end.
+func (c *leanConn) handle(f http2.Frame) error {
+	switch f := f.(type) {
+	case *http2.DataFrame:
+		return c.onData(f)
+	case *http2.HeadersFrame:
+		c.hdrID, c.hdrEndStream, c.hf = f.StreamID, f.StreamEnded(), leanHeaders{}
+		if _, err := c.dec.Write(f.HeaderBlockFragment()); err != nil {
+			return fmt.Errorf("%w: %v", http2.ConnectionError(http2.ErrCodeCompression), err)
+		}
+		if f.HeadersEnded() {
+			return c.endHeaders()
+		}
+	case *http2.ContinuationFrame:
+		if _, err := c.dec.Write(f.HeaderBlockFragment()); err != nil {
+			return fmt.Errorf("%w: %v", http2.ConnectionError(http2.ErrCodeCompression), err)
+		}
+		if f.HeadersEnded() {
+			return c.endHeaders()
+		}
+	case *http2.RSTStreamFrame:
+		if st := c.lookup(f.StreamID); st != nil {
+			st.reset = true
+			c.finish(st, false, fmt.Errorf("server reset the stream: RST_STREAM (%v)", f.ErrCode))
+		}
+	case *http2.SettingsFrame:
+		if f.IsAck() {
+			return nil
+		}
+		if err := f.ForeachSetting(c.applySetting); err != nil {
+			return err
+		}
+		if err := c.fr.WriteSettingsAck(); err != nil {
+			return err
+		}
+		if err := c.bw.Flush(); err != nil {
+			return err
+		}
+		c.broadcast()
+	case *http2.WindowUpdateFrame:
+		inc := int64(f.Increment)
+		if f.StreamID == 0 {
+			if c.connSendWin += inc; c.connSendWin > h2MaxWindow {
+				return fmt.Errorf("%w: connection window over 2^31-1", http2.ConnectionError(http2.ErrCodeFlowControl))
+			}
+		} else if st := c.lookup(f.StreamID); st != nil {
+			if st.sendWin += inc; st.sendWin > h2MaxWindow {
+				c.finishLocal(st, http2.ErrCodeFlowControl, errors.New("server overflowed the stream's send window"))
+			}
+		}
+		c.broadcast()
+	case *http2.PingFrame:
+		if !f.IsAck() {
+			if err := c.fr.WritePing(true, f.Data); err != nil {
+				return err
+			}
+			if c.shared {
+				return c.bw.Flush()
+			}
+			c.deferFlush()
+		}
+	case *http2.GoAwayFrame:
+		msg := ""
+		if d := f.DebugData(); len(d) > 0 {
+			msg = fmt.Sprintf(", %q", d)
+		}
+		c.goAway = fmt.Errorf("server sent GOAWAY (%v, last stream %d%s)", f.ErrCode, f.LastStreamID, msg)
+		c.each(func(st *leanStream) {
+			if st.id > f.LastStreamID {
+				c.finish(st, false, c.goAway) // not processed
+			}
+		})
+		c.broadcast()
+	case *http2.PushPromiseFrame:
+		return fmt.Errorf("%w: PUSH_PROMISE with push disabled", http2.ConnectionError(http2.ErrCodeProtocol))
+	}
+	return nil
+}
+
+// onData accounts a DATA frame against the receive windows, topping up the
+// connection's, and adds its payload to the stream's response.
+func (c *leanConn) onData(f *http2.DataFrame) error {
+	if n := int64(f.Length); n > 0 {
+		if c.recvAvail -= n; c.recvAvail < 0 {
+			return fmt.Errorf("%w: server overran the connection window", http2.ConnectionError(http2.ErrCodeFlowControl))
+		}
+		if c.recvAvail < c.connWindow/2 {
+			if err := c.fr.WriteWindowUpdate(0, uint32(c.connWindow-c.recvAvail)); err != nil {
+				return err
+			}
+			if err := c.bw.Flush(); err != nil {
+				return err
+			}
+			c.recvAvail = c.connWindow
+		}
+	}
+	st := c.lookup(f.StreamID)
+	if st == nil {
+		return nil // a stream we reset or gave up on
+	}
+	st.recvd += int64(f.Length)
+	switch {
+	case st.recvd > c.streamWindow:
+		c.finishLocal(st, http2.ErrCodeFlowControl, errors.New("server overran the stream window"))
+	case !st.gotHeaders:
+		c.finishLocal(st, http2.ErrCodeProtocol, errors.New("DATA before the response HEADERS"))
+	case len(st.msg)+len(f.Data()) > leanMaxResponse:
+		c.finishLocal(st, http2.ErrCodeCancel, fmt.Errorf("response larger than %d bytes", leanMaxResponse))
+	default:
+		st.msg = append(st.msg, f.Data()...)
+		if f.StreamEnded() {
+			st.remoteClosed = true
+			c.finish(st, false, errors.New("response ended without trailers (no grpc-status)"))
+		}
+	}
+	return nil
+}
+
+// onField is the HPACK decoder's emit function.
+func (c *leanConn) onField(f hpack.HeaderField) {
+	switch f.Name {
+	case ":status":
+		c.hf.status = f.Value
+	case "content-type":
+		c.hf.contentType = f.Value
+	case "grpc-status":
+		c.hf.grpcStatus, c.hf.hasGRPCStatus = f.Value, true
+	case "grpc-message":
+		c.hf.grpcMessage = f.Value
+	}
+}
+
+// endHeaders applies a complete header block: the response headers, the
+// trailers, or both at once (trailers-only).
+func (c *leanConn) endHeaders() error {
+	if err := c.dec.Close(); err != nil {
+		return fmt.Errorf("%w: %v", http2.ConnectionError(http2.ErrCodeCompression), err)
+	}
+	st := c.lookup(c.hdrID)
+	if st == nil {
+		return nil
+	}
+	h := &c.hf
+	if !st.gotHeaders {
+		var err error
+		switch {
+		case h.status != "200":
+			err = fmt.Errorf("HTTP status %q from %s", h.status, rlsPath)
+		case !isGRPCContentType(h.contentType):
+			err = fmt.Errorf("response content-type %q, want application/grpc", h.contentType)
+		}
+		if err != nil {
+			if h.hasGRPCStatus && h.grpcStatus != "0" {
+				_, gerr := leanResult(h, nil)
+				err = fmt.Errorf("%w (%v)", err, gerr)
+			}
+			if c.hdrEndStream {
+				st.remoteClosed = true
+				c.finish(st, false, err)
+			} else {
+				c.finishLocal(st, http2.ErrCodeCancel, err)
+			}
+			return nil
+		}
+		st.gotHeaders = true
+		if !c.hdrEndStream {
+			return nil // the message and the trailers follow
+		}
+	} else if !c.hdrEndStream {
+		c.finishLocal(st, http2.ErrCodeProtocol, errors.New("trailers without END_STREAM"))
+		return nil
+	}
+	st.remoteClosed = true
+	allowed, err := leanResult(h, st.msg)
+	c.finish(st, allowed, err)
+	return nil
+}
+
+func isGRPCContentType(ct string) bool {
+	rest, ok := strings.CutPrefix(ct, "application/grpc")
+	return ok && (rest == "" || rest[0] == '+' || rest[0] == ';')
+}
+
+// leanResult reads a call's outcome from its trailers and its gRPC-framed
+// response message.
+func leanResult(h *leanHeaders, msg []byte) (allowed bool, err error) {
+	if !h.hasGRPCStatus {
+		return false, errors.New("response without grpc-status")
+	}
+	code, err := strconv.ParseUint(h.grpcStatus, 10, 32)
+	if err != nil {
+		return false, fmt.Errorf("malformed grpc-status %q", h.grpcStatus)
+	}
+	if code != 0 {
+		return false, status.Error(codes.Code(code), decodeGRPCMessage(h.grpcMessage))
+	}
+	if len(msg) < 5 {
+		return false, errors.New("grpc-status 0 without a response message")
+	}
+	if msg[0] != 0 {
+		return false, fmt.Errorf("compressed response (flag %d) not supported", msg[0])
+	}
+	if n := binary.BigEndian.Uint32(msg[1:5]); uint64(n) != uint64(len(msg)-5) {
+		return false, fmt.Errorf("malformed gRPC framing: a %d-byte message in %d bytes", n, len(msg)-5)
+	}
+	oc, err := rlsOverallCode(msg[5:])
+	return oc != int32(rls.RateLimitResponse_OVER_LIMIT), err
+}
+
+// rlsOverallCode decodes field 1 (overall_code) of a RateLimitResponse,
+// skipping the rest.
+func rlsOverallCode(b []byte) (int32, error) {
+	var code int32
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return 0, fmt.Errorf("RateLimitResponse: %w", protowire.ParseError(n))
+		}
+		b = b[n:]
+		if num == 1 && typ == protowire.VarintType {
+			v, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return 0, fmt.Errorf("RateLimitResponse: %w", protowire.ParseError(n))
+			}
+			code, b = int32(v), b[n:]
+			continue
+		}
+		n = protowire.ConsumeFieldValue(num, typ, b)
+		if n < 0 {
+			return 0, fmt.Errorf("RateLimitResponse: %w", protowire.ParseError(n))
+		}
+		b = b[n:]
+	}
+	return code, nil
+}
+
+// decodeGRPCMessage undoes grpc-message's percent-encoding.
+func decodeGRPCMessage(s string) string {
+	if !strings.Contains(s, "%") {
+		return s
+	}
+	b := make([]byte, 0, len(s))
+	for i := 0; i < len(s); i++ {
+		if s[i] == '%' && i+2 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+3], 16, 8); err == nil {
+				b = append(b, byte(v))
+				i += 2
+				continue
+			}
+		}
+		b = append(b, s[i])
+	}
+	return string(b)
+}
+
+// appendRLSRequest appends the gRPC-framed (5-byte prefix) protobuf
+// encoding of
+//
+//	RateLimitRequest{Domain: domain, HitsAddend: 1, Descriptors:
+//	    [{Entries: [{Key: "client", Value: key}]}]}
+//
+// to b, by hand: fields in number order, as proto.Marshal writes them.
+func appendRLSRequest(b []byte, domain, key string) []byte {
+	const entryKey = "client"
+	entry := 1 + protowire.SizeBytes(len(entryKey)) // Entry{key=1, value=2}
+	if key != "" {
+		entry += 1 + protowire.SizeBytes(len(key))
+	}
+	desc := 1 + protowire.SizeBytes(entry)   // RateLimitDescriptor{entries=1}
+	msg := 1 + protowire.SizeBytes(desc) + 2 // descriptors=2, hits_addend=3
+	if domain != "" {
+		msg += 1 + protowire.SizeBytes(len(domain)) // domain=1
+	}
+	b = append(b, 0, byte(msg>>24), byte(msg>>16), byte(msg>>8), byte(msg))
+	if domain != "" {
+		b = protowire.AppendTag(b, 1, protowire.BytesType)
+		b = protowire.AppendString(b, domain)
+	}
+	b = protowire.AppendTag(b, 2, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(desc))
+	b = protowire.AppendTag(b, 1, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(entry))
+	b = protowire.AppendTag(b, 1, protowire.BytesType)
+	b = protowire.AppendString(b, entryKey)
+	if key != "" { // proto3 leaves out empty strings
+		b = protowire.AppendTag(b, 2, protowire.BytesType)
+		b = protowire.AppendString(b, key)
+	}
+	b = protowire.AppendTag(b, 3, protowire.VarintType)
+	return protowire.AppendVarint(b, 1)
+}
+
+// applySetting applies one of the server's SETTINGS.
+func (c *leanConn) applySetting(s http2.Setting) error {
+	if err := s.Valid(); err != nil {
+		return fmt.Errorf("%w: %v", err, s)
+	}
+	switch s.ID {
+	case http2.SettingInitialWindowSize:
+		delta := int64(s.Val) - c.peerInitWin
+		c.peerInitWin = int64(s.Val)
+		var err error
+		c.each(func(st *leanStream) {
+			if st.sendWin += delta; st.sendWin > h2MaxWindow {
+				err = fmt.Errorf("%w: stream window over 2^31-1", http2.ConnectionError(http2.ErrCodeFlowControl))
+			}
+		})
+		return err
+	case http2.SettingMaxFrameSize:
+		c.maxFrame = int(s.Val)
+	case http2.SettingMaxConcurrentStreams:
+		c.maxStreams = s.Val
+	case http2.SettingHeaderTableSize:
+		// The server's decoder table: the next block starts with a
+		// table size update, and what can be cached may change.
+		c.enc.SetMaxDynamicTableSizeLimit(s.Val)
+		c.hdrCache, c.encodes = nil, 0
+		c.hdrCacheable = c.reqHdrSize <= c.enc.MaxDynamicTableSize()
+	}
+	return nil
+}
+
+// lookup returns the open stream id, or nil. Called with mu held.
+func (c *leanConn) lookup(id uint32) *leanStream {
+	if c.shared {
+		return c.streams[id]
+	}
+	if c.single != nil && c.single.id == id {
+		return c.single
+	}
+	return nil
+}
+
+// each calls fn for every open stream. Called with mu held.
+func (c *leanConn) each(fn func(*leanStream)) {
+	if c.shared {
+		for _, st := range c.streams {
+			fn(st)
+		}
+	} else if c.single != nil {
+		fn(c.single)
+	}
+}
+
+// finish ends st with its outcome. Called with mu held.
+func (c *leanConn) finish(st *leanStream, allowed bool, err error) {
+	if st.finished {
+		return
+	}
+	st.finished, st.allowed, st.err = true, allowed, err
+	if c.shared {
+		delete(c.streams, st.id)
+		close(st.done)
+	} else if c.single == st {
+		c.single = nil
+	}
+	c.active--
+	c.broadcast()
+	if c.retired && c.active == 0 {
+		c.fail(errLeanRetired)
+	}
+}
+
+// finishLocal ends st on our side: it resets the stream unless the server
+// has already ended or reset it. Called with mu held.
+func (c *leanConn) finishLocal(st *leanStream, code http2.ErrCode, err error) {
+	if st.finished {
+		return
+	}
+	if !st.remoteClosed && !st.reset && c.err == nil {
+		st.reset = true
+		if werr := c.fr.WriteRSTStream(st.id, code); werr != nil {
+			c.fail(werr)
+		} else if werr := c.bw.Flush(); werr != nil {
+			c.fail(werr)
+		}
+	}
+	c.finish(st, false, err)
+}
+
+// fail closes the connection and ends its streams with err. Called with
+// mu held.
+func (c *leanConn) fail(err error) {
+	if c.err != nil {
+		return
+	}
+	c.err = err
+	if ce := http2.ConnectionError(0); errors.As(err, &ce) {
+		// Tell the server why, if it listens within a second.
+		c.nc.SetWriteDeadline(time.Now().Add(time.Second))
+		c.fr.WriteGoAway(0, http2.ErrCode(ce), nil)
+		c.bw.Flush()
+	}
+	c.nc.Close()
+	if c.stopWatch != nil {
+		c.stopWatch()
+	}
+	if !c.shared {
+		leanAcks.remove(c)
+	}
+	c.each(func(st *leanStream) { c.finish(st, false, err) })
+	c.broadcast()
+}
