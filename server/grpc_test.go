@@ -2,14 +2,17 @@ package server
 
 import (
 	"context"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -92,5 +95,95 @@ func TestGRPCServesEnvoyAndHealth(t *testing.T) {
 		if resp, err := rl.ShouldRateLimit(cctx, req); err != nil || resp.OverallCode != rlspb.RateLimitResponse_OK {
 			t.Fatalf("after reload: %v %v", resp, err)
 		}
+	}
+}
+
+// sniffConn copies what the server sends into a pipe that an HTTP/2 framer
+// reads, so a test can see the server's frames.
+type sniffConn struct {
+	net.Conn
+	w *io.PipeWriter
+}
+
+func (c sniffConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.w.Write(p[:n])
+	}
+	return n, err
+}
+
+// TestGRPCNoBDPPings: the server's flow-control windows are fixed, so it
+// never sends the bandwidth-estimation PINGs that grpc-go otherwise sends
+// as data arrives, each costing a write and a read on both sides. (With
+// grpc-go's default windows this test sees a PING about once per call.)
+func TestGRPCNoBDPPings(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "rl.yaml"), []byte("domain: rl\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n"), 0o644)
+	s, err := New(WithConfig(mustParse(t, testConfig)), WithEnvoyConfigDir(dir), WithLogger(quietLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hl, _ := net.Listen("tcp", "127.0.0.1:0")
+	gl, _ := net.Listen("tcp", "127.0.0.1:0")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, hl, gl) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+
+	pr, pw := io.Pipe()
+	var pings, settings atomic.Int64
+	go func() {
+		// The client preface goes the other way; the server's stream
+		// starts with its SETTINGS frame.
+		fr := http2.NewFramer(io.Discard, pr)
+		for {
+			f, err := fr.ReadFrame()
+			if err != nil {
+				io.Copy(io.Discard, pr)
+				return
+			}
+			switch f := f.(type) {
+			case *http2.PingFrame:
+				if !f.IsAck() {
+					pings.Add(1)
+				}
+			case *http2.SettingsFrame:
+				settings.Add(1)
+			}
+		}
+	}()
+	dial := func(ctx context.Context, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return nil, err
+		}
+		return sniffConn{Conn: c, w: pw}, nil
+	}
+	conn, err := grpc.NewClient(gl.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(dial))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl := rlspb.NewRateLimitServiceClient(conn)
+	cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer ccancel()
+	req := &rlspb.RateLimitRequest{Domain: "rl", Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "user", Value: "alice"}}}}}
+	for i := 0; i < 50; i++ {
+		if resp, err := rl.ShouldRateLimit(cctx, req); err != nil || resp.OverallCode != rlspb.RateLimitResponse_OK {
+			t.Fatalf("call %d: %v %v", i, resp, err)
+		}
+	}
+	conn.Close()
+	pw.Close()
+	if settings.Load() == 0 {
+		t.Fatal("saw no SETTINGS frame from the server: the sniffer is not reading the server's frames")
+	}
+	if n := pings.Load(); n != 0 {
+		t.Fatalf("the server sent %d PINGs over 50 calls, want none", n)
 	}
 }

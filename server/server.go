@@ -44,7 +44,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -130,6 +129,29 @@ func WithEnvoyConfig(cfg *envoyrls.Config) Option { return func(o *options) { o.
 // WithEnvoyConfigDir loads envoyproxy/ratelimit YAML files from dir (see
 // envoyrls.LoadDir), and reloads them on Reload.
 func WithEnvoyConfigDir(dir string) Option { return func(o *options) { o.envoyDir = dir } }
+
+// grpcOptions tunes the gRPC server for Envoy's traffic: many small unary
+// calls, each connection with a few in flight.
+//   - A pool of stream workers large enough for every call in flight, so
+//     handlers run on goroutines whose stacks have already grown; a new
+//     goroutine per call grows its stack afresh every time (measured at
+//     ~12% of the CPU under load).
+//   - Fixed 1 MiB flow-control windows. Requests and responses are a few
+//     dozen bytes, so the windows never fill; fixing them turns off gRPC's
+//     bandwidth-delay estimator, which otherwise answers data with a PING
+//     and so adds writes and reads on every connection.
+func grpcOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.NumStreamWorkers(grpcStreamWorkers),
+		grpc.InitialWindowSize(grpcWindow),
+		grpc.InitialConnWindowSize(grpcWindow),
+	}
+}
+
+const (
+	grpcStreamWorkers = 256     // calls in flight served by pooled goroutines; more get their own
+	grpcWindow        = 1 << 20 // bytes; fixed, which turns off the BDP estimator
+)
 
 // WithLogger sets the logger (default slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
@@ -526,10 +548,7 @@ func (s *Server) Serve(ctx context.Context, hl, gl net.Listener) error {
 	var gs *grpc.Server
 	var hlth *health.Server
 	if gl != nil {
-		// Reuse a pool of goroutines for streams instead of one new
-		// goroutine per RPC, whose stack would grow afresh every time
-		// (measured at ~15% of the CPU under load).
-		gs = grpc.NewServer(grpc.NumStreamWorkers(uint32(max(4, runtime.GOMAXPROCS(0)*4))))
+		gs = grpc.NewServer(grpcOptions()...)
 		hlth = envoyrls.RegisterGRPC(gs, s.envoy)
 	}
 	s.mu.Lock()
