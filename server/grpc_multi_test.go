@@ -2,9 +2,6 @@ package server
 
 import (
 	"context"
-	"net"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -21,25 +18,14 @@ import (
 // on its own, exactly, against real Redis.
 func TestGRPCSeveralDescriptorsOnRedis(t *testing.T) {
 	r := redistest.Standalone(t)
-	dir := t.TempDir()
-	os.WriteFile(filepath.Join(dir, "rl.yaml"), []byte(`domain: rl
+	_, _, addr := serveEnvoy(t, `domain: rl
 descriptors:
   - key: user
     rate_limit: {unit: minute, requests_per_unit: 2}
   - key: ip
     rate_limit: {unit: minute, requests_per_unit: 3}
-`), 0o644)
-	s, err := New(WithConfig(mustParse(t, testConfig)), WithRedisURL("redis://"+r.Addr+"/0"), WithEnvoyConfigDir(dir), WithLogger(quietLogger()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	hl, _ := net.Listen("tcp", "127.0.0.1:0")
-	gl, _ := net.Listen("tcp", "127.0.0.1:0")
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, hl, gl) }()
-	defer func() { cancel(); <-done }()
-	conn, err := grpc.NewClient(gl.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+`, WithRedisURL("redis://"+r.Addr+"/0"))
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -44,10 +44,17 @@ func TestDefaults(t *testing.T) {
 	}
 }
 
-func TestGRPCServesEnvoyAndHealth(t *testing.T) {
+// serveEnvoy starts a server, with opts, whose Envoy config directory holds
+// rlYAML, on free loopback ports; it stops it when t ends and returns the
+// server, the directory and the gRPC address.
+func serveEnvoy(t *testing.T, rlYAML string, opts ...Option) (*Server, string, string) {
+	t.Helper()
 	dir := t.TempDir()
-	os.WriteFile(filepath.Join(dir, "rl.yaml"), []byte("domain: rl\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1}\n"), 0o644)
-	s, err := New(WithConfig(mustParse(t, testConfig)), WithEnvoyConfigDir(dir), WithLogger(quietLogger()))
+	if err := os.WriteFile(filepath.Join(dir, "rl.yaml"), []byte(rlYAML), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	opts = append([]Option{WithConfig(mustParse(t, testConfig)), WithEnvoyConfigDir(dir), WithLogger(quietLogger())}, opts...)
+	s, err := New(opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,13 +63,18 @@ func TestGRPCServesEnvoyAndHealth(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ctx, hl, gl) }()
-	defer func() {
+	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Error(err)
 		}
-	}()
-	conn, err := grpc.NewClient(gl.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	})
+	return s, dir, gl.Addr().String()
+}
+
+func TestGRPCServesEnvoyAndHealth(t *testing.T) {
+	s, dir, addr := serveEnvoy(t, "domain: rl\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1}\n")
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,23 +130,7 @@ func (c sniffConn) Read(p []byte) (int, error) {
 // as data arrives, each costing a write and a read on both sides. (With
 // grpc-go's default windows this test sees a PING about once per call.)
 func TestGRPCNoBDPPings(t *testing.T) {
-	dir := t.TempDir()
-	os.WriteFile(filepath.Join(dir, "rl.yaml"), []byte("domain: rl\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n"), 0o644)
-	s, err := New(WithConfig(mustParse(t, testConfig)), WithEnvoyConfigDir(dir), WithLogger(quietLogger()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	hl, _ := net.Listen("tcp", "127.0.0.1:0")
-	gl, _ := net.Listen("tcp", "127.0.0.1:0")
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, hl, gl) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
+	_, _, addr := serveEnvoy(t, "domain: rl\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n")
 
 	pr, pw := io.Pipe()
 	var pings, settings atomic.Int64
@@ -165,7 +161,7 @@ func TestGRPCNoBDPPings(t *testing.T) {
 		}
 		return sniffConn{Conn: c, w: pw}, nil
 	}
-	conn, err := grpc.NewClient(gl.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(dial))
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(dial))
 	if err != nil {
 		t.Fatal(err)
 	}

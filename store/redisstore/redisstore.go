@@ -19,8 +19,8 @@
 // release). On Redis 7 and Valkey they form one Redis Functions library,
 // "weir_<hash of the code>", which New loads on every primary with
 // FUNCTION LOAD and every decision calls with FCALL. Loading builds the
-// prelude's functions once, which makes a decision about 40% cheaper for
-// Redis than the same code sent as a script. When a call finds the library
+// prelude's functions once, which makes a decision about 15% cheaper for
+// Redis than the same code sent as a script (docs/benchmarks.md). When a call finds the library
 // missing (a Redis restarted without persistence, FUNCTION FLUSH, a new
 // cluster node), nothing ran: the store loads it again, once however many
 // calls noticed, and repeats the call. Where FUNCTION LOAD is unknown
