@@ -172,6 +172,25 @@ func TestEvalFallback(t *testing.T) {
 		t.Fatalf("command calls %v: want EVALSHA, EVAL after the flush, no FCALL", calls)
 	}
 
+	// A user who may load functions but not call them: the first FCALL is
+	// refused before anything ran, and the store moves to EVALSHA.
+	if _, err := srv.Do("ACL", "SETUSER", "nofcall", "on", ">pw", "~*", "&*", "+@all", "-fcall"); err != nil {
+		t.Fatal(err)
+	}
+	nf := newTestStore(t, Config{Addrs: []string{srv.Addr}, Username: "nofcall", Password: "pw"})
+	if got := hammer(t, nf, "k3", l, 12); got != 10 || nf.Scripting() != "eval" {
+		t.Fatalf("user without FCALL: %d of 12 allowed, scripting %s; want 10, eval", got, nf.Scripting())
+	}
+	// A command refused inside the function is an error, not a reason to
+	// change forms: the function may have run up to it.
+	if _, err := srv.Do("ACL", "SETUSER", "notime", "on", ">pw", "~*", "&*", "+@all", "-time"); err != nil {
+		t.Fatal(err)
+	}
+	nt := newTestStore(t, Config{Addrs: []string{srv.Addr}, Username: "notime", Password: "pw"})
+	if _, err := nt.Take(context.Background(), "k4", l, 1); err == nil || nt.Scripting() != "functions" {
+		t.Fatalf("user without TIME: err %v, scripting %s; want an error and functions", err, nt.Scripting())
+	}
+
 	t.Run("Conformance", func(t *testing.T) {
 		storetest.Run(t, func(t *testing.T) storetest.Harness {
 			clock := storetest.NewClock(storetest.Epoch)

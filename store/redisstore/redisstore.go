@@ -362,6 +362,16 @@ func noFunctions(e *rueidis.RedisError) bool {
 		strings.HasPrefix(msg, "NOPERM")
 }
 
+// fcallRefused reports a refusal of FCALL itself, before anything ran: an
+// unknown command (a Redis before 7.0 after all, say after a failover to
+// an old replica) or an ACL without it. A refusal of a command inside the
+// function is not one of these: it names that command, and the function
+// may have run up to it.
+func fcallRefused(e *rueidis.RedisError) bool {
+	msg := strings.ToLower(e.Error())
+	return strings.Contains(msg, "'fcall'") && (strings.HasPrefix(msg, "err unknown command") || strings.HasPrefix(msg, "noperm"))
+}
+
 // functionMissing reports FCALL's refusal when the library is not loaded.
 func functionMissing(e *rueidis.RedisError) bool {
 	return strings.Contains(e.Error(), "Function not found")
@@ -537,7 +547,7 @@ func (s *Store) eval(ctx context.Context, r *routine, keys, args []string, dst [
 					return nil, fmt.Errorf("%w (after %w)", err, re)
 				}
 				continue
-			case fn && noFunctions(re):
+			case fn && fcallRefused(re):
 				s.functions.Store(false) // no Functions here after all: EVALSHA
 				continue
 			case !fn && re.IsNoScript() && !sendSource:
