@@ -30,9 +30,8 @@ var scriptFiles embed.FS
 
 // script is one assembled EVAL script and its SHA-1, the name EVALSHA uses.
 type script struct {
-	name string
-	src  string
-	sha  string
+	src string
+	sha string
 }
 
 // source concatenates the named files.
@@ -52,10 +51,10 @@ func source(files ...string) string {
 
 // newScript builds an EVAL script from files, ending in a call of the Lua
 // function driver with the script's KEYS and ARGV.
-func newScript(name, driver string, files ...string) *script {
+func newScript(driver string, files ...string) *script {
 	src := source(files...) + "return " + driver + "(KEYS, ARGV)\n"
 	sum := sha1.Sum([]byte(src))
-	return &script{name: name, src: src, sha: hex.EncodeToString(sum[:])}
+	return &script{src: src, sha: hex.EncodeToString(sum[:])}
 }
 
 // routine is one of weir's entry points into Redis, in both forms: the
@@ -105,10 +104,10 @@ func init() {
 	lib.src = "#!lua name=" + lib.name + "\n" + body + reg.String()
 
 	for _, k := range algorithm.Kinds() {
-		takeRoutines[k] = routine{fn: fn("take"), script: newScript(k.String(), "weir_take", "prelude", k.String(), "take")}
+		takeRoutines[k] = routine{fn: fn("take"), script: newScript("weir_take", "prelude", k.String(), "take")}
 	}
-	multiRoutine = routine{fn: fn("multi"), script: newScript("multi", "weir_multi", append(all, "multi")...)}
-	releaseRoutine = routine{fn: fn("release"), script: newScript("release", "weir_release", "release")}
+	multiRoutine = routine{fn: fn("multi"), script: newScript("weir_multi", append(all, "multi")...)}
+	releaseRoutine = routine{fn: fn("release"), script: newScript("weir_release", "release")}
 }
 
 // nLimitArgs is the number of ARGV values a compiled limit takes.
