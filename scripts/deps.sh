@@ -32,5 +32,6 @@ fi
 GOBIN="$(go env GOPATH)/bin"
 if [ ! -x "$GOBIN/staticcheck" ]; then
   echo "deps: installing staticcheck"
-  go install honnef.co/go/tools/cmd/staticcheck@2026.2.2
+  # 2026.2.2; the proxy knows it by its module version only
+  go install honnef.co/go/tools/cmd/staticcheck@v0.8.2
 fi
