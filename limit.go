@@ -59,7 +59,10 @@ type Limit struct {
 	Rate      int64         // events allowed per Period
 	Period    time.Duration // any positive whole number of microseconds
 	Burst     int64         // bucket capacity (token/leaky/gcra); 0 means Rate
-	Block     time.Duration // penalty box: after a rejection the key stays rejected this long; 0 = none
+	// Block is the penalty box: after a rejection the key stays rejected
+	// this long; 0 = none. A limit without a box ignores any box another
+	// limit left on the key (one whose Block a reload removed, say).
+	Block time.Duration
 
 	// MaxDelay makes a leaky bucket shape instead of police: an admitted
 	// request may be delayed (Result.Delay) up to MaxDelay so that requests

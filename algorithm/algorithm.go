@@ -320,7 +320,10 @@ func take(p *Params, s *State, now, n int64, mode Mode, commit bool) Decision {
 	if s.BlockedUntil != 0 && s.BlockedUntil <= now {
 		s.BlockedUntil = 0 // the penalty box has lapsed
 	}
-	if s.BlockedUntil > now {
+	if s.BlockedUntil > now && p.Block > 0 {
+		// Only a limit with a penalty box honours one: a box another limit
+		// left on the key (say before a reload removed block) does not
+		// bind a limit without one, and a store need not read it.
 		left := s.BlockedUntil - now
 		if p.BoxOutlasts() {
 			// The box's end is later than anything the frozen state needs.

@@ -227,6 +227,12 @@ func checkStore(cfg *Config, rep reporter) {
 	if len(r.Addrs) > 1 && r.MasterName == "" && r.DB != 0 {
 		rep.addAt("store.redis.db", fmt.Sprintf("db %d cannot be used with Redis Cluster (several addrs without master_name), which has only db 0", r.DB))
 	}
+	if r.MaxInFlight < 0 {
+		rep.addAt("store.redis.max_in_flight", fmt.Sprintf("max_in_flight must be at least 1, got %d", r.MaxInFlight))
+	}
+	if r.MaxBatch < 0 || r.MaxBatch > 1000 {
+		rep.addAt("store.redis.max_batch", fmt.Sprintf("max_batch must be 1 to 1000, got %d", r.MaxBatch))
+	}
 	if s.Timeout < 0 {
 		rep.addAt("store.timeout", fmt.Sprintf("timeout must be positive, got %v", s.Timeout))
 	}

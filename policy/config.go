@@ -72,6 +72,13 @@ type RedisConfig struct {
 	PasswordEnv string
 	TLS         bool
 	DB          int
+	// MaxInFlight and MaxBatch tune how the store coalesces decisions on
+	// a standalone or Sentinel Redis: at most MaxInFlight calls out at
+	// once, and decisions that come meanwhile leave together, up to
+	// MaxBatch per call (MaxBatch 1: every decision alone). Zero takes
+	// redisstore's defaults (2 and 64).
+	MaxInFlight int
+	MaxBatch    int
 }
 
 // PasswordValue returns Password, or the value of the environment variable
@@ -89,8 +96,8 @@ func (r RedisConfig) String() string {
 	if r.Password != "" {
 		pw = "[redacted]"
 	}
-	return fmt.Sprintf("{Addrs:%v MasterName:%s Username:%s Password:%s PasswordEnv:%s TLS:%t DB:%d}",
-		r.Addrs, r.MasterName, r.Username, pw, r.PasswordEnv, r.TLS, r.DB)
+	return fmt.Sprintf("{Addrs:%v MasterName:%s Username:%s Password:%s PasswordEnv:%s TLS:%t DB:%d MaxInFlight:%d MaxBatch:%d}",
+		r.Addrs, r.MasterName, r.Username, pw, r.PasswordEnv, r.TLS, r.DB, r.MaxInFlight, r.MaxBatch)
 }
 
 // GoString is String, so that %#v does not leak the password either.
@@ -112,6 +119,12 @@ func (r RedisConfig) LogValue() slog.Value {
 		attrs = append(attrs, slog.String("password_env", r.PasswordEnv))
 	}
 	attrs = append(attrs, slog.Bool("tls", r.TLS), slog.Int("db", r.DB))
+	if r.MaxInFlight != 0 {
+		attrs = append(attrs, slog.Int("max_in_flight", r.MaxInFlight))
+	}
+	if r.MaxBatch != 0 {
+		attrs = append(attrs, slog.Int("max_batch", r.MaxBatch))
+	}
 	return slog.GroupValue(attrs...)
 }
 

@@ -85,6 +85,8 @@ store:
     password_env: REDIS_PASSWORD
     tls: true
     db: 2
+    max_in_flight: 4
+    max_batch: 32
   timeout: 20ms
   on_error: deny
   max_keys: 1000
@@ -119,7 +121,7 @@ deny:
 		t.Fatal(err)
 	}
 	want := &Config{
-		Store: StoreConfig{Type: "redis", Redis: RedisConfig{Addrs: []string{"10.1.1.1:6379"}, MasterName: "mymaster", Username: "weir", PasswordEnv: "REDIS_PASSWORD", TLS: true, DB: 2},
+		Store: StoreConfig{Type: "redis", Redis: RedisConfig{Addrs: []string{"10.1.1.1:6379"}, MasterName: "mymaster", Username: "weir", PasswordEnv: "REDIS_PASSWORD", TLS: true, DB: 2, MaxInFlight: 4, MaxBatch: 32},
 			Timeout: 20 * time.Millisecond, OnError: "deny", MaxKeys: 1000,
 			Breaker: BreakerConfig{Failures: 3, FailureRatio: 0.25, MinRequests: 10, Window: 5 * time.Second, Cooldown: 2 * time.Second}},
 		Headers:   HeadersConfig{Legacy: true},
@@ -304,6 +306,10 @@ func TestParseProblems(t *testing.T) {
 			[]string{`2:40: password and password_env are exclusive; use one`}},
 		{"db on a cluster", "store:\n  redis: {addrs: [\"a:1\", \"b:1\"], db: 3}\n",
 			[]string{`2:38: db 3 cannot be used with Redis Cluster (several addrs without master_name), which has only db 0`}},
+		{"max_batch too large", "store:\n  redis: {addrs: [\"a:1\"], max_batch: 5000}\n",
+			[]string{`2:38: max_batch must be 1 to 1000, got 5000`}},
+		{"max_in_flight zero", "store:\n  redis: {addrs: [\"a:1\"], max_in_flight: 0}\n",
+			[]string{`2:42: max_in_flight must be at least 1, got 0`}},
 		{"bad bool", "shadow: yes\n",
 			[]string{`1:9: shadow must be true or false, got "yes"`}},
 		{"bad int", rule("    limit: 5/m\n    burst: ten\n"),

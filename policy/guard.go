@@ -120,7 +120,7 @@ type Guard struct {
 	multi      weir.MultiStore // nil unless store is one
 	local      *memstore.Store
 	timeout    time.Duration
-	noDeadline bool // the store ignores contexts (memstore): skip the timer
+	noDeadline bool // the store ignores contexts (memstore) or has its own deadline: skip the timer
 	cfg        BreakerConfig
 	log        *slog.Logger
 	logEvery   time.Duration
@@ -182,7 +182,18 @@ func NewGuard(store weir.Store, cfg GuardConfig) *Guard {
 	g.local = memstore.New(memstore.WithMaxKeys(maxKeys), memstore.WithShards(16), memstore.WithClock(g.now))
 	g.multi, _ = store.(weir.MultiStore)
 	_, g.noDeadline = store.(*memstore.Store)
+	if ts, ok := store.(timeoutStore); ok && ts.Timeout() > 0 && ts.Timeout() <= g.timeout {
+		// The store ends every call by its own timeout: a timer per call
+		// here would only cost (about 2 µs and 500 bytes a call).
+		g.noDeadline = true
+	}
 	return g
+}
+
+// timeoutStore is a store that ends every call by a deadline of its own,
+// or the caller's if sooner (redisstore.Store).
+type timeoutStore interface {
+	Timeout() time.Duration
 }
 
 // Store returns the wrapped store.

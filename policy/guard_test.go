@@ -340,3 +340,31 @@ func TestCallerDeadlineIsNotAStoreFailure(t *testing.T) {
 		t.Fatalf("store timeout: err %v, %d failures, breaker %v; want 1 failure and open", err, g2.Failures(), g2.State())
 	}
 }
+
+// timedStore is a fakeStore that ends its calls by a timeout of its own,
+// as redisstore.Store does.
+type timedStore struct {
+	*fakeStore
+	timeout time.Duration
+}
+
+func (s timedStore) Timeout() time.Duration { return s.timeout }
+
+// TestGuardTrustsStoreTimeout: a store that ends every call by its own
+// timeout, no longer than the guard's, gets no timer from the guard (a
+// timer costs every call); one with a longer timeout still does.
+func TestGuardTrustsStoreTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		store time.Duration
+		want  bool
+	}{{50 * time.Millisecond, false}, {10 * time.Millisecond, false}, {time.Second, true}} {
+		st := timedStore{newFakeStore(nil), tc.store}
+		g := NewGuard(st, GuardConfig{Timeout: 50 * time.Millisecond})
+		if _, err := g.Take(context.Background(), "k", weir.Limit{Rate: 1, Period: time.Minute}, 1); err != nil {
+			t.Fatal(err)
+		}
+		if got := st.sawDeadline.Load(); got != tc.want {
+			t.Errorf("store timeout %v under a 50ms guard: the store saw a deadline %v, want %v", tc.store, got, tc.want)
+		}
+	}
+}

@@ -506,6 +506,8 @@ func (w *walker) store(path string, n *yaml.Node, s *StoreConfig) {
 				{"password_env", func(p string, v *yaml.Node) { r.PasswordEnv = w.str(p, v) }},
 				{"tls", func(p string, v *yaml.Node) { r.TLS = w.boolean(p, v) }},
 				{"db", func(p string, v *yaml.Node) { r.DB = int(w.integer(p, v, 0)) }},
+				{"max_in_flight", func(p string, v *yaml.Node) { r.MaxInFlight = int(w.integer(p, v, 1)) }},
+				{"max_batch", func(p string, v *yaml.Node) { r.MaxBatch = int(w.integer(p, v, 1)) }},
 			}, nil)
 		}},
 		{"timeout", func(p string, v *yaml.Node) { s.Timeout = w.duration(p, v) }},

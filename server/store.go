@@ -87,12 +87,17 @@ func redactURL(msg, rawURL string) string {
 func redisConfig(sc policy.StoreConfig) redisstore.Config {
 	r := sc.Redis
 	rc := redisstore.Config{
-		Addrs:      r.Addrs,
-		MasterName: r.MasterName,
-		Username:   r.Username,
-		Password:   r.PasswordValue(),
-		DB:         r.DB,
-		Timeout:    sc.Timeout,
+		Addrs:       r.Addrs,
+		MasterName:  r.MasterName,
+		Username:    r.Username,
+		Password:    r.PasswordValue(),
+		DB:          r.DB,
+		Timeout:     sc.Timeout,
+		MaxInFlight: r.MaxInFlight,
+		MaxBatch:    r.MaxBatch,
+	}
+	if rc.Timeout <= 0 {
+		rc.Timeout = policy.DefaultTimeout // the guard's, so that the store keeps it
 	}
 	if r.TLS {
 		rc.TLS = &tls.Config{MinVersion: tls.VersionTLS12}

@@ -473,6 +473,11 @@ func (t *tester) penaltyBox() {
 	if p := t.take("k", l, 0); p.Allowed || !p.BlockedUntil.Equal(wantUntil) {
 		t.Fatalf("peek inside the penalty box: %+v", p)
 	}
+	// The box binds only limits with one: under a limit without Block (as
+	// after a reload that removed it) the recovered key is free.
+	if p := t.take("k", t.base(), 0); !p.Allowed || !p.BlockedUntil.IsZero() {
+		t.Fatalf("peek under a limit without a box, inside another limit's box: got %+v, want admitted, no box", p)
+	}
 	t.advance(5*time.Minute - time.Microsecond)
 	if r := t.take("k", l, 1); r.Allowed || r.RetryAfter != time.Microsecond {
 		t.Fatalf("1µs before the box opens: %+v", r)

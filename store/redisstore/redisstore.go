@@ -15,8 +15,8 @@
 // clock to decide anything.
 //
 // The Lua lives in scripts/: a shared prelude, one file per algorithm, and
-// three drivers (take, the multi-key take and refund of TakeAll, and lease
-// release). On Redis 7 and Valkey they form one Redis Functions library,
+// four drivers (take, the batch of independent takes that coalescing sends,
+// the multi-key take and refund of TakeAll, and lease release). On Redis 7 and Valkey they form one Redis Functions library,
 // "weir_<hash of the code>", which New loads on every primary with
 // FUNCTION LOAD and every decision calls with FCALL. Loading builds the
 // prelude's functions once, which makes a decision about 15% cheaper for
@@ -42,7 +42,44 @@
 // While a penalty box holds a key, a decision only reads the box and the
 // state (to report the later of the box's end and the algorithm's own
 // RetryAfter, exactly as package algorithm does); it writes nothing, beyond
-// dropping expired sliding-log entries and leases.
+// dropping expired sliding-log entries and leases. A limit without Block
+// ignores any box on its key, as package algorithm does, and never reads it.
+//
+// # Coalescing
+//
+// On a standalone or Sentinel deployment the store keeps at most
+// Config.MaxInFlight decision calls (2 by default) out to Redis at a time.
+// A Take (or a TakeAll of one request) that finds one free sends its
+// decision at once, alone. One that finds them all busy joins a queue, and
+// when a call returns, everything queued then, up to Config.MaxBatch (64),
+// leaves together in one call of the batch function. Under light load
+// nothing waits and every decision goes alone; under load batches form by
+// themselves, and Redis does much less work per decision: one command to
+// read and answer, one clock reading and one copy of each limit's
+// constants per batch, instead of one per decision (docs/benchmarks.md
+// has the figures). The calls out never exceed MaxInFlight per Store, so a
+// fleet of weir instances cannot flood Redis with calls either.
+//
+// A batch is an atomic sequence of ordinary decisions: each is exactly the
+// decision it would get alone, made in queue order, and decisions on one key
+// see each other as consecutive calls do. Batching never changes a count.
+// One decision's failure (a key of the wrong type, say) fails that decision
+// only. A refusal that runs nothing (TRYAGAIN, LOADING, a missing library)
+// is retried for the whole batch, as for a single call.
+//
+// Deadlines need no timer per call. A queued decision carries its own
+// deadline (the store's timeout from when it was made, or the caller's
+// deadline if sooner). The calls ahead of it were all sent before it came,
+// so they end before it must; a batch is sent with the earliest deadline of
+// its members; and a decision whose deadline passed while it waited is
+// failed without being sent. A caller whose context ends while it waits
+// leaves the queue, and its decision is never sent. One whose context ends
+// after its batch was sent gets the context's error, and as with any
+// timeout its decision may or may not have been made.
+//
+// A Redis Cluster gets no coalescing: one call cannot span two slots, and
+// keys are spread over all of them, so every decision is a call of its
+// own, as with MaxBatch 1.
 //
 // # Keys
 //
@@ -92,7 +129,8 @@
 //
 // # Failures
 //
-// Every call runs under Config.Timeout (or the caller's earlier deadline).
+// Every call runs under Config.Timeout (or the caller's earlier deadline);
+// Timeout reports it, so that a caller (policy.Guard) need not add its own.
 // When Redis is unreachable the store returns an error wrapping
 // weir.ErrStore once the deadline passes and reconnects by itself when Redis
 // returns; there is nothing to restart.
@@ -153,6 +191,19 @@ type Config struct {
 	// brace, which would break the hash tags.
 	Prefix string
 
+	// MaxInFlight is the most decision calls the store keeps out to a
+	// standalone or Sentinel Redis at once (DefaultMaxInFlight if zero).
+	// Decisions that come while all are out wait, and leave together in
+	// one call when one returns, up to MaxBatch of them: under load Redis
+	// then does much less work per decision, while under light load
+	// nothing waits. See "Coalescing" in the package documentation.
+	MaxInFlight int
+	// MaxBatch is the most decisions one call carries (DefaultMaxBatch if
+	// zero; at most 1000). 1 turns coalescing off: every decision is a
+	// call of its own, sent at once however many are out, as on a Redis
+	// Cluster.
+	MaxBatch int
+
 	// Clock, for tests only, replaces Redis TIME as the scripts' clock: the
 	// store passes Clock's time to every script, so that a test can step
 	// time exactly (storetest does). Keys still expire by Redis's real
@@ -188,6 +239,10 @@ type Store struct {
 	libGen    atomic.Uint64
 	libLoads  atomic.Int64 // successful library loads (tests report it)
 
+	// coalesce queues single decisions behind the calls in flight; nil
+	// on a cluster or with a MaxBatch of 1.
+	coalesce *coalescer
+
 	limitsMu sync.Mutex
 	limits   atomic.Pointer[map[weir.Limit]*compiled] // copy on write
 }
@@ -200,6 +255,11 @@ type compiled struct {
 	algo    string // the algorithm name, the state key's suffix
 	args    [nLimitArgs]string
 }
+
+// maxBatchLimit bounds Config.MaxBatch: a call's keys and arguments stay
+// far below Lua's stack limit on unpack, and one call holds Redis for a
+// few milliseconds at most.
+const maxBatchLimit = 1000
 
 // maxCachedLimits bounds the compiled-limit cache; limits beyond it are
 // compiled on every call.
@@ -221,6 +281,12 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	if cfg.Timeout < 0 {
 		return nil, fmt.Errorf("redisstore: negative timeout %v", cfg.Timeout)
+	}
+	if cfg.MaxBatch < 0 || cfg.MaxBatch > maxBatchLimit {
+		return nil, fmt.Errorf("redisstore: batch size %d out of range 1..%d", cfg.MaxBatch, maxBatchLimit)
+	}
+	if cfg.MaxInFlight < 0 {
+		return nil, fmt.Errorf("redisstore: negative calls in flight %d", cfg.MaxInFlight)
 	}
 	if cfg.DB < 0 {
 		return nil, fmt.Errorf("redisstore: negative database number %d", cfg.DB)
@@ -291,6 +357,15 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		m.c.Close()
 		return nil, fmt.Errorf("redisstore: %d addresses given (%s) but they are not a Redis Cluster", len(cfg.Addrs), strings.Join(cfg.Addrs, ","))
 	}
+	if !s.cluster && cfg.MaxBatch != 1 {
+		s.coalesce = &coalescer{s: s, inFlight: cfg.MaxInFlight, maxBatch: cfg.MaxBatch}
+		if s.coalesce.inFlight == 0 {
+			s.coalesce.inFlight = DefaultMaxInFlight
+		}
+		if s.coalesce.maxBatch == 0 {
+			s.coalesce.maxBatch = DefaultMaxBatch
+		}
+	}
 	// Load the library now, so the first decisions need not. If this fails
 	// for a passing reason, the first FCALL that finds no library loads it.
 	s.functions.Store(!cfg.evalOnly)
@@ -299,6 +374,13 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	return s, nil
 }
+
+// Timeout returns the deadline the store gives each call (Config.Timeout,
+// or DefaultTimeout). Every call ends by it, or by the caller's deadline
+// if sooner, so a caller need not set a deadline of its own:
+// policy.Guard skips its timer for a store whose Timeout is no longer than
+// the Guard's.
+func (s *Store) Timeout() time.Duration { return s.timeout }
 
 // Scripting reports how the store runs its Lua: "functions" (the weir
 // library, called with FCALL) or "eval" (EVALSHA scripts, on a Redis
@@ -461,9 +543,17 @@ func (s *Store) take(ctx context.Context, key string, l weir.Limit, n int64, mod
 		return algorithm.Decision{}, 0, err
 	}
 	k := s.names(key, c.algo)
+	id := s.memberID(c, n, lease)
+	if s.coalesce != nil {
+		vals, err := s.takeCoalesced(ctx, c, k, n, mode, id)
+		if err != nil {
+			return algorithm.Decision{}, 0, fmt.Errorf("%w: take %d from key %s under %s %v: %w", weir.ErrStore, n, quoteKey(key), c.algo, l, err)
+		}
+		return decodeDecision(vals[:]), vals[8], nil
+	}
 	keys := [2]string{k.state, k.block}
 	var args [4 + nLimitArgs]string
-	args[0], args[1], args[2], args[3] = s.nowArg(), strconv.FormatInt(n, 10), modeArg(mode), s.memberID(c, n, lease)
+	args[0], args[1], args[2], args[3] = s.nowArg(), strconv.FormatInt(n, 10), modeArg(mode), id
 	copy(args[4:], c.args[:])
 	var buf [9]int64
 	vals, err := s.eval(ctx, &takeRoutines[c.p.Kind], keys[:], args[:], buf[:0])
@@ -506,12 +596,28 @@ func (s *Store) withDeadline(ctx context.Context) (context.Context, context.Canc
 	return context.WithTimeout(ctx, s.timeout)
 }
 
-// eval runs r, as an FCALL of the library or by EVALSHA, under the
-// store's timeout and appends its reply, an array of integers, to dst. See
-// the package documentation for what is retried; nothing that may have run
-// is. A missing library or script ran nothing either: it is loaded (once)
-// and the call sent again.
+// eval runs r as call does and appends its reply, an array of integers,
+// to dst.
 func (s *Store) eval(ctx context.Context, r *routine, keys, args []string, dst []int64) ([]int64, error) {
+	arr, err := s.call(ctx, r, keys, args)
+	if err != nil {
+		return nil, err
+	}
+	for i := range arr {
+		v, err := arr[i].AsInt64()
+		if err != nil {
+			return nil, fmt.Errorf("reply value %d: %w", i, err)
+		}
+		dst = append(dst, v)
+	}
+	return dst, nil
+}
+
+// call runs r, as an FCALL of the library or by EVALSHA, under the store's
+// timeout and returns its reply, an array. See the package documentation
+// for what is retried; nothing that may have run is. A missing library or
+// script ran nothing either: it is loaded (once) and the call sent again.
+func (s *Store) call(ctx context.Context, r *routine, keys, args []string) ([]rueidis.RedisMessage, error) {
 	ctx, cancel := s.withDeadline(ctx)
 	defer cancel()
 	sendSource, reloaded := false, false
@@ -530,14 +636,7 @@ func (s *Store) eval(ctx context.Context, r *routine, keys, args []string, dst [
 		}
 		arr, err := s.client.Do(ctx, cmd).ToArray()
 		if err == nil {
-			for i := range arr {
-				v, err := arr[i].AsInt64()
-				if err != nil {
-					return nil, fmt.Errorf("reply value %d: %w", i, err)
-				}
-				dst = append(dst, v)
-			}
-			return dst, nil
+			return arr, nil
 		}
 		if re, ok := rueidis.IsRedisErr(err); ok {
 			switch {

@@ -76,6 +76,8 @@ var lib struct {
 var (
 	// takeRoutines[k] decides one request under algorithm k.
 	takeRoutines [len(kindNames)]routine
+	// batchRoutine decides the independent requests of many callers.
+	batchRoutine routine
 	// multiRoutine decides a batch all or nothing, and refunds one.
 	multiRoutine routine
 	// releaseRoutine gives a concurrency lease back.
@@ -93,12 +95,12 @@ func init() {
 		}
 		all = append(all, k.String())
 	}
-	body := source(append(all, "take", "multi", "release")...)
+	body := source(append(all, "take", "batch", "multi", "release")...)
 	sum := sha1.Sum([]byte(body))
 	lib.name = "weir_" + hex.EncodeToString(sum[:6])
 	fn := func(driver string) string { return lib.name + "_" + driver }
 	var reg strings.Builder
-	for _, d := range []string{"take", "multi", "release"} {
+	for _, d := range []string{"take", "batch", "multi", "release"} {
 		fmt.Fprintf(&reg, "redis.register_function('%s', weir_%s)\n", fn(d), d)
 	}
 	lib.src = "#!lua name=" + lib.name + "\n" + body + reg.String()
@@ -106,6 +108,7 @@ func init() {
 	for _, k := range algorithm.Kinds() {
 		takeRoutines[k] = routine{fn: fn("take"), script: newScript("weir_take", "prelude", k.String(), "take")}
 	}
+	batchRoutine = routine{fn: fn("batch"), script: newScript("weir_batch", append(all, "batch")...)}
 	multiRoutine = routine{fn: fn("multi"), script: newScript("weir_multi", append(all, "multi")...)}
 	releaseRoutine = routine{fn: fn("release"), script: newScript("weir_release", "release")}
 }

@@ -78,6 +78,9 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{Config{Addrs: []string{"h:1"}, Timeout: -time.Second}, "-1s"},
 		{Config{Addrs: []string{"h:1"}, DB: -2}, "-2"},
 		{Config{Addrs: []string{"h:1", "h:2"}, DB: 3}, "database 3"},
+		{Config{Addrs: []string{"h:1"}, MaxBatch: -1}, "batch size -1"},
+		{Config{Addrs: []string{"h:1"}, MaxBatch: 1001}, "batch size 1001"},
+		{Config{Addrs: []string{"h:1"}, MaxInFlight: -3}, "-3"},
 	} {
 		if _, err := New(context.Background(), tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("New(%+v): %v, want an error naming %s", tc.cfg, err, tc.want)

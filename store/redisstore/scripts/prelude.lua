@@ -180,14 +180,18 @@ local function remove_members(key, id, upto)
   end
 end
 
--- load reads a request's penalty box and state into a fresh s. While a box
--- that outlasts the state holds, the state is not read (take answers from
--- the box alone), unless need_state: a refund must see it.
+-- load reads a request's penalty box and state into a fresh s. A limit
+-- without a box ignores any box on the key (algorithm.take), so its box is
+-- not read. While a box that outlasts the state holds, the state is not
+-- read (take answers from the box alone), unless need_state: a refund must
+-- see it.
 local function load(alg, p, skey, bkey, id, now, need_state)
   local s = { key = skey, bkey = bkey, id = id, bu = 0, block_set = false }
-  local b = redis.call('GET', bkey)
-  if b then
-    s.bu = tonumber(b)
+  if p.block > 0 then
+    local b = redis.call('GET', bkey)
+    if b then
+      s.bu = tonumber(b)
+    end
   end
   if p.outlasts and s.bu > now and not need_state then
     return s
@@ -250,6 +254,16 @@ local function persist(alg, p, s, d)
   if s.block_set then
     redis.call('SET', s.bkey, fmt(s.bu), 'PX', ms(p.block))
   end
+end
+
+-- take_one is one whole decision, as take.lua and batch.lua make it: load
+-- the state and box, decide with commit, write what changed.
+local function take_one(p, skey, bkey, id, now, n, mode)
+  local alg = ALG[p.kind]
+  local s = load(alg, p, skey, bkey, id, now, false)
+  local d = take(alg, p, s, now, n, mode, true)
+  persist(alg, p, s, d)
+  return d
 end
 
 -- put appends d to a reply in the order decodeDecision reads it.

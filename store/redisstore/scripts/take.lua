@@ -14,11 +14,8 @@
 
 local function weir_take(KEYS, ARGV)
   local p = params(ARGV, 5)
-  local alg = ALG[p.kind]
   local now = clock(ARGV[1])
-  local s = load(alg, p, KEYS[1], KEYS[2], ARGV[4], now, false)
-  local d = take(alg, p, s, now, tonumber(ARGV[2]), tonumber(ARGV[3]), true)
-  persist(alg, p, s, d)
+  local d = take_one(p, KEYS[1], KEYS[2], ARGV[4], now, tonumber(ARGV[2]), tonumber(ARGV[3]))
   local out = {}
   put(out, d)
   out[#out + 1] = now

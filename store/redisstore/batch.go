@@ -1,0 +1,281 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/weir-dev/weir/algorithm"
+)
+
+// The coalescer; the package documentation ("Coalescing") describes it.
+
+// DefaultMaxInFlight is Config.MaxInFlight when zero.
+const DefaultMaxInFlight = 2
+
+// DefaultMaxBatch is Config.MaxBatch when zero.
+const DefaultMaxBatch = 64
+
+// call is one queued decision and, once its batch returns, its outcome.
+type call struct {
+	ctx      context.Context
+	deadline time.Time // the store's timeout from the call, or ctx's deadline if sooner
+	c        *compiled
+	keys     [2]string
+	n        int64
+	mode     algorithm.Mode
+	id       string
+
+	// state is guarded by coalescer.mu: queued, sent, or abandoned (its
+	// caller left the queue before it was sent).
+	state int8
+	vals  [9]int64 // the 8 decision values and the batch's now
+	err   error
+	done  chan struct{} // receives once the outcome is set
+}
+
+const (
+	callQueued int8 = iota
+	callSent
+	callAbandoned
+)
+
+var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
+
+// coalescer queues the decisions that find every in-flight slot busy.
+type coalescer struct {
+	s        *Store
+	inFlight int // most calls out at once
+	maxBatch int
+
+	mu    sync.Mutex
+	busy  int // calls out now; len(queue) > 0 only when busy == inFlight
+	queue []*call
+
+	batches   atomic.Int64 // calls sent (tests and benchmarks report it)
+	decisions atomic.Int64 // decisions they carried
+}
+
+// do makes c's decision, alone at once or in a batch, and sets its
+// outcome. It returns an error instead when the caller's context ended
+// first; c then must not be reused, since a batch may still hold it.
+//
+// No timer is made for a queued call: its deadline travels with it. The
+// calls ahead of it were all sent before it came and end by their own
+// deadlines, which are no later than its own; its batch is sent with the
+// earliest deadline of its members; and a call whose deadline passed while
+// it waited is failed, never sent. So every call ends by its deadline, and
+// a heavily loaded store makes one timer per batch, not one per decision.
+func (q *coalescer) do(ctx context.Context, c *call) error {
+	c.deadline = time.Now().Add(q.s.timeout)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(c.deadline) {
+		c.deadline = dl
+	}
+	q.mu.Lock()
+	if q.busy < q.inFlight {
+		q.busy++
+		q.mu.Unlock()
+		one := [1]*call{c}
+		dctx, cancel := context.WithDeadline(ctx, c.deadline)
+		q.send(dctx, one[:])
+		cancel()
+		if next, deadline := q.next(); next != nil {
+			go q.drain(next, deadline)
+		}
+		return nil
+	}
+	c.ctx = ctx
+	c.state = callQueued
+	q.queue = append(q.queue, c)
+	q.mu.Unlock()
+	select {
+	case <-c.done:
+		return nil
+	case <-ctx.Done():
+	}
+	q.mu.Lock()
+	queued := c.state == callQueued
+	if queued {
+		q.remove(c)
+		c.state = callAbandoned
+	}
+	q.mu.Unlock()
+	if queued {
+		return fmt.Errorf("not sent: %w while waiting for a free call to Redis", ctx.Err())
+	}
+	select {
+	case <-c.done: // the outcome is here after all
+		return nil
+	default:
+		return fmt.Errorf("%w after the decision was sent (it may have been made)", ctx.Err())
+	}
+}
+
+// remove takes c out of the queue; q.mu is held.
+func (q *coalescer) remove(c *call) {
+	for i, x := range q.queue {
+		if x == c {
+			copy(q.queue[i:], q.queue[i+1:])
+			q.queue[len(q.queue)-1] = nil
+			q.queue = q.queue[:len(q.queue)-1]
+			return
+		}
+	}
+}
+
+// next takes the next batch off the queue, with the earliest deadline of
+// its members, or gives up the caller's in-flight slot if the queue is
+// empty. Calls whose caller left or whose deadline passed are failed
+// without being sent.
+func (q *coalescer) next() ([]*call, time.Time) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var batch []*call
+	var deadline time.Time
+	for len(q.queue) > 0 && len(batch) == 0 {
+		n := min(len(q.queue), q.maxBatch)
+		now := time.Now()
+		for _, c := range q.queue[:n] {
+			var err error
+			if err = c.ctx.Err(); err != nil {
+				err = fmt.Errorf("not sent: %w while waiting for a free call to Redis", err)
+			} else if !now.Before(c.deadline) {
+				err = fmt.Errorf("not sent: %w: the store's timeout of %v passed while the call waited for a free call to Redis", context.DeadlineExceeded, q.s.timeout)
+			}
+			if err != nil {
+				c.state = callAbandoned
+				c.err = err
+				c.done <- struct{}{}
+				continue
+			}
+			c.state = callSent
+			c.ctx = nil
+			if batch == nil {
+				batch = make([]*call, 0, n)
+				deadline = c.deadline
+			} else if c.deadline.Before(deadline) {
+				deadline = c.deadline
+			}
+			batch = append(batch, c)
+		}
+		rest := copy(q.queue, q.queue[n:])
+		clear(q.queue[rest:])
+		q.queue = q.queue[:rest]
+	}
+	if batch == nil {
+		q.busy--
+	}
+	return batch, deadline
+}
+
+// drain sends batches until the queue is empty.
+func (q *coalescer) drain(batch []*call, deadline time.Time) {
+	for batch != nil {
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		q.send(ctx, batch)
+		cancel()
+		for _, c := range batch {
+			c.done <- struct{}{}
+		}
+		batch, deadline = q.next()
+	}
+}
+
+// send makes the decisions of batch in one call of the batch function and
+// sets each call's outcome.
+func (q *coalescer) send(ctx context.Context, batch []*call) {
+	q.batches.Add(1)
+	q.decisions.Add(int64(len(batch)))
+	s := q.s
+	// The distinct limits, each sent once.
+	var limits [8]*compiled
+	ls := limits[:0]
+	index := make([]int, len(batch))
+	for i, c := range batch {
+		j := 0
+		for j < len(ls) && ls[j] != c.c {
+			j++
+		}
+		if j == len(ls) {
+			ls = append(ls, c.c)
+		}
+		index[i] = j + 1
+	}
+	keys := make([]string, 0, 2*len(batch))
+	args := make([]string, 0, 2+nLimitArgs*len(ls)+4*len(batch))
+	args = append(args, s.nowArg(), strconv.Itoa(len(ls)))
+	for _, c := range ls {
+		args = append(args, c.args[:]...)
+	}
+	for i, c := range batch {
+		keys = append(keys, c.keys[0], c.keys[1])
+		args = append(args, smallInt(index[i]), strconv.FormatInt(c.n, 10), modeArg(c.mode), c.id)
+	}
+	arr, err := s.call(ctx, &batchRoutine, keys, args)
+	if err == nil && len(arr) != len(batch)+1 {
+		err = fmt.Errorf("unexpected reply of %d values for %d decisions", len(arr), len(batch))
+	}
+	var now int64
+	if err == nil {
+		now, err = arr[0].AsInt64()
+	}
+	for i, c := range batch {
+		if err != nil {
+			c.err = err
+			continue
+		}
+		c.err = decodeInts(&arr[i+1], c.vals[:8])
+		c.vals[8] = now
+	}
+}
+
+// smallInt formats the limit numbers of a batch without allocating.
+func smallInt(i int) string {
+	if i < len(smallInts) {
+		return smallInts[i]
+	}
+	return strconv.Itoa(i)
+}
+
+var smallInts = func() (s [65]string) {
+	for i := range s {
+		s[i] = strconv.Itoa(i)
+	}
+	return
+}()
+
+// decodeInts reads an array reply of len(dst) integers into dst.
+func decodeInts(m *rueidis.RedisMessage, dst []int64) error {
+	vals, err := m.ToArray()
+	if err != nil {
+		return err
+	}
+	if len(vals) != len(dst) {
+		return fmt.Errorf("unexpected reply of %d values", len(vals))
+	}
+	for i := range vals {
+		if dst[i], err = vals[i].AsInt64(); err != nil {
+			return fmt.Errorf("reply value %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// takeCoalesced makes one decision through the coalescer and returns its
+// eight values and the clock reading it was made at.
+func (s *Store) takeCoalesced(ctx context.Context, c *compiled, k keyNames, n int64, mode algorithm.Mode, id string) ([9]int64, error) {
+	cl := callPool.Get().(*call)
+	cl.c, cl.keys, cl.n, cl.mode, cl.id = c, [2]string{k.state, k.block}, n, mode, id
+	if err := s.coalesce.do(ctx, cl); err != nil {
+		return [9]int64{}, err // cl may still be in a batch: not reused
+	}
+	vals, err := cl.vals, cl.err
+	*cl = call{done: cl.done}
+	callPool.Put(cl)
+	return vals, err
+}

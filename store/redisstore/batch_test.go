@@ -1,0 +1,225 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/internal/redistest"
+	"github.com/weir-dev/weir/storetest"
+)
+
+// busy reports the calls the coalescer has out.
+func (q *coalescer) inFlightNow() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.busy
+}
+
+// TestCoalesce: with one call in flight at a time, the decisions of 64
+// goroutines over every algorithm, two limits each, leave in batches, and
+// every key still admits exactly its limit. The clock stands still, so each
+// admitted result's Remaining must appear exactly once per key, 0 through
+// limit-1, as consecutive calls would report them.
+func TestCoalesce(t *testing.T) {
+	srv := redistest.Standalone(t)
+	clock := storetest.NewClock(storetest.Epoch)
+	s := newTestStore(t, Config{Addrs: []string{srv.Addr}, Clock: clock.Now, MaxInFlight: 1, MaxBatch: 16})
+	type target struct {
+		key string
+		l   weir.Limit
+
+		mu        sync.Mutex
+		remaining []int64
+	}
+	var targets []*target
+	for _, a := range weir.Algorithms() {
+		for k, l := range []weir.Limit{{Rate: 40, Period: time.Hour}, {Rate: 25, Period: 10 * time.Minute}} {
+			l.Algorithm = a
+			targets = append(targets, &target{key: fmt.Sprintf("%s/%d", a, k), l: l})
+		}
+	}
+	const perKey = 60
+	total := int64(len(targets) * perKey)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for range 64 {
+		wg.Go(func() {
+			for i := next.Add(1) - 1; i < total; i = next.Add(1) - 1 {
+				tg := targets[i%int64(len(targets))]
+				r, err := s.Take(context.Background(), tg.key, tg.l, 1)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if r.Allowed {
+					tg.mu.Lock()
+					tg.remaining = append(tg.remaining, r.Remaining)
+					tg.mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	for _, tg := range targets {
+		slices.Sort(tg.remaining)
+		want := make([]int64, tg.l.Rate)
+		for i := range want {
+			want[i] = int64(i)
+		}
+		if !slices.Equal(tg.remaining, want) {
+			t.Errorf("%s under %v: admitted with Remaining %v; want each of 0..%d once", tg.key, tg.l, tg.remaining, tg.l.Rate-1)
+		}
+	}
+	batches, decisions := s.coalesce.batches.Load(), s.coalesce.decisions.Load()
+	if decisions != total || batches >= decisions {
+		t.Fatalf("%d decisions in %d calls to Redis; want all %d, coalesced into fewer calls", decisions, batches, total)
+	}
+	t.Logf("%d decisions in %d calls", decisions, batches)
+}
+
+// TestCoalesceFailureIsolated: a decision that fails inside a batch (its
+// state key holds a list) fails alone, with Redis's error; the decisions
+// batched with it stand, and their keys admit exactly their limit.
+func TestCoalesceFailureIsolated(t *testing.T) {
+	srv := redistest.Standalone(t)
+	s := newTestStore(t, Config{Addrs: []string{srv.Addr}, MaxInFlight: 1})
+	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 30, Period: time.Hour}
+	if _, err := srv.Do("RPUSH", s.names("bad", "fixed_window").state, "x"); err != nil {
+		t.Fatal(err)
+	}
+	var badErrs, badOK atomic.Int64
+	var admitted [3]atomic.Int64
+	var next atomic.Int64
+	var firstErr atomic.Value
+	var wg sync.WaitGroup
+	const total = 400
+	for range 48 {
+		wg.Go(func() {
+			for i := next.Add(1); i <= total; i = next.Add(1) {
+				if i%4 == 0 {
+					_, err := s.Take(context.Background(), "bad", l, 1)
+					if err != nil && errors.Is(err, weir.ErrStore) && strings.Contains(err.Error(), "WRONGTYPE") {
+						badErrs.Add(1)
+					} else {
+						badOK.Add(1)
+					}
+					continue
+				}
+				k := i % 3
+				r, err := s.Take(context.Background(), fmt.Sprint("good", k), l, 1)
+				if err != nil {
+					firstErr.CompareAndSwap(nil, err.Error())
+					return
+				}
+				if r.Allowed {
+					admitted[k].Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if e := firstErr.Load(); e != nil {
+		t.Fatalf("a good key failed beside the bad one: %v", e)
+	}
+	if badErrs.Load() != total/4 || badOK.Load() != 0 {
+		t.Fatalf("bad key: %d WRONGTYPE errors wrapping ErrStore and %d other outcomes; want %d and 0", badErrs.Load(), badOK.Load(), total/4)
+	}
+	for k := range admitted {
+		if got := admitted[k].Load(); got != l.Rate {
+			t.Errorf("good%d: %d admitted, want %d", k, got, l.Rate)
+		}
+	}
+	if b, d := s.coalesce.batches.Load(), s.coalesce.decisions.Load(); b >= d {
+		t.Fatalf("%d decisions in %d calls: nothing was batched", d, b)
+	}
+}
+
+// TestCoalesceDeadlines: while Redis holds the call in flight (CLIENT
+// PAUSE), callers queued behind it leave when their context ends, and a
+// decision that left the queue is never sent: after the pause only the call
+// that was out has counted. Callers without a deadline of their own end by
+// the store's timeout.
+func TestCoalesceDeadlines(t *testing.T) {
+	srv := redistest.Standalone(t)
+	const timeout = time.Second
+	s := newTestStore(t, Config{Addrs: []string{srv.Addr}, Timeout: timeout, MaxInFlight: 1})
+	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 1000, Period: time.Hour}
+	ctx := context.Background()
+	if r, err := s.Take(ctx, "k", l, 1); err != nil || !r.Allowed {
+		t.Fatalf("first take: %+v %v", r, err)
+	}
+	pause := 1500 * time.Millisecond
+	if _, err := srv.Do("CLIENT", "PAUSE", fmt.Sprint(pause.Milliseconds()), "ALL"); err != nil {
+		t.Fatal(err)
+	}
+	paused := time.Now()
+
+	outErr := make(chan error, 1)
+	go func() {
+		_, err := s.Take(ctx, "k", l, 1)
+		outErr <- err
+	}()
+	for s.coalesce.inFlightNow() != 1 {
+		time.Sleep(time.Millisecond)
+	}
+	// Callers with a short deadline of their own, and callers with none.
+	var wg sync.WaitGroup
+	var notSent, sentAnyway, wrong atomic.Int64
+	var firstWrong atomic.Value
+	for i := range 30 {
+		wg.Go(func() {
+			cctx := ctx
+			if i < 20 {
+				var cancel context.CancelFunc
+				cctx, cancel = context.WithTimeout(ctx, 50*time.Millisecond)
+				defer cancel()
+			}
+			_, err := s.Take(cctx, "k", l, 1)
+			switch {
+			case err == nil || !errors.Is(err, weir.ErrStore) || !errors.Is(err, context.DeadlineExceeded):
+				wrong.Add(1)
+				firstWrong.CompareAndSwap(nil, fmt.Sprint(err))
+			case strings.Contains(err.Error(), "not sent"):
+				notSent.Add(1)
+			case i < 20:
+				wrong.Add(1) // a 50ms caller cannot have been sent behind a 1s call
+				firstWrong.CompareAndSwap(nil, fmt.Sprint(err))
+			default:
+				sentAnyway.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if err := <-outErr; err == nil || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("the call in flight during the pause: %v, want a timeout", err)
+	}
+	if wrong.Load() != 0 {
+		t.Fatalf("%d callers got an unexpected outcome, first: %v", wrong.Load(), firstWrong.Load())
+	}
+	if notSent.Load() < 20 {
+		t.Fatalf("%d callers reported their decision not sent, want at least the 20 with a 50ms deadline", notSent.Load())
+	}
+	time.Sleep(time.Until(paused.Add(pause + 200*time.Millisecond)))
+	r, err := s.Take(ctx, "k", l, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Counted: the first take, the call in flight, and at most those
+	// queued callers whose error says their decision may have been made.
+	if used := l.Rate - r.Remaining; used < 1 || used > 2+sentAnyway.Load() {
+		t.Fatalf("%d counted after the pause; want at most %d: decisions that were never sent must not count", used, 2+sentAnyway.Load())
+	}
+}
