@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/weir-dev/weir/policy"
 	"github.com/weir-dev/weir/server/envoyrls"
 )
 
@@ -288,5 +289,21 @@ func TestRedisURLErrorsHidePasswords(t *testing.T) {
 	}
 	if got := redactURL(`bad "redis://u:p%40ss@h:1"`, "redis://u:p%40ss@h:1"); strings.Contains(got, "p%40ss") {
 		t.Fatal(got)
+	}
+}
+
+// TestRedisURLKeepsTuning: --redis says where Redis is; the config's
+// coalescing settings survive it.
+func TestRedisURLKeepsTuning(t *testing.T) {
+	cfg := mustParse(t, "store:\n  redis: {addrs: [\"a:1\"], max_in_flight: 3, max_batch: 9}\n")
+	if err := applyRedisURL(cfg, "redis://u:pw@h:7/2"); err != nil {
+		t.Fatal(err)
+	}
+	r := cfg.Store.Redis
+	if len(r.Addrs) != 1 || r.Addrs[0] != "h:7" || r.DB != 2 || r.Username != "u" || r.MaxInFlight != 3 || r.MaxBatch != 9 {
+		t.Fatalf("after --redis: %v", r)
+	}
+	if rc := redisConfig(cfg.Store); rc.MaxInFlight != 3 || rc.MaxBatch != 9 || rc.Timeout != policy.DefaultTimeout {
+		t.Fatalf("store config: in flight %d, batch %d, timeout %v", rc.MaxInFlight, rc.MaxBatch, rc.Timeout)
 	}
 }

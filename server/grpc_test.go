@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -14,8 +15,12 @@ import (
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	"github.com/weir-dev/weir"
 )
 
 func TestDefaults(t *testing.T) {
@@ -181,5 +186,51 @@ func TestGRPCNoBDPPings(t *testing.T) {
 	}
 	if n := pings.Load(); n != 0 {
 		t.Fatalf("the server sent %d PINGs over 50 calls, want none", n)
+	}
+}
+
+// hangStore answers nothing until the caller's context ends.
+type hangStore struct{}
+
+func (hangStore) Take(ctx context.Context, _ string, _ weir.Limit, _ int64) (weir.Result, error) {
+	<-ctx.Done()
+	return weir.Result{}, fmt.Errorf("%w: %w", weir.ErrStore, ctx.Err())
+}
+func (hangStore) Reset(ctx context.Context, _ string, _ weir.Limit) error { return nil }
+
+// TestCallerGiveUpIsNoStoreError: a caller that gives up before the store
+// answers (Envoy's rate-limit timeout is 20ms) is not counted as a store
+// error, while a store that fails is.
+func TestCallerGiveUpIsNoStoreError(t *testing.T) {
+	const rl = "domain: rl\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n"
+	req := &rlspb.RateLimitRequest{Domain: "rl", Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "user", Value: "alice"}}}}}
+	for _, tc := range []struct {
+		name  string
+		store weir.Store
+		want  uint64
+	}{{"caller gives up", hangStore{}, 0}, {"store fails", wrappedErrStore{}, 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, _, addr := serveEnvoy(t, rl, WithStore(tc.store))
+			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			cctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+			defer cancel()
+			_, err = rlspb.NewRateLimitServiceClient(conn).ShouldRateLimit(cctx, req)
+			if tc.want == 0 && status.Code(err) != codes.DeadlineExceeded {
+				t.Fatalf("a store that hangs: %v, want the client's deadline", err)
+			}
+			// The handler may still be finishing after the client gave up.
+			deadline := time.Now().Add(5 * time.Second)
+			for s.metrics.errorsTotal.Load() < tc.want && time.Now().Before(deadline) {
+				time.Sleep(5 * time.Millisecond)
+			}
+			time.Sleep(100 * time.Millisecond) // past the guard's own 50ms timeout
+			if got := s.metrics.errorsTotal.Load(); got != tc.want {
+				t.Fatalf("%d store errors counted, want %d", got, tc.want)
+			}
+		})
 	}
 }

@@ -27,7 +27,7 @@ type fallbackSeen struct {
 // observe is the policy observer: every rule decision of /v1/auth and
 // /v1/check passes here, to the metrics, the per-second counters, the
 // hot-key sketches and the penalty-box index.
-func (s *Server) observe(_ context.Context, rr policy.RuleResult, lat time.Duration) {
+func (s *Server) observe(ctx context.Context, rr policy.RuleResult, lat time.Duration) {
 	if rr.Skipped {
 		return
 	}
@@ -39,7 +39,9 @@ func (s *Server) observe(_ context.Context, rr policy.RuleResult, lat time.Durat
 	if rr.Denied {
 		lat = -1 // no store call was made
 	}
-	s.count(rr.Rule, result, outcome, now, lat, rr.Err != nil)
+	// A caller that gave up (a client's deadline or cancel) says nothing
+	// of the store: it is not a store error, as the guard's breaker agrees.
+	s.count(rr.Rule, result, outcome, now, lat, rr.Err != nil && ctx.Err() == nil)
 	if rr.Fallback != "" {
 		ms := now.UnixMilli()
 		if f := s.lastFallbk.Load(); f == nil || f.mode != rr.Fallback || ms-f.atMS > 500 {
@@ -116,7 +118,7 @@ func (s *Server) envoyDecider(ctx context.Context, reqs []weir.Request, res []we
 	}
 	for i := range reqs {
 		err := errs[i]
-		s.metrics.store(lats[i], err != nil)
+		s.metrics.store(lats[i], err != nil && ctx.Err() == nil) // a caller that gave up is no store error
 		s.stats.observeStore(s.now(), lats[i])
 		if err == nil {
 			continue

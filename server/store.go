@@ -59,6 +59,9 @@ func applyRedisURL(cfg *policy.Config, url string) error {
 		Password:   rc.Password,
 		TLS:        rc.TLS != nil,
 		DB:         rc.DB,
+		// The URL says where Redis is; the config's tuning stays.
+		MaxInFlight: cfg.Store.Redis.MaxInFlight,
+		MaxBatch:    cfg.Store.Redis.MaxBatch,
 	}
 	return nil
 }

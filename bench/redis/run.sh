@@ -9,8 +9,11 @@
 #     benchmark's key space and limit), and the same with -P 16, what Redis
 #     does when the client pipelines; and for comparison the EVALSHA script
 #     with -P 16, the form the store falls back to without Functions;
+#   - decisions/s of the library's batch function, 16 decisions a call on
+#     random keys, -P 1: the ceiling once the store coalesces;
 #   - decisions/s through redisstore (BenchmarkTake) at 1, 16, 64 and 256
-#     goroutines, against the same server in the same run;
+#     goroutines, against the same server in the same run, and the mean
+#     batch it coalesced them into at 64 and 256;
 #   - MEMORY USAGE of one key's state after 1 and after 100 decisions
 #     (limit 100/minute).
 # Prints a markdown table. Never touches a Redis it did not start.
@@ -63,8 +66,8 @@ loaded=$(cli -x FUNCTION LOAD <"$tmp/library.lua")
 algos="fixed_window sliding_log sliding_window token_bucket leaky_bucket gcra concurrency"
 echo "Machine: $(nproc) cores, $(redis-server --version | cut -d' ' -f3), $(go version | cut -d' ' -f3), redis-benchmark -n $N -c 64 -P 1, go bench -benchtime $BENCHTIME"
 echo
-echo "| algorithm | FCALL -P 1 (ceiling) | FCALL -P 16 | EVALSHA -P 16 | g=1 | g=16 | g=64 | g=256 | g=64 / ceiling | g=256 / ceiling | bytes/key, 1 event | bytes/key, 100 events |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "| algorithm | FCALL -P 1 (ceiling) | FCALL -P 16 | EVALSHA -P 16 | batches of 16, -P 1 | g=1 | g=16 | g=64 | g=256 | batch at g=64, g=256 | g=64 / ceiling | g=256 / ceiling | bytes/key, 1 event | bytes/key, 100 events |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for algo in $algos; do
 	sha=$(cat "$tmp/$algo.sha")
 	loaded=$(cli -x SCRIPT LOAD <"$tmp/$algo.lua")
@@ -86,16 +89,36 @@ for algo in $algos; do
 	pipelined=$(rb 16 FCALL "$fn" 2)
 	evalsha=$(rb 16 EVALSHA "$sha" 2)
 
+	# The batch function, 16 decisions a call on 16 random keys, as the
+	# store sends them when it coalesces: decisions/s.
+	bkeys=()
+	bper=()
+	for i in $(seq 1 16); do
+		bkeys+=("weir:{b${i}x__rand_int__}:$algo" "weir:{b${i}x__rand_int__}:block")
+		bper+=(1 1 0 "m${i}x__rand_int__")
+	done
+	cli FLUSHALL >/dev/null
+	v=$(redis-benchmark -p "$port" -n $((N / 16)) -c 64 -P 1 -r 100000 --csv FCALL "${fn%_take}_batch" 32 "${bkeys[@]}" \
+		"" 1 "${args[@]}" "${bper[@]}" | tail -1 | awk -F'"' '{print $4}')
+	batched=$(awk -v v="$v" 'BEGIN { printf "%d", v * 16 }')
+
 	# redisstore at 1, 16, 64 and 256 goroutines on the same server.
 	cli FLUSHALL >/dev/null
-	declare -A rate=()
-	while read -r name _ _ _ value unit; do
-		[ "$unit" = "decisions/s" ] || continue
+	declare -A rate=() per=()
+	while read -r name value batch; do
 		g=${name##*g=}
 		g=${g%%-*}
 		rate[$g]=$value
+		per[$g]=$batch
 	done < <(WEIR_BENCH_REDIS=127.0.0.1:$port go test -count=1 -run '^$' -bench "^BenchmarkTake/$algo/" \
-		-benchtime "$BENCHTIME" ./store/redisstore/ | grep decisions/s)
+		-benchtime "$BENCHTIME" ./store/redisstore/ | awk '/decisions\/s/ {
+			v = ""; b = "1"
+			for (i = 2; i <= NF; i++) {
+				if ($i == "decisions/s") v = $(i - 1)
+				if ($i == "decisions/call") b = $(i - 1)
+			}
+			print $1, v, b
+		}')
 
 	# Memory per key: one decision, then 100 (unique member ids for the ZSETs).
 	cli FLUSHALL >/dev/null
@@ -108,8 +131,8 @@ for algo in $algos; do
 	mem100=$(cli MEMORY USAGE "$key")
 
 	ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'; }
-	printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$algo" "$ceiling" "$pipelined" "$evalsha" \
-		"${rate[1]%.*}" "${rate[16]%.*}" "${rate[64]%.*}" "${rate[256]%.*}" \
+	printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s, %s | %s | %s | %s | %s |\n' "$algo" "$ceiling" "$pipelined" "$evalsha" "$batched" \
+		"${rate[1]%.*}" "${rate[16]%.*}" "${rate[64]%.*}" "${rate[256]%.*}" "${per[64]}" "${per[256]}" \
 		"$(ratio "${rate[64]}" "$ceiling")" "$(ratio "${rate[256]}" "$ceiling")" "$mem1" "$mem100"
-	unset rate
+	unset rate per
 done

@@ -223,3 +223,43 @@ func TestCoalesceDeadlines(t *testing.T) {
 		t.Fatalf("%d counted after the pause; want at most %d: decisions that were never sent must not count", used, 2+sentAnyway.Load())
 	}
 }
+
+// TestBatchOnReplica: a batch script that runs on a replica (EVAL form; a
+// demoted primary that the store still talks to) answers READONLY for the
+// whole batch, which changed nothing, so the store retries it until the
+// deadline instead of failing each decision on the first try.
+func TestBatchOnReplica(t *testing.T) {
+	primary := redistest.Standalone(t)
+	replica := redistest.Standalone(t)
+	host, port, _ := strings.Cut(primary.Addr, ":")
+	if _, err := replica.Do("REPLICAOF", host, port); err != nil {
+		t.Fatal(err)
+	}
+	s := newTestStore(t, Config{Addrs: []string{replica.Addr}, evalOnly: true, MaxInFlight: 1, Timeout: 300 * time.Millisecond})
+	l := weir.Limit{Algorithm: weir.TokenBucket, Rate: 10, Period: time.Minute}
+	var wg sync.WaitGroup
+	errs := make([]error, 8)
+	for i := range errs {
+		wg.Go(func() { _, errs[i] = s.Take(context.Background(), fmt.Sprint("k", i), l, 1) })
+	}
+	wg.Wait()
+	readonly := 0
+	for i, err := range errs {
+		// Sent: retried on READONLY until the deadline. Still queued when
+		// that came: not sent.
+		if err == nil || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("take %d on a replica: %v; want the deadline", i, err)
+		}
+		if strings.Contains(err.Error(), "READONLY") {
+			readonly++
+		} else if !strings.Contains(err.Error(), "not sent") {
+			t.Fatalf("take %d on a replica: %v; want READONLY replies or not sent", i, err)
+		}
+	}
+	if readonly == 0 || s.notRunRetries.Load() == 0 {
+		t.Fatalf("%d errors after READONLY, %d retries: READONLY batches were not retried", readonly, s.notRunRetries.Load())
+	}
+	if keys, _ := keyspace(t, replica); keys != 0 {
+		t.Fatalf("%d keys on the replica", keys)
+	}
+}

@@ -65,7 +65,9 @@
 // see each other as consecutive calls do. Batching never changes a count.
 // One decision's failure (a key of the wrong type, say) fails that decision
 // only. A refusal that runs nothing (TRYAGAIN, LOADING, a missing library)
-// is retried for the whole batch, as for a single call.
+// is retried for the whole batch, as for a single call; so is READONLY,
+// which a batch script running on a replica answers for the whole batch
+// (no decision there could write).
 //
 // Deadlines need no timer per call. A queued decision carries its own
 // deadline (the store's timeout from when it was made, or the caller's

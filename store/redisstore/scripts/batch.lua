@@ -14,7 +14,8 @@
 -- Reply: {now_us, then per decision its 8 values as put() writes them, in
 -- an array of their own, or an error reply if that decision failed}. A
 -- failure (a key of the wrong type, say) touches only its own decision:
--- the others stand, and the reply says which failed.
+-- the others stand, and the reply says which failed. On a replica the
+-- reply is READONLY for the whole batch.
 
 local function weir_batch(KEYS, ARGV)
   local now = clock(ARGV[1])
@@ -33,10 +34,24 @@ local function weir_batch(KEYS, ARGV)
     if ok then
       r = {}
       put(r, d)
-    elseif type(d) == 'table' and d.err then
-      r = d -- a Redis error reply, as redis.call raised it
     else
-      r = { err = 'ERR weir batch decision ' .. i .. ': ' .. tostring(d) }
+      -- redis.call raises a table {err = ...} in a function and may raise
+      -- the bare message in an EVAL script; a bug in the Lua, a string.
+      local msg = d
+      if type(d) == 'table' then
+        msg = d.err
+      end
+      msg = tostring(msg)
+      if string.sub(msg, 1, 8) == 'READONLY' then
+        -- A replica (an EVAL script on a demoted primary; an FCALL is
+        -- refused before it runs). No decision could write, so nothing
+        -- changed: answer for the whole batch, which the store retries.
+        return { err = msg }
+      end
+      if not string.find(msg, '^%u+ ') then
+        msg = 'ERR weir batch decision ' .. i .. ': ' .. msg
+      end
+      r = { err = msg } -- Redis's own error code first, as redis.call gave it
     end
     out[i + 1] = r
   end
