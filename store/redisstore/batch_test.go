@@ -16,7 +16,7 @@ import (
 	"github.com/weir-dev/weir/storetest"
 )
 
-// busy reports the calls the coalescer has out.
+// inFlightNow reports the calls the coalescer has out.
 func (q *coalescer) inFlightNow() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
