@@ -8,7 +8,7 @@ export WEIR_DEPS_EXTRA ?= nginx caddy chromium
 # Modules of their own (peer libraries stay out of weir's go.mod).
 NESTED     := bench examples/gin examples/echo
 
-.PHONY: all build test deps vet lint unit nested tidy bench bench-redis bench-serve fuzz fmt clean
+.PHONY: all build test deps vet lint unit nested tidy bench bench-redis bench-serve bench-window fuzz same-long fmt clean
 
 all: build
 
@@ -52,16 +52,39 @@ bench:
 bench-redis:
 	./bench/redis/run.sh
 
+# sliding_window against the exact sliding_log on a seeded Poisson trace;
+# prints the table in docs/algorithms.md. Flags: cd bench && go run ./window -h.
+bench-window:
+	cd bench && $(GO) run ./window
+
 # weir serve on Redis under weir bench over gRPC (STORE=memory for no Redis).
 bench-serve:
 	./bench/serve/run.sh
 
-# Fuzzing: long runs live here, not in `make test` (which replays the seed corpus).
+# The Redis differential test, long: memstore and redisstore (standalone and
+# a cluster, whose cross-slot batches refund) through SAME_STEPS random steps
+# per algorithm, result for result; `make test` runs 1500 and 600.
+# SAME_SEED picks another workload. Never part of `make test`.
+SAME_STEPS ?= 30000
+SAME_SEED ?= 99
+same-long:
+	WEIR_SAME_STEPS=$(SAME_STEPS) WEIR_SAME_SEED=$(SAME_SEED) $(GO) test -count=1 -timeout 60m \
+	  -run 'TestSameAsMemstore|TestCluster/SameAsMemstore' ./store/redisstore/
+
+# Fuzzing: long runs live here, not in `make test` (which replays the seed
+# corpus). Every target runs for FUZZTIME in turn; docs/operations.md records
+# a run. FUZZ=FuzzCheckBody runs one (by name).
 FUZZTIME ?= 60s
+FUZZ_TARGETS := \
+	.:FuzzParseLimit .:FuzzKey ./algorithm:FuzzTake \
+	./policy:FuzzParseConfig ./policy:FuzzParseHostAddr ./policy:FuzzPathPattern \
+	./server:FuzzCheckBody ./server:FuzzAuthHeaders \
+	./server/envoyrls:FuzzShouldRateLimit ./server/envoyrls:FuzzCheckJSON ./server/envoyrls:FuzzParse
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzParseLimit -fuzztime $(FUZZTIME) .
-	$(GO) test -run '^$$' -fuzz FuzzKey -fuzztime $(FUZZTIME) .
-	$(GO) test -run '^$$' -fuzz FuzzTake -fuzztime $(FUZZTIME) ./algorithm
+	@set -e; for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; name=$${t##*:}; \
+	  if [ -n "$(FUZZ)" ] && [ "$(FUZZ)" != "$$name" ]; then continue; fi; \
+	  echo "== $$name ($$pkg, $(FUZZTIME))"; \
+	  $(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $$pkg; done
 
 clean:
 	rm -rf bin

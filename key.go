@@ -63,3 +63,42 @@ func writeEscaped(b *strings.Builder, s string) {
 		b.WriteByte(c)
 	}
 }
+
+// ShortIdentity returns an identity as Key keeps it when it is long: an
+// identity of at most MaxIdentityLen bytes is returned as it is, a longer
+// one as "~" and the base64url SHA-256 of it (44 bytes), the part Key
+// writes for it. Lists of identities (weir serve's penalty-box index and
+// hot keys) keep and show long identities in this form, and the admin API
+// accepts it in place of the identity.
+func ShortIdentity(identity string) string {
+	if len(identity) <= MaxIdentityLen {
+		return identity
+	}
+	sum := sha256.Sum256([]byte(identity))
+	return "~" + base64.RawURLEncoding.EncodeToString(sum[:])
+}
+
+// hashedLen is the length of a hashed identity: "~" and 43 base64url bytes.
+const hashedLen = 1 + 43
+
+// IsHashedIdentity reports whether s has the form ShortIdentity gives a
+// long identity. Key escapes the "~" of any identity it keeps verbatim, so
+// a key part of this form always stands for a hashed identity, and the
+// state of the long identity is KeyOfShort(rule, s).
+func IsHashedIdentity(s string) bool {
+	if len(s) != hashedLen || s[0] != '~' {
+		return false
+	}
+	b, err := base64.RawURLEncoding.DecodeString(s[1:])
+	return err == nil && len(b) == sha256.Size
+}
+
+// KeyOfShort returns the state key of rule for an identity in the form
+// ShortIdentity returns: Key(rule, identity) for a verbatim identity, and,
+// for a hashed one, the key Key gave the long identity it stands for.
+func KeyOfShort(rule, short string) string {
+	if IsHashedIdentity(short) {
+		return Key(rule) + ":" + short
+	}
+	return Key(rule, short)
+}

@@ -1,6 +1,7 @@
 package weir
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -12,41 +13,34 @@ import (
 // Algorithm names a rate-limiting algorithm. The zero value means GCRA.
 type Algorithm string
 
-// The seven algorithms. docs/algorithms.md explains when to pick which.
+// The seven algorithms. docs/algorithms.md explains when to pick which;
+// package algorithm's table says what each takes and supports.
 const (
-	FixedWindow   Algorithm = "fixed_window"   // a counter per epoch-aligned window
-	SlidingLog    Algorithm = "sliding_log"    // exact: one timestamp per admitted event
-	SlidingWindow Algorithm = "sliding_window" // two counters, the previous one weighted
-	TokenBucket   Algorithm = "token_bucket"   // continuous refill up to Burst
-	LeakyBucket   Algorithm = "leaky_bucket"   // a bucket draining at Rate; policing or shaping
-	GCRA          Algorithm = "gcra"           // the generic cell rate algorithm, one timestamp per key
-	Concurrency   Algorithm = "concurrency"    // at most Rate leases held at once, each expiring after Period
+	FixedWindow   Algorithm = algorithm.NameFixedWindow   // a counter per epoch-aligned window
+	SlidingLog    Algorithm = algorithm.NameSlidingLog    // exact: one timestamp per admitted event
+	SlidingWindow Algorithm = algorithm.NameSlidingWindow // two counters, the previous one weighted
+	TokenBucket   Algorithm = algorithm.NameTokenBucket   // continuous refill up to Burst
+	LeakyBucket   Algorithm = algorithm.NameLeakyBucket   // a bucket draining at Rate; policing or shaping
+	GCRA          Algorithm = algorithm.NameGCRA          // the generic cell rate algorithm, one timestamp per key
+	Concurrency   Algorithm = algorithm.NameConcurrency   // at most Rate leases held at once, each expiring after Period
 )
 
-// Algorithms lists every algorithm.
+// Algorithms lists every algorithm, in the order of algorithm.Kinds.
 func Algorithms() []Algorithm {
-	return []Algorithm{FixedWindow, SlidingLog, SlidingWindow, TokenBucket, LeakyBucket, GCRA, Concurrency}
+	names := algorithm.Names()
+	out := make([]Algorithm, len(names))
+	for i, n := range names {
+		out[i] = Algorithm(n)
+	}
+	return out
 }
 
 // Kind returns the algorithm package's identifier for a, treating "" as GCRA.
 func (a Algorithm) Kind() (algorithm.Kind, bool) {
-	switch a { // a switch, not a loop: this runs on every decision
-	case GCRA, "":
+	if a == "" {
 		return algorithm.GCRA, true
-	case TokenBucket:
-		return algorithm.TokenBucket, true
-	case FixedWindow:
-		return algorithm.FixedWindow, true
-	case SlidingWindow:
-		return algorithm.SlidingWindow, true
-	case SlidingLog:
-		return algorithm.SlidingLog, true
-	case LeakyBucket:
-		return algorithm.LeakyBucket, true
-	case Concurrency:
-		return algorithm.Concurrency, true
 	}
-	return 0, false
+	return algorithm.ParseKind(string(a))
 }
 
 // Limit describes how many events a key may have in a period, and how.
@@ -73,6 +67,13 @@ type Limit struct {
 	// pass at once before delays begin; 0 means 1. nginx's "delay=D" is
 	// DelayAfter D+1.
 	DelayAfter int64
+
+	// Buckets splits a SlidingWindow's period into this many sub-windows
+	// (2 to 60), counted apart: the estimate then weighs only the oldest
+	// one, so its worst excess over an exact sliding count shrinks about as
+	// 1/Buckets, at the cost of one counter per bucket. 0 keeps the plain
+	// two-counter window. The period must split into whole microseconds.
+	Buckets int64
 }
 
 // PerSecond returns a limit of rate events per second with algorithm a.
@@ -89,6 +90,13 @@ func PerMinute(a Algorithm, rate int64) Limit {
 type LimitError struct {
 	Input  string // the limit as written, or as String renders it
 	Reason string
+	// Field names the setting at fault as a configuration key ("burst",
+	// "block", "max_delay", "delay_after", "buckets", "rate", "period",
+	// "algorithm"), or is "" when the limit's syntax is.
+	Field string
+	// Err is the cause: for a limit Compile rejects, the
+	// *algorithm.FieldError, with the problem and the value.
+	Err error
 }
 
 // Error implements error.
@@ -96,22 +104,31 @@ func (e *LimitError) Error() string {
 	return fmt.Sprintf("weir: invalid limit %q: %s", e.Input, e.Reason)
 }
 
-// Unwrap lets errors.Is(err, ErrInvalidLimit) match.
-func (e *LimitError) Unwrap() error { return ErrInvalidLimit }
+// Unwrap lets errors.Is(err, ErrInvalidLimit) match, and errors.As find
+// the cause.
+func (e *LimitError) Unwrap() []error {
+	if e.Err == nil {
+		return []error{ErrInvalidLimit}
+	}
+	return []error{ErrInvalidLimit, e.Err}
+}
 
 // Compile validates l and returns the constants its algorithm runs on.
 // Stores call it; most users never need to.
 func (l Limit) Compile() (algorithm.Params, error) {
 	k, ok := l.Algorithm.Kind()
 	if !ok {
-		return algorithm.Params{}, &LimitError{l.String(), fmt.Sprintf("unknown algorithm %q (want one of fixed_window, sliding_log, sliding_window, token_bucket, leaky_bucket, gcra, concurrency)", string(l.Algorithm))}
+		return algorithm.Params{}, &LimitError{Input: l.String(), Field: "algorithm",
+			Reason: fmt.Sprintf("unknown algorithm %q (want one of %s)", string(l.Algorithm), strings.Join(algorithm.Names(), ", "))}
 	}
 	for _, d := range []struct {
-		name string
-		v    time.Duration
-	}{{"period", l.Period}, {"block", l.Block}, {"max delay", l.MaxDelay}} {
+		name  string
+		field algorithm.Field
+		v     time.Duration
+	}{{"period", algorithm.FieldPeriod, l.Period}, {"block", algorithm.FieldBlock, l.Block}, {"max delay", algorithm.FieldMaxDelay, l.MaxDelay}} {
 		if d.v%time.Microsecond != 0 {
-			return algorithm.Params{}, &LimitError{l.String(), fmt.Sprintf("%s %v is not a whole number of microseconds", d.name, d.v)}
+			return algorithm.Params{}, &LimitError{Input: l.String(), Field: d.field.String(),
+				Reason: fmt.Sprintf("%s %v is not a whole number of microseconds", d.name, d.v)}
 		}
 	}
 	p, err := algorithm.Compile(algorithm.Config{
@@ -122,9 +139,15 @@ func (l Limit) Compile() (algorithm.Params, error) {
 		Block:      l.Block.Microseconds(),
 		MaxDelay:   l.MaxDelay.Microseconds(),
 		DelayAfter: l.DelayAfter,
+		Buckets:    l.Buckets,
 	})
 	if err != nil {
-		return p, &LimitError{l.String(), err.Error()}
+		le := &LimitError{Input: l.String(), Reason: err.Error(), Err: err}
+		var fe *algorithm.FieldError
+		if errors.As(err, &fe) {
+			le.Field = fe.Field.String()
+		}
+		return p, le
 	}
 	return p, nil
 }
@@ -135,7 +158,8 @@ func (l Limit) Validate() error {
 	return err
 }
 
-// String renders l in ParseLimit's syntax, such as "100/m burst 20".
+// String renders l in ParseLimit's syntax, such as "100/m burst 20" or
+// "100/m buckets 6".
 func (l Limit) String() string {
 	var b strings.Builder
 	b.WriteString(strconv.FormatInt(l.Rate, 10))
@@ -144,6 +168,10 @@ func (l Limit) String() string {
 	if l.Burst != 0 {
 		b.WriteString(" burst ")
 		b.WriteString(strconv.FormatInt(l.Burst, 10))
+	}
+	if l.Buckets != 0 {
+		b.WriteString(" buckets ")
+		b.WriteString(strconv.FormatInt(l.Buckets, 10))
 	}
 	return b.String()
 }
@@ -164,14 +192,15 @@ func formatPeriod(d time.Duration) string {
 	return d.String()
 }
 
-// ParseLimit parses a limit written as "RATE/PERIOD [burst N]": "100/s",
-// "100/m", "5/15m", "1000/h", "20/30s", "10/d", "1000/h burst 50". A bare
+// ParseLimit parses a limit written as "RATE/PERIOD [burst N] [buckets N]":
+// "100/s", "100/m", "5/15m", "1000/h", "20/30s", "10/d", "1000/h burst 50",
+// "100/m buckets 6" (a sliding window's sub-windows). A bare
 // unit (s, m, h, d) means one of it; a period may also be any Go duration
 // ("90m", "1h30m") or a number of days ("7d"). The algorithm is left empty
 // (GCRA) for the caller to set. Bad input gets an error quoting it.
 func ParseLimit(s string) (Limit, error) {
 	fail := func(reason string, args ...any) (Limit, error) {
-		return Limit{}, &LimitError{s, fmt.Sprintf(reason, args...)}
+		return Limit{}, &LimitError{Input: s, Reason: fmt.Sprintf(reason, args...)}
 	}
 	fields := strings.Fields(s)
 	if len(fields) == 0 {
@@ -198,20 +227,24 @@ func ParseLimit(s string) (Limit, error) {
 	l := Limit{Rate: rate, Period: period}
 	rest := fields[1:]
 	for len(rest) > 0 {
-		if len(rest) < 2 || rest[0] != "burst" {
-			return fail("unexpected %q; only \"burst N\" may follow the rate", strings.Join(rest, " "))
+		if len(rest) < 2 || (rest[0] != "burst" && rest[0] != "buckets") {
+			return fail("unexpected %q; only \"burst N\" and \"buckets N\" may follow the rate", strings.Join(rest, " "))
 		}
-		if l.Burst != 0 {
-			return fail("burst given twice")
+		name, field := rest[0], &l.Burst
+		if name == "buckets" {
+			field = &l.Buckets
+		}
+		if *field != 0 {
+			return fail("%s given twice", name)
 		}
 		b, err := strconv.ParseInt(rest[1], 10, 64)
 		if err != nil || b <= 0 {
-			return fail("burst %q is not a positive whole number", rest[1])
+			return fail("%s %q is not a positive whole number", name, rest[1])
 		}
 		if b >= algorithm.MaxExact {
-			return fail("burst %d is too large", b)
+			return fail("%s %d is too large", name, b)
 		}
-		l.Burst = b
+		*field = b
 		rest = rest[2:]
 	}
 	return l, nil

@@ -27,6 +27,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+
+	"github.com/weir-dev/weir/algorithm"
 )
 
 // Store keeps limiter state and makes each decision atomically. memstore and
@@ -74,6 +76,12 @@ var (
 	ErrStore = errors.New("weir: store failed")
 	// ErrUnsupported: the Store lacks a capability the call needs.
 	ErrUnsupported = errors.New("weir: not supported by this store")
+	// ErrNotSent: the decision was never sent to the store (it waited for
+	// a free connection past its deadline, or the caller's own bound on
+	// work per call refused it). It wraps ErrStore, so on_error applies,
+	// but it says nothing about the store's health: circuit breakers and
+	// store-error metrics must not count it.
+	ErrNotSent = fmt.Errorf("%w: decision not sent", ErrStore)
 )
 
 // CheckCost returns an error wrapping ErrInvalidCost unless 0 <= n <= max.
@@ -161,8 +169,8 @@ func (lim *Limiter) AcquireN(ctx context.Context, key string, l Limit, n int64) 
 	if !ok {
 		return nil, Result{}, fmt.Errorf("%w: Acquire needs a MultiStore", ErrUnsupported)
 	}
-	if l.Algorithm != Concurrency {
-		return nil, Result{}, &LimitError{l.String(), fmt.Sprintf("Acquire needs the concurrency algorithm, not %q", string(l.Algorithm))}
+	if k, _ := l.Algorithm.Kind(); !k.Supports(algorithm.FeatureLeases) {
+		return nil, Result{}, &LimitError{Input: l.String(), Field: "algorithm", Reason: fmt.Sprintf("Acquire needs the concurrency algorithm, not %q", string(l.Algorithm))}
 	}
 	if n <= 0 {
 		return nil, Result{}, fmt.Errorf("%w: a lease needs a positive weight, got %d", ErrInvalidCost, n)

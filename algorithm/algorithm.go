@@ -1,9 +1,55 @@
 // Package algorithm holds the state transitions of weir's seven rate-limiting
 // algorithms as pure functions over integer microseconds.
 //
+// One table (table.go) says what each algorithm is: its name, the settings
+// it takes beyond rate and period, what it supports, how Compile validates
+// it, and its functions. Every other list of algorithms in weir derives
+// from it.
+//
+// # The Go and the Lua mirror each other
+//
 // Every store runs the same math: memstore calls [Take] directly, and the
-// Redis store's Lua scripts mirror it line for line. Both must agree to the
-// microsecond, so nothing here uses floating point.
+// Redis store runs Lua (store/redisstore/scripts) that mirrors this package
+// function for function, with the same step order and names, so that both
+// agree to the microsecond:
+//
+//	Go (package algorithm)                 Lua (store/redisstore/scripts)
+//	take (Take, Check)                     prelude.lua take
+//	decide (the table's decide, Allowed)   prelude.lua decide
+//	grant, ceilDiv, Decision{Limit: Cap}   prelude.lua grant, ceil_div, decision
+//	fixed_window.go fixedWindow            fixed_window.lua ALG.fixed_window.decide
+//	sliding_log.go slidingLog              sliding_log.lua ALG.sliding_log.decide
+//	sliding_window.go slidingWindow        sliding_window.lua ALG.sliding_window.decide
+//	  slidingBuckets, swCount                sw_buckets, sw_count
+//	token_bucket.go tokenBucket, tbTokens  token_bucket.lua decide, tb_tokens
+//	leaky_bucket.go leakyBucket, lbLevel   leaky_bucket.lua decide, lb_level
+//	gcra.go gcra, gcraDiff                 gcra.lua decide, gcra_diff
+//	concurrency.go concurrency             concurrency.lua ALG.concurrency.decide
+//	Refund, <algorithm>Refund              multi.lua's refund, ALG.<algorithm>.refund
+//
+// What differs, and why:
+//
+//   - State. Go holds a key's State in memory; each Lua file adds load and
+//     save, which read and write its Redis key (prelude.lua's save deletes
+//     an empty one and sets the TTL). The sliding log's expiry and the
+//     concurrency leases' expiry are the first steps of the Go functions
+//     and of the Lua loads.
+//   - The sliding log and concurrency keep their entries in a ZSET, read by
+//     rank and score (a binary search of ZRANGE calls for Log.eventTS, a
+//     scan from whichever end is shorter for a concurrency RetryAfter)
+//     instead of slices; the results are the same.
+//   - Refunds find what a take added by its call id in Lua (a log member,
+//     a lease); Go merges the calls of one microsecond into one log entry
+//     and finds an anonymous lease by its expiry (see slidingLogRefund and
+//     concurrencyRefund). memstore decides a batch under one lock and never
+//     refunds; the Redis store refunds the takes of a cross-slot batch that
+//     failed as a whole.
+//   - Arithmetic. Lua numbers are doubles: where a Go product could only
+//     overflow int64 past 2^53, the Lua orders the same sum so that it never
+//     passes 2^53 (gcra's RetryAfter), and the prelude's idiv, imod and
+//     ceil_div are Go's / and % and ceilDiv (see its proof).
+//   - life (the TTL of a state a lowered burst left over) is Go's alone:
+//     Redis keeps a key for the TTL it was written with.
 //
 // # Exact arithmetic
 //
@@ -14,17 +60,14 @@
 // Rounding it would either drift or stop limiting. Instead [Compile] reduces
 // the fraction: with g = gcd(Period, Rate), one request is worth A = Period/g
 // units and the bucket drains B = Rate/g units per microsecond. Every quantity
-// is then an exact integer. The sliding window weights its previous window in
-// ticks of Tick microseconds, chosen so that Rate × Period/Tick stays exact.
+// is then an exact integer. The sliding window weights its previous window
+// (or, with Buckets, its oldest sub-window) in ticks of Tick microseconds,
+// chosen so that Rate × Period/Tick stays exact and the sub-windows are
+// whole ticks.
 //
 // Lua numbers are IEEE doubles, exact up to 2^53, so Compile rejects limits
 // whose state would need larger integers; the error says which value to change.
 package algorithm
-
-import (
-	"errors"
-	"fmt"
-)
 
 // MaxExact is the largest integer every store can represent exactly (2^53,
 // the limit of a Lua number).
@@ -33,48 +76,15 @@ const MaxExact = 1 << 53
 // MaxPeriod is the longest period, block or delay, in µs: ten years.
 const MaxPeriod = 10 * 366 * 24 * 3600 * 1_000_000
 
+// MinBuckets and MaxBuckets bound a bucketed sliding window's sub-windows.
+const (
+	MinBuckets = 2
+	MaxBuckets = 60
+)
+
 // MaxLogSize caps the rate of a sliding log, whose memory is one entry per
 // admitted request.
 const MaxLogSize = 1_000_000
-
-// Kind names an algorithm.
-type Kind uint8
-
-// The seven algorithms.
-const (
-	FixedWindow Kind = iota + 1
-	SlidingLog
-	SlidingWindow
-	TokenBucket
-	LeakyBucket
-	GCRA
-	Concurrency
-)
-
-var kindNames = [...]string{"", "fixed_window", "sliding_log", "sliding_window", "token_bucket", "leaky_bucket", "gcra", "concurrency"}
-
-// String returns the algorithm's configuration name, such as "token_bucket".
-func (k Kind) String() string {
-	if int(k) < len(kindNames) && k != 0 {
-		return kindNames[k]
-	}
-	return fmt.Sprintf("algorithm(%d)", uint8(k))
-}
-
-// ParseKind returns the Kind named s, such as "gcra".
-func ParseKind(s string) (Kind, bool) {
-	for i := 1; i < len(kindNames); i++ {
-		if kindNames[i] == s {
-			return Kind(i), true
-		}
-	}
-	return 0, false
-}
-
-// Kinds lists every algorithm in a stable order.
-func Kinds() []Kind {
-	return []Kind{FixedWindow, SlidingLog, SlidingWindow, TokenBucket, LeakyBucket, GCRA, Concurrency}
-}
 
 // Config is a limit as the algorithms see it, with durations in microseconds.
 type Config struct {
@@ -85,6 +95,7 @@ type Config struct {
 	Block      int64 // µs of penalty box after a rejection; 0 = none
 	MaxDelay   int64 // leaky bucket: µs of shaping delay allowed; 0 = policing
 	DelayAfter int64 // leaky bucket shaping: events admitted at once before delays begin; 0 means 1
+	Buckets    int64 // sliding window: sub-windows counted apart, MinBuckets..MaxBuckets; 0 = two windows
 }
 
 // Params is a compiled Config: validated, with the derived constants the
@@ -95,12 +106,12 @@ type Params struct {
 	Cap int64
 	// A and B: one event is A units; a bucket drains (or refills) B units per µs.
 	A, B int64
-	// Tick is the sliding window's time unit in µs.
+	// Tick is the sliding window's time unit in µs. It divides a bucket.
 	Tick int64
 	// MaxWait bounds, in µs, how far past the last change of a key's state
 	// its RetryAfter or ResetAfter can reach: one period for the windows,
-	// the log and leases, two for the sliding window, a full refill for the
-	// buckets.
+	// the log and leases, two for the sliding window (one and a bucket with
+	// Buckets), a full refill for the buckets.
 	MaxWait int64
 }
 
@@ -111,91 +122,6 @@ type Params struct {
 // ResetAfter, and a blocked check need not look at the state at all (in
 // Redis: one GET of the box key).
 func (p *Params) BoxOutlasts() bool { return p.Block > 0 && p.Block >= p.MaxWait }
-
-// Compile validates c and derives the constants its algorithm needs.
-func Compile(c Config) (Params, error) {
-	p := Params{Config: c}
-	if _, ok := ParseKind(c.Kind.String()); !ok {
-		return p, fmt.Errorf("unknown algorithm %d", c.Kind)
-	}
-	if c.Rate <= 0 {
-		return p, fmt.Errorf("rate must be positive, got %d", c.Rate)
-	}
-	if c.Period <= 0 {
-		return p, fmt.Errorf("period must be at least 1µs, got %dµs", c.Period)
-	}
-	if c.Burst < 0 {
-		return p, fmt.Errorf("burst must not be negative, got %d", c.Burst)
-	}
-	if c.Block < 0 {
-		return p, fmt.Errorf("block must not be negative, got %dµs", c.Block)
-	}
-	if c.MaxDelay < 0 || c.DelayAfter < 0 {
-		return p, fmt.Errorf("max delay and delay-after must not be negative, got %dµs and %d", c.MaxDelay, c.DelayAfter)
-	}
-	if c.Rate >= MaxExact {
-		return p, errors.New("rate must be below 2^53")
-	}
-	// Window arithmetic adds a few periods to the epoch time; ten years
-	// keeps every sum exact in a Lua number.
-	if c.Period > MaxPeriod || c.Block > MaxPeriod || c.MaxDelay > MaxPeriod {
-		return p, fmt.Errorf("period, block and max delay must be at most 10 years, got %dµs, %dµs and %dµs", c.Period, c.Block, c.MaxDelay)
-	}
-	bucket := c.Kind == TokenBucket || c.Kind == LeakyBucket || c.Kind == GCRA
-	if c.Burst != 0 && !bucket {
-		return p, fmt.Errorf("burst applies to token_bucket, leaky_bucket and gcra, not %s", c.Kind)
-	}
-	if (c.MaxDelay != 0 || c.DelayAfter != 0) && c.Kind != LeakyBucket {
-		return p, fmt.Errorf("max delay and delay-after apply to leaky_bucket, not %s", c.Kind)
-	}
-	p.Cap = c.Rate
-	p.MaxWait = c.Period
-	switch c.Kind {
-	case SlidingLog:
-		if c.Rate > MaxLogSize {
-			return p, fmt.Errorf("sliding_log keeps one entry per event; rate %d is over its maximum %d (use sliding_window)", c.Rate, MaxLogSize)
-		}
-	case SlidingWindow:
-		// The smallest power-of-ten tick that divides the period and keeps
-		// Rate × Period/Tick exact.
-		for t := int64(1); t <= 1_000_000; t *= 10 {
-			if c.Period%t == 0 && c.Rate <= (MaxExact-1)/(c.Period/t) {
-				p.Tick = t
-				break
-			}
-		}
-		if p.Tick == 0 {
-			return p, fmt.Errorf("sliding_window: rate %d over a %dµs period is too large to weigh exactly (lower the rate or use a whole-second period)", c.Rate, c.Period)
-		}
-		p.MaxWait = 2 * c.Period // the current window's count weighs into the next
-	case TokenBucket, LeakyBucket, GCRA:
-		if p.Burst == 0 {
-			p.Burst = c.Rate
-		}
-		p.Cap = p.Burst
-		g := gcd(c.Period, c.Rate)
-		p.A, p.B = c.Period/g, c.Rate/g
-		if p.Burst > (MaxExact-1)/p.A {
-			return p, fmt.Errorf("%s: burst %d × interval %d/%dµs is too large to track exactly (lower the burst, or pick a rate that divides the period)", c.Kind, p.Burst, p.A, p.B)
-		}
-		p.MaxWait = ceilDiv(p.Burst*p.A, p.B) // a full refill, or drain
-		if c.Kind == LeakyBucket && c.MaxDelay > 0 {
-			if p.DelayAfter == 0 {
-				p.DelayAfter = 1
-			}
-			if p.DelayAfter > p.Burst {
-				return p, fmt.Errorf("leaky_bucket: delay-after %d exceeds the burst %d", p.DelayAfter, p.Burst)
-			}
-			// A delay longer than draining a full bucket can never happen.
-			if full := ceilDiv(p.Burst*p.A, p.B); p.MaxDelay > full {
-				p.MaxDelay = full
-			}
-		} else if c.Kind == LeakyBucket && c.DelayAfter != 0 {
-			return p, errors.New("leaky_bucket: delay-after needs a max delay (shaping)")
-		}
-	}
-	return p, nil
-}
 
 // Shaping reports whether p is a leaky bucket that delays instead of rejecting.
 func (p *Params) Shaping() bool { return p.Kind == LeakyBucket && p.MaxDelay > 0 }
@@ -246,53 +172,18 @@ type Lease struct {
 // State is the per-key state of any algorithm. Which fields are used depends
 // on the Kind; the zero State is an empty key.
 type State struct {
-	Window int64 // fixed/sliding window: index of the current window
-	Count  int64 // fixed/sliding window: events in the current window
-	Prev   int64 // sliding window: events in the previous window
-	Level  int64 // token bucket: tokens; leaky bucket: level (both in units of 1/A event)
-	TS     int64 // token/leaky bucket: µs of the last update; 0 = never
-	TAT    int64 // gcra: theoretical arrival time, whole µs
-	Frac   int64 // gcra: TAT's fraction, in units of 1/B µs
-	Log    Log   // sliding log: admitted timestamps
-	Leases []Lease
+	Window int64   // fixed/sliding window: index of the current window
+	Count  int64   // fixed/sliding window: events in the current window
+	Prev   int64   // sliding window: events in the previous window
+	Level  int64   // token bucket: tokens; leaky bucket: level (both in units of 1/A event)
+	TS     int64   // token/leaky bucket: µs of the last update; 0 = never
+	TAT    int64   // gcra: theoretical arrival time, whole µs
+	Frac   int64   // gcra: TAT's fraction, in units of 1/B µs
+	Log    Log     // sliding log: admitted events; a bucketed sliding window's counts (see bucketCounts)
+	Leases []Lease // concurrency: live leases, in the order they were taken
+	Held   int64   // concurrency: the sum of the Leases' weights
 	// BlockedUntil is the end of the penalty box, µs epoch; 0 = none.
 	BlockedUntil int64
-}
-
-// Log is a ring buffer of ascending timestamps.
-type Log struct {
-	buf        []int64
-	head, size int
-}
-
-// Len returns the number of timestamps held.
-func (l *Log) Len() int { return l.size }
-
-// At returns the i-th oldest timestamp.
-func (l *Log) At(i int) int64 { return l.buf[(l.head+i)%len(l.buf)] }
-
-func (l *Log) popFront() { l.head = (l.head + 1) % len(l.buf); l.size-- }
-
-func (l *Log) push(t int64, capacity int) {
-	// Grow by doubling up to capacity, so that a key pays for the entries it
-	// holds, not for its limit; shrink when the limit was lowered.
-	if grow := l.size == len(l.buf) && len(l.buf) < capacity; grow || len(l.buf) > capacity {
-		nc := capacity
-		if grow {
-			nc = min(max(2*len(l.buf), 4), capacity)
-		}
-		nb := make([]int64, nc)
-		keep := min(l.size, nc)
-		for i := 0; i < keep; i++ {
-			nb[i] = l.At(l.size - keep + i)
-		}
-		l.buf, l.head, l.size = nb, 0, keep
-	}
-	if l.size == len(l.buf) {
-		l.popFront()
-	}
-	l.buf[(l.head+l.size)%len(l.buf)] = t
-	l.size++
 }
 
 // Take decides a request of cost n at time now (µs) against s, updating s
@@ -327,18 +218,22 @@ func take(p *Params, s *State, now, n int64, mode Mode, commit bool) Decision {
 		left := s.BlockedUntil - now
 		if p.BoxOutlasts() {
 			// The box's end is later than anything the frozen state needs.
-			return Decision{Limit: p.Cap, RetryAfter: left, ResetAfter: left, BlockedUntil: s.BlockedUntil, TTL: left}
+			return Decision{Limit: p.Cap, RetryAfter: left, ResetAfter: left, BlockedUntil: s.BlockedUntil, TTL: max(left, life(p, s, now))}
 		}
 		d := decide(p, s, now, cost, mode, false)
 		d.Allowed, d.Granted, d.Remaining, d.Delay = false, 0, 0, 0
 		d.RetryAfter = max(d.RetryAfter, left)
 		d.ResetAfter = max(d.ResetAfter, left) // nothing is usable before the box opens
 		d.BlockedUntil = s.BlockedUntil
-		d.TTL = d.ResetAfter
+		d.TTL = max(d.ResetAfter, life(p, s, now))
 		return d
 	}
 	commit = commit && !peek
-	d := decide(p, s, now, cost, mode, commit)
+	// decide, written out: the Decision comes back from the table's
+	// function once, instead of being copied again through decide.
+	sp := &specs[p.Kind]
+	d := sp.decide(p, s, now, cost, mode, commit)
+	d.Allowed = d.Granted > 0
 	if peek {
 		d.Granted = 0
 		d.Delay = 0
@@ -351,10 +246,26 @@ func take(p *Params, s *State, now, n int64, mode Mode, commit bool) Decision {
 		d.Changed = true
 	}
 	d.TTL = d.ResetAfter
+	if sp.life != nil {
+		d.TTL = max(d.TTL, sp.life(p, s, now))
+	}
 	if s.BlockedUntil > now {
 		d.TTL = max(d.TTL, s.BlockedUntil-now)
 	}
 	return d
+}
+
+// life returns how much longer s's stored state lasts at now, in µs, for
+// the buckets whose reading is capped at the burst (leaky bucket, GCRA).
+// After a lowered burst the stored level can exceed the new burst: it reads
+// as a full bucket, and ResetAfter counts from that, but the state matters
+// until the stored level has drained, so a store keeps it that long (as
+// Redis keeps the key for the TTL it was written with).
+func life(p *Params, s *State, now int64) int64 {
+	if f := specs[p.Kind].life; f != nil {
+		return f(p, s, now)
+	}
+	return 0
 }
 
 // grant applies the mode: how much of cost to admit given avail.
@@ -368,216 +279,26 @@ func grant(cost, avail int64, mode Mode) int64 {
 	return 0
 }
 
+// decide runs p's algorithm from the table: it decides a request of cost
+// at now against s, and when apply, consumes what it grants.
 func decide(p *Params, s *State, now, cost int64, mode Mode, apply bool) Decision {
-	d := Decision{Limit: p.Cap}
-	switch p.Kind {
-	case FixedWindow:
-		w := now / p.Period
-		count := s.Count
-		if s.Window != w {
-			count = 0
-		}
-		count = min(count, p.Rate)
-		g := grant(cost, p.Rate-count, mode)
-		end := (w+1)*p.Period - now
-		if g == 0 {
-			d.RetryAfter = end
-		} else if apply {
-			count += g
-			s.Window, s.Count = w, count
-			d.Changed = true
-		}
-		d.Granted, d.Remaining = g, p.Rate-count
-		if count > 0 {
-			d.ResetAfter = end
-		}
-
-	case SlidingLog:
-		for s.Log.size > 0 && s.Log.At(0)+p.Period <= now {
-			s.Log.popFront()
-		}
-		count := min(int64(s.Log.size), p.Rate)
-		g := grant(cost, p.Rate-count, mode)
-		if g == 0 {
-			// The (count+cost−Rate)-th oldest entry must leave the window.
-			k := count + cost - p.Rate
-			d.RetryAfter = s.Log.At(int(int64(s.Log.size)-count+k-1)) + p.Period - now
-		} else if apply {
-			for i := int64(0); i < g; i++ {
-				s.Log.push(now, int(p.Rate))
-			}
-			count += g
-			d.Changed = true
-		}
-		d.Granted, d.Remaining = g, p.Rate-count
-		if s.Log.size > 0 {
-			d.ResetAfter = s.Log.At(s.Log.size-1) + p.Period - now
-		}
-
-	case SlidingWindow:
-		// estimate = ceil(prev × (P−e)/P) + cur, in ticks.
-		pt := p.Period / p.Tick
-		nt := now / p.Tick
-		w := nt / pt
-		e := nt - w*pt
-		var cur, prev int64
-		switch s.Window {
-		case w:
-			cur, prev = s.Count, s.Prev
-		case w - 1:
-			prev = s.Count
-		}
-		cur, prev = min(cur, p.Rate), min(prev, p.Rate)
-		weighted := ceilDiv(prev*(pt-e), pt)
-		est := weighted + cur
-		g := grant(cost, max(p.Rate-est, 0), mode)
-		if g == 0 {
-			var at int64 // the instant, in ticks, when the request fits
-			if k := p.Rate - cur - cost; k >= 0 {
-				// Same window: ceil(prev(P−e')/P) ≤ k ⇔ e' ≥ P − floor(kP/prev).
-				at = w*pt + pt - (k*pt)/prev
-			} else {
-				// Next window, where the current count becomes prev.
-				need := int64(0)
-				if cur > 0 {
-					need = max(pt-((p.Rate-cost)*pt)/cur, 0)
-				}
-				at = (w+1)*pt + need
-			}
-			d.RetryAfter = at*p.Tick - now
-		} else if apply {
-			cur += g
-			est += g
-			s.Window, s.Count, s.Prev = w, cur, prev
-			d.Changed = true
-		}
-		d.Granted, d.Remaining = g, max(p.Rate-est, 0)
-		switch {
-		case cur > 0:
-			d.ResetAfter = (w+2)*pt*p.Tick - now
-		case prev > 0:
-			d.ResetAfter = (w+1)*pt*p.Tick - now
-		}
-
-	case TokenBucket:
-		c := p.Burst * p.A
-		tokens := c
-		if s.TS != 0 {
-			tokens = min(s.Level, c)
-			if el := now - s.TS; el > 0 {
-				if el >= ceilDiv(c-tokens, p.B) {
-					tokens = c
-				} else {
-					tokens += el * p.B
-				}
-			}
-		}
-		g := grant(cost, tokens/p.A, mode)
-		if g == 0 {
-			d.RetryAfter = ceilDiv(cost*p.A-tokens, p.B)
-		} else if apply {
-			tokens -= g * p.A
-			s.Level, s.TS = tokens, now
-			d.Changed = true
-		}
-		d.Granted, d.Remaining = g, tokens/p.A
-		d.ResetAfter = ceilDiv(c-tokens, p.B)
-
-	case GCRA:
-		// diff = TAT − now in units of 1/B µs; a full burst is Burst·A.
-		c := p.Burst * p.A
-		var diff int64
-		if s.TAT != 0 {
-			switch ahead := s.TAT - now; {
-			case ahead > c/p.B:
-				diff = c
-			case ahead >= 0:
-				diff = ahead*p.B + s.Frac
-			} // a TAT in the past leaves diff 0 (Frac < B), and never multiplies a long idle time
-		}
-		g := grant(cost, max(c-diff, 0)/p.A, mode)
-		if g == 0 {
-			d.RetryAfter = ceilDiv(diff+cost*p.A-c, p.B)
-		} else if apply {
-			diff += g * p.A
-			s.TAT, s.Frac = now+diff/p.B, diff%p.B
-			d.Changed = true
-		}
-		d.Granted, d.Remaining = g, max(c-diff, 0)/p.A
-		d.ResetAfter = ceilDiv(diff, p.B)
-
-	case LeakyBucket:
-		c := p.Burst * p.A
-		var level int64
-		if s.TS != 0 {
-			level = min(s.Level, c)
-			if el := now - s.TS; el > 0 {
-				if el >= ceilDiv(level, p.B) {
-					level = 0
-				} else {
-					level -= el * p.B
-				}
-			}
-		}
-		// room is the level a request may find and still be admitted, plus its own cost.
-		room := c
-		if p.Shaping() {
-			room = min(room, p.MaxDelay*p.B+p.DelayAfter*p.A)
-		}
-		g := grant(cost, max(room-level, 0)/p.A, mode)
-		if g == 0 {
-			d.RetryAfter = ceilDiv(level-(room-cost*p.A), p.B)
-		} else if apply {
-			level += g * p.A
-			s.Level, s.TS = level, now
-			d.Changed = true
-		}
-		if g > 0 && p.Shaping() {
-			after := level
-			if !apply {
-				after += g * p.A
-			}
-			d.Delay = max(ceilDiv(after-p.DelayAfter*p.A, p.B), 0)
-		}
-		d.Granted, d.Remaining = g, max(room-level, 0)/p.A
-		d.ResetAfter = ceilDiv(level, p.B)
-
-	case Concurrency:
-		i := 0
-		for i < len(s.Leases) && s.Leases[i].Expiry <= now {
-			i++
-		}
-		if i > 0 {
-			s.Leases = append(s.Leases[:0], s.Leases[i:]...)
-		}
-		var held int64
-		for _, l := range s.Leases {
-			held += l.Weight
-		}
-		held = min(held, p.Rate)
-		g := grant(cost, p.Rate-held, mode)
-		if g == 0 {
-			// Wait for the earliest leases to expire until cost fits.
-			need := held + cost - p.Rate
-			for _, l := range s.Leases {
-				need -= l.Weight
-				if need <= 0 {
-					d.RetryAfter = l.Expiry - now
-					break
-				}
-			}
-		} else if apply {
-			held += g
-			s.Leases = append(s.Leases, Lease{Expiry: now + p.Period, Weight: g})
-			d.Changed = true
-		}
-		d.Granted, d.Remaining = g, p.Rate-held
-		if n := len(s.Leases); n > 0 {
-			d.ResetAfter = s.Leases[n-1].Expiry - now
-		}
-	}
+	d := specs[p.Kind].decide(p, s, now, cost, mode, apply)
 	d.Allowed = d.Granted > 0
 	return d
+}
+
+// Refund gives back g events that an admitted Take at takeNow granted
+// (with lease id id, for a concurrency lease or a sliding log call; "" for
+// none), as the Redis store does for the takes of a cross-slot batch that
+// failed as a whole, and reports whether s changed. It is exact when
+// nothing else changed the key in between: s then decides as if the take
+// had never happened. A refund of a take whose state has since expired or
+// moved on does nothing.
+func Refund(p *Params, s *State, takeNow, now, g int64, id string) bool {
+	if g <= 0 {
+		return false
+	}
+	return specs[p.Kind].refund(p, s, takeNow, now, g, id)
 }
 
 // Release removes the concurrency lease with the given id from s, reporting
@@ -588,6 +309,7 @@ func Release(s *State, id string) bool {
 	}
 	for i, l := range s.Leases {
 		if l.ID == id {
+			s.Held -= l.Weight
 			s.Leases = append(s.Leases[:i], s.Leases[i+1:]...)
 			return true
 		}

@@ -35,6 +35,20 @@ func TestNewAllowedAllocs(t *testing.T) {
 	}
 }
 
+// TestNewIPv6Allocs: an IPv6 client, keyed by its /64, costs its
+// identity string besides the key and the two header values.
+func TestNewIPv6Allocs(t *testing.T) {
+	h, r, w := allowedHandler()
+	r.RemoteAddr = "[2001:db8::1]:1234"
+	n := testing.AllocsPerRun(200, func() {
+		clear(w.Header())
+		h.ServeHTTP(w, r)
+	})
+	if n > 4 {
+		t.Errorf("an allowed IPv6 request costs %v allocations, want at most 4", n)
+	}
+}
+
 func BenchmarkNewAllowed(b *testing.B) {
 	h, r, w := allowedHandler()
 	b.ReportAllocs()

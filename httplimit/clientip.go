@@ -1,35 +1,60 @@
 package httplimit
 
 import (
-	"github.com/weir-dev/weir"
 	"net/http"
 	"net/netip"
 
-	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/clientip"
 )
 
-// ipKey is the key KeyByIP gives: the client IP as policy.ClientIP finds
-// it, so that New and policy rules with identity ip agree on who a client
-// is. A request whose RemoteAddr holds no address (a Unix socket, say) is
-// keyed by RemoteAddr as it is.
-func ipKey(r *http.Request, trusted []netip.Prefix) string {
-	if a := policy.ClientIP(r, trusted); a.IsValid() {
-		return a.String()
-	}
-	return r.RemoteAddr
+// DefaultIPv6Bits is the prefix length by which KeyByIP groups IPv6
+// clients, as policy's ip identity does (clientip.DefaultIPv6Bits): one
+// host usually owns a whole /64, and could otherwise take a new key for
+// every request. IPv4 clients are keyed whole. KeyByIPPrefix changes both.
+const DefaultIPv6Bits = clientip.DefaultIPv6Bits
+
+// ipKeyer finds the client-IP key of a request: the client IP as
+// clientip.From finds it, grouped by prefix, so that New and policy rules
+// with identity ip agree on who a client is.
+type ipKeyer struct {
+	trusted      []netip.Prefix // the proxies whose headers are believed
+	header       string         // canonical, see clientip.CanonicalHeader
+	bits4, bits6 int
 }
 
-// ipIdentity returns the client-IP identity of r and its store key under
+func defaultIPKeyer() ipKeyer {
+	return ipKeyer{header: clientip.Auto, bits4: 32, bits6: DefaultIPv6Bits}
+}
+
+// key is the key KeyByIP gives r. A request whose RemoteAddr holds no
+// address (a Unix socket, say) is keyed by RemoteAddr as it is.
+func (k *ipKeyer) key(r *http.Request) string {
+	a := clientip.From(r, k.trusted, k.header)
+	if !a.IsValid() {
+		return r.RemoteAddr
+	}
+	var b [64]byte
+	return string(k.append(b[:0], a))
+}
+
+// append appends the text of a grouped by the keyer's prefixes
+// (clientip.AppendGroup).
+func (k *ipKeyer) append(b []byte, a netip.Addr) []byte {
+	return clientip.AppendGroup(b, a, k.bits4, k.bits6)
+}
+
+// identity returns the client-IP identity of r and its store key under
 // rule in one allocation for IPv4: the address is written to the stack and
 // escaped straight into the key, whose tail is then the identity (escaping
-// leaves an IPv4 address as it is).
-func ipIdentity(r *http.Request, trusted []netip.Prefix, rule string) (id, key string) {
-	a := policy.ClientIP(r, trusted)
+// leaves an IPv4 address or prefix as it is).
+func (k *ipKeyer) identity(r *http.Request, rule string) (id, key string) {
+	a := clientip.From(r, k.trusted, k.header)
 	if !a.IsValid() {
 		return r.RemoteAddr, weir.Key(rule, r.RemoteAddr)
 	}
 	var b [64]byte
-	t := a.AppendTo(b[:0])
+	t := k.append(b[:0], a)
 	key = weir.Key(rule, string(t))
 	if n := len(key) - len(t); n > 0 && key[n:] == string(t) {
 		return key[n:], key

@@ -61,21 +61,22 @@ func TestIPKey(t *testing.T) {
 			if want == "" {
 				want = tc.remote
 			}
-			if got := ipKey(r, tc.trusted); got != want {
+			k := ipKeyer{trusted: tc.trusted, header: "auto", bits4: 32, bits6: 128}
+			if got := k.key(r); got != want {
 				t.Errorf("ipKey = %q, want %q", got, want)
 			}
 		})
 	}
 }
 
-// X-Real-IP counts only from a trusted peer, and only without
-// X-Forwarded-For.
+// X-Real-IP counts only from a trusted peer, and then wins over the
+// X-Forwarded-For a client can write through a proxy that sets X-Real-IP.
 func TestIPKeyRealIP(t *testing.T) {
 	proxies := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
 	for _, tc := range []struct{ remote, xff, want string }{
 		{"10.0.0.1:1", "", "198.51.100.7"},
 		{"192.0.2.1:1", "", "192.0.2.1"},
-		{"10.0.0.1:1", "198.51.100.8", "198.51.100.8"},
+		{"10.0.0.1:1", "198.51.100.8", "198.51.100.7"},
 	} {
 		r := httptest.NewRequest(http.MethodGet, "/", nil)
 		r.RemoteAddr = tc.remote
@@ -83,7 +84,8 @@ func TestIPKeyRealIP(t *testing.T) {
 		if tc.xff != "" {
 			r.Header.Set("X-Forwarded-For", tc.xff)
 		}
-		if got := ipKey(r, proxies); got != tc.want {
+		k := ipKeyer{trusted: proxies, header: "auto", bits4: 32, bits6: 128}
+		if got := k.key(r); got != tc.want {
 			t.Errorf("peer %s, X-Forwarded-For %q: ipKey = %q, want %q", tc.remote, tc.xff, got, tc.want)
 		}
 	}

@@ -4,11 +4,11 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"time"
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/httplimit"
-	"github.com/weir-dev/weir/policy"
 	"github.com/weir-dev/weir/store/memstore"
 )
 
@@ -17,7 +17,8 @@ import (
 func ExampleNew() {
 	lim := weir.NewLimiter(memstore.New())
 	login := weir.Limit{Algorithm: weir.SlidingLog, Rate: 5, Period: 15 * time.Minute, Block: 15 * time.Minute}
-	mw := httplimit.New(lim, login, httplimit.WithName("login"))
+	// Clients by IP, an IPv6 client by its /64 (KeyByIP's default).
+	mw := httplimit.New(lim, login, httplimit.WithName("login"), httplimit.KeyByIPPrefix(32, 64))
 
 	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "welcome")
@@ -39,47 +40,25 @@ func ExampleNew() {
 	// 429 "login";r=0;t=900
 }
 
-// Rules from weir.yaml: every request matching a rule is counted by it, and
-// the headers report them all.
-func ExampleFromPolicy() {
-	cfg, err := policy.Parse([]byte(`
-rules:
-  - name: login
-    match: { methods: [POST], path: /login }
-    identity: [ip]
-    limit: 5/15m
-    algorithm: sliding_log
-    block: 15m
-  - name: site
-    identity: [ip]
-    limit: 100/m
-    algorithm: sliding_log
-`), "weir.yaml")
-	if err != nil {
-		panic(err)
-	}
-	p, err := policy.New(cfg, nil) // nil: a fresh in-memory store
-	if err != nil {
-		panic(err)
-	}
-	h := httplimit.FromPolicy(p)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintln(w, "ok")
-	}))
-
-	for _, method := range []string{http.MethodGet, http.MethodPost} {
-		r := httptest.NewRequest(method, "/login", nil)
-		r.RemoteAddr = "192.0.2.1:1234"
+// Behind a proxy: believe the client address the proxy at 10.0.0.0/8
+// writes, and group clients by /24 (IPv4) and /56 (IPv6).
+func ExampleKeyByIPPrefix() {
+	lim := weir.NewLimiter(memstore.New())
+	one := weir.Limit{Algorithm: weir.FixedWindow, Rate: 1, Period: time.Minute}
+	mw := httplimit.New(lim, one,
+		httplimit.KeyByIPPrefix(24, 56, netip.MustParsePrefix("10.0.0.0/8")),
+		httplimit.WithClientIPHeader("X-Real-IP"))
+	h := mw(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	for _, client := range []string{"2001:db8:1:100::1", "2001:db8:1:1ff::2", "2001:db8:2::1"} {
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		r.RemoteAddr = "10.0.0.1:5000"
+		r.Header.Set("X-Real-IP", client)
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, r)
-		fmt.Println(method, w.Code)
-		fmt.Println("  RateLimit-Policy:", w.Header().Get("RateLimit-Policy"))
-		fmt.Println("  RateLimit:", w.Header().Get("RateLimit"))
+		fmt.Println(client, w.Code)
 	}
 	// Output:
-	// GET 200
-	//   RateLimit-Policy: "site";q=100;w=60
-	//   RateLimit: "site";r=99;t=60
-	// POST 200
-	//   RateLimit-Policy: "login";q=5;w=900, "site";q=100;w=60
-	//   RateLimit: "login";r=4;t=900
+	// 2001:db8:1:100::1 200
+	// 2001:db8:1:1ff::2 429
+	// 2001:db8:2::1 200
 }

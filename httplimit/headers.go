@@ -149,9 +149,8 @@ func RetryAfterSeconds(d time.Duration) int64 {
 
 // MostRestrictive returns the index of the status that the RateLimit header
 // should report, or -1 if statuses is empty. Enforced statuses come before
-// shadow ones; among them a rejection beats an admission, a longer
-// RetryAfter beats a shorter one, and among admissions the fewest remaining
-// wins, then the latest reset.
+// shadow ones; among them the order is MoreRestrictive's. Ties go to the
+// first.
 func MostRestrictive(statuses []Status) int {
 	best := -1
 	for i := range statuses {
@@ -166,17 +165,30 @@ func moreRestrictive(a, b *Status) bool {
 	if a.Shadow != b.Shadow {
 		return !a.Shadow
 	}
-	ar, br := a.Result, b.Result
-	if ar.Allowed != br.Allowed {
-		return !ar.Allowed
+	return MoreRestrictive(a.Result, b.Result)
+}
+
+// MoreRestrictive reports whether a holds a client back more than b: the
+// one rule of weir's for the result to report, which policy's
+// Verdict.Limiting follows too. A rejection beats an admission, and of two
+// rejections the longer RetryAfter wins: the client waits for it. Of two
+// admissions, the one with fewer requests Remaining wins, then the one
+// whose quota is whole again later: Remaining counts what the client may
+// still send before this limit rejects it, so the fewest is the limit it
+// meets first. (A share of the quota would point at a large limit half
+// used rather than a small one nearly spent, and a client pacing itself
+// by the reported RateLimit would then be rejected by the other one.)
+func MoreRestrictive(a, b weir.Result) bool {
+	if a.Allowed != b.Allowed {
+		return !a.Allowed
 	}
-	if !ar.Allowed && ar.RetryAfter != br.RetryAfter {
-		return ar.RetryAfter > br.RetryAfter
+	if !a.Allowed && a.RetryAfter != b.RetryAfter {
+		return a.RetryAfter > b.RetryAfter
 	}
-	if ar.Remaining != br.Remaining {
-		return ar.Remaining < br.Remaining
+	if a.Remaining != b.Remaining {
+		return a.Remaining < b.Remaining
 	}
-	return resetAfter(ar) > resetAfter(br)
+	return resetAfter(a) > resetAfter(b)
 }
 
 // resetAfter is when the quota is whole again: the end of ResetAfter, or of

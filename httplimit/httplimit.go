@@ -6,9 +6,11 @@
 //
 //   - New applies one Limit to every request, keyed by the client's IP
 //     address or by any key function;
-//   - FromPolicy applies a whole rule set loaded from weir.yaml by package
-//     policy: several rules per request, tiers, shadow rules, the penalty
-//     box, allow and deny lists.
+//   - policy.Middleware applies a whole rule set loaded from weir.yaml:
+//     several rules per request, tiers, shadow rules, the penalty box,
+//     allow and deny lists. It takes this package's Options and answers
+//     through a Responder, as New does; it lives in package policy so that
+//     this one depends on neither policy nor YAML.
 //
 // Every response that a limit applied to carries the rate-limit headers of
 // draft-ietf-httpapi-ratelimit-headers-11, rendered by one HeaderFormatter:
@@ -39,12 +41,14 @@ package httplimit
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/netip"
 	"slices"
 	"time"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/clientip"
 )
 
 // DefaultName is the rule name New uses in keys and headers unless WithName
@@ -75,7 +79,7 @@ type Decision struct {
 	Request *http.Request
 	// Rule is the rule's name; empty for allow- and deny-list decisions.
 	Rule string
-	// Tier is the tier of the rule applied (FromPolicy only).
+	// Tier is the tier of the rule applied (policy.Middleware only).
 	Tier string
 	// Key is the rule's identity for the request, such as the client IP.
 	Key string
@@ -88,7 +92,7 @@ type Decision struct {
 	// allow and deny lists, without any rule.
 	AllowListed, DenyListed bool
 	// Result is the store's answer. When Err is set it is zero for New, and
-	// the on_error fallback's answer for FromPolicy.
+	// the on_error fallback's answer for policy.Middleware.
 	Result weir.Result
 	// Latency is how long the decision took, store round trip included.
 	Latency time.Duration
@@ -101,8 +105,9 @@ type Option func(*config)
 
 type config struct {
 	key         func(*http.Request) (string, error)
-	byIP        bool           // key is the client IP: ServeHTTP builds it without the extra string
-	trusted     []netip.Prefix // the proxies KeyByIP trusts
+	byIP        bool    // key is the client IP: ServeHTTP builds it without the extra string
+	ip          ipKeyer // how KeyByIP finds and groups the client IP
+	err         error   // a bad option, which New reports
 	name        string
 	formatter   HeaderFormatter
 	legacy      *bool
@@ -117,24 +122,59 @@ type config struct {
 // separately. The default is the client IP from RemoteAddr (see KeyByIP).
 // When fn returns an error the request is answered 400 Bad Request and the
 // error goes to the observer, unless the error is ErrNoLimit, in which case
-// the request passes unlimited. FromPolicy ignores it: rules name their
-// identities.
+// the request passes unlimited. policy.Middleware ignores it: rules name
+// their identities.
 func WithKey(fn func(*http.Request) (string, error)) Option {
 	return func(c *config) { c.key, c.byIP = fn, false }
 }
 
-// KeyByIP keys requests by client IP address, as policy.ClientIP finds
-// it. The address is the peer's (RemoteAddr) unless the peer is one of the
-// trusted proxies; then X-Forwarded-For is read right to left, skipping
-// trusted addresses, and the first untrusted one is the client (X-Real-IP
-// when there is no X-Forwarded-For). Forwarding headers from an untrusted
-// peer are ignored, so a client cannot pick its own key. Without trusted
-// prefixes this is the default key.
+// KeyByIP keys requests by client IP address, as clientip.From finds
+// it, an IPv6 client by its /64 (DefaultIPv6Bits) and an IPv4 client
+// whole; KeyByIPPrefix sets other prefixes. The address is the peer's
+// (RemoteAddr) unless the peer is one of the trusted proxies; then the
+// forwarding headers are read as WithClientIPHeader says, by default
+// X-Real-IP when the proxy sent one holding an untrusted address, else
+// X-Forwarded-For read right to left, skipping trusted addresses, the
+// first untrusted one being the client. Forwarding headers from an
+// untrusted peer are ignored, so a client cannot pick its own key. Without
+// trusted prefixes this is the default key.
 func KeyByIP(trusted ...netip.Prefix) Option {
+	return KeyByIPPrefix(32, DefaultIPv6Bits, trusted...)
+}
+
+// KeyByIPPrefix is KeyByIP with clients grouped by prefix: IPv4 clients by
+// their /v4Bits (1 to 32; 32 keys each address apart) and IPv6 clients by
+// their /v6Bits (1 to 128; 128 keys each address apart). The key is then
+// the prefix, such as "198.51.100.0/24" or "2001:db8:1:2::/64". New panics
+// on lengths out of range. KeyByIPPrefix(32, 64) is KeyByIP.
+func KeyByIPPrefix(v4Bits, v6Bits int, trusted ...netip.Prefix) Option {
 	trusted = append([]netip.Prefix(nil), trusted...)
 	return func(c *config) {
-		c.key = func(r *http.Request) (string, error) { return ipKey(r, trusted), nil }
-		c.byIP, c.trusted = true, trusted
+		if v4Bits < 1 || v4Bits > 32 || v6Bits < 1 || v6Bits > 128 {
+			c.err = fmt.Errorf("KeyByIPPrefix(%d, %d): the IPv4 prefix length must be 1 to 32 and the IPv6 one 1 to 128", v4Bits, v6Bits)
+			return
+		}
+		c.byIP = true
+		c.ip.trusted, c.ip.bits4, c.ip.bits6 = trusted, v4Bits, v6Bits
+		c.key = func(r *http.Request) (string, error) { return c.ip.key(r), nil }
+	}
+}
+
+// WithClientIPHeader names the header that carries the client address
+// when the peer is a trusted proxy (see KeyByIP): "auto" (the default),
+// "X-Forwarded-For" (walked from the right, for chains of proxies that
+// each append), "X-Real-IP", or any header your proxy sets, such as
+// CF-Connecting-IP; as client_ip_header in weir.yaml. New panics on a name
+// that is not a header name. policy.Middleware follows the policy's
+// setting.
+func WithClientIPHeader(name string) Option {
+	return func(c *config) {
+		h, ok := clientip.CanonicalHeader(name)
+		if !ok {
+			c.err = fmt.Errorf("WithClientIPHeader(%q): not a header name", name)
+			return
+		}
+		c.ip.header = h
 	}
 }
 
@@ -145,7 +185,7 @@ func WithName(rule string) Option { return func(c *config) { c.name = rule } }
 
 // WithLegacyHeaders switches the X-RateLimit-Limit, X-RateLimit-Remaining
 // and X-RateLimit-Reset headers on or off. They are off by default; for
-// FromPolicy the default is the policy's headers.legacy setting.
+// policy.Middleware the default is the policy's headers.legacy setting.
 func WithLegacyHeaders(on bool) Option { return func(c *config) { c.legacy = &on } }
 
 // WithHeaderFormatter replaces the draft headers with f's. It overrides
@@ -165,8 +205,8 @@ func OnRejected(fn func(w http.ResponseWriter, r *http.Request, rej Rejection)) 
 func WithObserver(fn func(Decision)) Option { return func(c *config) { c.observer = fn } }
 
 // WithErrorPolicy says what New does with a request when the store fails,
-// and what FromPolicyFunc does while its getter returns nil. The default is
-// FailOpen. Policies choose per rule in weir.yaml instead.
+// and what policy.MiddlewareFunc does while its getter returns nil. The
+// default is FailOpen. Policies choose per rule in weir.yaml instead.
 func WithErrorPolicy(p ErrorPolicy) Option { return func(c *config) { c.errorPolicy = p } }
 
 // WithSleep replaces the timer that holds shaped requests: sleep must wait
@@ -183,11 +223,12 @@ func WithShadow(on bool) Option { return func(c *config) { c.shadow = on } }
 
 func newConfig(opts []Option) *config {
 	c := &config{
-		key:   func(r *http.Request) (string, error) { return ipKey(r, nil), nil },
 		byIP:  true,
+		ip:    defaultIPKeyer(),
 		name:  DefaultName,
 		sleep: sleepContext,
 	}
+	c.key = func(r *http.Request) (string, error) { return c.ip.key(r), nil }
 	for _, o := range opts {
 		o(c)
 	}
@@ -236,6 +277,9 @@ func New(lim *weir.Limiter, l weir.Limit, opts ...Option) func(http.Handler) htt
 		panic("httplimit: " + err.Error())
 	}
 	c := newConfig(opts)
+	if c.err != nil {
+		panic("httplimit: " + c.err.Error())
+	}
 	return func(next http.Handler) http.Handler {
 		return &single{c: c, lim: lim, limit: l, next: next}
 	}
@@ -254,7 +298,7 @@ func (s *single) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var id, key string
 	var err error
 	if c.byIP {
-		id, key = ipIdentity(r, c.trusted, c.name)
+		id, key = c.ip.identity(r, c.name)
 	} else {
 		id, err = c.key(r)
 		if err != nil {

@@ -17,10 +17,6 @@ import (
 // without any limit: for health checks, say, or internal callers.
 var ErrNoLimit = errors.New("httplimit: request not limited")
 
-// errNoPolicy is the error of a 503 answered while FromPolicyFunc's getter
-// has no policy.
-var errNoPolicy = errors.New("httplimit: no policy loaded")
-
 // Rejection describes a request that the middleware turns away. OnRejected
 // receives it; WriteRejection renders it.
 type Rejection struct {

@@ -11,13 +11,17 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/algorithm"
+	"github.com/weir-dev/weir/clientip"
+	"github.com/weir-dev/weir/internal/yamlnode"
+	"github.com/weir-dev/weir/store/guard"
 )
 
 // Failure policies: what a rule does while the store is failing.
 const (
-	OnErrorAllow = "allow" // admit the request (fail open)
-	OnErrorDeny  = "deny"  // reject the request (fail closed)
-	OnErrorLocal = "local" // decide with an in-process limiter: the limit divided by instances
+	OnErrorAllow = guard.Allow // admit the request (fail open)
+	OnErrorDeny  = guard.Deny  // reject the request (fail closed)
+	OnErrorLocal = guard.Local // decide with an in-process limiter: the limit divided by instances
 )
 
 // Missing-identity policies: what a rule does with a request that lacks
@@ -54,12 +58,14 @@ func (p *plain) where(path string) string { return path }
 // compiled is a validated Config in the form Check runs on.
 type compiled struct {
 	trusted             []netip.Prefix
+	ipHeader            string // canonical client_ip_header
 	allowNets, denyNets []netip.Prefix
 	allowVals, denyVals []valueSet
 	rules               []*rule
 	byName              map[string]*rule
 	instances           int
 	defaultOnError      string
+	nearLimit           float64 // the global near_limit; 0 off
 }
 
 // valueSet is an allow or deny list of identity values.
@@ -83,6 +89,7 @@ type rule struct {
 	tierNamed map[string]*tier
 	shadow    bool
 	onError   string
+	nearLimit float64 // 0: off
 	info      RuleInfo
 
 	// fixedID and fixedKey are the identity and key of a rule counting by
@@ -94,8 +101,6 @@ type rule struct {
 type tier struct {
 	name  string
 	limit weir.Limit
-	local weir.Limit // the limit the local fallback enforces
-	quota int64      // what Result.Limit reports: Rate, or the burst of a bucket
 }
 
 var ruleNameOK = func(s string) bool {
@@ -116,6 +121,7 @@ func check(cfg *Config, rep reporter) *compiled {
 	if cfg.Instances < 0 {
 		rep.addAt("instances", fmt.Sprintf("instances must be at least 1, got %d", cfg.Instances))
 	}
+	c.nearLimit = checkNearLimit("near_limit", cfg.NearLimit, DefaultNearLimit, rep)
 	c.defaultOnError = cfg.Store.OnError
 	if c.defaultOnError == "" {
 		c.defaultOnError = cfg.OnError
@@ -123,12 +129,20 @@ func check(cfg *Config, rep reporter) *compiled {
 	if c.defaultOnError == "" {
 		c.defaultOnError = OnErrorLocal
 	}
-	for _, s := range []struct{ path, v string }{{"server.http", cfg.Server.HTTP}, {"server.grpc", cfg.Server.GRPC}} {
-		if s.v == "" {
+	// server.grpc: off serves no gRPC, as weir serve --grpc off does.
+	for _, s := range []struct {
+		path, v string
+		off     bool // "off" is allowed
+	}{{"server.http", cfg.Server.HTTP, false}, {"server.grpc", cfg.Server.GRPC, true}} {
+		if s.v == "" || s.off && s.v == GRPCOff {
 			continue
 		}
 		if _, port, err := net.SplitHostPort(s.v); err != nil || !validPort(port) {
-			rep.addAt(s.path, fmt.Sprintf("%s %s must be host:port or :port, such as :8080", lastName(s.path), quote(s.v)))
+			or := ""
+			if s.off {
+				or = ", or off to serve none"
+			}
+			rep.addAt(s.path, fmt.Sprintf("%s %s must be host:port or :port, such as :8080%s", lastName(s.path), quote(s.v), or))
 		}
 	}
 	prefixes := func(path string, list []string) []netip.Prefix {
@@ -144,6 +158,16 @@ func check(cfg *Config, rep reporter) *compiled {
 		return out
 	}
 	c.trusted = prefixes("trusted_proxies", cfg.TrustedProxies)
+	if h, ok := clientip.CanonicalHeader(cfg.ClientIPHeader); ok {
+		c.ipHeader = h
+	} else {
+		rep.addAt("client_ip_header", fmt.Sprintf("client_ip_header %s is not a header name (want auto, X-Forwarded-For, X-Real-IP or the header your proxy sets, such as CF-Connecting-IP)", quote(cfg.ClientIPHeader)))
+	}
+	switch cfg.Server.AuthHeaders {
+	case "", AuthHeadersAuto, AuthHeadersOriginal, AuthHeadersForwarded:
+	default:
+		rep.addAt("server.auth_headers", fmt.Sprintf("auth_headers %s is not a header family (want auto, original for X-Original-URI/Method/Host as nginx sends, or forwarded for X-Forwarded-Uri/Method/Host as Traefik and Caddy send)", quote(cfg.Server.AuthHeaders)))
+	}
 	c.allowNets = prefixes("allow", cfg.Allow)
 	c.denyNets = prefixes("deny", cfg.Deny)
 	for _, a := range c.allowNets {
@@ -233,6 +257,9 @@ func checkStore(cfg *Config, rep reporter) {
 	if r.MaxBatch < 0 || r.MaxBatch > 1000 {
 		rep.addAt("store.redis.max_batch", fmt.Sprintf("max_batch must be 1 to 1000, got %d", r.MaxBatch))
 	}
+	if msg := checkRedisPrefix(r.Prefix); msg != "" {
+		rep.addAt("store.redis.prefix", msg)
+	}
 	if s.Timeout < 0 {
 		rep.addAt("store.timeout", fmt.Sprintf("timeout must be positive, got %v", s.Timeout))
 	}
@@ -291,19 +318,45 @@ func valueSets(path string, lists []ValueList, rep reporter) []valueSet {
 
 func checkRule(rc *RuleConfig, rp string, c *compiled, cfg *Config, rep reporter) *rule {
 	r := &rule{name: rc.Name, shadow: rc.Shadow || cfg.Shadow}
+	ok := checkRuleName(rc.Name, rp, rep)
+	var nlOK bool
+	r.nearLimit, nlOK = parseNearLimit(rc.NearLimit, c.nearLimit)
+	if !nlOK {
+		rep.addAt(rp+".near_limit", nearLimitMsg(rc.NearLimit))
+		ok = false
+	}
+	ok = r.checkMatch(rc.Match, rp, rep) && ok
+	ok = r.checkIdentities(rc, rp, rep) && ok
+	ok = r.checkFailure(rc, rp, c, rep) && ok
+	ok = r.checkLimits(rc, rp, rep) && ok
+	if !ok {
+		return nil
+	}
+	r.fixKey()
+	r.info = ruleInfo(rc, r, rp)
+	return r
+}
+
+// checkRuleName reports a rule name that is missing, too long or holds
+// characters other than letters, digits, '.', '_' and '-'.
+func checkRuleName(name, rp string, rep reporter) bool {
+	switch {
+	case name == "":
+		rep.addAt(rp+".name", "rule needs a name")
+	case len(name) > 64:
+		rep.addAt(rp+".name", fmt.Sprintf("rule name %s is longer than 64 bytes", quote(name)))
+	case !ruleNameOK(name):
+		rep.addAt(rp+".name", fmt.Sprintf("rule name %s may only contain letters, digits, '.', '_' and '-'", quote(name)))
+	default:
+		return true
+	}
+	return false
+}
+
+// checkMatch compiles the rule's match section: methods, path and host.
+func (r *rule) checkMatch(m MatchConfig, rp string, rep reporter) bool {
 	ok := true
 	bad := func(path, msg string) { rep.addAt(path, msg); ok = false }
-	switch {
-	case rc.Name == "":
-		bad(rp+".name", "rule needs a name")
-	case len(rc.Name) > 64:
-		bad(rp+".name", fmt.Sprintf("rule name %s is longer than 64 bytes", quote(rc.Name)))
-	case !ruleNameOK(rc.Name):
-		bad(rp+".name", fmt.Sprintf("rule name %s may only contain letters, digits, '.', '_' and '-'", quote(rc.Name)))
-	}
-
-	// match
-	m := rc.Match
 	for i, meth := range m.Methods {
 		up := strings.ToUpper(strings.TrimSpace(meth))
 		if !validToken(up) {
@@ -336,8 +389,13 @@ func checkRule(rc *RuleConfig, rp string, c *compiled, cfg *Config, rep reporter
 			bad(rp+".match.host", fmt.Sprintf("host %s must not include a port", quote(m.Host)))
 		}
 	}
+	return ok
+}
 
-	// identity
+// checkIdentities parses the rule's identity list (ip when empty).
+func (r *rule) checkIdentities(rc *RuleConfig, rp string, rep reporter) bool {
+	ok := true
+	bad := func(path, msg string) { rep.addAt(path, msg); ok = false }
 	specs := rc.Identity
 	if len(specs) == 0 {
 		specs = []string{"ip"}
@@ -354,11 +412,19 @@ func checkRule(rc *RuleConfig, rp string, c *compiled, cfg *Config, rep reporter
 			continue
 		}
 		seen[s] = true
-		if id.kind == idRoute && m.Path == "" {
+		if id.kind == idRoute && rc.Match.Path == "" {
 			bad(index(rp+".identity", i), "identity route needs match.path, whose pattern it counts by")
 		}
 		r.ids = append(r.ids, id)
 	}
+	return ok
+}
+
+// checkFailure sets what the rule does when its identity is missing
+// (on_missing) and when the store fails (on_error).
+func (r *rule) checkFailure(rc *RuleConfig, rp string, c *compiled, rep reporter) bool {
+	ok := true
+	bad := func(path, msg string) { rep.addAt(path, msg); ok = false }
 	r.onMissing = rc.OnMissing
 	switch rc.OnMissing {
 	case "":
@@ -380,12 +446,17 @@ func checkRule(rc *RuleConfig, rp string, c *compiled, cfg *Config, rep reporter
 			bad(rp+".on_error", "on_error: deny cannot apply to a shadow rule, which never blocks")
 		}
 	}
+	return ok
+}
 
-	// limits
+// checkLimits compiles the rule's limit, or its tiers.
+func (r *rule) checkLimits(rc *RuleConfig, rp string, rep reporter) bool {
+	ok := true
 	if rc.Tiers == nil {
 		if rc.Limit == "" {
-			bad(rp, fmt.Sprintf("rule %s needs a limit (such as limit: 100/m) or tiers", quote(rc.Name)))
-		} else if t, tok := checkLimit(rp, limitSpec{rc.Limit, rc.Algorithm, rc.Burst, rc.Block, rc.MaxDelay, rc.DelayAfter}, c.instances, rep); tok {
+			rep.addAt(rp, fmt.Sprintf("rule %s needs a limit (such as limit: 100/m) or tiers", quote(rc.Name)))
+			ok = false
+		} else if t, tok := checkLimit(rp, limitSpec{rc.Limit, rc.Algorithm, rc.Burst, rc.Block, rc.MaxDelay, rc.DelayAfter, rc.Buckets}, rep); tok {
 			t.name = "default"
 			r.tiers = []*tier{t}
 		} else {
@@ -400,29 +471,36 @@ func checkRule(rc *RuleConfig, rp string, c *compiled, cfg *Config, rep reporter
 			rep.keyAt(rp+".burst", "burst and tiers are exclusive; give each tier its own burst")
 			ok = false
 		}
-		ok = checkTiers(rp, rc, r, c.instances, rep) && ok
-	}
-	if r.tierBy != nil && r.tierBy.kind == idRoute && m.Path == "" {
-		bad(rp+".tiers.by", "tiers by route needs match.path, whose pattern it picks by")
-	}
-	if !ok {
-		return nil
-	}
-	if len(r.ids) == 1 {
-		switch id := r.ids[0]; id.kind {
-		case idRoute:
-			if r.path != nil {
-				r.fixedID = r.path.str
-			}
-		case idConst:
-			r.fixedID = id.arg
+		if rc.Buckets != 0 {
+			rep.keyAt(rp+".buckets", "buckets and tiers are exclusive; give each tier its own buckets")
+			ok = false
 		}
-		if r.fixedID != "" {
-			r.fixedKey = weir.Key(r.name, r.fixedID)
-		}
+		ok = checkTiers(rp, rc, r, rep) && ok
 	}
-	r.info = ruleInfo(rc, r, rp)
-	return r
+	if r.tierBy != nil && r.tierBy.kind == idRoute && rc.Match.Path == "" {
+		rep.addAt(rp+".tiers.by", "tiers by route needs match.path, whose pattern it picks by")
+		ok = false
+	}
+	return ok
+}
+
+// fixKey precomputes the store key of a rule whose only identity is its
+// route or a constant: the same for every request.
+func (r *rule) fixKey() {
+	if len(r.ids) != 1 {
+		return
+	}
+	switch id := r.ids[0]; id.kind {
+	case idRoute:
+		if r.path != nil {
+			r.fixedID = r.path.str
+		}
+	case idConst:
+		r.fixedID = id.arg
+	}
+	if r.fixedID != "" {
+		r.fixedKey = weir.Key(r.name, r.fixedID)
+	}
 }
 
 // compilePath compiles a path pattern, or returns an error message. A
@@ -454,10 +532,14 @@ type limitSpec struct {
 	burst            int64
 	block, maxDelay  time.Duration
 	delayAfter       int64
+	buckets          int64
 }
 
-// checkLimit validates one limit at path (a rule or a tier).
-func checkLimit(path string, s limitSpec, instances int, rep reporter) (*tier, bool) {
+// checkLimit validates one limit at path (a rule or a tier). It gathers
+// the limit from the rule's keys and lets weir.Limit.Compile validate it;
+// Compile's error names the setting at fault, and limitProblem points it
+// at the key that holds it.
+func checkLimit(path string, s limitSpec, rep reporter) (*tier, bool) {
 	ok := true
 	l, err := weir.ParseLimit(s.limit)
 	if err != nil {
@@ -468,53 +550,84 @@ func checkLimit(path string, s limitSpec, instances int, rep reporter) (*tier, b
 	if s.algorithm != "" {
 		l.Algorithm = weir.Algorithm(s.algorithm)
 		if _, known := l.Algorithm.Kind(); !known {
-			rep.addAt(path+".algorithm", fmt.Sprintf("unknown algorithm %s (want fixed_window, sliding_log, sliding_window, token_bucket, leaky_bucket, gcra or concurrency)", quote(s.algorithm)))
+			rep.addAt(path+".algorithm", fmt.Sprintf("unknown algorithm %s (want %s)", quote(s.algorithm), algorithm.JoinNames(algorithm.Names(), "or")))
 			return nil, false
 		}
 	}
-	burstPath := path + ".limit"
+	// Burst and buckets may be written in the limit ("100/m burst 20") or
+	// as keys, not both.
 	if s.burst != 0 {
-		burstPath = path + ".burst"
 		if l.Burst != 0 {
 			rep.keyAt(path+".burst", fmt.Sprintf("burst is given both in limit (%s) and as burst: %d; use one", quote(s.limit), s.burst))
 			ok = false
 		}
 		l.Burst = s.burst
 	}
-	if !ok {
-		return nil, false
-	}
-	bucket := l.Algorithm == weir.TokenBucket || l.Algorithm == weir.LeakyBucket || l.Algorithm == weir.GCRA
-	if l.Burst != 0 && !bucket {
-		rep.addAt(burstPath, fmt.Sprintf("burst applies only to token_bucket, leaky_bucket and gcra, not %s", l.Algorithm))
-		ok = false
-	}
-	l.Block = s.block
-	if s.block != 0 && l.Algorithm == weir.Concurrency {
-		rep.addAt(path+".block", "block (the penalty box) does not apply to the concurrency algorithm")
-		ok = false
-	}
-	l.MaxDelay, l.DelayAfter = s.maxDelay, s.delayAfter
-	if (s.maxDelay != 0 || s.delayAfter != 0) && l.Algorithm != weir.LeakyBucket {
-		p := path + ".max_delay"
-		if s.maxDelay == 0 {
-			p = path + ".delay_after"
+	if s.buckets != 0 {
+		if l.Buckets != 0 {
+			rep.keyAt(path+".buckets", fmt.Sprintf("buckets are given both in limit (%s) and as buckets: %d; use one", quote(s.limit), s.buckets))
+			ok = false
 		}
-		rep.keyAt(p, fmt.Sprintf("max_delay and delay_after apply only to leaky_bucket, not %s", l.Algorithm))
-		ok = false
-	} else if s.delayAfter != 0 && s.maxDelay == 0 {
-		rep.keyAt(path+".delay_after", "delay_after needs max_delay (shaping)")
-		ok = false
+		l.Buckets = s.buckets
 	}
 	if !ok {
 		return nil, false
 	}
-	p, err := l.Compile()
-	if err != nil {
-		rep.addAt(path+".limit", limitMessage(err))
+	l.Block, l.MaxDelay, l.DelayAfter = s.block, s.maxDelay, s.delayAfter
+	if _, err := l.Compile(); err != nil {
+		limitProblem(path, s, l, err, rep)
 		return nil, false
 	}
-	return &tier{limit: l, local: scaleLimit(l, instances), quota: p.Cap}, true
+	return &tier{limit: l}, true
+}
+
+// limitProblem reports Compile's error err about l at the key of s that
+// holds the setting it names (or at limit, which holds the rest).
+func limitProblem(path string, s limitSpec, l weir.Limit, err error, rep reporter) {
+	at := path + ".limit"
+	var fe *algorithm.FieldError
+	if !errors.As(err, &fe) {
+		rep.addAt(at, limitMessage(err))
+		return
+	}
+	if key := fe.Field.String(); s.given(fe.Field) {
+		at = path + "." + key
+	}
+	kind := fe.Kind.String()
+	switch f, pr := fe.Field, fe.Problem; {
+	case f == algorithm.FieldBurst && pr == algorithm.NotTaken:
+		rep.addAt(at, fmt.Sprintf("burst applies only to %s, not %s", algorithm.JoinNames(algorithm.Taking(f), "and"), kind))
+	case (f == algorithm.FieldMaxDelay || f == algorithm.FieldDelayAfter) && pr == algorithm.NotTaken:
+		rep.keyAt(at, fmt.Sprintf("max_delay and delay_after apply only to %s, not %s", algorithm.JoinNames(algorithm.Taking(f), "and"), kind))
+	case f == algorithm.FieldDelayAfter && pr == algorithm.NeedsOther:
+		rep.keyAt(at, "delay_after needs max_delay (shaping)")
+	case f == algorithm.FieldBuckets && pr == algorithm.NotTaken:
+		rep.addAt(at, fmt.Sprintf("buckets %d: buckets apply only to %s, not %s", fe.Value, algorithm.JoinNames(algorithm.Taking(f), "and"), kind))
+	case f == algorithm.FieldBuckets && pr == algorithm.OutOfRange:
+		rep.addAt(at, fmt.Sprintf("buckets %d is out of range: a %s takes %d to %d buckets", fe.Value, algorithm.JoinNames(algorithm.Taking(f), "or"), algorithm.MinBuckets, algorithm.MaxBuckets))
+	case f == algorithm.FieldBuckets && pr == algorithm.NoSplit:
+		rep.addAt(at, fmt.Sprintf("buckets %d do not split the period %v into whole microseconds; pick a count that divides it", fe.Value, l.Period))
+	default:
+		rep.addAt(at, limitMessage(err))
+	}
+}
+
+// given reports whether the rule sets field f with a key of its own
+// (rather than in its limit string, or not at all).
+func (s limitSpec) given(f algorithm.Field) bool {
+	switch f {
+	case algorithm.FieldBurst:
+		return s.burst != 0
+	case algorithm.FieldBlock:
+		return s.block != 0
+	case algorithm.FieldMaxDelay:
+		return s.maxDelay != 0
+	case algorithm.FieldDelayAfter:
+		return s.delayAfter != 0
+	case algorithm.FieldBuckets:
+		return s.buckets != 0
+	}
+	return false
 }
 
 // limitMessage words a weir limit error without the package prefix.
@@ -526,7 +639,7 @@ func limitMessage(err error) string {
 	return strings.TrimPrefix(err.Error(), "weir: ")
 }
 
-func checkTiers(rp string, rc *RuleConfig, r *rule, instances int, rep reporter) bool {
+func checkTiers(rp string, rc *RuleConfig, r *rule, rep reporter) bool {
 	tp := rp + ".tiers"
 	ts := rc.Tiers
 	ok := true
@@ -557,7 +670,7 @@ func checkTiers(rp string, rc *RuleConfig, r *rule, instances int, rep reporter)
 			ok = false
 			continue
 		}
-		spec := limitSpec{tc.Limit, tc.Algorithm, tc.Burst, tc.Block, tc.MaxDelay, tc.DelayAfter}
+		spec := limitSpec{tc.Limit, tc.Algorithm, tc.Burst, tc.Block, tc.MaxDelay, tc.DelayAfter, tc.Buckets}
 		if spec.algorithm == "" {
 			spec.algorithm = rc.Algorithm
 		}
@@ -567,7 +680,7 @@ func checkTiers(rp string, rc *RuleConfig, r *rule, instances int, rep reporter)
 		if spec.maxDelay == 0 && spec.delayAfter == 0 {
 			spec.maxDelay, spec.delayAfter = rc.MaxDelay, rc.DelayAfter
 		}
-		t, tok := checkLimit(p, spec, instances, rep)
+		t, tok := checkLimit(p, spec, rep)
 		if !tok {
 			ok = false
 			continue
@@ -583,7 +696,7 @@ func checkTiers(rp string, rc *RuleConfig, r *rule, instances int, rep reporter)
 	if !hasDefault {
 		msg := "tiers needs a default tier, used when by has no value or names no tier"
 		for _, tc := range ts.Tiers {
-			if editDistance(strings.ToLower(tc.Name), "default") <= 2 {
+			if yamlnode.Suggest(tc.Name, []string{"default"}) != "" {
 				msg += fmt.Sprintf(" (is %s a misspelling of default?)", quote(tc.Name))
 				break
 			}
@@ -597,23 +710,18 @@ func checkTiers(rp string, rc *RuleConfig, r *rule, instances int, rep reporter)
 	return ok
 }
 
-// scaleLimit is l divided among n instances, rounded up, at least 1: what
-// the local fallback enforces in each.
-func scaleLimit(l weir.Limit, n int) weir.Limit {
-	if n <= 1 {
-		return l
+// checkRedisPrefix returns what is wrong with a store.redis.prefix, or "".
+func checkRedisPrefix(p string) string {
+	if len(p) > MaxRedisPrefix {
+		return fmt.Sprintf("prefix %s is %d bytes; the limit is %d", quote(p), len(p), MaxRedisPrefix)
 	}
-	div := func(v int64) int64 { return max((v+int64(n)-1)/int64(n), 1) }
-	s := l
-	s.Rate = div(l.Rate)
-	if l.Burst > 0 {
-		s.Burst = div(l.Burst)
+	if strings.ContainsAny(p, "{}") {
+		return fmt.Sprintf("prefix %s must not contain a brace: braces set the Redis Cluster hash tag of every key", quote(p))
 	}
-	if l.DelayAfter > 0 {
-		s.DelayAfter = div(l.DelayAfter)
+	for _, c := range p {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.ContainsRune("_-.:/", c)) {
+			return fmt.Sprintf("prefix %s may hold only letters, digits and _ - . : /, not %q", quote(p), c)
+		}
 	}
-	if s.Validate() != nil {
-		return l
-	}
-	return s
+	return ""
 }

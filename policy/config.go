@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/weir-dev/weir/store/guard"
 )
 
 // Config is weir.yaml, the file docs/configuration.md describes. Parse and
@@ -19,10 +21,21 @@ type Config struct {
 	// TrustedProxies lists the CIDRs of the proxies in front of weir, whose
 	// X-Forwarded-For and X-Real-IP headers are believed (see ClientIP).
 	TrustedProxies []string
+	// ClientIPHeader names the header that carries the client address
+	// from the trusted proxies (see clientip.From): "auto" (or empty, the
+	// default), "X-Forwarded-For", "X-Real-IP", or any header a proxy
+	// sets, such as CF-Connecting-IP or True-Client-IP.
+	ClientIPHeader string
 	Headers        HeadersConfig
 	// Shadow makes every rule a shadow rule: evaluated and reported, never
 	// blocking.
 	Shadow bool
+	// NearLimit is the share of a limit at or past which an admitted
+	// decision counts as near the limit (see NearLimit): a percentage such
+	// as "80%" or a fraction such as "0.8", above 0 and at most 100%;
+	// "off" or 0 turns it off. Empty means DefaultNearLimit. A rule's own
+	// near_limit overrides it.
+	NearLimit string
 	// OnError is the global failure policy, "allow", "deny" or "local". The
 	// file sets it as store.on_error; Parse copies it here, defaulting to
 	// "local". New reads Store.OnError first, then OnError.
@@ -55,7 +68,7 @@ type StoreConfig struct {
 	// "deny" or "local" (the default).
 	OnError string
 	// Breaker tunes the circuit breaker around the store.
-	Breaker BreakerConfig
+	Breaker guard.BreakerConfig
 	// MaxKeys bounds the memory store (default memstore.DefaultMaxKeys).
 	MaxKeys int
 }
@@ -79,7 +92,17 @@ type RedisConfig struct {
 	// redisstore's defaults (2 and 64).
 	MaxInFlight int
 	MaxBatch    int
+	// Prefix starts the name of every key weir writes in Redis: the
+	// limiter state, and weir serve's penalty-box index, fleet reports
+	// and stored rules (default "weir"). Deployments that share a Redis
+	// need different prefixes to share nothing. At most 64 characters of
+	// letters, digits and _ - . : /; no braces (they would set the
+	// cluster hash tag).
+	Prefix string
 }
+
+// MaxRedisPrefix is the longest store.redis.prefix.
+const MaxRedisPrefix = 64
 
 // PasswordValue returns Password, or the value of the environment variable
 // PasswordEnv names.
@@ -96,8 +119,8 @@ func (r RedisConfig) String() string {
 	if r.Password != "" {
 		pw = "[redacted]"
 	}
-	return fmt.Sprintf("{Addrs:%v MasterName:%s Username:%s Password:%s PasswordEnv:%s TLS:%t DB:%d MaxInFlight:%d MaxBatch:%d}",
-		r.Addrs, r.MasterName, r.Username, pw, r.PasswordEnv, r.TLS, r.DB, r.MaxInFlight, r.MaxBatch)
+	return fmt.Sprintf("{Addrs:%v MasterName:%s Username:%s Password:%s PasswordEnv:%s TLS:%t DB:%d MaxInFlight:%d MaxBatch:%d Prefix:%s}",
+		r.Addrs, r.MasterName, r.Username, pw, r.PasswordEnv, r.TLS, r.DB, r.MaxInFlight, r.MaxBatch, r.Prefix)
 }
 
 // GoString is String, so that %#v does not leak the password either.
@@ -125,17 +148,42 @@ func (r RedisConfig) LogValue() slog.Value {
 	if r.MaxBatch != 0 {
 		attrs = append(attrs, slog.Int("max_batch", r.MaxBatch))
 	}
+	if r.Prefix != "" {
+		attrs = append(attrs, slog.String("prefix", r.Prefix))
+	}
 	return slog.GroupValue(attrs...)
 }
+
+// GRPCOff, as server.grpc, serves no gRPC.
+const GRPCOff = "off"
 
 // ServerConfig is the server section, read by weir serve.
 type ServerConfig struct {
 	HTTP string // listen address of the HTTP API (default ":8080")
-	GRPC string // listen address of the Envoy gRPC service (default ":8081")
+	GRPC string // listen address of the Envoy gRPC service (default ":8081"); GRPCOff for none
 	// AdminTokenEnv names the environment variable holding the admin API's
 	// bearer token; without it the admin API is off.
 	AdminTokenEnv string
+	// AuthHeaders names the header family that describes the original
+	// request on GET /v1/auth: AuthHeadersAuto (or empty, the default),
+	// AuthHeadersOriginal or AuthHeadersForwarded.
+	AuthHeaders string
 }
+
+// Header families of GET /v1/auth (ServerConfig.AuthHeaders).
+const (
+	// AuthHeadersAuto takes whichever family the auth request carries and
+	// refuses one carrying both that disagree on the URI, method or host.
+	AuthHeadersAuto = "auto"
+	// AuthHeadersOriginal reads X-Original-URI, X-Original-Method and
+	// X-Original-Host, as nginx's auth_request is configured to send, and
+	// ignores X-Forwarded-Uri, -Method and -Host.
+	AuthHeadersOriginal = "original"
+	// AuthHeadersForwarded reads X-Forwarded-Uri, X-Forwarded-Method and
+	// X-Forwarded-Host, as Traefik's forwardAuth and Caddy's forward_auth
+	// send, and ignores X-Original-URI, -Method and -Host.
+	AuthHeadersForwarded = "forwarded"
+)
 
 // HeadersConfig is the headers section: which rate-limit headers responses carry.
 type HeadersConfig struct {
@@ -169,10 +217,17 @@ type RuleConfig struct {
 	// (weir.Limit's fields of the same names).
 	MaxDelay   time.Duration
 	DelayAfter int64
+	// Buckets splits a sliding_window's period into this many sub-windows
+	// (weir.Limit.Buckets): 2 to 60, dividing the period into whole
+	// microseconds; 0 for the plain window.
+	Buckets int64
 	// Tiers picks the limit by a request attribute; nil for one limit.
 	Tiers *TiersConfig
 	// Shadow evaluates and reports the rule but never blocks.
 	Shadow bool
+	// NearLimit overrides the global near_limit for this rule, in the same
+	// syntax; empty inherits it.
+	NearLimit string
 	// OnError overrides the global failure policy for this rule.
 	OnError string
 }
@@ -207,6 +262,7 @@ type TierConfig struct {
 	Block      time.Duration
 	MaxDelay   time.Duration
 	DelayAfter int64
+	Buckets    int64
 }
 
 // ValueList is an allow or deny entry that lists identity values, such as

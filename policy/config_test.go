@@ -93,6 +93,7 @@ store:
   breaker: {failures: 3, failure_ratio: 0.25, min_requests: 10, window: 5s, cooldown: 2s}
 headers: {legacy: true}
 shadow: true
+near_limit: 85%
 instances: 4
 x-anchors:
 rules:
@@ -105,6 +106,7 @@ rules:
     max_delay: 500ms
     delay_after: 2
     on_error: allow
+    near_limit: 0.5
 allow:
   - 10.0.0.1
   - {identity: header:X-API-Key, values: [internal]}
@@ -113,7 +115,7 @@ deny:
 `
 	_, err := Parse([]byte(doc), "all.yaml")
 	var ce *ConfigError
-	if !errors.As(err, &ce) || len(ce.Problems) != 1 || ce.Problems[0].Message != `unknown field "x-anchors" in the top level (want one of store, server, trusted_proxies, headers, shadow, instances, rules, allow, deny)` {
+	if !errors.As(err, &ce) || len(ce.Problems) != 1 || ce.Problems[0].Message != `unknown field "x-anchors" in the top level (want one of store, server, trusted_proxies, client_ip_header, headers, shadow, near_limit, instances, rules, allow, deny)` {
 		t.Fatalf("got %v", err)
 	}
 	cfg, err := Parse([]byte(strings.Replace(doc, "x-anchors:\n", "", 1)), "all.yaml")
@@ -126,10 +128,11 @@ deny:
 			Breaker: BreakerConfig{Failures: 3, FailureRatio: 0.25, MinRequests: 10, Window: 5 * time.Second, Cooldown: 2 * time.Second}},
 		Headers:   HeadersConfig{Legacy: true},
 		Shadow:    true,
+		NearLimit: "85%",
 		OnError:   "deny",
 		Instances: 4,
 		Rules: []RuleConfig{{Name: "r1", Match: MatchConfig{Methods: []string{"get"}, Host: "*.example.com"}, Identity: []string{"header:X-User"},
-			OnMissing: "use_ip", Limit: "10/s", Algorithm: "leaky_bucket", MaxDelay: 500 * time.Millisecond, DelayAfter: 2, OnError: "allow"}},
+			OnMissing: "use_ip", Limit: "10/s", Algorithm: "leaky_bucket", MaxDelay: 500 * time.Millisecond, DelayAfter: 2, OnError: "allow", NearLimit: "0.5"}},
 		Allow:       []string{"10.0.0.1"},
 		AllowValues: []ValueList{{Identity: "header:X-API-Key", Values: []string{"internal"}}},
 		DenyValues:  []ValueList{{Identity: "query:token", Values: []string{"revoked1", "revoked2"}}},
@@ -143,11 +146,23 @@ deny:
 	}
 }
 
+// TestParseEmpty: an empty file is refused (it is most often one caught
+// mid-rewrite); no rules at all must be written out as rules: [].
 func TestParseEmpty(t *testing.T) {
-	for _, doc := range []string{"", "# nothing\n", "rules: []\n"} {
+	for _, doc := range []string{"rules: []\n", "# no rules yet\nrules: []\n"} {
 		cfg, err := Parse([]byte(doc), "e.yaml")
 		if err != nil || len(cfg.Rules) != 0 || cfg.Store.Type != "memory" || cfg.OnError != "local" {
 			t.Fatalf("%q: %+v, %v", doc, cfg, err)
+		}
+	}
+	for _, doc := range []string{"", "  \n\n", "# nothing\n", "---\n", "~\n", "null\n", "# a\n---\n# b\n"} {
+		cfg, err := Parse([]byte(doc), "e.yaml")
+		var ce *ConfigError
+		if err == nil || !errors.As(err, &ce) {
+			t.Fatalf("%q: want a ConfigError, got %+v, %v", doc, cfg, err)
+		}
+		if msg := err.Error(); !strings.Contains(msg, "e.yaml") || !strings.Contains(msg, "empty") || !strings.Contains(msg, "rules: []") {
+			t.Fatalf("%q: the error does not say why: %v", doc, msg)
 		}
 	}
 }
@@ -244,8 +259,6 @@ func TestParseProblems(t *testing.T) {
 			[]string{`3:12: burst applies only to token_bucket, leaky_bucket and gcra, not sliding_log`}},
 		{"burst given twice", rule("    limit: 5/m burst 2\n    burst: 3\n"),
 			[]string{`4:5: burst is given both in limit ("5/m burst 2") and as burst: 3; use one`}},
-		{"block with concurrency", rule("    limit: 5/m\n    algorithm: concurrency\n    block: 1m\n"),
-			[]string{`5:12: block (the penalty box) does not apply to the concurrency algorithm`}},
 		{"max_delay on gcra", rule("    limit: 5/m\n    max_delay: 1s\n"),
 			[]string{`4:5: max_delay and delay_after apply only to leaky_bucket, not gcra`}},
 		{"bad block duration", rule("    limit: 5/m\n    block: 15 minutes\n"),
@@ -308,6 +321,12 @@ func TestParseProblems(t *testing.T) {
 			[]string{`2:38: db 3 cannot be used with Redis Cluster (several addrs without master_name), which has only db 0`}},
 		{"max_batch too large", "store:\n  redis: {addrs: [\"a:1\"], max_batch: 5000}\n",
 			[]string{`2:38: max_batch must be 1 to 1000, got 5000`}},
+		{"prefix with a brace", "store:\n  redis: {addrs: [\"a:1\"], prefix: \"{blue}\"}\n",
+			[]string{`2:35: prefix "{blue}" must not contain a brace: braces set the Redis Cluster hash tag of every key`}},
+		{"prefix with a space", "store:\n  redis: {addrs: [\"a:1\"], prefix: \"blue green\"}\n",
+			[]string{`2:35: prefix "blue green" may hold only letters, digits and _ - . : /, not ' '`}},
+		{"prefix too long", "store:\n  redis: {addrs: [\"a:1\"], prefix: " + strings.Repeat("p", 65) + "}\n",
+			[]string{`2:35: prefix "` + strings.Repeat("p", 65) + `" is 65 bytes; the limit is 64`}},
 		{"max_in_flight zero", "store:\n  redis: {addrs: [\"a:1\"], max_in_flight: 0}\n",
 			[]string{`2:42: max_in_flight must be at least 1, got 0`}},
 		{"bad bool", "shadow: yes\n",

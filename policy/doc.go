@@ -23,7 +23,8 @@
 //  6. The Verdict keeps every rule's own result, for headers and metrics,
 //     and points at the most restrictive one.
 //
-// The store sits behind a Guard: a deadline per call and a circuit breaker.
+// The store sits behind a guard.Guard (package store/guard): a deadline
+// per call and a circuit breaker.
 // While the store fails, each rule follows its on_error policy: allow,
 // deny, or local, an in-process limiter enforcing the limit divided by the
 // number of instances.
@@ -33,6 +34,9 @@
 // SIGHUP), keeping the old rules when the new file is bad. State keys are
 // derived from the rule name and the identity only, so a reload keeps the
 // counters of every rule whose limit did not change.
+//
+// Middleware puts a Policy in front of net/http handlers, answering with
+// package httplimit's headers and rejections.
 //
 // docs/configuration.md is the reference of the file.
 package policy

@@ -3,6 +3,7 @@ package policy_test
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"net/http/httptest"
 
 	"github.com/weir-dev/weir/policy"
@@ -68,4 +69,49 @@ rules:
 	// allowed=true rule=login identity=192.0.2.1 remaining=1
 	// allowed=true rule=login identity=192.0.2.1 remaining=0
 	// allowed=false rule=login identity=192.0.2.1 remaining=0
+}
+
+// Rules from weir.yaml: every request matching a rule is counted by it, and
+// the headers report them all.
+func ExampleMiddleware() {
+	cfg, err := policy.Parse([]byte(`
+rules:
+  - name: login
+    match: { methods: [POST], path: /login }
+    identity: [ip]
+    limit: 5/15m
+    algorithm: sliding_log
+    block: 15m
+  - name: site
+    identity: [ip]
+    limit: 100/m
+    algorithm: sliding_log
+`), "weir.yaml")
+	if err != nil {
+		panic(err)
+	}
+	p, err := policy.New(cfg, nil) // nil: a fresh in-memory store
+	if err != nil {
+		panic(err)
+	}
+	h := policy.Middleware(p)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "ok")
+	}))
+
+	for _, method := range []string{http.MethodGet, http.MethodPost} {
+		r := httptest.NewRequest(method, "/login", nil)
+		r.RemoteAddr = "192.0.2.1:1234"
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		fmt.Println(method, w.Code)
+		fmt.Println("  RateLimit-Policy:", w.Header().Get("RateLimit-Policy"))
+		fmt.Println("  RateLimit:", w.Header().Get("RateLimit"))
+	}
+	// Output:
+	// GET 200
+	//   RateLimit-Policy: "site";q=100;w=60
+	//   RateLimit: "site";r=99;t=60
+	// POST 200
+	//   RateLimit-Policy: "login";q=5;w=900, "site";q=100;w=60
+	//   RateLimit: "login";r=4;t=900
 }

@@ -1,18 +1,13 @@
 package policy
 
 import (
-	"context"
-	"fmt"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/weir-dev/weir"
-	"github.com/weir-dev/weir/store/memstore"
+	"github.com/weir-dev/weir/internal/storefake"
 	"github.com/weir-dev/weir/storetest"
 )
 
@@ -20,67 +15,19 @@ import (
 func newClock() *storetest.Clock { return storetest.NewClock(storetest.Epoch) }
 
 // fakeStore wraps a memstore, counts calls, and fails on demand.
-type fakeStore struct {
-	inner *memstore.Store
-	calls atomic.Int64
-	down  atomic.Bool
-	// block, when set, makes calls wait for the context to end.
-	block atomic.Bool
-	// sawDeadline records whether the last call's context had a deadline.
-	sawDeadline atomic.Bool
-}
+type fakeStore = storefake.Store
 
 func newFakeStore(clock *storetest.Clock) *fakeStore {
-	var opts []memstore.Option
-	if clock != nil {
-		opts = append(opts, memstore.WithClock(clock.Now))
+	if clock == nil {
+		return storefake.New(nil)
 	}
-	return &fakeStore{inner: memstore.New(opts...)}
+	return storefake.New(clock.Now)
 }
 
-var errDown = fmt.Errorf("%w: connection refused", weir.ErrStore)
+var errDown = storefake.ErrDown
 
-func (f *fakeStore) enter(ctx context.Context) error {
-	f.calls.Add(1)
-	_, ok := ctx.Deadline()
-	f.sawDeadline.Store(ok)
-	if f.block.Load() {
-		<-ctx.Done()
-		return fmt.Errorf("%w: %w", weir.ErrStore, ctx.Err())
-	}
-	if f.down.Load() {
-		return errDown
-	}
-	return nil
-}
-
-func (f *fakeStore) Take(ctx context.Context, key string, l weir.Limit, n int64) (weir.Result, error) {
-	if err := f.enter(ctx); err != nil {
-		return weir.Result{}, err
-	}
-	return f.inner.Take(ctx, key, l, n)
-}
-
-func (f *fakeStore) Reset(ctx context.Context, key string, l weir.Limit) error {
-	if err := f.enter(ctx); err != nil {
-		return err
-	}
-	return f.inner.Reset(ctx, key, l)
-}
-
-func (f *fakeStore) TakeAll(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
-	if err := f.enter(ctx); err != nil {
-		return err
-	}
-	return f.inner.TakeAll(ctx, reqs, results)
-}
-
-func (f *fakeStore) Release(ctx context.Context, key string, l weir.Limit, lease string) error {
-	if err := f.enter(ctx); err != nil {
-		return err
-	}
-	return f.inner.Release(ctx, key, l, lease)
-}
+// countingHandler counts slog records whose message is msg.
+type countingHandler = storefake.LogCounter
 
 // singleStore hides TakeAll: a plain weir.Store.
 type singleStore struct{ weir.Store }
@@ -134,33 +81,3 @@ func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 		time.Sleep(5 * time.Millisecond)
 	}
 }
-
-// countingHandler counts slog records whose message is msg.
-type countingHandler struct {
-	mu   sync.Mutex
-	msgs []string
-}
-
-func (h *countingHandler) count(msg string) int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	n := 0
-	for _, m := range h.msgs {
-		if m == msg {
-			n++
-		}
-	}
-	return n
-}
-
-func (h *countingHandler) Enabled(context.Context, slog.Level) bool { return true }
-
-func (h *countingHandler) Handle(_ context.Context, r slog.Record) error {
-	h.mu.Lock()
-	h.msgs = append(h.msgs, r.Message)
-	h.mu.Unlock()
-	return nil
-}
-
-func (h *countingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h *countingHandler) WithGroup(string) slog.Handler      { return h }

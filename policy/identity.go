@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/clientip"
 )
 
 // idKind is what an identity reads from a request.
@@ -30,19 +31,28 @@ type identity struct {
 	kind   idKind
 	arg    string // header name (canonical), cookie or query name, const value
 	bits4  int    // ip: IPv4 prefix length (32 = the whole address)
-	bits6  int    // ip: IPv6 prefix length (128 = the whole address)
+	bits6  int    // ip: IPv6 prefix length (128 = the whole address; DefaultIPv6Bits unless set)
 	hasArg bool
 }
+
+// DefaultIPv6Bits is the prefix length by which the ip identity groups
+// IPv6 clients unless the rule says otherwise (ip/128 counts every address
+// apart): one host is usually given a whole /64, so counting each /128 would
+// let it take a new identity for every request. IPv4 clients are counted
+// whole (/32).
+const DefaultIPv6Bits = clientip.DefaultIPv6Bits
 
 // identityHelp lists the identity forms for error messages.
 const identityHelp = "want ip, ip/BITS, header:NAME, cookie:NAME, query:NAME, method, route or const:VALUE"
 
 // parseIdentity parses an identity spec.
 //
-//	ip            the client IP (see ClientIP)
-//	ip/24         IPv4 clients grouped by /24; IPv6 clients whole
-//	ip/64         IPv6 clients grouped by /64; IPv4 clients whole
-//	ip/24/64      both
+//	ip            the client IP (see clientip.From): an IPv4 client whole, an
+//	              IPv6 client by its /64, the block one host owns
+//	ip/24         IPv4 clients grouped by /24; IPv6 clients by /64
+//	ip/48         IPv6 clients grouped by /48; IPv4 clients whole
+//	ip/24/48      both
+//	ip/32/128     every address apart, IPv6 included
 //	header:NAME   the request header NAME
 //	cookie:NAME   the cookie NAME
 //	query:NAME    the query parameter NAME
@@ -67,7 +77,7 @@ func parseIdentity(s string) (identity, error) {
 	}
 	switch {
 	case kind == "ip" || strings.HasPrefix(kind, "ip/"):
-		id.kind, id.bits4, id.bits6 = idIP, 32, 128
+		id.kind, id.bits4, id.bits6 = idIP, 32, DefaultIPv6Bits
 		if err := noArg(); err != nil {
 			return id, err
 		}
@@ -151,27 +161,14 @@ func parseIPBits(id *identity, s string) error {
 
 // validToken reports whether s is an RFC 9110 token (header, cookie and
 // method names).
-func validToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' {
-			continue
-		}
-		if !strings.ContainsRune("!#$%&'*+-.^_`|~", rune(c)) {
-			return false
-		}
-	}
-	return true
-}
+func validToken(s string) bool { return clientip.IsToken(s) }
 
 // reqView is a request as the identities see it, with the client IP and
 // the query computed at most once.
 type reqView struct {
 	r        *http.Request
 	trusted  []netip.Prefix
+	ipHeader string // canonical, see clientip.CanonicalHeader
 	ip       netip.Addr
 	ipDone   bool
 	query    url.Values
@@ -180,7 +177,7 @@ type reqView struct {
 
 func (v *reqView) clientIP() netip.Addr {
 	if !v.ipDone {
-		v.ip, v.ipDone = ClientIP(v.r, v.trusted), true
+		v.ip, v.ipDone = clientip.From(v.r, v.trusted, v.ipHeader), true
 	}
 	return v.ip
 }
@@ -225,23 +222,7 @@ func ipValue(a netip.Addr, bits4, bits6 int) string {
 		return ""
 	}
 	var buf [64]byte
-	return string(appendIPValue(buf[:0], a, bits4, bits6))
-}
-
-// appendIPValue appends ipValue(a, bits4, bits6) for a valid a to b.
-func appendIPValue(b []byte, a netip.Addr, bits4, bits6 int) []byte {
-	bits := bits6
-	if a.Is4() {
-		bits = bits4
-	}
-	if bits >= a.BitLen() {
-		return a.AppendTo(b)
-	}
-	p, err := a.Prefix(bits)
-	if err != nil {
-		return a.AppendTo(b)
-	}
-	return p.AppendTo(b)
+	return string(clientip.AppendGroup(buf[:0], a, bits4, bits6))
 }
 
 // ipKey returns the ip identity of a client address, as ipValue renders
@@ -255,7 +236,7 @@ func ipKey(rule string, a netip.Addr, bits4, bits6 int) (id, key string, ok bool
 		return "", "", false
 	}
 	var buf [64]byte
-	b := appendIPValue(buf[:0], a, bits4, bits6)
+	b := clientip.AppendGroup(buf[:0], a, bits4, bits6)
 	if a.Is4() {
 		key = weir.Key(rule, string(b)) // string(b) stays on the stack
 		if n := len(key) - len(b); n > 0 && key[n:] == string(b) {
@@ -267,13 +248,50 @@ func ipKey(rule string, a netip.Addr, bits4, bits6 int) (id, key string, ok bool
 }
 
 // useIPKey returns the identity "ip:ADDR" that on_missing: use_ip counts
-// a client address by, and its store key weir.Key(rule, "", ADDR); ok is
-// false for no address.
+// a client address by, ADDR grouped as the ip identity does by default
+// (an IPv6 client by its /64), and its store key weir.Key(rule, "", ADDR);
+// ok is false for no address.
 func useIPKey(rule string, a netip.Addr) (id, key string, ok bool) {
 	if !a.IsValid() {
 		return "", "", false
 	}
 	var buf [64]byte
-	id = string(a.AppendTo(append(buf[:0], "ip:"...)))
+	id = string(clientip.AppendGroup(append(buf[:0], "ip:"...), a, 32, DefaultIPv6Bits))
 	return id, weir.Key(rule, "", id[len("ip:"):]), true
+}
+
+// canonicalIP returns the ip identity under the grouping bits4/bits6 of
+// key, an address or a prefix as a result reports it: IPv4-mapped IPv6
+// unmapped, IPv6 in its canonical lower-case compressed form, zones
+// dropped, the address grouped by the rule's prefix. ("::ffff:203.0.113.9"
+// and "203.0.113.9" are one identity, as are "2001:DB8::1" and
+// "2001:db8:0::1".) ok is false when key is neither an address nor a
+// prefix. A prefix shorter than the grouping is an error naming key.
+func canonicalIP(key string, bits4, bits6 int) (id string, ok bool, err error) {
+	var a netip.Addr
+	bits := -1
+	if strings.Contains(key, "/") {
+		p, err := netip.ParsePrefix(key)
+		if err != nil {
+			return "", false, nil
+		}
+		a, bits = p.Addr(), p.Bits()
+		if a.Is4In6() {
+			bits -= 96
+		}
+	} else {
+		var err error
+		if a, err = netip.ParseAddr(key); err != nil {
+			return "", false, nil
+		}
+	}
+	a = clean(a)
+	want := bits6
+	if a.Is4() {
+		want = bits4
+	}
+	if want = min(want, a.BitLen()); bits >= 0 && bits < want {
+		return "", true, fmt.Errorf("key %q is a /%d, wider than the /%d the rule counts by; name an address or a prefix at least /%d long", key, bits, want, want)
+	}
+	return ipValue(a, bits4, bits6), true, nil
 }

@@ -14,6 +14,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/httplimit"
+	"github.com/weir-dev/weir/store/guard"
 	"github.com/weir-dev/weir/store/memstore"
 )
 
@@ -25,7 +27,7 @@ var ErrUnknownRule = errors.New("policy: unknown rule")
 type Policy struct {
 	cfg      *Config
 	c        *compiled
-	guard    *Guard
+	guard    *guard.Guard
 	observer func(context.Context, RuleResult, time.Duration)
 	log      *slog.Logger
 	now      func() time.Time
@@ -39,7 +41,7 @@ type options struct {
 	observer func(context.Context, RuleResult, time.Duration)
 	log      *slog.Logger
 	now      func() time.Time
-	guard    GuardConfig
+	guard    guard.Config
 }
 
 // WithObserver reports every decision: each RuleResult that Check or
@@ -60,11 +62,11 @@ func WithClock(now func() time.Time) Option { return func(o *options) { o.now = 
 // WithGuardConfig adjusts the Guard that New builds when it is given a
 // plain store; the config file's store.timeout and store.breaker fill the
 // fields left zero.
-func WithGuardConfig(g GuardConfig) Option { return func(o *options) { o.guard = g } }
+func WithGuardConfig(g guard.Config) Option { return func(o *options) { o.guard = g } }
 
 // New compiles cfg into a Policy over store.
 //
-// Pass a *Guard as store to share the circuit breaker and the local
+// Pass a *guard.Guard as store to share the circuit breaker and the local
 // fallback counters across reloads; any other store is wrapped in a new
 // Guard configured from cfg.Store. A nil store means a new memstore, which
 // is only allowed when cfg.Store.Type is memory. An invalid cfg gives a
@@ -88,7 +90,7 @@ func New(cfg *Config, store weir.Store, opts ...Option) (*Policy, error) {
 	if len(rep.problems) > 0 {
 		return nil, &ConfigError{Problems: rep.problems}
 	}
-	g, ok := store.(*Guard)
+	g, ok := store.(*guard.Guard)
 	if !ok {
 		if store == nil {
 			if cfg.Store.Type == StoreRedis {
@@ -104,7 +106,7 @@ func New(cfg *Config, store weir.Store, opts ...Option) (*Policy, error) {
 		if gc.Timeout == 0 {
 			gc.Timeout = cfg.Store.Timeout
 		}
-		if gc.Breaker == (BreakerConfig{}) {
+		if gc.Breaker == (guard.BreakerConfig{}) {
 			gc.Breaker = cfg.Store.Breaker
 		}
 		if gc.Logger == nil {
@@ -113,7 +115,7 @@ func New(cfg *Config, store weir.Store, opts ...Option) (*Policy, error) {
 		if gc.Now == nil {
 			gc.Now = o.now
 		}
-		g = NewGuard(store, gc)
+		g = guard.New(store, gc)
 	}
 	p := &Policy{cfg: cfg, c: c, guard: g, observer: o.observer, log: o.log, now: o.now}
 	for _, r := range c.rules {
@@ -128,10 +130,10 @@ func (p *Policy) Config() *Config { return p.cfg }
 
 // Guard returns the guard around the policy's store: its breaker state and
 // failure counters are what metrics report.
-func (p *Policy) Guard() *Guard { return p.guard }
+func (p *Policy) Guard() *guard.Guard { return p.guard }
 
 // Store returns the store behind the policy's guard.
-func (p *Policy) Store() weir.Store { return p.guard.store }
+func (p *Policy) Store() weir.Store { return p.guard.Store() }
 
 // Rules describes the rules in force, in evaluation order.
 func (p *Policy) Rules() []RuleInfo {
@@ -172,10 +174,12 @@ type RuleInfo struct {
 	Identity  []string  `json:"identity"`
 	OnMissing string    `json:"on_missing"`
 	// Limit, Algorithm and Block are the default tier's.
-	Limit     string     `json:"limit"`
-	Algorithm string     `json:"algorithm"`
-	Block     string     `json:"block,omitempty"`
-	Shadow    bool       `json:"shadow"`
+	Limit     string `json:"limit"`
+	Algorithm string `json:"algorithm"`
+	Block     string `json:"block,omitempty"`
+	Shadow    bool   `json:"shadow"`
+	// NearLimit is the rule's near_limit share (0.8 for 80%), 0 when off.
+	NearLimit float64    `json:"near_limit"`
 	OnError   string     `json:"on_error"`
 	TierBy    string     `json:"tier_by,omitempty"`
 	Tiers     []TierInfo `json:"tiers,omitempty"`
@@ -211,6 +215,7 @@ func ruleInfo(rc *RuleConfig, r *rule, path string) RuleInfo {
 		Match:     MatchInfo{Path: rc.Match.Path, Host: rc.Match.Host},
 		OnMissing: r.onMissing,
 		Shadow:    r.shadow,
+		NearLimit: r.nearLimit,
 		OnError:   r.onError,
 		path:      path,
 	}
@@ -248,9 +253,11 @@ type Verdict struct {
 	// order, shadow and skipped rules included.
 	Results []RuleResult
 	// Limiting is the index in Results of the most restrictive enforced
-	// result: a rejection (the longest RetryAfter among several), else the
-	// lowest Remaining/Limit. It is -1 when no enforced rule produced a
-	// result: none matched, or every match was skipped or shadow.
+	// result, as httplimit.MoreRestrictive orders them: a rejection (the
+	// longest RetryAfter among several), else the fewest Remaining (then
+	// the latest reset); a rule's on_missing denial before all. It is -1
+	// when no enforced rule produced a result: none matched, or every
+	// match was skipped or shadow.
 	Limiting int
 
 	leases []heldLease
@@ -308,6 +315,9 @@ type RuleResult struct {
 	Result weir.Result
 	// Shadow marks a shadow rule: its Result is reported, never enforced.
 	Shadow bool
+	// NearLimit is the rule's near_limit share, 0 when off; IsNearLimit
+	// compares Result with it.
+	NearLimit float64
 	// Skipped marks a rule that matched but was not applied: it found no
 	// identity and has on_missing: skip, or another rule's on_missing: deny
 	// refused the request first. Its Result is zero; renderers should
@@ -320,9 +330,13 @@ type RuleResult struct {
 	// policy produced Result: "allow", "deny" or "local".
 	Err      error
 	Fallback string
+}
 
-	quota int64
-	tier  *tier
+// IsNearLimit reports whether r is an admitted, counting decision that
+// left its key at or past the rule's near_limit share of the limit (see
+// NearLimit). Skipped and denied rules, peeks and rejections never are.
+func (r *RuleResult) IsNearLimit() bool {
+	return !r.Skipped && !r.Denied && NearLimit(r.Result, r.NearLimit)
 }
 
 // enforced reports whether r counts toward the verdict.
@@ -446,7 +460,7 @@ type hit struct {
 // constant alone is made once, at New. The rest of the decision path
 // works on the stack or in pooled scratch space.
 func (p *Policy) Check(ctx context.Context, r *http.Request) Verdict {
-	v := reqView{r: r, trusted: p.c.trusted}
+	v := reqView{r: r, trusted: p.c.trusted, ipHeader: p.c.ipHeader}
 	if p.c.listed(&v, p.c.denyNets, p.c.denyVals) {
 		return Verdict{Denied: true, Limiting: -1}
 	}
@@ -467,32 +481,14 @@ func (p *Policy) Check(ctx context.Context, r *http.Request) Verdict {
 	enforced, shadow := eBuf[:0], sBuf[:0] // indexes into verdict.Results to decide
 	denied := false
 	for _, h := range hits {
-		ru, route := h.ru, h.route
-		rr := RuleResult{Rule: ru.name, Shadow: ru.shadow}
-		id, key, ok := ru.identify(&v, route)
-		if !ok {
-			switch ru.onMissing {
-			case OnMissingUseIP:
-				id, key, ok = useIPKey(ru.name, v.clientIP())
-			case OnMissingDeny:
-				rr.Denied = true
-				if !rr.Shadow {
-					denied = true
-				}
-			}
+		rr, ok := h.ru.resolve(&v, h.route)
+		if rr.Denied && !rr.Shadow {
+			denied = true
 		}
-		t := ru.tiers[0]
-		if ru.tierBy != nil {
-			t = ru.pick(ru.tierBy.value(&v, route))
-		}
-		rr.Tier, rr.Limit, rr.quota, rr.tier = t.name, t.limit, t.quota, t
+		verdict.Results = append(verdict.Results, rr)
 		if !ok {
-			rr.Skipped = !rr.Denied
-			verdict.Results = append(verdict.Results, rr)
 			continue
 		}
-		rr.Identity, rr.Key = id, key
-		verdict.Results = append(verdict.Results, rr)
 		if rr.Shadow {
 			shadow = append(shadow, len(verdict.Results)-1)
 		} else {
@@ -531,7 +527,47 @@ func (p *Policy) Check(ctx context.Context, r *http.Request) Verdict {
 			lats[j] = d
 		}
 	}
-	// The verdict.
+	verdict.settle(denied)
+	if p.observer != nil {
+		for i := range res {
+			p.observer(ctx, res[i], lats[i])
+		}
+	}
+	return verdict
+}
+
+// resolve starts the result of a rule that matched: its identity and key
+// (or its on_missing outcome) and its tier. ok is false when the rule has no
+// key, so no store call: it is skipped, or denied by on_missing: deny.
+func (ru *rule) resolve(v *reqView, route string) (rr RuleResult, ok bool) {
+	rr = RuleResult{Rule: ru.name, Shadow: ru.shadow, NearLimit: ru.nearLimit}
+	id, key, ok := ru.identify(v, route)
+	if !ok {
+		switch ru.onMissing {
+		case OnMissingUseIP:
+			id, key, ok = useIPKey(ru.name, v.clientIP())
+		case OnMissingDeny:
+			rr.Denied = true
+		}
+	}
+	t := ru.tiers[0]
+	if ru.tierBy != nil {
+		t = ru.pick(ru.tierBy.value(v, route))
+	}
+	rr.Tier, rr.Limit = t.name, t.limit
+	if !ok {
+		rr.Skipped = !rr.Denied
+		return rr, false
+	}
+	rr.Identity, rr.Key = id, key
+	return rr, true
+}
+
+// settle sets Allowed and Limiting from the decided enforced results: an
+// on_missing denial limits first; after one (denied), the other results do not
+// count; otherwise the most restrictive result limits.
+func (verdict *Verdict) settle(denied bool) {
+	res := verdict.Results
 	for i := range res {
 		rr := &res[i]
 		if !rr.enforced() {
@@ -553,36 +589,13 @@ func (p *Policy) Check(ctx context.Context, r *http.Request) Verdict {
 			verdict.Limiting = i
 		}
 	}
-	if p.observer != nil {
-		for i := range res {
-			p.observer(ctx, res[i], lats[i])
-		}
-	}
-	return verdict
 }
 
-// moreRestrictive reports whether a limits more than b: a rejection beats
-// an admission (the longer wait among rejections), then the lower share
-// of the quota remaining.
+// moreRestrictive reports whether a limits more than b, as
+// httplimit.MoreRestrictive orders results; a rule's on_missing denial,
+// which Check puts first, is never displaced.
 func moreRestrictive(a, b *RuleResult) bool {
-	if b.Denied {
-		return false
-	}
-	ar, br := a.Result, b.Result
-	if ar.Allowed != br.Allowed {
-		return !ar.Allowed
-	}
-	if !ar.Allowed {
-		return ar.RetryAfter > br.RetryAfter
-	}
-	return ratio(ar) < ratio(br)
-}
-
-func ratio(r weir.Result) float64 {
-	if r.Limit <= 0 {
-		return 1
-	}
-	return float64(r.Remaining) / float64(r.Limit)
+	return !b.Denied && httplimit.MoreRestrictive(a.Result, b.Result)
 }
 
 // listed reports whether the request is in a list of CIDRs or values.
@@ -683,56 +696,48 @@ func (p *Policy) decide(ctx context.Context, res []RuleResult, idx []int, verdic
 	return lat
 }
 
-// fallback applies each rule's on_error to a failed store call: deny
-// rejects, allow admits, and local decides with the in-process store, all
-// or nothing among the local rules, unless a deny rule already rejected.
+// fallback applies each rule's on_error to a failed store call, through
+// guard.Guard.Fallback: deny rejects, allow admits, and local decides with the
+// in-process store, all or nothing among the local rules; beside a deny
+// rule, which rejects the request anyway, the local rules only peek.
 func (p *Policy) fallback(ctx context.Context, res []RuleResult, idx []int, err error, verdict *Verdict) {
 	g := p.guard
-	var lBuf [maxScratch]int
-	local := lBuf[:0]
 	anyDeny := false
 	for _, j := range idx {
-		rr := &res[j]
-		rr.Err = err
-		rr.Fallback = p.c.byName[rr.Rule].onError
-		switch rr.Fallback {
-		case OnErrorDeny:
-			anyDeny = true
-			rr.Result = weir.Result{Limit: rr.quota, RetryAfter: g.retryHint(), ResetAfter: g.retryHint()}
-		case OnErrorAllow:
-			rr.Result = weir.Result{Allowed: true, Limit: rr.quota, Remaining: rr.quota}
-		case OnErrorLocal:
-			local = append(local, j)
-		}
+		res[j].Err = err
+		res[j].Fallback = p.c.byName[res[j].Rule].onError
+		anyDeny = anyDeny || res[j].Fallback == OnErrorDeny
 	}
-	if len(local) == 0 {
-		return
-	}
-	reqs, out, s := getScratch(len(local))
-	defer putScratch(s, len(local))
-	for i, j := range local {
-		n := int64(1)
-		if anyDeny {
-			n = 0 // the request is rejected anyway: peek, consume nothing
+	for _, mode := range [...]string{OnErrorDeny, OnErrorAllow, OnErrorLocal} {
+		var iBuf [maxScratch]int
+		sel := iBuf[:0]
+		for _, j := range idx {
+			if res[j].Fallback == mode {
+				sel = append(sel, j)
+			}
 		}
-		reqs[i] = weir.Request{Key: res[j].Key, Limit: res[j].tier.local, N: n}
-		if n > 0 && reqs[i].Limit.Algorithm == weir.Concurrency {
-			reqs[i].Lease = weir.NewLeaseID()
+		if len(sel) == 0 {
+			continue
 		}
-	}
-	if lerr := g.local.TakeAll(ctx, reqs, out); lerr != nil {
-		// Cannot happen with valid limits; fail open rather than block.
-		for _, j := range local {
-			res[j].Result = weir.Result{Allowed: true, Limit: res[j].quota, Remaining: res[j].quota}
-			res[j].Fallback = OnErrorAllow
+		reqs, out, s := getScratch(len(sel))
+		for i, j := range sel {
+			n := int64(1)
+			if mode == OnErrorLocal && anyDeny {
+				n = 0 // the request is rejected anyway: peek, consume nothing
+			}
+			reqs[i] = weir.Request{Key: res[j].Key, Limit: res[j].Limit, N: n}
+			if mode == OnErrorLocal && n > 0 && reqs[i].Limit.Algorithm == weir.Concurrency {
+				reqs[i].Lease = weir.NewLeaseID()
+			}
 		}
-		return
-	}
-	for i, j := range local {
-		res[j].Result = out[i]
-		if reqs[i].Lease != "" && out[i].Allowed && out[i].Granted > 0 {
-			verdict.leases = append(verdict.leases, heldLease{g.local, reqs[i].Key, reqs[i].Limit, reqs[i].Lease})
+		_ = g.Fallback(ctx, mode, reqs, out, p.c.instances) // the modes are checked at New
+		for i, j := range sel {
+			res[j].Result = out[i]
+			if reqs[i].Lease != "" && out[i].Allowed && out[i].Granted > 0 {
+				verdict.leases = append(verdict.leases, heldLease{g.Local(), reqs[i].Key, guard.LocalLimit(reqs[i].Limit, p.c.instances), reqs[i].Lease})
+			}
 		}
+		putScratch(s, len(sel))
 	}
 }
 
@@ -759,8 +764,11 @@ func (p *Policy) CheckKeyTier(ctx context.Context, rule, tierName, key string, h
 	if key == "" {
 		return RuleResult{}, fmt.Errorf("policy: rule %q: empty key", rule)
 	}
+	if key, err = r.canonicalKey(key); err != nil {
+		return RuleResult{}, err
+	}
 	t := r.pick(tierName)
-	rr := RuleResult{Rule: r.name, Identity: key, Key: weir.Key(r.name, key), Limit: t.limit, Tier: t.name, Shadow: r.shadow, quota: t.quota, tier: t}
+	rr := RuleResult{Rule: r.name, Identity: key, Key: weir.Key(r.name, key), Limit: t.limit, Tier: t.name, Shadow: r.shadow, NearLimit: r.nearLimit}
 	start := time.Now()
 	res, err := p.guard.Take(ctx, rr.Key, t.limit, hits)
 	lat := time.Since(start)
@@ -771,24 +779,50 @@ func (p *Policy) CheckKeyTier(ctx context.Context, rule, tierName, key string, h
 		return RuleResult{}, fmt.Errorf("policy: rule %q: %w", rule, err)
 	default:
 		rr.Err, rr.Fallback = err, r.onError
-		switch r.onError {
-		case OnErrorAllow:
-			rr.Result = weir.Result{Allowed: true, Limit: t.quota, Remaining: t.quota}
-		case OnErrorDeny:
-			rr.Result = weir.Result{Limit: t.quota, RetryAfter: p.guard.retryHint(), ResetAfter: p.guard.retryHint()}
-		default:
-			lres, lerr := p.guard.local.Take(ctx, rr.Key, t.local, hits)
-			if lerr != nil {
-				// More hits than this instance's share can ever admit.
-				lres = weir.Result{Limit: t.local.Rate, RetryAfter: p.guard.retryHint()}
-			}
-			rr.Result = lres
-		}
+		reqs := [1]weir.Request{{Key: rr.Key, Limit: t.limit, N: hits}}
+		var out [1]weir.Result
+		_ = p.guard.Fallback(ctx, r.onError, reqs[:], out[:], p.c.instances) // the modes are checked at New
+		rr.Result = out[0]
 	}
 	if p.observer != nil {
 		p.observer(ctx, rr, lat)
 	}
 	return rr, nil
+}
+
+// CanonicalKey returns key as the named rule counts it. For a rule whose
+// identity is a single ip (ip, ip/24, ...), an address or a prefix is
+// turned into the identity /v1/auth and the middleware give that client:
+// IPv4-mapped addresses unmapped, IPv6 in canonical form, grouped by the
+// rule's prefix, so "::ffff:203.0.113.9" is "203.0.113.9" and
+// "2001:DB8::1" is "2001:db8::/64"; a prefix wider than the rule's
+// grouping is an error. Any other key, and every key of other rules, is
+// taken as it is.
+// CheckKeyTier and Reset apply it themselves; the admin API uses it to
+// read state by the same key.
+func (p *Policy) CanonicalKey(rule, key string) (string, error) {
+	r, err := p.rule(rule)
+	if err != nil {
+		return "", err
+	}
+	return r.canonicalKey(key)
+}
+
+// canonicalKey is CanonicalKey for r.
+func (r *rule) canonicalKey(key string) (string, error) {
+	if len(r.ids) != 1 || r.ids[0].kind != idIP || r.fixedKey != "" {
+		return key, nil
+	}
+	id, ok, err := canonicalIP(key, r.ids[0].bits4, r.ids[0].bits6)
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("policy: rule %q counts by %s: %w", r.name, r.ids[0].spec, err)
+	case !ok:
+		// No request reaches a counter that is not an address: the key
+		// stays as it is, an identity of its own.
+		return key, nil
+	}
+	return id, nil
 }
 
 // Reset clears the state of key under every tier of the named rule,
@@ -801,16 +835,22 @@ func (p *Policy) Reset(ctx context.Context, rule, key string) error {
 	if key == "" {
 		return fmt.Errorf("policy: rule %q: empty key", rule)
 	}
+	if key, err = r.canonicalKey(key); err != nil {
+		return err
+	}
 	keys := []string{weir.Key(r.name, key)}
+	// "~" and a hash is how lists show an identity too long to keep
+	// (weir.ShortIdentity): clear the state of the identity it stands for.
+	if weir.IsHashedIdentity(key) {
+		keys = append(keys, weir.KeyOfShort(r.name, key))
+	}
 	// "ip:ADDR" is how a result reports an identity counted by
 	// on_missing: use_ip, whose store key differs from a literal value's
 	// (so that no header value can reach it). Clear that state too; at
 	// worst this also resets a literal identity spelled the same.
 	if addr, ok := strings.CutPrefix(key, "ip:"); ok && r.onMissing == OnMissingUseIP {
-		if a, err := netip.ParseAddr(addr); err == nil {
-			if _, k, ok := useIPKey(r.name, a); ok {
-				keys = append(keys, k)
-			}
+		if id, ok, err := canonicalIP(addr, 32, DefaultIPv6Bits); ok && err == nil {
+			keys = append(keys, weir.Key(r.name, "", id))
 		}
 	}
 	var errs []error

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/httplimit"
 	"github.com/weir-dev/weir/store/memstore"
 )
 
@@ -94,7 +95,10 @@ func TestIdentities(t *testing.T) {
 		{"ip", req("GET", "/"), "192.0.2.1"},
 		{"ip", from(req("GET", "/", "X-Forwarded-For", "203.0.113.9"), "192.0.2.1:1"), "192.0.2.1"}, // no trusted proxies: XFF ignored
 		{"ip/24", from(req("GET", "/"), "198.51.100.77:1"), "198.51.100.0/24"},
-		{"ip/24", from(req("GET", "/"), v6), "2001:db8:1:2:3:4:5:6"},
+		{"ip", from(req("GET", "/"), v6), "2001:db8:1:2::/64"},
+		{"ip/24", from(req("GET", "/"), v6), "2001:db8:1:2::/64"},
+		{"ip/128", from(req("GET", "/"), v6), "2001:db8:1:2:3:4:5:6"},
+		{"ip/32/128", from(req("GET", "/"), v6), "2001:db8:1:2:3:4:5:6"},
 		{"ip/64", from(req("GET", "/"), v6), "2001:db8:1:2::/64"},
 		{"ip/64", from(req("GET", "/"), "198.51.100.77:1"), "198.51.100.77"},
 		{"ip/16/48", from(req("GET", "/"), "198.51.100.77:1"), "198.51.0.0/16"},
@@ -180,7 +184,8 @@ func TestClientIP(t *testing.T) {
 		{"entries with ports", trusted, "10.0.0.2:5", []string{"[2001:db8::1]:443, 10.0.0.3:80"}, "", "2001:db8::1"},
 		{"X-Real-IP from a trusted peer", trusted, "10.0.0.2:5", nil, "203.0.113.8", "203.0.113.8"},
 		{"X-Real-IP from an untrusted peer", trusted, "198.51.100.1:5", nil, "203.0.113.8", "198.51.100.1"},
-		{"XFF wins over X-Real-IP", trusted, "10.0.0.2:5", []string{"203.0.113.5"}, "203.0.113.8", "203.0.113.5"},
+		{"X-Real-IP the proxy wrote wins over XFF", trusted, "10.0.0.2:5", []string{"203.0.113.5"}, "203.0.113.8", "203.0.113.8"},
+		{"a trusted X-Real-IP leaves XFF to the walk", trusted, "10.0.0.2:5", []string{"6.6.6.6, 203.0.113.5"}, "10.0.0.9", "203.0.113.5"},
 		{"IPv6 peer", trusted, "[fd00::1]:5", []string{"2001:db8::7"}, "", "2001:db8::7"},
 		{"mapped IPv4", trusted, "[::ffff:10.0.0.2]:5", []string{"::ffff:203.0.113.5"}, "", "203.0.113.5"},
 		{"bad remote", trusted, "garbage", []string{"203.0.113.5"}, "", "invalid IP"},
@@ -230,13 +235,13 @@ rules:
 			t.Fatalf("skip: %+v", v)
 		}
 	}
-	if n := store.calls.Load(); n != 0 {
+	if n := store.Calls.Load(); n != 0 {
 		t.Fatalf("skip made %d store calls", n)
 	}
 	// deny: 403, and the other matched rule consumes nothing.
 	v := p.Check(ctx, req("GET", "/deny"))
-	if v.Allowed || !v.Denied || !v.Results[0].Denied || !v.Results[1].Skipped || v.Limiting != 0 || store.calls.Load() != 0 {
-		t.Fatalf("deny: %+v (%d calls)", v, store.calls.Load())
+	if v.Allowed || !v.Denied || !v.Results[0].Denied || !v.Results[1].Skipped || v.Limiting != 0 || store.Calls.Load() != 0 {
+		t.Fatalf("deny: %+v (%d calls)", v, store.Calls.Load())
 	}
 	rr, _ := p.CheckKey(ctx, "other", "192.0.2.1", 0)
 	if rr.Result.Remaining != 5 {
@@ -415,10 +420,10 @@ rules:
 			}
 		}
 	}
-	if n := store.calls.Load(); n != 0 {
+	if n := store.Calls.Load(); n != 0 {
 		t.Fatalf("lists made %d store calls", n)
 	}
-	if v := p.Check(ctx, req("GET", "/", "X-API-Key", "other")); !v.Allowed || store.calls.Load() != 1 {
+	if v := p.Check(ctx, req("GET", "/", "X-API-Key", "other")); !v.Allowed || store.Calls.Load() != 1 {
 		t.Fatalf("an unlisted request: %+v", v)
 	}
 }
@@ -644,5 +649,31 @@ rules:
 	want := []string{"a", "s:shadow", "k:skipped", "a"}
 	if !reflect.DeepEqual(seen, want) {
 		t.Fatalf("observed %v, want %v", seen, want)
+	}
+}
+
+// TestLimitingFewestRemaining: the limiting result is the one with the
+// fewest requests remaining, the limit the client meets first, not the
+// one with the smallest share of its quota left; and Check agrees with
+// httplimit.MostRestrictive, which renders the service's headers, on the
+// same results.
+func TestLimitingFewestRemaining(t *testing.T) {
+	p := mustPolicy(t, `
+rules:
+  - {name: big, identity: const:x, limit: 100/h, algorithm: sliding_log}
+  - {name: small, identity: const:x, limit: 10/h, algorithm: sliding_log}
+`, nil)
+	if _, err := p.CheckKey(ctx, "big", "x", 59); err != nil {
+		t.Fatal(err)
+	}
+	v := p.Check(ctx, req("GET", "/"))
+	rr, _ := v.Limited()
+	// big: 40 of 100 left (40%); small: 9 of 10 left (90%), but 9 < 40.
+	if v.Limiting != 1 || rr.Rule != "small" || rr.Result.Remaining != 9 || v.Results[0].Result.Remaining != 40 {
+		t.Fatalf("limiting %d (%s, %d left); results %+v", v.Limiting, rr.Rule, rr.Result.Remaining, v.Results)
+	}
+	st, limiting := StatusesOf(&v)
+	if want := httplimit.MostRestrictive(st); limiting != want {
+		t.Fatalf("StatusesOf limiting %d, httplimit.MostRestrictive %d", limiting, want)
 	}
 }

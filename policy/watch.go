@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 
+	"github.com/weir-dev/weir/store/guard"
 	"github.com/weir-dev/weir/store/memstore"
 )
 
@@ -52,7 +54,35 @@ func (h *Holder) Load() *Policy { return h.p.Load() }
 
 // Swap puts p in force and returns the policy it replaces. It reports the
 // swap to the Watch callback, if any, and counts it as a successful reload.
+// It waits for a reload under way to finish. A p built from state that a
+// reload may change meanwhile should go through Update instead.
 func (h *Holder) Swap(p *Policy) (old *Policy) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.swapLocked(p)
+}
+
+// Update builds a policy with build and puts it in force, holding the lock
+// that every reload of the file holds from reading it to the swap. A
+// policy made of several sources (the file, and rules changed through an
+// API or a shared store) is then always built from the latest of each and
+// swapped in the order it was built: no update can overwrite a newer one
+// with a policy built before it. build gets the policy in force; if it
+// fails, nothing changes and its error is returned. build must not call
+// the Holder's Swap, Update or Reload.
+func (h *Holder) Update(build func(cur *Policy) (*Policy, error)) (*Policy, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	p, err := build(h.p.Load())
+	if err != nil {
+		return nil, err
+	}
+	h.swapLocked(p)
+	return p, nil
+}
+
+// swapLocked puts p in force. h.mu must be held.
+func (h *Holder) swapLocked(p *Policy) (old *Policy) {
 	old = h.p.Swap(p)
 	h.ok.Add(1)
 	if h.onSwap != nil {
@@ -74,6 +104,7 @@ type WatchOption func(*watchOptions)
 type watchOptions struct {
 	log      *slog.Logger
 	debounce time.Duration
+	maxWait  time.Duration
 }
 
 // WatchLogger sets the logger of reloads (default slog.Default()).
@@ -84,24 +115,37 @@ func WatchLogger(l *slog.Logger) WatchOption { return func(o *watchOptions) { o.
 // writes make one reload.
 func WatchDebounce(d time.Duration) WatchOption { return func(o *watchOptions) { o.debounce = d } }
 
+// WatchMaxWait bounds how long a change of the config file may wait for
+// the file to go quiet (default 10 times the debounce): a file rewritten
+// without pause is still reloaded at least this often.
+func WatchMaxWait(d time.Duration) WatchOption { return func(o *watchOptions) { o.maxWait = d } }
+
 // Watch loads the config file at path, builds the first Policy with build,
 // and keeps it up to date until ctx ends: whenever the file changes, it is
 // parsed and built again and, if that succeeds, swapped in.
 //
 // Watch watches the file's directory rather than the file, so it sees
 // editors that write a new file and rename it over the old one, and the
-// Kubernetes ConfigMap update, which swaps a "..data" symlink. A change
+// Kubernetes ConfigMap update, which swaps a "..data" symlink. Only events
+// on the file, on the symlinks it goes through and on their targets count:
+// a neighbouring file written all the time does not hold reloads back. A
+// change is reloaded once the file has been quiet for the debounce, and
+// at the latest after WatchMaxWait even if it never goes quiet. A change
 // that leaves the content identical is ignored.
 //
 // A bad new file is rejected: its problems are logged, ReloadsFailed
-// counts it, and the old policy stays in force. An empty file is taken for
-// one caught mid-write and ignored (Reload loads it). onSwap, if not nil, is
+// counts it, and the old policy stays in force. An empty file (blanks and
+// comments only) is taken for one caught mid-write: Watch waits for the
+// next event, and Reload refuses it with an error; rules: [] says there
+// are no rules. onSwap, if not nil, is
 // called after every reload attempt with the old and new policy, or with
 // the error and a nil new policy.
 //
 // build is typically func(c *Config) (*Policy, error) { return New(c, guard) }
-// with one Guard for every reload. A nil build does that over a memstore.
-// Reloads run one at a time, so build need not be safe for concurrent use.
+// with one guard.Guard for every reload. A nil build does that over a memstore.
+// Reloads, Swap and Update run one at a time, so build need not be safe for
+// concurrent use, and state that build reads and Update changes is
+// consistent.
 //
 // The first load's failure is Watch's error. For SIGHUP, see
 // ReloadOnSignal.
@@ -115,21 +159,7 @@ func Watch(ctx context.Context, path string, build func(*Config) (*Policy, error
 		return nil, err
 	}
 	if build == nil {
-		// One store for every reload, so that counters survive them.
-		var guard *Guard
-		build = func(c *Config) (*Policy, error) {
-			if c.Store.Type == StoreRedis {
-				return nil, errors.New("policy: Watch needs a build function that supplies the Redis store")
-			}
-			if guard == nil {
-				var mo []memstore.Option
-				if c.Store.MaxKeys > 0 {
-					mo = append(mo, memstore.WithMaxKeys(c.Store.MaxKeys))
-				}
-				guard = NewGuard(memstore.New(mo...), GuardConfig{Timeout: c.Store.Timeout, Breaker: c.Store.Breaker, Logger: o.log})
-			}
-			return New(c, guard, WithLogger(o.log))
-		}
+		build = memoryBuild(o.log)
 	}
 	h := &Holder{path: abs, build: build, log: o.log}
 	data, err := os.ReadFile(abs)
@@ -148,51 +178,164 @@ func Watch(ctx context.Context, path string, build func(*Config) (*Policy, error
 	if err != nil {
 		return nil, err
 	}
-	dirs := map[string]bool{}
-	addDirs := func() {
-		for _, d := range watchDirs(abs) {
-			if dirs[d] {
-				continue
-			}
-			if err := w.Add(d); err == nil {
-				dirs[d] = true
-			} else {
-				h.log.Warn("weir: cannot watch config directory", "dir", d, "err", err)
-			}
-		}
-	}
-	addDirs()
-	if len(dirs) == 0 {
+	dw := &dirWatcher{w: w, abs: abs, dirs: map[string]bool{}, log: h.log}
+	dw.add()
+	if len(dw.dirs) == 0 {
 		w.Close()
 		return nil, fmt.Errorf("policy: cannot watch the directory of %s", abs)
 	}
-	go func() {
-		defer w.Close()
-		timer := time.NewTimer(time.Hour)
-		timer.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				timer.Stop()
-				return
-			case _, ok := <-w.Events:
-				if !ok {
-					return
-				}
-				timer.Reset(o.debounce)
-			case err, ok := <-w.Errors:
-				if !ok {
-					return
-				}
-				h.log.Warn("weir: watching config", "file", abs, "err", err)
-				timer.Reset(o.debounce)
-			case <-timer.C:
-				addDirs() // a symlink may now point elsewhere
-				h.reload(false)
-			}
-		}
-	}()
+	go h.watch(ctx, dw, configChain(abs), o)
 	return h, nil
+}
+
+// memoryBuild is Watch's build when it is given none: New over one memstore
+// for every reload, so that counters survive them.
+func memoryBuild(log *slog.Logger) func(*Config) (*Policy, error) {
+	var g *guard.Guard
+	return func(c *Config) (*Policy, error) {
+		if c.Store.Type == StoreRedis {
+			return nil, errors.New("policy: Watch needs a build function that supplies the Redis store")
+		}
+		if g == nil {
+			var mo []memstore.Option
+			if c.Store.MaxKeys > 0 {
+				mo = append(mo, memstore.WithMaxKeys(c.Store.MaxKeys))
+			}
+			g = guard.New(memstore.New(mo...), guard.Config{Timeout: c.Store.Timeout, Breaker: c.Store.Breaker, Logger: log})
+		}
+		return New(c, g, WithLogger(log))
+	}
+}
+
+// dirWatcher watches the directories that decide what the config file abs
+// reads (watchDirs).
+type dirWatcher struct {
+	w    *fsnotify.Watcher
+	abs  string
+	dirs map[string]bool // the directories watched
+	log  *slog.Logger
+}
+
+// add watches those of abs's directories not watched yet.
+func (dw *dirWatcher) add() {
+	for _, d := range watchDirs(dw.abs) {
+		if dw.dirs[d] {
+			continue
+		}
+		if err := dw.w.Add(d); err == nil {
+			dw.dirs[d] = true
+		} else {
+			dw.log.Warn("weir: cannot watch config directory", "dir", d, "err", err)
+		}
+	}
+}
+
+// watch reloads h, debounced, after the changes dw reports on the paths of
+// chain, until ctx ends; then it closes dw's watcher.
+func (h *Holder) watch(ctx context.Context, dw *dirWatcher, chain linkChain, o watchOptions) {
+	w, abs := dw.w, dw.abs
+	maxWait := o.maxWait
+	if maxWait <= 0 {
+		maxWait = 10 * o.debounce
+	}
+	defer w.Close()
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	var first time.Time // the first event since the last reload; zero: none pending
+	pend := func() {
+		now := time.Now()
+		if first.IsZero() {
+			first = now
+		}
+		// Debounce, but never past maxWait after the first pending
+		// event, so that a file rewritten without pause still loads.
+		wait := o.debounce
+		if left := first.Add(maxWait).Sub(now); left < wait {
+			wait = max(left, 0)
+		}
+		timer.Reset(wait)
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return
+		case ev, ok := <-w.Events:
+			if !ok {
+				return
+			}
+			if !chain.concerns(ev.Name) {
+				continue // a neighbour of the config: not ours
+			}
+			pend()
+		case err, ok := <-w.Errors:
+			if !ok {
+				return
+			}
+			h.log.Warn("weir: watching config", "file", abs, "err", err)
+			pend() // events may have been lost
+		case <-timer.C:
+			first = time.Time{}
+			dw.add() // a symlink may now point elsewhere
+			chain = configChain(abs)
+			h.reload(false)
+		}
+	}
+}
+
+// linkChain is every path that decides what a config path reads: the path,
+// each symlink it goes through (a file's own, or a directory's such as
+// Kubernetes' "..data") and the file it resolves to.
+type linkChain []string
+
+// configChain follows path's symlinks, at most 40 as the kernel does, and
+// returns every path on the way, cleaned.
+func configChain(path string) linkChain {
+	chain := linkChain{filepath.Clean(path)}
+	p := filepath.Clean(path)
+	for range 40 {
+		dir, base := filepath.Split(p)
+		// A symlinked directory on the way: resolve it first.
+		if real, err := filepath.EvalSymlinks(filepath.Dir(p)); err == nil && real != filepath.Clean(dir) {
+			chain = append(chain, filepath.Join(real, base))
+		}
+		fi, err := os.Lstat(p)
+		if err != nil || fi.Mode()&fs.ModeSymlink == 0 {
+			break
+		}
+		target, err := os.Readlink(p)
+		if err != nil {
+			break
+		}
+		if !filepath.IsAbs(target) {
+			target = filepath.Join(filepath.Dir(p), target)
+		}
+		p = filepath.Clean(target)
+		chain = append(chain, p)
+	}
+	if real, err := filepath.EvalSymlinks(path); err == nil {
+		chain = append(chain, real)
+	}
+	return chain
+}
+
+// concerns reports whether an event on name can change what the config
+// path reads: name is on the chain, or is a directory the chain goes
+// through (a "..data" symlink swapped, or a "..2030_01_01..." directory
+// created or removed by a ConfigMap update). Events on anything else in
+// the watched directories, such as a neighbouring log or lock file, are
+// not the config's and do not delay its reload.
+func (c linkChain) concerns(name string) bool {
+	name = filepath.Clean(name)
+	if filepath.Base(name) == "..data" {
+		return true
+	}
+	for _, p := range c {
+		if p == name || strings.HasPrefix(p, name+string(filepath.Separator)) {
+			return true
+		}
+	}
+	return false
 }
 
 // watchDirs returns the directories whose changes can change path: its
@@ -246,17 +389,17 @@ func (h *Holder) reload(force bool) error {
 	if !force && bytes.Equal(sum[:], h.lastSum[:]) {
 		return nil
 	}
-	h.lastSum = sum
 	p, err := h.compile(data)
 	if err != nil {
+		if !force && isEmptyConfig(err) {
+			return nil // comments only: as above
+		}
+		h.lastSum = sum
 		return h.reject(err)
 	}
-	old := h.p.Swap(p)
-	h.ok.Add(1)
+	h.lastSum = sum
 	h.log.Info("weir: config reloaded", "file", h.path, "rules", len(p.c.rules))
-	if h.onSwap != nil {
-		h.onSwap(old, p, nil)
-	}
+	h.swapLocked(p)
 	return nil
 }
 

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -217,8 +219,8 @@ func TestWatchBadFile(t *testing.T) {
 		t.Fatalf("onSwap error: %v", w.swaps[0])
 	}
 	w.mu.Unlock()
-	if w.logs.count("weir: config problem") != 2 || w.logs.count("weir: config rejected; the old rules stay in force") != 1 {
-		t.Fatalf("logs: %d problems, %d rejections", w.logs.count("weir: config problem"), w.logs.count("weir: config rejected; the old rules stay in force"))
+	if w.logs.Count("weir: config problem") != 2 || w.logs.Count("weir: config rejected; the old rules stay in force") != 1 {
+		t.Fatalf("logs: %d problems, %d rejections", w.logs.Count("weir: config problem"), w.logs.Count("weir: config rejected; the old rules stay in force"))
 	}
 	write(t, path, confV2)
 	waitFor(t, 10*time.Second, "the fixed file", func() bool {
@@ -305,5 +307,121 @@ func TestWatchNilBuild(t *testing.T) {
 	waitFor(t, 10*time.Second, "the reload", func() bool { return hasRule(h, "b") })
 	if v := h.Load().Check(ctx, req("GET", "/")); v.Allowed {
 		t.Fatal("the reload reset rule a's counter")
+	}
+}
+
+// churn rewrites a file every millisecond or so, through fn, until the test
+// ends.
+func churn(t *testing.T, fn func(i int)) {
+	t.Helper()
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			fn(i)
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	t.Cleanup(func() { close(stop); <-done })
+}
+
+// TestWatchNeighbourChurn: a file next to the config, written all the
+// time (a log, a lock, another app's state), must not hold a change of the
+// config back. It used to restart the debounce on every event in the
+// directory, so the config was never reloaded.
+func TestWatchNeighbourChurn(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "weir.yaml")
+	write(t, path, confV1)
+	// No maximum wait to speak of: only the filtering of events can let
+	// the reload through.
+	w := startWatch(t, path, WatchDebounce(2*time.Second), WatchMaxWait(time.Hour))
+	neighbour := filepath.Join(dir, "app.log")
+	churn(t, func(i int) { _ = os.WriteFile(neighbour, []byte(strconv.Itoa(i)), 0o644) })
+	time.Sleep(50 * time.Millisecond) // the churn is under way
+	write(t, path, confV2)
+	waitFor(t, 20*time.Second, "the config to be reloaded next to a busy file", func() bool { return hasRule(w.h, "b") })
+}
+
+// TestWatchMaxWait: a config file that never goes quiet (rewritten every
+// millisecond or so) is still reloaded, within the maximum wait.
+func TestWatchMaxWait(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "weir.yaml")
+	write(t, path, confV1)
+	w := startWatch(t, path, WatchDebounce(2*time.Second), WatchMaxWait(3*time.Second))
+	tmp := filepath.Join(dir, ".weir.yaml.tmp")
+	churn(t, func(i int) {
+		// Atomic rewrites, each a little different.
+		if os.WriteFile(tmp, []byte(confV2+"# "+strconv.Itoa(i)+"\n"), 0o644) == nil {
+			_ = os.Rename(tmp, path)
+		}
+	})
+	waitFor(t, 20*time.Second, "a config rewritten without pause to be reloaded", func() bool { return hasRule(w.h, "b") })
+}
+
+// TestWatchChain: the events that concern a config are those on the file,
+// on the symlinks it goes through, and on their targets.
+func TestWatchChain(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, "..2030_01_01"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	write(t, filepath.Join(dir, "..2030_01_01", "weir.yaml"), confV1)
+	if err := os.Symlink("..2030_01_01", filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "weir.yaml")
+	if err := os.Symlink("..data/weir.yaml", path); err != nil {
+		t.Fatal(err)
+	}
+	c := configChain(path)
+	for _, name := range []string{path, filepath.Join(dir, "..data"), filepath.Join(dir, "..2030_01_01"), filepath.Join(dir, "..data", "weir.yaml")} {
+		if !c.concerns(name) {
+			t.Errorf("%s does not concern %v", name, c)
+		}
+	}
+	for _, name := range []string{filepath.Join(dir, "app.log"), filepath.Join(dir, "weir.yaml.bak"), filepath.Join(dir, "..2030_01_01", "other.yaml")} {
+		if c.concerns(name) {
+			t.Errorf("%s concerns %v", name, c)
+		}
+	}
+}
+
+// TestReloadRefusesEmpty: Reload (SIGHUP) of a file caught mid-rewrite,
+// empty, leaves the rules in force and says why; rules: [] is taken.
+func TestReloadRefusesEmpty(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "weir.yaml")
+	write(t, path, confV2)
+	w := startWatch(t, path, WatchDebounce(time.Hour))
+	for _, doc := range []string{"", "\n  \n", "# being rewritten\n"} {
+		write(t, path, doc)
+		err := w.h.Reload()
+		if err == nil || !strings.Contains(err.Error(), "empty") {
+			t.Fatalf("%q: Reload = %v, want an error saying the file is empty", doc, err)
+		}
+		if got := ruleNames(w.h.Load()); len(got) != 2 {
+			t.Fatalf("%q: the rules in force are now %v", doc, got)
+		}
+	}
+	write(t, path, "rules: []\n")
+	if err := w.h.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if got := ruleNames(w.h.Load()); len(got) != 0 {
+		t.Fatalf("rules: [] left %v in force", got)
+	}
+	// And a file that is empty at the start is refused too.
+	empty := filepath.Join(dir, "empty.yaml")
+	write(t, empty, "")
+	if _, err := Watch(context.Background(), empty, nil, nil); err == nil || !strings.Contains(err.Error(), "empty") {
+		t.Fatalf("Watch of an empty file: %v", err)
 	}
 }

@@ -1,31 +1,28 @@
 package policy
 
 import (
-	"bytes"
 	"errors"
-	"io"
-	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/weir-dev/weir/internal/yamlnode"
 )
 
-// walker decodes a YAML node tree into a Config by hand, so that every
-// problem, at any depth, is reported with its line and column and none
-// stops the others from being found.
+// walker decodes a YAML node tree into a Config, so that every problem,
+// at any depth, is reported with its line and column and none stops the
+// others from being found. internal/yamlnode reads the nodes; the walker
+// collects its problems and remembers where each field is, for the
+// problems check finds later.
 type walker struct {
 	problems []Problem
 	nodes    map[string]*yaml.Node // field path → its value node
 	keys     map[string]*yaml.Node // field path → its key node
 	bad      map[string]bool       // paths that already have a problem
-	steps    int                   // nodes visited, to stop alias bombs
-	tooBig   bool
 }
-
-// maxSteps bounds the nodes a document may expand to through aliases.
-const maxSteps = 1_000_000
 
 func newWalker() *walker {
 	return &walker{nodes: map[string]*yaml.Node{}, keys: map[string]*yaml.Node{}, bad: map[string]bool{}}
@@ -41,6 +38,33 @@ func (w *walker) add(n *yaml.Node, path, msg string) {
 	if path != "" {
 		w.bad[path] = true
 	}
+}
+
+// fail records the problems of err, from internal/yamlnode, found while
+// reading path.
+func (w *walker) fail(path string, err error) {
+	for _, e := range yamlnode.All(err) {
+		p := path
+		switch {
+		case e.Path == "":
+		case strings.HasPrefix(e.Path, "["):
+			p += e.Path
+		default:
+			p = join(path, e.Path)
+		}
+		w.problems = append(w.problems, Problem{Line: e.Line, Column: e.Column, Path: p, Message: e.Msg})
+		if p != "" {
+			w.bad[p] = true
+		}
+	}
+}
+
+// read reads the value at path with a yamlnode reader, recording its
+// problem.
+func read[T any](w *walker, path string, n *yaml.Node, reader func(*yaml.Node, string) (T, error)) T {
+	v, err := reader(n, lastName(path))
+	w.fail(path, err)
+	return v
 }
 
 // addAt records a semantic problem for path at the closest recorded node.
@@ -102,76 +126,48 @@ func (w *walker) where(path string) string {
 	return path
 }
 
-var yamlLineRE = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
+// emptyConfig is the problem of a file with no content: it is refused on
+// every path (first load, file watch, SIGHUP, Reload) rather than taken for
+// an empty rule set.
+const emptyConfig = "the file is empty (or holds only comments or null); a config caught mid-write would drop every rule, so an empty rule set must be written out: rules: []"
 
-// document parses data and decodes its one document; nil on a syntax error.
+// isEmptyConfig reports whether err is Parse's refusal of an empty file.
+func isEmptyConfig(err error) bool {
+	var ce *ConfigError
+	return errors.As(err, &ce) && len(ce.Problems) == 1 && ce.Problems[0].Message == emptyConfig
+}
+
+// document parses data and decodes its one document; nil when there is
+// nothing to decode.
 func (w *walker) document(data []byte) *Config {
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	var doc yaml.Node
-	if err := dec.Decode(&doc); err != nil {
-		if errors.Is(err, io.EOF) {
-			return &Config{} // an empty file: no rules
-		}
-		w.syntax(err)
+	root, err := yamlnode.Decode(data)
+	if errors.Is(err, yamlnode.ErrEmpty) {
+		// Nothing but blanks and comments. Most often a file caught
+		// mid-rewrite (truncated, not yet written): taking it for "no
+		// rules" would lift every limit, so it must say so.
+		w.add(nil, "", emptyConfig)
 		return nil
 	}
-	var second yaml.Node
-	if err := dec.Decode(&second); err == nil {
-		w.add(&second, "", "only one YAML document is allowed; remove the second \"---\"")
-	} else if !errors.Is(err, io.EOF) {
-		w.syntax(err)
+	for _, e := range yamlnode.All(err) {
+		switch {
+		case errors.Is(e, yamlnode.ErrExtraDocument):
+			e.Msg = "only one YAML document is allowed; remove the second \"---\""
+		case errors.Is(e, yamlnode.ErrSyntax):
+			e.Msg = "YAML syntax: " + e.Msg
+			e.Line = max(e.Line, 1) // yaml.v3 leaves the line out when the problem is on the first line
+		}
+		w.fail("", e)
+	}
+	if root == nil {
+		return nil
+	}
+	if yamlnode.IsNull(root) {
+		w.add(root, "", emptyConfig)
+		return nil
 	}
 	cfg := &Config{}
-	root := &doc
-	if root.Kind == yaml.DocumentNode && len(root.Content) > 0 {
-		root = root.Content[0]
-	}
 	w.config(root, cfg)
 	return cfg
-}
-
-func (w *walker) syntax(err error) {
-	msg := err.Error()
-	if m := yamlLineRE.FindStringSubmatch(msg); m != nil {
-		line, _ := strconv.Atoi(m[1])
-		w.problems = append(w.problems, Problem{Line: line, Message: "YAML syntax: " + m[2]})
-		return
-	}
-	// yaml.v3 leaves the line out when the problem is on the first line.
-	w.problems = append(w.problems, Problem{Line: 1, Message: "YAML syntax: " + strings.TrimPrefix(msg, "yaml: ")})
-}
-
-// deref follows aliases and counts the node against the budget.
-func (w *walker) deref(n *yaml.Node) *yaml.Node {
-	for n != nil && n.Kind == yaml.AliasNode {
-		n = n.Alias
-	}
-	w.steps++
-	if w.steps > maxSteps && !w.tooBig {
-		w.tooBig = true
-		w.add(n, "", "the document expands to too many nodes through aliases")
-	}
-	return n
-}
-
-func isNull(n *yaml.Node) bool {
-	return n == nil || n.Kind == yaml.ScalarNode && n.Tag == "!!null"
-}
-
-// describe names what a node is, for "got ..." messages.
-func describe(n *yaml.Node) string {
-	switch n.Kind {
-	case yaml.MappingNode:
-		return "a mapping"
-	case yaml.SequenceNode:
-		return "a list"
-	case yaml.ScalarNode:
-		if n.Tag == "!!null" {
-			return "nothing"
-		}
-		return quote(n.Value)
-	}
-	return "an unsupported node"
 }
 
 func join(path, name string) string {
@@ -200,271 +196,74 @@ type field struct {
 	fn   func(path string, v *yaml.Node)
 }
 
-// pair is one key/value of a mapping, merges expanded.
-type pair struct{ k, v *yaml.Node }
-
-// pairs returns a mapping's entries with "<<" merge keys expanded: direct
-// keys win over merged ones, as YAML specifies.
-func (w *walker) pairs(n *yaml.Node, path string) []pair {
-	if w.tooBig {
-		return nil
-	}
-	var direct, merged []pair
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, v := w.deref(n.Content[i]), n.Content[i+1]
-		if k.Kind == yaml.ScalarNode && k.Tag == "!!merge" {
-			src := w.deref(v)
-			var maps []*yaml.Node
-			switch src.Kind {
-			case yaml.MappingNode:
-				maps = []*yaml.Node{src}
-			case yaml.SequenceNode:
-				for _, m := range src.Content {
-					maps = append(maps, w.deref(m))
-				}
-			}
-			for _, m := range maps {
-				if m.Kind != yaml.MappingNode {
-					w.add(k, path, "a merge (<<) needs a mapping or a list of mappings")
-					continue
-				}
-				merged = append(merged, w.pairs(m, path)...)
-			}
-			continue
-		}
-		direct = append(direct, pair{k, v})
-	}
-	if len(merged) == 0 {
-		return direct
-	}
-	seen := map[string]bool{}
-	for _, p := range direct {
-		seen[p.k.Value] = true
-	}
-	for _, p := range merged {
-		if !seen[p.k.Value] {
-			seen[p.k.Value] = true
-			direct = append(direct, p)
-		}
-	}
-	return direct
-}
-
 // mapping decodes a mapping node with the given known fields. what names
 // the mapping in messages, such as "rule" or "store.redis". other, if set,
 // receives keys that are not fields instead of an "unknown field" problem.
+// It reports whether n is a mapping.
 func (w *walker) mapping(n *yaml.Node, path, what string, fields []field, other func(key string, k, v *yaml.Node)) bool {
-	n = w.deref(n)
-	if isNull(n) {
+	names := make([]string, len(fields))
+	for i, f := range fields {
+		names[i] = f.name
+	}
+	entries, err := yamlnode.Mapping(n, yamlnode.Fields{What: what, Names: names, Other: other != nil})
+	// Problems with keys are recorded once the fields are decoded: a key
+	// given twice must not mark its path bad before its first value has
+	// been read and checked.
+	defer w.fail(path, err)
+	if n = yamlnode.Resolve(n); yamlnode.IsNull(n) || n.Kind != yaml.MappingNode {
 		return false
 	}
-	if n.Kind != yaml.MappingNode {
-		w.add(n, path, what+" must be a mapping, got "+describe(n))
-		return false
-	}
-	first := map[string]*yaml.Node{}
-	for _, p := range w.pairs(n, path) {
-		if p.k.Kind != yaml.ScalarNode {
-			w.add(p.k, path, "a key in "+what+" must be a plain name, got "+describe(p.k))
+	for _, e := range entries {
+		i := slices.Index(names, e.Name)
+		if i < 0 {
+			other(e.Name, e.Key, e.Value)
 			continue
 		}
-		name := p.k.Value
-		if f := first[name]; f != nil {
-			w.add(p.k, join(path, name), "field "+quote(name)+" is given twice in "+what+" (first at line "+strconv.Itoa(f.Line)+")")
-			continue
-		}
-		first[name] = p.k
-		var fn func(string, *yaml.Node)
-		for _, f := range fields {
-			if f.name == name {
-				fn = f.fn
-				break
-			}
-		}
-		if fn == nil {
-			if other != nil {
-				other(name, p.k, p.v)
-				continue
-			}
-			w.add(p.k, join(path, name), unknownField(name, what, fields))
-			continue
-		}
-		fp := join(path, name)
-		w.keys[fp] = p.k
-		v := w.deref(p.v)
-		w.nodes[fp] = v
-		fn(fp, v)
+		fp := join(path, e.Name)
+		w.keys[fp] = e.Key
+		w.nodes[fp] = e.Value
+		fields[i].fn(fp, e.Value)
 	}
 	return true
 }
 
-// unknownField words an unknown-key problem, suggesting the closest name.
-func unknownField(name, what string, fields []field) string {
-	best, bestD := "", 3
-	names := make([]string, len(fields))
-	for i, f := range fields {
-		names[i] = f.name
-		if d := editDistance(strings.ToLower(name), f.name); d < bestD {
-			best, bestD = f.name, d
-		}
-	}
-	msg := "unknown field " + quote(name) + " in " + what
-	if best != "" {
-		return msg + " (did you mean " + quote(best) + "?)"
-	}
-	return msg + " (want one of " + strings.Join(names, ", ") + ")"
-}
+// The readers of one value: each records its problem. An empty value
+// ("key:" with nothing) leaves the field unset.
 
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
-}
+func (w *walker) str(path string, n *yaml.Node) string { return read(w, path, n, yamlnode.String) }
 
-// str decodes a scalar as a string; null is "".
-func (w *walker) str(path string, n *yaml.Node) string {
-	if isNull(n) {
-		return ""
-	}
-	if n.Kind != yaml.ScalarNode {
-		w.add(n, path, lastName(path)+" must be a string, got "+describe(n))
-		return ""
-	}
-	return n.Value
-}
-
-// boolean decodes true or false.
-func (w *walker) boolean(path string, n *yaml.Node) bool {
-	if isNull(n) {
-		return false
-	}
-	if n.Kind == yaml.ScalarNode && n.Tag == "!!bool" {
-		b, err := strconv.ParseBool(n.Value)
-		if err == nil {
-			return b
-		}
-		return strings.EqualFold(n.Value, "true")
-	}
-	w.add(n, path, lastName(path)+" must be true or false, got "+describe(n))
-	return false
-}
+func (w *walker) boolean(path string, n *yaml.Node) bool { return read(w, path, n, yamlnode.Bool) }
 
 // integer decodes a whole number no smaller than low.
 func (w *walker) integer(path string, n *yaml.Node, low int64) int64 {
-	if isNull(n) {
+	if yamlnode.IsNull(n) {
 		return 0
 	}
-	if n.Kind == yaml.ScalarNode && n.Tag == "!!int" {
-		v, err := strconv.ParseInt(strings.ReplaceAll(n.Value, "_", ""), 0, 64)
-		if err == nil {
-			if v < low {
-				w.add(n, path, lastName(path)+" must be at least "+strconv.FormatInt(low, 10)+", got "+strconv.FormatInt(v, 10))
-				return 0
-			}
-			return v
-		}
-	}
-	w.add(n, path, lastName(path)+" must be a whole number, got "+describe(n))
-	return 0
+	return read(w, path, n, func(n *yaml.Node, name string) (int64, error) { return yamlnode.IntMin(n, name, low) })
 }
 
-// ratio decodes a number from 0 to 1.
 func (w *walker) ratio(path string, n *yaml.Node) float64 {
-	if isNull(n) {
+	if yamlnode.IsNull(n) {
 		return 0
 	}
-	if n.Kind == yaml.ScalarNode && (n.Tag == "!!float" || n.Tag == "!!int") {
-		v, err := strconv.ParseFloat(n.Value, 64)
-		if err == nil && v > 0 && v <= 1 {
-			return v
-		}
-	}
-	w.add(n, path, lastName(path)+" must be a number above 0 and at most 1, got "+describe(n))
-	return 0
+	return read(w, path, n, yamlnode.Ratio)
 }
 
-// duration decodes a positive duration: a Go duration ("50ms", "1h30m")
-// or a number of days ("7d").
 func (w *walker) duration(path string, n *yaml.Node) time.Duration {
-	if isNull(n) {
+	if yamlnode.IsNull(n) {
 		return 0
 	}
-	if n.Kind != yaml.ScalarNode {
-		w.add(n, path, lastName(path)+" must be a duration such as 500ms, 15m or 1h, got "+describe(n))
-		return 0
-	}
-	d, msg := parseDuration(n.Value)
-	if msg != "" {
-		w.add(n, path, lastName(path)+" "+msg)
-		return 0
-	}
-	return d
-}
-
-func parseDuration(s string) (time.Duration, string) {
-	if days, ok := strings.CutSuffix(s, "d"); ok {
-		if n, err := strconv.ParseInt(days, 10, 64); err == nil {
-			if n <= 0 || n > 36500 {
-				return 0, "must be from 1d to 36500d, got " + quote(s)
-			}
-			return time.Duration(n) * 24 * time.Hour, ""
-		}
-	}
-	if _, err := strconv.ParseFloat(s, 64); err == nil {
-		return 0, quote(s) + " has no unit (such as 500ms, 15m, 1h or 7d)"
-	}
-	d, err := time.ParseDuration(s)
-	if err != nil {
-		return 0, quote(s) + " is not a duration (such as 500ms, 15m, 1h or 7d)"
-	}
-	if d <= 0 {
-		return 0, "must be positive, got " + quote(s)
-	}
-	if d%time.Microsecond != 0 {
-		return 0, quote(s) + " is not a whole number of microseconds"
-	}
-	return d, ""
+	return read(w, path, n, yamlnode.Duration)
 }
 
 // strList decodes a list of strings; a single string counts as a list of
 // one when scalarOK.
 func (w *walker) strList(path string, n *yaml.Node, scalarOK bool) []string {
-	if isNull(n) {
-		return nil
+	out, nodes, err := yamlnode.Strings(n, lastName(path), scalarOK)
+	for i, e := range nodes {
+		w.nodes[index(path, i)] = e
 	}
-	if n.Kind == yaml.ScalarNode && scalarOK {
-		return []string{n.Value}
-	}
-	if n.Kind != yaml.SequenceNode {
-		w.add(n, path, lastName(path)+" must be a list of strings, got "+describe(n))
-		return nil
-	}
-	out := make([]string, 0, len(n.Content))
-	for i, e := range n.Content {
-		e = w.deref(e)
-		ip := index(path, i)
-		w.nodes[ip] = e
-		if e.Kind != yaml.ScalarNode || isNull(e) {
-			w.add(e, ip, lastName(path)+" entries must be strings, got "+describe(e))
-			out = append(out, "")
-			continue
-		}
-		out = append(out, e.Value)
-	}
+	w.fail(path, err)
 	return out
 }
 
@@ -477,15 +276,18 @@ func (w *walker) config(n *yaml.Node, c *Config) {
 				{"http", func(p string, v *yaml.Node) { c.Server.HTTP = w.str(p, v) }},
 				{"grpc", func(p string, v *yaml.Node) { c.Server.GRPC = w.str(p, v) }},
 				{"admin_token_env", func(p string, v *yaml.Node) { c.Server.AdminTokenEnv = w.str(p, v) }},
+				{"auth_headers", func(p string, v *yaml.Node) { c.Server.AuthHeaders = w.str(p, v) }},
 			}, nil)
 		}},
 		{"trusted_proxies", func(p string, v *yaml.Node) { c.TrustedProxies = w.strList(p, v, false) }},
+		{"client_ip_header", func(p string, v *yaml.Node) { c.ClientIPHeader = w.str(p, v) }},
 		{"headers", func(p string, v *yaml.Node) {
 			w.mapping(v, p, "headers", []field{
 				{"legacy", func(p string, v *yaml.Node) { c.Headers.Legacy = w.boolean(p, v) }},
 			}, nil)
 		}},
 		{"shadow", func(p string, v *yaml.Node) { c.Shadow = w.boolean(p, v) }},
+		{"near_limit", func(p string, v *yaml.Node) { c.NearLimit = w.str(p, v) }},
 		{"instances", func(p string, v *yaml.Node) { c.Instances = int(w.integer(p, v, 1)) }},
 		{"rules", func(p string, v *yaml.Node) { w.rules(p, v, c) }},
 		{"allow", func(p string, v *yaml.Node) { c.Allow, c.AllowValues = w.list(p, v) }},
@@ -508,6 +310,7 @@ func (w *walker) store(path string, n *yaml.Node, s *StoreConfig) {
 				{"db", func(p string, v *yaml.Node) { r.DB = int(w.integer(p, v, 0)) }},
 				{"max_in_flight", func(p string, v *yaml.Node) { r.MaxInFlight = int(w.integer(p, v, 1)) }},
 				{"max_batch", func(p string, v *yaml.Node) { r.MaxBatch = int(w.integer(p, v, 1)) }},
+				{"prefix", func(p string, v *yaml.Node) { r.Prefix = w.str(p, v) }},
 			}, nil)
 		}},
 		{"timeout", func(p string, v *yaml.Node) { s.Timeout = w.duration(p, v) }},
@@ -530,17 +333,17 @@ func (w *walker) store(path string, n *yaml.Node, s *StoreConfig) {
 // entries. The k-th CIDR's path is "allow[k]" and the k-th value list's
 // "allow_values[k]", as in a Config built in Go.
 func (w *walker) list(path string, n *yaml.Node) (cidrs []string, values []ValueList) {
-	if isNull(n) {
+	if yamlnode.IsNull(n) {
 		return nil, nil
 	}
 	if n.Kind != yaml.SequenceNode {
-		w.add(n, path, lastName(path)+" must be a list of CIDRs and {identity, values} entries, got "+describe(n))
+		w.add(n, path, lastName(path)+" must be a list of CIDRs and {identity, values} entries, got "+yamlnode.Describe(n))
 		return nil, nil
 	}
 	for _, e := range n.Content {
-		e = w.deref(e)
+		e = yamlnode.Resolve(e)
 		switch {
-		case e.Kind == yaml.ScalarNode && !isNull(e):
+		case e.Kind == yaml.ScalarNode && !yamlnode.IsNull(e):
 			w.nodes[index(path, len(cidrs))] = e
 			cidrs = append(cidrs, e.Value)
 		case e.Kind == yaml.MappingNode:
@@ -553,27 +356,27 @@ func (w *walker) list(path string, n *yaml.Node) (cidrs []string, values []Value
 			}, nil)
 			values = append(values, vl)
 		default:
-			w.add(e, "", path+" entries must be a CIDR or {identity, values}, got "+describe(e))
+			w.add(e, "", path+" entries must be a CIDR or {identity, values}, got "+yamlnode.Describe(e))
 		}
 	}
 	return cidrs, values
 }
 
 func (w *walker) rules(path string, n *yaml.Node, c *Config) {
-	if isNull(n) {
+	if yamlnode.IsNull(n) {
 		return
 	}
 	if n.Kind != yaml.SequenceNode {
-		w.add(n, path, "rules must be a list of rules, got "+describe(n))
+		w.add(n, path, "rules must be a list of rules, got "+yamlnode.Describe(n))
 		return
 	}
 	for i, e := range n.Content {
-		e = w.deref(e)
+		e = yamlnode.Resolve(e)
 		rp := index(path, i)
 		w.nodes[rp] = e
 		var r RuleConfig
 		if e.Kind != yaml.MappingNode {
-			w.add(e, rp, "a rule must be a mapping with a name, got "+describe(e))
+			w.add(e, rp, "a rule must be a mapping with a name, got "+yamlnode.Describe(e))
 		} else {
 			w.rule(rp, e, &r)
 		}
@@ -600,8 +403,10 @@ func (w *walker) rule(path string, n *yaml.Node, r *RuleConfig) {
 		{"block", func(p string, v *yaml.Node) { r.Block = w.duration(p, v) }},
 		{"max_delay", func(p string, v *yaml.Node) { r.MaxDelay = w.duration(p, v) }},
 		{"delay_after", func(p string, v *yaml.Node) { r.DelayAfter = w.integer(p, v, 1) }},
+		{"buckets", func(p string, v *yaml.Node) { r.Buckets = w.integer(p, v, 1) }},
 		{"tiers", func(p string, v *yaml.Node) { r.Tiers = w.tiers(p, v) }},
 		{"shadow", func(p string, v *yaml.Node) { r.Shadow = w.boolean(p, v) }},
+		{"near_limit", func(p string, v *yaml.Node) { r.NearLimit = w.str(p, v) }},
 		{"on_error", func(p string, v *yaml.Node) { r.OnError = w.str(p, v) }},
 	}, nil)
 }
@@ -613,11 +418,11 @@ func (w *walker) tiers(path string, n *yaml.Node) *TiersConfig {
 	}, func(name string, k, v *yaml.Node) {
 		tp := join(path, name)
 		w.keys[tp] = k
-		v = w.deref(v)
+		v = yamlnode.Resolve(v)
 		w.nodes[tp] = v
 		tc := TierConfig{Name: name}
 		if v.Kind != yaml.MappingNode {
-			w.add(v, tp, "tier "+quote(name)+" must be a mapping such as {limit: 100/m}, got "+describe(v))
+			w.add(v, tp, "tier "+quote(name)+" must be a mapping such as {limit: 100/m}, got "+yamlnode.Describe(v))
 		} else {
 			w.mapping(v, tp, "tier "+quote(name), []field{
 				{"limit", func(p string, v *yaml.Node) { tc.Limit = w.str(p, v) }},
@@ -626,6 +431,7 @@ func (w *walker) tiers(path string, n *yaml.Node) *TiersConfig {
 				{"block", func(p string, v *yaml.Node) { tc.Block = w.duration(p, v) }},
 				{"max_delay", func(p string, v *yaml.Node) { tc.MaxDelay = w.duration(p, v) }},
 				{"delay_after", func(p string, v *yaml.Node) { tc.DelayAfter = w.integer(p, v, 1) }},
+				{"buckets", func(p string, v *yaml.Node) { tc.Buckets = w.integer(p, v, 1) }},
 			}, nil)
 		}
 		t.Tiers = append(t.Tiers, tc)

@@ -1,12 +1,9 @@
 package server
 
 import (
-	"crypto/sha256"
-	"crypto/subtle"
 	"errors"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/weir-dev/weir"
@@ -14,9 +11,9 @@ import (
 )
 
 // admin wraps an admin API handler: it answers 404 while the admin API is
-// off (no token configured) and 401 without the right bearer token. The
-// token is compared in constant time, on hashes so that not even its
-// length leaks.
+// off (no token configured), 401 without the right bearer token, and 429
+// to a client that has failed too often (see adminAuth). The token is
+// compared in constant time, on hashes so that not even its length leaks.
 func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if s.adminToken == "" {
@@ -24,20 +21,11 @@ func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc {
 				"the admin API is off: set the environment variable %s to a secret token and restart weir, then send it as Authorization: Bearer <token>", s.adminEnv)
 			return
 		}
-		scheme, token, ok := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
-		if !ok || !strings.EqualFold(scheme, "Bearer") || !tokenEqual(strings.TrimSpace(token), s.adminToken) {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="weir admin"`)
-			writeError(w, http.StatusUnauthorized, codeUnauthorized,
-				"the admin API needs Authorization: Bearer <token>, the token in the environment variable %s", s.adminEnv)
+		if s.auth.check(w, r, true, s.adminEnv) != authAdmin {
 			return
 		}
 		h(w, r)
 	}
-}
-
-func tokenEqual(got, want string) bool {
-	a, b := sha256.Sum256([]byte(got)), sha256.Sum256([]byte(want))
-	return subtle.ConstantTimeCompare(a[:], b[:]) == 1
 }
 
 // ruleAndKey reads the rule and key query parameters, answering 400 when
@@ -56,20 +44,50 @@ func ruleAndKey(w http.ResponseWriter, r *http.Request) (rule, key string, ok bo
 	return rule, key, true
 }
 
+// canonicalKey returns key as rule counts it (policy.CanonicalKey: an
+// address under an ip rule in the form requests give it), so that the
+// admin API reaches the counter /v1/auth and /v1/check use however the
+// address is spelled. For a rule p does not know, key is returned as it
+// is: the caller answers that.
+func canonicalKey(p *policy.Policy, rule, key string) (string, error) {
+	k, err := p.CanonicalKey(rule, key)
+	if errors.Is(err, policy.ErrUnknownRule) {
+		return key, nil
+	}
+	return k, err
+}
+
+// adminKey reads the rule and key of an admin request on one key, in the
+// policy in force, with the key as that rule counts it (canonicalKey). When
+// they are not usable it has written the error and ok is false.
+func (s *Server) adminKey(w http.ResponseWriter, r *http.Request) (p *policy.Policy, rule, key string, ok bool) {
+	rule, key, ok = ruleAndKey(w, r)
+	if !ok {
+		return nil, "", "", false
+	}
+	p = s.holder.Load()
+	key, err := canonicalKey(p, rule, key)
+	if err != nil {
+		s.writeRuleError(w, p, rule, err)
+		return nil, "", "", false
+	}
+	return p, rule, key, true
+}
+
 // handleStateGet serves GET /v1/state?rule=&key=[&tier=]: what the next
 // request of key would get, without consuming anything.
 func (s *Server) handleStateGet(w http.ResponseWriter, r *http.Request) {
-	rule, key, ok := ruleAndKey(w, r)
+	p, rule, key, ok := s.adminKey(w, r)
 	if !ok {
 		return
 	}
-	p := s.holder.Load()
 	l, err := p.Limit(rule, r.URL.Query().Get("tier"))
 	if err != nil {
 		s.writeRuleError(w, p, rule, err)
 		return
 	}
-	res, err := s.guard.Take(r.Context(), weir.Key(rule, key), l, 0)
+	// key may be a long identity's listed form, "~" and its hash.
+	res, err := s.guard.Take(r.Context(), weir.KeyOfShort(rule, key), l, 0)
 	if err != nil {
 		s.writeRuleError(w, p, rule, err)
 		return
@@ -82,11 +100,10 @@ func (s *Server) handleStateGet(w http.ResponseWriter, r *http.Request) {
 // handleStateDelete serves DELETE /v1/state?rule=&key=: the key's state
 // under every tier of the rule is cleared, penalty box included.
 func (s *Server) handleStateDelete(w http.ResponseWriter, r *http.Request) {
-	rule, key, ok := ruleAndKey(w, r)
+	p, rule, key, ok := s.adminKey(w, r)
 	if !ok {
 		return
 	}
-	p := s.holder.Load()
 	if err := p.Reset(r.Context(), rule, key); err != nil {
 		s.writeRuleError(w, p, rule, err)
 		return
@@ -115,11 +132,10 @@ func (s *Server) handleBlockedGet(w http.ResponseWriter, r *http.Request) {
 // handleBlockedDelete serves DELETE /v1/blocked?rule=&key=: the identity
 // leaves the penalty box (its state is reset) and the list.
 func (s *Server) handleBlockedDelete(w http.ResponseWriter, r *http.Request) {
-	rule, key, ok := ruleAndKey(w, r)
+	p, rule, key, ok := s.adminKey(w, r)
 	if !ok {
 		return
 	}
-	p := s.holder.Load()
 	err := p.Reset(r.Context(), rule, key)
 	if err != nil && !errors.Is(err, policy.ErrUnknownRule) {
 		s.writeRuleError(w, p, rule, err)
@@ -170,8 +186,14 @@ func (s *Server) handleRulesGet(w http.ResponseWriter, r *http.Request) {
 // handleTop serves GET /v1/top?rule=&n=: the identities most often
 // limited, per rule, heaviest first, from a space-saving sketch (count
 // overestimates the true count by at most error). With Redis the lists of
-// every instance are added up.
+// every instance are added up. Without the admin token the identities are
+// redacted (see redactor).
 func (s *Server) handleTop(w http.ResponseWriter, r *http.Request) {
+	full, ok := s.readAccess(w, r)
+	if !ok {
+		return
+	}
+	ids := identitiesFull
 	q := r.URL.Query()
 	n := 10
 	if v := q.Get("n"); v != "" {
@@ -183,9 +205,12 @@ func (s *Server) handleTop(w http.ResponseWriter, r *http.Request) {
 		n = min(i, topK)
 	}
 	tops := s.topView(n)
+	if !full {
+		tops, ids = s.redact.tops(tops), identitiesRedacted
+	}
 	rule := q.Get("rule")
 	if rule == "" {
-		writeJSON(w, http.StatusOK, map[string]any{"top": tops, "n": n})
+		writeJSON(w, http.StatusOK, map[string]any{"top": tops, "n": n, "identities": ids})
 		return
 	}
 	list, ok := tops[rule]
@@ -197,7 +222,7 @@ func (s *Server) handleTop(w http.ResponseWriter, r *http.Request) {
 		}
 		list = []TopEntry{}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"rule": rule, "top": list, "n": n})
+	writeJSON(w, http.StatusOK, map[string]any{"rule": rule, "top": list, "n": n, "identities": ids})
 }
 
 func (s *Server) isEnvoyRule(path string) bool {
@@ -229,14 +254,46 @@ func (s *Server) handleHealthz(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
-// handleReadyz serves /readyz: 200 when the store answers a peek within
-// the store timeout, 503 otherwise.
+// handleReadyz serves /readyz: 200 while this instance can answer
+// (its config is loaded and it is not shutting down), 503 once it is
+// shutting down. It does not depend on the store: during a store outage
+// every instance still answers, by on_error, and taking them all out of
+// rotation at once would defeat on_error. The store's health is
+// /healthz/store.
 func (s *Server) handleReadyz(w http.ResponseWriter, r *http.Request) {
-	start := time.Now()
-	if !s.probe(r.Context()) {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "unavailable", "store": s.storeInfo().Type,
-			"detail": "the store did not answer within the timeout", "breaker": s.guard.State().String()})
+	if s.draining.Load() {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "shutting_down"})
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "store": s.storeInfo().Type, "latency_ms": float64(time.Since(start).Microseconds()) / 1000})
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "store": s.storeInfo().Type, "store_healthy": s.healthy.Load()})
+}
+
+// storeHealth is the body of /healthz/store.
+type storeHealth struct {
+	Status    string  `json:"status"` // up | down
+	Store     string  `json:"store"`  // memory | redis | a custom store's type
+	Breaker   string  `json:"breaker"`
+	LatencyMS float64 `json:"latency_ms"`
+	// LastError is when the store last failed a health probe (RFC 3339),
+	// empty if never.
+	LastError string `json:"last_error,omitempty"`
+}
+
+// handleStoreHealth serves /healthz/store: 200 when the store answers a
+// peek within its timeout, 503 otherwise, with the circuit breaker's state
+// and when a probe last failed. The weir_store_up gauge says the same to
+// Prometheus.
+func (s *Server) handleStoreHealth(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	ok := s.probe(r.Context())
+	h := storeHealth{Status: "up", Store: s.storeInfo().Type, Breaker: s.guard.State().String(),
+		LatencyMS: float64(time.Since(start).Microseconds()) / 1000}
+	if t := s.lastStoreErr.Load(); t != 0 {
+		h.LastError = time.Unix(0, t).UTC().Format(time.RFC3339Nano)
+	}
+	code := http.StatusOK
+	if !ok {
+		h.Status, code = "down", http.StatusServiceUnavailable
+	}
+	writeJSON(w, code, h)
 }

@@ -312,19 +312,29 @@ func TestHealthAndReadiness(t *testing.T) {
 	if resp, _ := call(t, "GET", ts2.URL+"/healthz", ""); resp.StatusCode != 200 {
 		t.Fatalf("healthz with a dead store: %d", resp.StatusCode)
 	}
+	// Ready all the same: this instance answers (by on_error); the store's
+	// own health has its own endpoint and metric.
 	resp, b := call(t, "GET", ts2.URL+"/readyz", "")
-	if resp.StatusCode != 503 || decode(t, b)["status"] != "unavailable" {
+	if resp.StatusCode != 200 || decode(t, b)["status"] != "ready" || decode(t, b)["store_healthy"] != false {
 		t.Fatalf("readyz with a dead store: %d %s", resp.StatusCode, b)
 	}
-	// Decisions fall back (on_error local by default) and are counted as
-	// errors; after a few failures the breaker opens.
+	resp, b = call(t, "GET", ts2.URL+"/healthz/store", "")
+	if resp.StatusCode != 503 || decode(t, b)["status"] != "down" || decode(t, b)["last_error"] == nil {
+		t.Fatalf("healthz/store with a dead store: %d %s", resp.StatusCode, b)
+	}
+	if resp, b := call(t, "GET", ts.URL+"/healthz/store", ""); resp.StatusCode != 200 || decode(t, b)["status"] != "up" || decode(t, b)["breaker"] != "closed" {
+		t.Fatalf("healthz/store: %d %s", resp.StatusCode, b)
+	}
+	// Decisions fall back (on_error local by default) and are counted by
+	// what the fallback decided; after a few failures the breaker opens.
 	for range 10 {
 		if code, d := check(t, ts2.URL, "login", "a", 1); code != 200 || d["fallback"] != "local" {
 			t.Fatalf("fallback: %d %v", code, d)
 		}
 	}
 	_, b = call(t, "GET", ts2.URL+"/metrics", "")
-	if !strings.Contains(string(b), `weir_decisions_total{result="error",rule="login"} 10`) ||
+	if !strings.Contains(string(b), `weir_decisions_total{result="allowed",rule="login"} 3`) ||
+		!strings.Contains(string(b), `weir_fallback_decisions_total{fallback="local",result="limited",rule="login"} 7`) ||
 		strings.Contains(string(b), "weir_store_errors_total 0") || !strings.Contains(string(b), "weir_circuit_breaker_state 2") {
 		t.Fatalf("%s", grepLines(string(b), "weir_"))
 	}
@@ -335,13 +345,13 @@ func TestHealthAndReadiness(t *testing.T) {
 }
 
 func TestTopEndpoint(t *testing.T) {
-	_, ts := newTestServer(t)
+	_, ts := newTestServer(t, WithAdminToken(token))
 	for i := range 5 {
 		for range 3 + i + 2 { // identity i is limited i+2 times
 			check(t, ts.URL, "login", "192.0.2."+string(rune('0'+i)), 1)
 		}
 	}
-	resp, b := call(t, "GET", ts.URL+"/v1/top?rule=login&n=3", "")
+	resp, b := call(t, "GET", ts.URL+"/v1/top?rule=login&n=3", "", bearer(token)...)
 	var top struct {
 		Rule string     `json:"rule"`
 		Top  []TopEntry `json:"top"`
@@ -409,5 +419,26 @@ func TestShutdownDrainsInFlightRequests(t *testing.T) {
 	if resp, err := http.Get(base + "/healthz"); err == nil {
 		resp.Body.Close()
 		t.Fatal("still serving after shutdown")
+	}
+}
+
+// TestRulesReplaceClientIPHeader: client_ip_header travels with
+// trusted_proxies in a run-time replacement, since the two only make sense
+// together.
+func TestRulesReplaceClientIPHeader(t *testing.T) {
+	s, ts := newTestServer(t, WithAdminToken(token))
+	body := "trusted_proxies: [10.0.0.0/8]\nclient_ip_header: CF-Connecting-IP\nrules:\n  - name: one\n    match: {path: /}\n    identity: [ip]\n    limit: 1/m\n"
+	if resp, b := call(t, "PUT", ts.URL+"/v1/rules", body, bearer(token)...); resp.StatusCode != 200 {
+		t.Fatalf("PUT: %d %s", resp.StatusCode, b)
+	}
+	// Two clients behind one trusted proxy, told apart only by the header
+	// the replacement names: each gets its own budget.
+	for _, client := range []string{"192.0.2.1", "192.0.2.2"} {
+		if w := authFrom(s, "10.0.0.1:1", "/", "CF-Connecting-IP", client); w.Code != 200 {
+			t.Fatalf("first request of %s: %d %s", client, w.Code, w.Body)
+		}
+	}
+	if w := authFrom(s, "10.0.0.1:1", "/", "CF-Connecting-IP", "192.0.2.1"); w.Code != 403 {
+		t.Fatalf("second request of 192.0.2.1: %d, want 403", w.Code)
 	}
 }

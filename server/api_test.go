@@ -29,7 +29,7 @@ func TestCheckDecides(t *testing.T) {
 		t.Fatalf("4th hit: %d %v", code, d)
 	}
 	// Another key is independent; hits defaults to 1; hits 0 peeks.
-	resp, b := call(t, "POST", ts.URL+"/v1/check", `{"rule":"login","key":"192.0.2.2"}`)
+	resp, b := call(t, "POST", ts.URL+"/v1/check", `{"rule":"login","key":"192.0.2.2"}`, "Content-Type", "application/json")
 	if d := decode(t, b); resp.StatusCode != 200 || d["remaining"].(float64) != 2 {
 		t.Fatalf("default hits: %s", b)
 	}
@@ -51,7 +51,7 @@ func TestCheckDecides(t *testing.T) {
 		t.Fatalf("shadow: %v", d)
 	}
 	// A tier by name.
-	resp, b = call(t, "POST", ts.URL+"/v1/check", `{"rule":"tiered","key":"k","tier":"pro"}`)
+	resp, b = call(t, "POST", ts.URL+"/v1/check", `{"rule":"tiered","key":"k","tier":"pro"}`, "Content-Type", "application/json")
 	if d := decode(t, b); d["limit"].(float64) != 10 || d["tier"] != "pro" {
 		t.Fatalf("tier: %d %s", resp.StatusCode, b)
 	}
@@ -79,11 +79,11 @@ func TestCheckRejectsBadInput(t *testing.T) {
 		{"unknown rule", `{"rule":"nope","key":"a"}`, "", 404, "unknown_rule", "login"},
 		{"trailing", `{"rule":"login","key":"a"} {}`, "", 400, "bad_request", "after"},
 		{"too large", huge, "", 413, "body_too_large", "64 KB"},
-		{"content type", `{"rule":"login","key":"a"}`, "application/x-www-form-urlencoded", 415, "unsupported_media_type", "JSON"},
+		{"content type", `{"rule":"login","key":"a"}`, "application/x-www-form-urlencoded", 415, "unsupported_media_type", `"application/x-www-form-urlencoded" is not JSON`},
 		{"both", `{"rule":"login","domain":"d","descriptors":[]}`, "", 400, "bad_request", "both"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var hdr []string
+			hdr := []string{"Content-Type", "application/json"}
 			if tc.ctype != "" {
 				hdr = []string{"Content-Type", tc.ctype}
 			}
@@ -120,20 +120,20 @@ descriptors:
 	_, ts := newTestServer(t, WithEnvoyConfig(ecfg))
 	body := `{"domain":"edge","descriptors":[{"entries":[{"key":"remote_address","value":"10.1.1.1"}]}]}`
 	for i := range 2 {
-		resp, b := call(t, "POST", ts.URL+"/v1/check", body)
+		resp, b := call(t, "POST", ts.URL+"/v1/check", body, "Content-Type", "application/json")
 		if resp.StatusCode != 200 || !strings.Contains(string(b), `"OK"`) {
 			t.Fatalf("call %d: %d %s", i, resp.StatusCode, b)
 		}
 	}
-	resp, b := call(t, "POST", ts.URL+"/v1/check", body)
+	resp, b := call(t, "POST", ts.URL+"/v1/check", body, "Content-Type", "application/json")
 	if resp.StatusCode != 429 || !strings.Contains(string(b), "OVER_LIMIT") {
 		t.Fatalf("over the limit: %d %s", resp.StatusCode, b)
 	}
-	resp, b = call(t, "POST", ts.URL+"/v1/check", `{"domain":"other","descriptors":[{"entries":[{"key":"a","value":"b"}]}]}`)
+	resp, b = call(t, "POST", ts.URL+"/v1/check", `{"domain":"other","descriptors":[{"entries":[{"key":"a","value":"b"}]}]}`, "Content-Type", "application/json")
 	if resp.StatusCode != 200 || !strings.Contains(string(b), `"OK"`) {
 		t.Fatalf("unknown domain: %d %s", resp.StatusCode, b)
 	}
-	resp, b = call(t, "POST", ts.URL+"/v1/check", `{"domain":"edge","descriptors":[]}`)
+	resp, b = call(t, "POST", ts.URL+"/v1/check", `{"domain":"edge","descriptors":[]}`, "Content-Type", "application/json")
 	if resp.StatusCode != 400 || !strings.Contains(string(b), "error") {
 		t.Fatalf("empty descriptors: %d %s", resp.StatusCode, b)
 	}
@@ -293,9 +293,9 @@ func TestRedisURLErrorsHidePasswords(t *testing.T) {
 }
 
 // TestRedisURLKeepsTuning: --redis says where Redis is; the config's
-// coalescing settings survive it.
+// coalescing settings and key prefix survive it.
 func TestRedisURLKeepsTuning(t *testing.T) {
-	cfg := mustParse(t, "store:\n  redis: {addrs: [\"a:1\"], max_in_flight: 3, max_batch: 9}\n")
+	cfg := mustParse(t, "store:\n  redis: {addrs: [\"a:1\"], max_in_flight: 3, max_batch: 9, prefix: blue}\n")
 	if err := applyRedisURL(cfg, "redis://u:pw@h:7/2"); err != nil {
 		t.Fatal(err)
 	}
@@ -303,7 +303,7 @@ func TestRedisURLKeepsTuning(t *testing.T) {
 	if len(r.Addrs) != 1 || r.Addrs[0] != "h:7" || r.DB != 2 || r.Username != "u" || r.MaxInFlight != 3 || r.MaxBatch != 9 {
 		t.Fatalf("after --redis: %v", r)
 	}
-	if rc := redisConfig(cfg.Store); rc.MaxInFlight != 3 || rc.MaxBatch != 9 || rc.Timeout != policy.DefaultTimeout {
-		t.Fatalf("store config: in flight %d, batch %d, timeout %v", rc.MaxInFlight, rc.MaxBatch, rc.Timeout)
+	if rc := redisConfig(cfg.Store); rc.MaxInFlight != 3 || rc.MaxBatch != 9 || rc.Timeout != policy.DefaultTimeout || rc.Prefix != "blue" {
+		t.Fatalf("store config: in flight %d, batch %d, timeout %v, prefix %q", rc.MaxInFlight, rc.MaxBatch, rc.Timeout, rc.Prefix)
 	}
 }

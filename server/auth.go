@@ -6,17 +6,24 @@ import (
 	"net/url"
 	"strings"
 
+	"github.com/weir-dev/weir/clientip"
 	"github.com/weir-dev/weir/httplimit"
+	"github.com/weir-dev/weir/policy"
 )
 
 // handleAuth serves GET /v1/auth, the endpoint of nginx auth_request,
 // Traefik ForwardAuth and Caddy forward_auth.
 //
-// The proxy asks it about the request it is holding, described by headers:
-// the URI in X-Original-URI (nginx) or X-Forwarded-Uri (Traefik, Caddy),
-// the method in X-Original-Method or X-Forwarded-Method, the host in
-// X-Original-Host or X-Forwarded-Host, and the client in X-Forwarded-For
-// and X-Real-IP. Every other header of the auth request is taken as the
+// The proxy asks it about the request it is holding, described by one
+// family of headers, which server.auth_headers names: original, the URI,
+// method and host in X-Original-URI, X-Original-Method and X-Original-Host
+// (nginx), or forwarded, in X-Forwarded-Uri, X-Forwarded-Method and
+// X-Forwarded-Host (Traefik, Caddy); auto (the default) takes the family
+// present and refuses a request whose two families disagree. The client
+// is in X-Real-IP or X-Forwarded-For, as client_ip_header says; in auto,
+// a request of the forwarded family (Caddy and Traefik set
+// X-Forwarded-For, and Caddy passes a client's X-Real-IP on) is read from
+// X-Forwarded-For alone. Every other header of the auth request is taken as the
 // original request's (proxies forward them), so header: and cookie:
 // identities work. The forwarded client address is believed only when the
 // peer (the proxy) is in trusted_proxies; otherwise the peer's own
@@ -42,12 +49,21 @@ func (s *Server) handleAuth(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	orig, err := originalRequest(r)
+	p := s.holder.Load()
+	cfg := p.Config()
+	orig, fam, err := originalRequest(r, cfg.Server.AuthHeaders)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, codeBadRequest, "%v", err)
 		return
 	}
-	p := s.holder.Load()
+	if fam == familyForwarded.setting {
+		if h, _ := clientip.CanonicalHeader(cfg.ClientIPHeader); h == clientip.Auto {
+			// Caddy and Traefik, which send this family, write the client
+			// in X-Forwarded-For, and Caddy passes a client's own X-Real-IP
+			// on: in auto, it must not outrank the proxy's address.
+			orig.Header.Del("X-Real-Ip")
+		}
+	}
 	v := p.Check(r.Context(), orig)
 	if v.Denied && len(v.Results) == 0 {
 		s.metrics.decision(ruleDenyList, resultDenied)
@@ -93,32 +109,79 @@ func (s *Server) handleAuth(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// authFamily is one family of headers that describe the original request.
+type authFamily struct {
+	uri, method, host string
+	setting           string // the server.auth_headers value that picks it
+	senders           string // the proxies that send it
+}
+
+var (
+	familyOriginal  = authFamily{"X-Original-URI", "X-Original-Method", "X-Original-Host", policy.AuthHeadersOriginal, "nginx"}
+	familyForwarded = authFamily{"X-Forwarded-Uri", "X-Forwarded-Method", "X-Forwarded-Host", policy.AuthHeadersForwarded, "Traefik, Caddy"}
+)
+
 // originalRequest rebuilds the request a proxy is asking about from the
-// auth request's headers.
-func originalRequest(r *http.Request) (*http.Request, error) {
-	uri := firstHeader(r, "X-Original-URI", "X-Forwarded-Uri")
+// auth request's headers, read from the family that setting (the config's
+// server.auth_headers) names. With auto, the family whose URI header is
+// present; a request carrying both families that disagree on the URI,
+// the method or the host is refused, since a client can send the family
+// its proxy does not set, and the proxy passes it on.
+//
+// fam is the family read: policy.AuthHeadersOriginal or
+// policy.AuthHeadersForwarded.
+func originalRequest(r *http.Request, setting string) (orig *http.Request, fam string, err error) {
+	f, other := familyOriginal, familyForwarded
+	switch setting {
+	case policy.AuthHeadersOriginal:
+	case policy.AuthHeadersForwarded:
+		f, other = familyForwarded, familyOriginal
+	default:
+		if firstHeader(r, f.uri) == "" && firstHeader(r, other.uri) != "" {
+			f, other = other, f
+		}
+	}
+	uri := firstHeader(r, f.uri)
 	if uri == "" {
-		return nil, errMissingURI
+		if setting == policy.AuthHeadersOriginal || setting == policy.AuthHeadersForwarded {
+			return nil, "", &headerError{"the auth request lacks " + f.uri + ", which server.auth_headers: " + setting +
+				" says the proxy (" + f.senders + ") sends; weir cannot tell which request to decide"}
+		}
+		return nil, "", errMissingURI
 	}
 	u, err := url.ParseRequestURI(uri)
 	if err != nil {
 		// A full URL, as some proxies send.
 		if u, err = url.Parse(uri); err != nil || u.Path == "" {
-			return nil, &headerError{"the original URI " + quoteShort(uri) + " is not a request URI"}
+			return nil, "", &headerError{"the original URI " + quoteShort(uri) + " is not a request URI"}
 		}
 	}
-	method := strings.ToUpper(firstHeader(r, "X-Original-Method", "X-Forwarded-Method"))
+	method := strings.ToUpper(firstHeader(r, f.method))
 	if method == "" {
 		method = http.MethodGet
 	}
 	if !validMethod(method) {
-		return nil, &headerError{"the original method " + quoteShort(method) + " is not an HTTP method"}
+		return nil, "", &headerError{"the original method " + quoteShort(method) + " is not an HTTP method"}
 	}
-	host := firstHeader(r, "X-Original-Host", "X-Forwarded-Host")
+	host := firstHeader(r, f.host)
 	if host == "" {
 		host = r.Host
 	}
-	orig := &http.Request{
+	if setting != policy.AuthHeadersOriginal && setting != policy.AuthHeadersForwarded {
+		for _, c := range []struct {
+			name, other, value string
+			fold               bool
+		}{{f.uri, other.uri, uri, false}, {f.method, other.method, method, true}, {f.host, other.host, host, true}} {
+			v := firstHeader(r, c.other)
+			if v == "" || v == c.value || c.fold && strings.EqualFold(v, c.value) {
+				continue
+			}
+			return nil, "", &headerError{"the auth request carries " + c.name + " " + quoteShort(c.value) + " and " + c.other + " " + quoteShort(v) +
+				", which disagree: a client may have sent one of them. Set server.auth_headers to original (nginx: X-Original-URI/Method/Host) or " +
+				"forwarded (Traefik, Caddy: X-Forwarded-Uri/Method/Host), and make the proxy strip the family it does not set"}
+		}
+	}
+	orig = &http.Request{
 		Method:     method,
 		URL:        u,
 		RequestURI: uri,
@@ -129,7 +192,7 @@ func originalRequest(r *http.Request) (*http.Request, error) {
 		Host:       host,
 		RemoteAddr: r.RemoteAddr,
 	}
-	return orig.WithContext(r.Context()), nil
+	return orig.WithContext(r.Context()), f.setting, nil
 }
 
 type headerError struct{ msg string }

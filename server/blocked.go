@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+
+	"github.com/weir-dev/weir"
 )
 
 // BlockedEntry is one identity held in a rule's penalty box.
@@ -35,10 +37,17 @@ func (k blockKey) member() string { return k.rule + "\x00" + k.identity }
 // background writer drains in pipelines; when the queue is full an entry
 // is dropped, never waited for. Expired entries are trimmed on every write
 // batch and every read.
+//
+// An identity longer than weir.MaxIdentityLen is kept in the form
+// weir.ShortIdentity gives it ("~" and its SHA-256, 44 bytes), which the
+// admin calls accept, so that no entry is larger than a rule name and 64
+// bytes. Both sets are bounded: the map holds at most max entries and the
+// ZSET at most rmax, each dropping the entries that expire soonest.
 type blockedIndex struct {
-	mu  sync.Mutex
-	m   map[blockKey]int64 // blocked until, Unix ms
-	max int
+	mu   sync.Mutex
+	m    map[blockKey]int64 // blocked until, Unix ms
+	max  int
+	rmax int64 // the most members the Redis ZSET keeps
 
 	rdb   rueidis.Client // nil without Redis
 	key   string         // the ZSET
@@ -50,11 +59,14 @@ type blockedIndex struct {
 // maxBlockedLocal bounds the in-process index.
 const maxBlockedLocal = 10000
 
+// maxBlockedRedis bounds the fleet's index in Redis.
+const maxBlockedRedis = 100000
+
 // maxBlockedList bounds what GET /v1/blocked returns.
 const maxBlockedList = 1000
 
 func newBlockedIndex(rdb rueidis.Client, key string, log *slog.Logger, now func() time.Time) *blockedIndex {
-	b := &blockedIndex{m: make(map[blockKey]int64), max: maxBlockedLocal, rdb: rdb, key: key, log: log, now: now}
+	b := &blockedIndex{m: make(map[blockKey]int64), max: maxBlockedLocal, rmax: maxBlockedRedis, rdb: rdb, key: key, log: log, now: now}
 	if rdb != nil {
 		b.queue = make(chan BlockedEntry, 1024)
 	}
@@ -65,6 +77,7 @@ func newBlockedIndex(rdb rueidis.Client, key string, log *slog.Logger, now func(
 // blocks: the Redis write, if any, is queued.
 func (b *blockedIndex) record(rule, identity string, until time.Time) {
 	ms := until.UnixMilli()
+	identity = weir.ShortIdentity(identity)
 	k := blockKey{rule, identity}
 	b.mu.Lock()
 	if b.m[k] == ms {
@@ -126,22 +139,31 @@ func (b *blockedIndex) run(ctx context.Context) {
 				break drain
 			}
 		}
-		cmds := make(rueidis.Commands, 0, len(batch)+1)
-		for _, e := range batch {
-			cmds = append(cmds, b.rdb.B().Zadd().Key(b.key).ScoreMember().
-				ScoreMember(float64(e.BlockedUntilMS), blockKey{e.Rule, e.Identity}.member()).Build())
-		}
-		cmds = append(cmds, b.trimCmd())
 		wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		for _, r := range b.rdb.DoMulti(wctx, cmds...) {
-			if err := r.Error(); err != nil && time.Since(lastErr) > 10*time.Second {
-				lastErr = time.Now()
-				b.log.Warn("penalty-box index: writing to Redis failed; the fleet list may miss entries", "err", err)
-				break
-			}
+		if err := b.write(wctx, batch); err != nil && time.Since(lastErr) > 10*time.Second {
+			lastErr = time.Now()
+			b.log.Warn("penalty-box index: writing to Redis failed; the fleet list may miss entries", "err", err)
 		}
 		cancel()
 	}
+}
+
+// write adds batch to the Redis ZSET in one pipeline, which then trims it
+// to the rmax members released last and drops the expired ones.
+func (b *blockedIndex) write(ctx context.Context, batch []BlockedEntry) error {
+	cmds := make(rueidis.Commands, 0, len(batch)+2)
+	for _, e := range batch {
+		cmds = append(cmds, b.rdb.B().Zadd().Key(b.key).ScoreMember().
+			ScoreMember(float64(e.BlockedUntilMS), blockKey{e.Rule, e.Identity}.member()).Build())
+	}
+	// Ranks run from the lowest score, the soonest release.
+	cmds = append(cmds, b.rdb.B().Zremrangebyrank().Key(b.key).Start(0).Stop(-b.rmax-1).Build(), b.trimCmd())
+	for _, r := range b.rdb.DoMulti(ctx, cmds...) {
+		if err := r.Error(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (b *blockedIndex) trimCmd() rueidis.Completed {
@@ -220,9 +242,10 @@ func sortBlocked(es []BlockedEntry) {
 	})
 }
 
-// remove forgets rule's entry for identity, here and in Redis.
+// remove forgets rule's entry for identity, here and in Redis. identity
+// may be the identity or the form weir.ShortIdentity gives it.
 func (b *blockedIndex) remove(ctx context.Context, rule, identity string) error {
-	k := blockKey{rule, identity}
+	k := blockKey{rule, weir.ShortIdentity(identity)}
 	b.mu.Lock()
 	delete(b.m, k)
 	b.mu.Unlock()

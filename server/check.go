@@ -88,6 +88,10 @@ func ceilMS(d time.Duration) int64 {
 
 // handleCheck serves POST /v1/check.
 func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
+	if be := checkCrossSite(r); be != nil {
+		be.write(w)
+		return
+	}
 	if be := checkJSONContentType(r); be != nil {
 		be.write(w)
 		return
@@ -156,10 +160,16 @@ func formatter(p *policy.Policy) httplimit.HeaderFormatter {
 }
 
 // writeRuleError answers an error of CheckKey, Limit or Reset: 404 for an
-// unknown rule, 400 otherwise.
+// unknown rule, 400 for invalid input (a cost or limit the store refused
+// as invalid included, whatever else the error wraps), 503 for a store
+// failure.
 func (s *Server) writeRuleError(w http.ResponseWriter, p *policy.Policy, rule string, err error) {
 	if errors.Is(err, policy.ErrUnknownRule) {
 		writeError(w, http.StatusNotFound, codeUnknownRule, "no rule is named %q; the rules in force are: %s", rule, ruleNames(p))
+		return
+	}
+	if errors.Is(err, weir.ErrInvalidCost) || errors.Is(err, weir.ErrInvalidLimit) {
+		writeError(w, http.StatusBadRequest, codeBadRequest, "%v", err)
 		return
 	}
 	if errors.Is(err, weir.ErrStore) {

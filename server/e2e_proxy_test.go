@@ -143,12 +143,15 @@ type weirFleet struct {
 	limit weir.Limit // the per-ip rule's
 }
 
-func startWeirFleet(t *testing.T, example string) *weirFleet {
+func startWeirFleet(t *testing.T, example string, tweak ...func(*policy.Config)) *weirFleet {
 	t.Helper()
 	r := redistest.Standalone(t)
 	cfg, err := policy.LoadFile(filepath.Join("..", "examples", example, "weir.yaml"))
 	if err != nil {
 		t.Fatalf("the example's weir.yaml: %v", err)
+	}
+	for _, f := range tweak {
+		f(cfg)
 	}
 	// A loaded test machine (-race, parallel packages) can take longer than
 	// the default 50ms for the first scripts; a timeout would send the

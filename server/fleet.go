@@ -12,8 +12,8 @@ import (
 
 // Fleet reporting: with Redis, every instance publishes its last few
 // seconds of counters (and its hot keys) every second under
-// weir:fleet:<instance-id> with a short TTL, notes the time in the ZSET
-// weir:fleet, and reads everyone else's, so that any instance's dashboard
+// <prefix>:fleet:<instance-id> with a short TTL, notes the time in the ZSET
+// <prefix>:fleet, and reads everyone else's, so that any instance's dashboard
 // shows the whole fleet. An instance that stops publishing drops out of
 // the instance list when its key expires; the seconds it reported stay in
 // the series.
@@ -55,27 +55,12 @@ type fleet struct {
 
 func newFleet(s *Server) *fleet { return &fleet{s: s, remotes: make(map[string]*remote)} }
 
-func (f *fleet) key() string { return fleetKeyPrefix + f.s.id }
+func (f *fleet) key() string { return f.s.keys.fleetPrefix + f.s.id }
 
 // run publishes and collects every second until ctx ends.
 func (f *fleet) run(ctx context.Context) {
-	if f.s.rdb == nil {
-		return
-	}
-	t := time.NewTicker(f.s.o.fleetEvery)
-	defer t.Stop()
-	var lastErr time.Time
-	for {
-		if err := f.tick(ctx); err != nil && ctx.Err() == nil && time.Since(lastErr) > 30*time.Second {
-			lastErr = time.Now()
-			f.s.log.Warn("weir: exchanging fleet counters through Redis failed; the dashboard shows this instance only", "err", err)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	f.s.redisLoop(ctx, f.s.o.fleetEvery, true, f.tick,
+		"weir: exchanging fleet counters through Redis failed; the dashboard shows this instance only")
 }
 
 func (f *fleet) tick(ctx context.Context) error {
@@ -114,8 +99,8 @@ func (f *fleet) publish(ctx context.Context) error {
 	now := f.s.now().UnixMilli()
 	for _, res := range rdb.DoMulti(ctx,
 		rdb.B().Set().Key(f.key()).Value(string(body)).Px(fleetTTL).Build(),
-		rdb.B().Zadd().Key(fleetIndexKey).ScoreMember().ScoreMember(float64(now), f.s.id).Build(),
-		rdb.B().Zremrangebyscore().Key(fleetIndexKey).Min("-inf").Max(strconv.FormatInt(now-seriesLen*1000, 10)).Build(),
+		rdb.B().Zadd().Key(f.s.keys.fleetIndex).ScoreMember().ScoreMember(float64(now), f.s.id).Build(),
+		rdb.B().Zremrangebyscore().Key(f.s.keys.fleetIndex).Min("-inf").Max(strconv.FormatInt(now-seriesLen*1000, 10)).Build(),
 	) {
 		if err := res.Error(); err != nil {
 			return err
@@ -131,7 +116,7 @@ func (f *fleet) publish(ctx context.Context) error {
 func (f *fleet) collect(ctx context.Context) error {
 	rdb := f.s.rdb
 	since := f.s.now().Add(-fleetAlive).UnixMilli()
-	ids, err := rdb.Do(ctx, rdb.B().Zrange().Key(fleetIndexKey).Min(strconv.FormatInt(since, 10)).Max("+inf").
+	ids, err := rdb.Do(ctx, rdb.B().Zrange().Key(f.s.keys.fleetIndex).Min(strconv.FormatInt(since, 10)).Max("+inf").
 		Byscore().Limit(0, fleetMaxInstances).Build()).AsStrSlice()
 	if err != nil && !rueidis.IsRedisNil(err) {
 		return err
@@ -140,7 +125,7 @@ func (f *fleet) collect(ctx context.Context) error {
 	var cmds rueidis.Commands
 	for _, id := range ids {
 		if id != f.s.id {
-			cmds = append(cmds, rdb.B().Get().Key(fleetKeyPrefix+id).Build())
+			cmds = append(cmds, rdb.B().Get().Key(f.s.keys.fleetPrefix+id).Build())
 		}
 	}
 	if len(cmds) > 0 {
@@ -219,7 +204,7 @@ func (f *fleet) withdraw() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	rdb.DoMulti(ctx, rdb.B().Del().Key(f.key()).Build(), rdb.B().Zrem().Key(fleetIndexKey).Member(f.s.id).Build())
+	rdb.DoMulti(ctx, rdb.B().Del().Key(f.key()).Build(), rdb.B().Zrem().Key(f.s.keys.fleetIndex).Member(f.s.id).Build())
 }
 
 // remoteTops returns the hot keys of the instances alive now.

@@ -15,15 +15,16 @@ import (
 
 // TestGRPCSeveralDescriptorsOnRedis: the descriptors of one request are
 // decided concurrently (one pipelined round trip) and each still counts
-// on its own, exactly, against real Redis.
+// on its own, exactly, against real Redis. The limits are sliding logs, not upstream's fixed windows, so that a
+// run that crosses a minute boundary of the clock sees the same counts.
 func TestGRPCSeveralDescriptorsOnRedis(t *testing.T) {
 	r := redistest.Standalone(t)
 	_, _, addr := serveEnvoy(t, `domain: rl
 descriptors:
   - key: user
-    rate_limit: {unit: minute, requests_per_unit: 2}
+    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: sliding_log}
   - key: ip
-    rate_limit: {unit: minute, requests_per_unit: 3}
+    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: sliding_log}
 `, WithRedisURL("redis://"+r.Addr+"/0"))
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

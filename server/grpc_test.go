@@ -204,11 +204,15 @@ func (hangStore) Reset(ctx context.Context, _ string, _ weir.Limit) error { retu
 func TestCallerGiveUpIsNoStoreError(t *testing.T) {
 	const rl = "domain: rl\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n"
 	req := &rlspb.RateLimitRequest{Domain: "rl", Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "user", Value: "alice"}}}}}
+	// The caller that gives up has a 20ms deadline; the one whose store
+	// fails has all the time it needs, so that a loaded machine's slow
+	// call cannot turn it into a caller that gave up.
 	for _, tc := range []struct {
-		name  string
-		store weir.Store
-		want  uint64
-	}{{"caller gives up", hangStore{}, 0}, {"store fails", wrappedErrStore{}, 1}} {
+		name     string
+		store    weir.Store
+		deadline time.Duration
+		want     uint64
+	}{{"caller gives up", hangStore{}, 20 * time.Millisecond, 0}, {"store fails", wrappedErrStore{}, 10 * time.Second, 1}} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, _, addr := serveEnvoy(t, rl, WithStore(tc.store))
 			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -216,7 +220,7 @@ func TestCallerGiveUpIsNoStoreError(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer conn.Close()
-			cctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+			cctx, cancel := context.WithTimeout(context.Background(), tc.deadline)
 			defer cancel()
 			_, err = rlspb.NewRateLimitServiceClient(conn).ShouldRateLimit(cctx, req)
 			if tc.want == 0 && status.Code(err) != codes.DeadlineExceeded {

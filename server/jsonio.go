@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 )
 
@@ -31,6 +32,7 @@ const (
 	codeAdminDisabled = "admin_disabled"
 	codeMethod        = "method_not_allowed"
 	codeUnsupported   = "unsupported_media_type"
+	codeCrossSite     = "cross_site_request"
 	codeStore         = "store_unavailable"
 	codeInternal      = "internal"
 )
@@ -85,20 +87,52 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, *bodyError) {
 	return data, nil
 }
 
-// checkJSONContentType rejects a body declared as something other than
-// JSON. A missing Content-Type is accepted, for curl users.
+// checkJSONContentType rejects a body not declared as JSON: the media
+// type must be application/json or end in +json. A missing Content-Type
+// and text/plain are refused too, since those are what a web page can
+// send to another site without asking it first (a "simple" request, with
+// no CORS preflight); requiring JSON keeps browsers of other sites out.
 func checkJSONContentType(r *http.Request) *bodyError {
 	ct := r.Header.Get("Content-Type")
 	if ct == "" {
-		return nil
+		return &bodyError{http.StatusUnsupportedMediaType, codeUnsupported,
+			"the request has no Content-Type; send Content-Type: application/json (curl: -H 'Content-Type: application/json')"}
 	}
 	mt, _, _ := strings.Cut(ct, ";")
 	mt = strings.ToLower(strings.TrimSpace(mt))
-	if mt == "application/json" || strings.HasSuffix(mt, "+json") || mt == "text/plain" {
+	if mt == "application/json" || strings.HasSuffix(mt, "+json") && strings.Count(mt, "/") == 1 && !strings.HasPrefix(mt, "/") {
 		return nil
 	}
 	return &bodyError{http.StatusUnsupportedMediaType, codeUnsupported,
-		fmt.Sprintf("Content-Type %q is not JSON; send application/json", ct)}
+		fmt.Sprintf("Content-Type %s is not JSON; send Content-Type: application/json", quoteShort(ct))}
+}
+
+// checkCrossSite refuses a request a browser sent on behalf of a page of
+// another site: Sec-Fetch-Site cross-site or same-site (a sibling
+// subdomain, which may host pages weir's operator does not control), or,
+// from browsers that do not send Sec-Fetch-Site, an Origin whose host is
+// neither the request's Host nor its X-Forwarded-Host (which a page of
+// another site cannot set without a CORS preflight that weir never
+// grants). Programs send neither header; the dashboard's own requests are
+// same-origin.
+func checkCrossSite(r *http.Request) *bodyError {
+	if sfs := strings.ToLower(strings.TrimSpace(r.Header.Get("Sec-Fetch-Site"))); sfs != "" {
+		if sfs == "same-origin" || sfs == "none" {
+			return nil
+		}
+		return &bodyError{http.StatusForbidden, codeCrossSite,
+			fmt.Sprintf("a browser sent this request for a page of another site (Sec-Fetch-Site: %s); /v1/check takes requests from programs and from weir's own dashboard only", quoteShort(sfs))}
+	}
+	origin := r.Header.Get("Origin")
+	if origin == "" {
+		return nil
+	}
+	if u, err := url.Parse(origin); err == nil && u.Host != "" && (strings.EqualFold(u.Host, r.Host) ||
+		strings.EqualFold(u.Host, strings.TrimSpace(r.Header.Get("X-Forwarded-Host")))) {
+		return nil
+	}
+	return &bodyError{http.StatusForbidden, codeCrossSite,
+		fmt.Sprintf("a browser sent this request for a page of another origin (Origin %s, Host %s); /v1/check takes requests from programs and from weir's own dashboard only", quoteShort(origin), quoteShort(r.Host))}
 }
 
 // decodeStrict decodes data into v, rejecting unknown fields, trailing

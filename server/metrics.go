@@ -33,9 +33,12 @@ type metrics struct {
 	reg          *prometheus.Registry
 	decisions    *prometheus.CounterVec
 	storeLatency prometheus.Histogram
+	fallbacks    *prometheus.CounterVec
+	near         *prometheus.CounterVec
 	storeErrors  prometheus.Counter
 	reloads      *prometheus.CounterVec
 	errorsTotal  atomic.Uint64 // storeErrors, readable for the snapshot
+	fallbackSum  atomic.Uint64 // fallbacks summed, readable for the snapshot
 }
 
 // newMetrics registers the metrics; breaker reports the circuit breaker's
@@ -45,8 +48,16 @@ func newMetrics(breaker func() float64) *metrics {
 		reg: prometheus.NewRegistry(),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "weir_decisions_total",
-			Help: "Rate-limit decisions by rule and result (allowed, limited, shadow_limited, error, denied).",
+			Help: "Rate-limit decisions by rule and result (allowed, limited, shadow_limited, denied; error when an Envoy call failed). A decision the on_error fallback made counts by what it decided, and in weir_fallback_decisions_total too.",
 		}, []string{"rule", "result"}),
+		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "weir_fallback_decisions_total",
+			Help: "Decisions made by the on_error fallback while the store failed, by rule, fallback (allow, deny, local) and result (allowed, limited, shadow_limited).",
+		}, []string{"rule", "fallback", "result"}),
+		near: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "weir_near_limit_total",
+			Help: "Admitted decisions that left their key at or past the rule's near_limit share of its limit (80% by default), by rule; also counted in weir_decisions_total as allowed. Peeks and rejections never count.",
+		}, []string{"rule"}),
 		storeLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "weir_store_latency_seconds",
 			Help:    "Latency of store calls made for decisions.",
@@ -54,7 +65,7 @@ func newMetrics(breaker func() float64) *metrics {
 		}),
 		storeErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "weir_store_errors_total",
-			Help: "Decisions the store failed to make (errors, timeouts, open circuit breaker).",
+			Help: "Decisions the store failed to make (errors, timeouts, open circuit breaker); decisions never sent to the store and callers that gave up are not counted.",
 		}),
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "weir_config_reloads_total",
@@ -65,7 +76,7 @@ func newMetrics(breaker func() float64) *metrics {
 		Name: "weir_circuit_breaker_state",
 		Help: "State of the circuit breaker in front of the store: 0 closed, 1 half-open, 2 open.",
 	}, breaker)
-	m.reg.MustRegister(m.decisions, m.storeLatency, m.storeErrors, m.reloads, breakerGauge,
+	m.reg.MustRegister(m.decisions, m.fallbacks, m.near, m.storeLatency, m.storeErrors, m.reloads, breakerGauge,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Make the reload series exist from the start, at 0.
 	m.reloads.WithLabelValues("success")
@@ -76,6 +87,18 @@ func newMetrics(breaker func() float64) *metrics {
 // decision counts one decision.
 func (m *metrics) decision(rule, result string) {
 	m.decisions.WithLabelValues(rule, result).Inc()
+}
+
+// fallbackDecision counts one decision that the on_error fallback mode
+// (allow, deny or local) made, also counted by decision.
+func (m *metrics) fallbackDecision(rule, mode, result string) {
+	m.fallbacks.WithLabelValues(rule, mode, result).Inc()
+	m.fallbackSum.Add(1)
+}
+
+// nearLimit counts one admitted decision near rule's limit.
+func (m *metrics) nearLimit(rule string) {
+	m.near.WithLabelValues(rule).Inc()
 }
 
 // store records one store call.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/weir-dev/weir"
@@ -15,9 +16,6 @@ import (
 // topK is how many identities each rule's hot-key sketch monitors.
 const topK = 64
 
-// maxTopIdentity bounds the identities kept in the sketches, in bytes.
-const maxTopIdentity = 256
-
 // fallbackSeen remembers the last on_error fallback a decision used.
 type fallbackSeen struct {
 	mode string
@@ -26,27 +24,29 @@ type fallbackSeen struct {
 
 // observe is the policy observer: every rule decision of /v1/auth and
 // /v1/check passes here, to the metrics, the per-second counters, the
-// hot-key sketches and the penalty-box index.
+// hot-key sketches and the penalty-box index. A decision the on_error
+// fallback made counts by what it decided, with the fallback's name.
 func (s *Server) observe(ctx context.Context, rr policy.RuleResult, lat time.Duration) {
 	if rr.Skipped {
 		return
 	}
-	if rr.Err == nil && !rr.Denied && rr.Result.Allowed && rr.Result.Granted == 0 {
-		return // a peek, or a rule that did not consume because another rejected
+	failed := storeFailed(ctx, rr.Err)
+	if !rr.Denied && rr.Result.Allowed && rr.Result.Granted == 0 {
+		// A peek, or a rule that did not consume because another
+		// rejected: no decision, though perhaps a failed store call.
+		if rr.Err != nil {
+			s.metrics.store(lat, failed)
+		}
+		return
 	}
 	now := s.now()
 	result, outcome := classify(rr)
 	if rr.Denied {
 		lat = -1 // no store call was made
 	}
-	// A caller that gave up (a client's deadline or cancel) says nothing
-	// of the store: it is not a store error, as the guard's breaker agrees.
-	s.count(rr.Rule, result, outcome, now, lat, rr.Err != nil && ctx.Err() == nil)
+	s.count(rr.Rule, result, outcome, rr.Fallback, rr.IsNearLimit(), now, lat, failed)
 	if rr.Fallback != "" {
-		ms := now.UnixMilli()
-		if f := s.lastFallbk.Load(); f == nil || f.mode != rr.Fallback || ms-f.atMS > 500 {
-			s.lastFallbk.Store(&fallbackSeen{rr.Fallback, ms})
-		}
+		s.noteFallback(rr.Fallback, now)
 	}
 	if rr.Identity == "" || rr.Result.Allowed || rr.Denied {
 		return
@@ -59,11 +59,28 @@ func (s *Server) observe(ctx context.Context, rr policy.RuleResult, lat time.Dur
 	}
 }
 
-// classify names a rule result for the metrics and the counters.
+// storeFailed reports whether err, a decision's store error, counts as a
+// store failure: not a decision never sent (weir.ErrNotSent, such as one
+// queued past its deadline behind others), nor one whose caller gave up
+// (a client's deadline or cancel), nor a request refused as invalid. The
+// guard's breaker agrees. An open breaker's refusal counts.
+func storeFailed(ctx context.Context, err error) bool {
+	return err != nil && ctx.Err() == nil && errors.Is(err, weir.ErrStore) && !errors.Is(err, weir.ErrNotSent)
+}
+
+// noteFallback remembers that the fallback mode decided at now, for the
+// snapshot's store.fallback.
+func (s *Server) noteFallback(mode string, now time.Time) {
+	ms := now.UnixMilli()
+	if f := s.lastFallbk.Load(); f == nil || f.mode != mode || ms-f.atMS > 500 {
+		s.lastFallbk.Store(&fallbackSeen{mode, ms})
+	}
+}
+
+// classify names a rule result for the metrics and the counters: what was
+// decided, by the store or by the fallback.
 func classify(rr policy.RuleResult) (string, int) {
 	switch {
-	case rr.Err != nil:
-		return resultError, outErrors
 	case rr.Denied:
 		return resultDenied, outLimited
 	case rr.Result.Allowed:
@@ -74,23 +91,38 @@ func classify(rr policy.RuleResult) (string, int) {
 	return resultLimited, outLimited
 }
 
-// count records one decision everywhere it is counted. lat < 0 means no
-// store call was made.
-func (s *Server) count(rule, result string, outcome int, now time.Time, lat time.Duration, failed bool) {
+// count records one decision everywhere it is counted. fallback names the
+// on_error fallback that made it, "" when the store did; near says it was
+// admitted near its limit (policy.NearLimit). lat < 0 means no store call
+// was made; failed, that the store call failed.
+func (s *Server) count(rule, result string, outcome int, fallback string, near bool, now time.Time, lat time.Duration, failed bool) {
 	s.metrics.decision(rule, result)
+	if fallback != "" {
+		s.metrics.fallbackDecision(rule, fallback, result)
+	}
+	if near {
+		s.metrics.nearLimit(rule)
+	}
 	if lat >= 0 {
 		s.metrics.store(lat, failed)
 	}
-	s.stats.record(rule, now, outcome, lat)
+	s.stats.record(rule, now, outcome, fallback != "", near, lat)
 }
 
+// maxEnvoyInFlight bounds the store calls one Envoy call has under way at
+// once, so that a call's descriptors cost a bounded number of goroutines
+// and a bounded share of the store's connections.
+const maxEnvoyInFlight = 8
+
 // envoyDecider runs the Envoy service's store calls through the guard
-// (deadline and circuit breaker) and, when the store fails, applies the
-// config's global on_error instead of failing the call.
-func (s *Server) envoyDecider(ctx context.Context, reqs []weir.Request, res []weir.Result) error {
+// (deadline and circuit breaker) and, when the store fails, answers with
+// the guard's fallback under the config's global on_error, as /v1/check
+// and /v1/auth do, and says so in fallback.
+func (s *Server) envoyDecider(ctx context.Context, reqs []weir.Request, res []weir.Result, fallback []string) error {
 	// Descriptors are independent (as in envoyproxy/ratelimit), so a
-	// request's descriptors are decided concurrently: with Redis, rueidis
-	// pipelines them into one round trip instead of one each.
+	// request's descriptors are decided concurrently, at most
+	// maxEnvoyInFlight at once: with Redis, the calls under way share one
+	// pipelined (or coalesced) round trip instead of one each.
 	var one [1]error
 	var oneLat [1]time.Duration
 	errs, lats := one[:], oneLat[:]
@@ -106,19 +138,28 @@ func (s *Server) envoyDecider(ctx context.Context, reqs []weir.Request, res []we
 		}
 		lats[i] = time.Since(start)
 	}
-	if len(reqs) == 1 {
-		decide(0)
-	} else {
-		var wg sync.WaitGroup
-		for i := 1; i < len(reqs); i++ {
-			wg.Go(func() { decide(i) })
+	if workers := min(len(reqs), maxEnvoyInFlight); workers <= 1 {
+		for i := range reqs {
+			decide(i)
 		}
-		decide(0)
+	} else {
+		var next atomic.Int64
+		work := func() {
+			for i := int(next.Add(1) - 1); i < len(reqs); i = int(next.Add(1) - 1) {
+				decide(i)
+			}
+		}
+		var wg sync.WaitGroup
+		for range workers - 1 {
+			wg.Go(work)
+		}
+		work()
 		wg.Wait()
 	}
+	var cfg *policy.Config
 	for i := range reqs {
 		err := errs[i]
-		s.metrics.store(lats[i], err != nil && ctx.Err() == nil) // a caller that gave up is no store error
+		s.metrics.store(lats[i], storeFailed(ctx, err))
 		s.stats.observeStore(s.now(), lats[i])
 		if err == nil {
 			continue
@@ -126,56 +167,35 @@ func (s *Server) envoyDecider(ctx context.Context, reqs []weir.Request, res []we
 		if !errors.Is(err, weir.ErrStore) || ctx.Err() != nil {
 			return err
 		}
-		if err := s.envoyFallback(ctx, reqs[i], &res[i]); err != nil {
+		if cfg == nil {
+			cfg = s.holder.Load().Config()
+		}
+		mode := envoyOnError(cfg)
+		if err := s.guard.Fallback(ctx, mode, reqs[i:i+1], res[i:i+1], cfg.Instances); err != nil {
 			return err
 		}
+		fallback[i] = mode
+		s.noteFallback(mode, s.now())
 	}
 	return nil
 }
 
-// envoyFallback decides one Envoy request while the store is failing.
-func (s *Server) envoyFallback(ctx context.Context, req weir.Request, res *weir.Result) error {
-	cfg := s.holder.Load().Config()
-	mode := cfg.Store.OnError
-	if mode == "" {
-		mode = cfg.OnError
+// envoyOnError is the fallback of the Envoy service: the config's global
+// on_error (store.on_error), local by default.
+func envoyOnError(cfg *policy.Config) string {
+	if cfg.Store.OnError != "" {
+		return cfg.Store.OnError
 	}
-	rate := req.Limit.Burst
-	if rate == 0 {
-		rate = req.Limit.Rate
+	if cfg.OnError != "" {
+		return cfg.OnError
 	}
-	ms := s.now().UnixMilli()
-	if f := s.lastFallbk.Load(); f == nil || f.mode != mode || ms-f.atMS > 500 {
-		s.lastFallbk.Store(&fallbackSeen{mode, ms})
-	}
-	switch mode {
-	case policy.OnErrorAllow:
-		*res = weir.Result{Allowed: true, Limit: rate, Remaining: rate}
-		return nil
-	case policy.OnErrorDeny:
-		*res = weir.Result{Limit: rate, RetryAfter: time.Second, ResetAfter: time.Second}
-		return nil
-	}
-	n := int64(max(cfg.Instances, 1))
-	l := req.Limit
-	l.Rate = (l.Rate + n - 1) / n
-	if l.Burst > 0 {
-		l.Burst = (l.Burst + n - 1) / n
-	}
-	local := req
-	local.Limit = l
-	var out [1]weir.Result
-	if err := s.guard.Local().TakeAll(ctx, []weir.Request{local}, out[:]); err != nil {
-		*res = weir.Result{Limit: l.Rate, RetryAfter: time.Second}
-		return nil
-	}
-	*res = out[0]
-	return nil
+	return policy.OnErrorLocal
 }
 
 // envoyObserve counts the Envoy service's decisions. Its rule label is the
 // descriptor path from the config ("domain.key_value.key"), never a value
-// from the request.
+// from the request. Envoy rules are near their limit by the config's global
+// near_limit.
 func (s *Server) envoyObserve(_ context.Context, d envoyrls.Decision) {
 	var result string
 	var outcome int
@@ -194,8 +214,8 @@ func (s *Server) envoyObserve(_ context.Context, d envoyrls.Decision) {
 	if d.Hits == 0 && d.Outcome == envoyrls.Allowed {
 		return // a check without counting
 	}
-	s.metrics.decision(d.Rule, result)
-	s.stats.record(d.Rule, s.now(), outcome, -1)
+	near := d.Outcome == envoyrls.Allowed && d.Hits > 0 && policy.NearLimit(d.Result, s.holder.Load().NearLimit())
+	s.count(d.Rule, result, outcome, d.Fallback, near, s.now(), -1, false)
 }
 
 // topSet holds one TopK of limited identities per rule.
@@ -208,9 +228,7 @@ type topSet struct {
 func newTopSet(k int) *topSet { return &topSet{k: k, m: make(map[string]*TopK)} }
 
 func (t *topSet) add(rule, identity string) {
-	if len(identity) > maxTopIdentity {
-		identity = identity[:maxTopIdentity] + "…"
-	}
+	identity = weir.ShortIdentity(identity) // at most 64 bytes, or "~" and a hash
 	t.mu.RLock()
 	tk := t.m[rule]
 	t.mu.RUnlock()

@@ -1,13 +1,18 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/redis/rueidis"
+
+	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/internal/redistest"
+	"github.com/weir-dev/weir/store/redisstore"
 )
 
 // newRedisServer builds a Server on the Redis at addr and serves it.
@@ -63,8 +68,8 @@ func TestRedisRulesReachEveryInstance(t *testing.T) {
 	if _, err := c.Policy().Limit("fleetwide", ""); err != nil {
 		t.Fatal("a new instance did not load the rules stored in Redis")
 	}
-	if v, err := r.Do("GET", rulesKey); err != nil || !strings.Contains(fmt.Sprint(v), "fleetwide") {
-		t.Fatalf("%s: %v %v", rulesKey, v, err)
+	if v, err := r.Do("GET", keysFor("").rules); err != nil || !strings.Contains(fmt.Sprint(v), "fleetwide") {
+		t.Fatalf("%s: %v %v", keysFor("").rules, v, err)
 	}
 	// DELETE brings every instance back to its config.
 	if resp, _ := call(t, "DELETE", baseB+"/v1/rules", "", bearer(token)...); resp.StatusCode != 200 {
@@ -138,24 +143,35 @@ func TestRedisFleetViewAndPenaltyBox(t *testing.T) {
 	})
 }
 
+// TestRedisReadiness: a Redis outage leaves the instance ready (it answers,
+// by on_error) while /healthz/store and weir_store_up say the store is
+// down, and both recover with Redis.
 func TestRedisReadiness(t *testing.T) {
 	r := redistest.Standalone(t)
 	_, base := newRedisServer(t, r.Addr, "a")
-	if resp, b := call(t, "GET", base+"/readyz", ""); resp.StatusCode != 200 {
-		t.Fatalf("readyz: %d %s", resp.StatusCode, b)
+	if resp, b := call(t, "GET", base+"/healthz/store", ""); resp.StatusCode != 200 {
+		t.Fatalf("healthz/store: %d %s", resp.StatusCode, b)
 	}
 	r.Kill()
-	if resp, _ := call(t, "GET", base+"/readyz", ""); resp.StatusCode != 503 {
-		t.Fatalf("readyz with Redis down: %d", resp.StatusCode)
+	for _, p := range []string{"/readyz", "/healthz"} {
+		if resp, b := call(t, "GET", base+p, ""); resp.StatusCode != 200 {
+			t.Fatalf("%s with Redis down: %d %s", p, resp.StatusCode, b)
+		}
 	}
-	if resp, _ := call(t, "GET", base+"/healthz", ""); resp.StatusCode != 200 {
-		t.Fatalf("healthz with Redis down: %d", resp.StatusCode)
+	if resp, b := call(t, "GET", base+"/healthz/store", ""); resp.StatusCode != 503 {
+		t.Fatalf("healthz/store with Redis down: %d %s", resp.StatusCode, b)
+	}
+	if _, m := call(t, "GET", base+"/metrics", ""); !strings.Contains(string(m), "\nweir_store_up 0\n") {
+		t.Fatal("weir_store_up is not 0 with Redis down")
 	}
 	r.Start()
-	eventually(t, 10*time.Second, "readyz to recover", func() bool {
-		resp, _ := call(t, "GET", base+"/readyz", "")
+	eventually(t, 10*time.Second, "healthz/store to recover", func() bool {
+		resp, _ := call(t, "GET", base+"/healthz/store", "")
 		return resp.StatusCode == 200
 	})
+	if _, m := call(t, "GET", base+"/metrics", ""); !strings.Contains(string(m), "\nweir_store_up 1\n") {
+		t.Fatal("weir_store_up is not 1 with Redis back")
+	}
 }
 
 func sum(xs []int64) int64 {
@@ -164,4 +180,50 @@ func sum(xs []int64) int64 {
 		n += x
 	}
 	return n
+}
+
+// TestRedisStoreOfTheCaller: a redisstore.Store given with WithStore, here
+// built on the caller's own rueidis client, serves the limiter and lends
+// the service its client for the service's own keys: the rules a PUT
+// stores land in that Redis, and the dashboard names the Redis and how it
+// runs its scripts. Closing the server leaves the store, and the client,
+// to the caller.
+func TestRedisStoreOfTheCaller(t *testing.T) {
+	r := redistest.Standalone(t)
+	ctx := context.Background()
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{r.Addr}, DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	rs, err := redisstore.NewWithClient(ctx, c, redisstore.Config{Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rs.Close()
+	s, err := New(WithConfig(mustParse(t, testConfig+"store:\n  timeout: 2s\n")), WithStore(rs), WithInstanceID("a"),
+		WithAdminToken(token), WithLogger(quietLogger()), withFastLoops())
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, stop := serveOn(t, s)
+	if got, want := s.StoreDescription(), "redis standalone "+r.Addr+" (scripts as functions)"; got != want {
+		t.Fatalf("store: %q, want %q", got, want)
+	}
+	if _, d := check(t, base, "login", "192.0.2.1", 1); d["allowed"] != true {
+		t.Fatalf("check: %v", d)
+	}
+	newRules := "rules:\n  - name: fleetwide\n    limit: 3/m\n"
+	if resp, body := call(t, "PUT", base+"/v1/rules", newRules, bearer(token)...); resp.StatusCode != 200 || decode(t, body)["scope"] != "fleet" {
+		t.Fatalf("PUT: %d %s", resp.StatusCode, body)
+	}
+	if v, err := r.Do("GET", keysFor("").rules); err != nil || !strings.Contains(fmt.Sprint(v), "fleetwide") {
+		t.Fatalf("%s: %v %v", keysFor("").rules, v, err)
+	}
+	stop()
+	s.Close()
+	l := weir.Limit{Algorithm: weir.TokenBucket, Rate: 1, Period: time.Minute}
+	if res, err := rs.Take(ctx, "after", l, 1); err != nil || !res.Allowed {
+		t.Fatalf("the caller's store after the server closed: %+v, %v", res, err)
+	}
 }

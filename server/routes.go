@@ -48,6 +48,7 @@ func (s *Server) routes() http.Handler {
 	mux.Handle("/metrics", methods{http.MethodGet: s.metrics.handler().ServeHTTP})
 	mux.Handle("/healthz", methods{http.MethodGet: s.handleHealthz})
 	mux.Handle("/readyz", methods{http.MethodGet: s.handleReadyz})
+	mux.Handle("/healthz/store", methods{http.MethodGet: s.handleStoreHealth})
 	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, codeNotFound, "no endpoint %s; see GET /v1/rules, POST /v1/check, GET /v1/auth", r.URL.Path)
 	})

@@ -1,7 +1,10 @@
 package server
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -22,16 +25,24 @@ const maxRulesBody = 1 << 20
 // The top-level sections a rule-set replacement may hold. store and server
 // cannot change at run time.
 var replaceable = map[string]bool{
-	"rules": true, "allow": true, "deny": true, "trusted_proxies": true, "headers": true, "shadow": true,
+	"rules": true, "allow": true, "deny": true, "trusted_proxies": true, "client_ip_header": true, "headers": true, "shadow": true,
+	"near_limit": true,
 }
 
 // ruleSync holds the rule set that PUT /v1/rules put in force, which
 // replaces the config file's rules (and whichever of allow, deny,
-// trusted_proxies, headers and shadow it also has) until DELETE /v1/rules
-// drops it. With Redis the replacement is stored under weir:config:rules
-// and weir:config:rules:version is incremented; every instance polls the
-// version and picks the new rules up within a second, and an instance that
-// starts later finds them there.
+// trusted_proxies, client_ip_header, headers, shadow and near_limit it also has) until DELETE /v1/rules
+// drops it. With Redis the replacement is stored under
+// <prefix>:config:rules, after a first line that carries its version, and
+// the version is written to <prefix>:config:rules:version; every instance
+// polls that key and picks the new rules up within a second, and an
+// instance that starts later finds them there.
+//
+// A version is 128 random bits, never a counter: after Redis loses its
+// data, or fails over to a replica that missed the last writes, a new
+// version can never equal one an instance has already seen, so no
+// instance keeps rules that Redis no longer has. Versions are compared for
+// equality only.
 type ruleSync struct {
 	s *Server
 
@@ -39,10 +50,43 @@ type ruleSync struct {
 	raw     []byte          // the YAML; nil when the config's rules are in force
 	cfg     *policy.Config  // raw, parsed
 	present map[string]bool // raw's top-level sections
-	version string          // the last version seen in Redis
+	version string          // the last version seen in Redis ("": none)
 }
 
 func newRuleSync(s *Server) *ruleSync { return &ruleSync{s: s} }
+
+// rulesVersionLine starts the value of the rules key: the version, then
+// the YAML. It is a YAML comment, so the value stays a valid rule set.
+const rulesVersionLine = "# weir-rules-version: "
+
+// newRulesVersion returns a version that no other write will ever have.
+func newRulesVersion() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand does not fail on supported platforms
+	}
+	return hex.EncodeToString(b[:])
+}
+
+// storedRules encodes raw with its version for the rules key.
+func storedRules(version string, raw []byte) string {
+	return rulesVersionLine + version + "\n" + string(raw)
+}
+
+// splitStoredRules returns the version and the YAML of the rules key's
+// value; the version is "" in a value written before versions were stored
+// with the rules.
+func splitStoredRules(v []byte) (version string, raw []byte) {
+	rest, ok := bytes.CutPrefix(v, []byte(rulesVersionLine))
+	if !ok {
+		return "", v
+	}
+	line, body, ok := bytes.Cut(rest, []byte("\n"))
+	if !ok {
+		return "", v
+	}
+	return string(bytes.TrimSpace(line)), body
+}
 
 // parseReplacement parses and validates a rule-set replacement.
 func parseReplacement(data []byte) (*policy.Config, map[string]bool, error) {
@@ -60,7 +104,7 @@ func parseReplacement(data []byte) (*policy.Config, map[string]bool, error) {
 		k := m.Content[i]
 		present[k.Value] = true
 		if !replaceable[k.Value] {
-			bad = append(bad, fmt.Sprintf("line %d: section %s cannot change at run time (only rules, allow, deny, trusted_proxies, headers and shadow can); change the config file instead", k.Line, k.Value))
+			bad = append(bad, fmt.Sprintf("line %d: section %s cannot change at run time (only rules, allow, deny, trusted_proxies, client_ip_header, headers, shadow and near_limit can); change the config file instead", k.Line, k.Value))
 		}
 	}
 	cfg, err := policy.Parse(data, "rules")
@@ -100,11 +144,17 @@ func overlayOn(base, ov *policy.Config, present map[string]bool) *policy.Config 
 	if present["trusted_proxies"] {
 		eff.TrustedProxies = ov.TrustedProxies
 	}
+	if present["client_ip_header"] {
+		eff.ClientIPHeader = ov.ClientIPHeader
+	}
 	if present["headers"] {
 		eff.Headers = ov.Headers
 	}
 	if present["shadow"] {
 		eff.Shadow = ov.Shadow
+	}
+	if present["near_limit"] {
+		eff.NearLimit = ov.NearLimit
 	}
 	return &eff
 }
@@ -132,100 +182,147 @@ func (rs *ruleSync) source() string {
 	return "built-in demo"
 }
 
+// readStored reads the stored version and replacement: the version key's
+// value ("" if none), the rules key's YAML (nil if none) and the version
+// written with it ("" if none).
+func (rs *ruleSync) readStored(ctx context.Context, withRules bool) (version string, raw []byte, rawVersion string, err error) {
+	rdb, k := rs.s.rdb, rs.s.keys
+	version, err = rdb.Do(ctx, rdb.B().Get().Key(k.rulesVersion).Build()).ToString()
+	if err != nil && !rueidis.IsRedisNil(err) {
+		return "", nil, "", err
+	}
+	if !withRules {
+		return version, nil, "", nil
+	}
+	// Read after the version: a writer stores the rules first, so these
+	// are at least as new as the version read. Both keys are read on
+	// their own, so they may live in different slots of a cluster.
+	v, err := rdb.Do(ctx, rdb.B().Get().Key(k.rules).Build()).AsBytes()
+	if err != nil {
+		if rueidis.IsRedisNil(err) {
+			return version, nil, "", nil
+		}
+		return "", nil, "", err
+	}
+	rawVersion, raw = splitStoredRules(v)
+	return version, raw, rawVersion, nil
+}
+
 // loadInitial reads a replacement stored in Redis, before the first policy
 // is built.
 func (rs *ruleSync) loadInitial(ctx context.Context) error {
-	rdb := rs.s.rdb
-	if rdb == nil {
+	if rs.s.rdb == nil {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	res := rdb.DoMulti(ctx, rdb.B().Get().Key(rulesVersionKey).Build(), rdb.B().Get().Key(rulesKey).Build())
-	version, err := res[0].ToString()
-	if err != nil && !rueidis.IsRedisNil(err) {
+	version, raw, rawVersion, err := rs.readStored(ctx, true)
+	if err != nil {
 		return err
 	}
-	raw, err := res[1].AsBytes()
-	if err != nil {
-		if rueidis.IsRedisNil(err) {
-			rs.version = version
-			return nil
-		}
-		return err
+	if rawVersion != "" {
+		version = rawVersion
 	}
 	rs.version = version
+	if raw == nil {
+		return nil
+	}
 	cfg, present, err := parseReplacement(raw)
 	if err != nil {
-		rs.s.log.Error("weir: the rules stored in Redis are invalid; using the config's", "key", rulesKey, "err", err)
+		rs.s.log.Error("weir: the rules stored in Redis are invalid; using the config's", "key", rs.s.keys.rules, "err", err)
 		return nil
 	}
 	rs.set(raw, cfg, present)
-	rs.s.log.Info("weir: using the rules stored in Redis", "key", rulesKey, "rules", len(cfg.Rules))
+	rs.s.log.Info("weir: using the rules stored in Redis", "key", rs.s.keys.rules, "version", version, "rules", len(cfg.Rules))
 	return nil
 }
 
 // run polls the version key and applies changes made by other instances.
 func (rs *ruleSync) run(ctx context.Context) {
-	if rs.s.rdb == nil {
-		return
-	}
-	t := time.NewTicker(rs.s.o.rulesEvery)
-	defer t.Stop()
-	var lastErr time.Time
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if err := rs.poll(ctx); err != nil && ctx.Err() == nil && time.Since(lastErr) > 30*time.Second {
-			lastErr = time.Now()
-			rs.s.log.Warn("weir: polling Redis for rule changes failed", "err", err)
-		}
-	}
+	rs.s.redisLoop(ctx, rs.s.o.rulesEvery, false, rs.poll, "weir: polling Redis for rule changes failed")
 }
 
+// errSuperseded says that the rules changed on this instance while a poll
+// read Redis: the poll's reading may be older, and the next poll decides.
+var errSuperseded = errors.New("the rules changed while Redis was read")
+
 func (rs *ruleSync) poll(ctx context.Context) error {
-	rdb := rs.s.rdb
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	version, err := rdb.Do(pctx, rdb.B().Get().Key(rulesVersionKey).Build()).ToString()
-	if err != nil && !rueidis.IsRedisNil(err) {
+	version, _, _, err := rs.readStored(pctx, false)
+	if err != nil {
 		return err
 	}
 	rs.mu.Lock()
-	same := version == rs.version
+	seen, had := rs.version, rs.raw != nil
 	rs.mu.Unlock()
-	if same {
+	if version == seen {
 		return nil
 	}
-	raw, err := rdb.Do(pctx, rdb.B().Get().Key(rulesKey).Build()).AsBytes()
-	if err != nil && !rueidis.IsRedisNil(err) {
+	version, raw, rawVersion, err := rs.readStored(pctx, true)
+	if err != nil {
 		return err
 	}
-	rs.mu.Lock()
-	rs.version = version
-	rs.mu.Unlock()
-	if raw == nil {
-		rs.set(nil, nil, nil)
-	} else {
-		cfg, present, err := parseReplacement(raw)
-		if err != nil {
+	if raw != nil && rawVersion != "" {
+		// The version written with the rules is theirs; the version key
+		// may already be older (read before a write) or gone (lost).
+		version = rawVersion
+		if version == seen {
+			return nil // in force already; only the version key moved or went
+		}
+	}
+	if raw == nil && !had {
+		// No replacement before, none now (a DELETE seen, or a Redis
+		// that lost a version only): nothing to rebuild.
+		rs.mu.Lock()
+		if rs.version == seen {
+			rs.version = version
+		}
+		rs.mu.Unlock()
+		return nil
+	}
+	var cfg *policy.Config
+	var present map[string]bool
+	if raw != nil {
+		if cfg, present, err = parseReplacement(raw); err != nil {
+			rs.mu.Lock()
+			rs.version = version // tell it once, not on every poll
+			rs.mu.Unlock()
 			rs.s.metrics.reload(false)
 			rs.s.log.Error("weir: the rules stored in Redis are invalid; the old rules stay in force", "version", version, "err", err)
 			return nil
 		}
-		rs.set(raw, cfg, present)
 	}
-	p, err := rs.s.build(rs.s.base.Load())
-	if err != nil {
+	// Under the holder's lock, as every change of the rules: nothing can
+	// put an older policy in force after this one.
+	p, err := rs.s.update(func() error {
+		rs.mu.Lock()
+		defer rs.mu.Unlock()
+		if rs.version != seen {
+			return errSuperseded
+		}
+		rs.version = version
+		rs.raw, rs.cfg, rs.present = raw, cfg, present
+		return nil
+	})
+	switch {
+	case errors.Is(err, errSuperseded):
+		return nil
+	case err != nil:
 		rs.s.metrics.reload(false)
 		rs.s.log.Error("weir: the rules stored in Redis do not apply here; the old rules stay in force", "version", version, "err", err)
 		return nil
+	case raw == nil && had && version == "":
+		// Redis lost them: flushed, restarted without persistence, or a
+		// failover to a replica that never had them. Redis is where the
+		// replacement lives, so this instance goes back to its config, as
+		// a new instance would; PUT /v1/rules again to restore them.
+		rs.s.log.Warn("weir: the rules stored in Redis are gone (data lost or failover); back to the config's rules", "key", rs.s.keys.rules, "rules", len(p.Rules()))
+	case raw == nil:
+		rs.s.log.Info("weir: another instance restored the config's rules", "version", version, "rules", len(p.Rules()))
+	default:
+		rs.s.log.Info("weir: rules changed by another instance", "version", version, "rules", len(p.Rules()))
 	}
-	rs.s.swap(p)
-	rs.s.log.Info("weir: rules changed by another instance", "version", version, "rules", len(p.Rules()))
 	return nil
 }
 
@@ -289,44 +386,40 @@ func (s *Server) handleRulesDelete(w http.ResponseWriter, r *http.Request) {
 }
 
 // publishRules stores raw (nil: removes it) in Redis for the whole fleet
-// and bumps the version every instance polls, in one pipelined round trip
-// (the rules land before the version that announces them). Without Redis
-// it does nothing and returns an empty version.
+// under a new version, written with the rules and then to the version key
+// every instance polls, in one pipelined round trip (the rules land before
+// the version that announces them). Without Redis it does nothing and
+// returns an empty version.
 func (s *Server) publishRules(ctx context.Context, raw []byte) (string, error) {
 	if s.rdb == nil {
 		return "", nil
 	}
-	write := s.rdb.B().Del().Key(rulesKey).Build()
+	version := newRulesVersion()
+	write := s.rdb.B().Del().Key(s.keys.rules).Build()
 	if raw != nil {
-		write = s.rdb.B().Set().Key(rulesKey).Value(string(raw)).Build()
+		write = s.rdb.B().Set().Key(s.keys.rules).Value(storedRules(version, raw)).Build()
 	}
-	res := s.rdb.DoMulti(ctx, write, s.rdb.B().Incr().Key(rulesVersionKey).Build())
-	if err := res[0].Error(); err != nil {
-		return "", err
+	for _, res := range s.rdb.DoMulti(ctx, write, s.rdb.B().Set().Key(s.keys.rulesVersion).Value(version).Build()) {
+		if err := res.Error(); err != nil {
+			return "", err
+		}
 	}
-	n, err := res[1].AsInt64()
-	if err != nil {
-		return "", err
-	}
-	return fmt.Sprint(n), nil
+	return version, nil
 }
 
 // applyRules puts a run-time rule set (nil: the config's own) in force on
-// this instance.
+// this instance, under the holder's lock.
 func (s *Server) applyRules(raw []byte, cfg *policy.Config, present map[string]bool, version string) (*policy.Policy, error) {
 	rs := s.rules
-	rs.mu.Lock()
-	if version != "" {
-		rs.version = version
-	}
-	rs.raw, rs.cfg, rs.present = raw, cfg, present
-	rs.mu.Unlock()
-	p, err := s.build(s.base.Load())
-	if err != nil {
-		return nil, err
-	}
-	s.swap(p)
-	return p, nil
+	return s.update(func() error {
+		rs.mu.Lock()
+		defer rs.mu.Unlock()
+		if version != "" {
+			rs.version = version
+		}
+		rs.raw, rs.cfg, rs.present = raw, cfg, present
+		return nil
+	})
 }
 
 // writeRulesError answers 400 with every problem of a rule set.

@@ -9,7 +9,8 @@
 //	GET    /v1/top                the most limited identities per rule
 //	GET    /v1/dashboard/snapshot everything the dashboard draws, in one JSON document
 //	GET    /metrics               Prometheus metrics
-//	GET    /healthz, /readyz      liveness, and readiness (the store answers)
+//	GET    /healthz, /readyz      liveness, and readiness (this instance answers; 503 once shutting down)
+//	GET    /healthz/store         whether the store answers (200 or 503), for alerts, never for readiness
 //	GET    /                      the dashboard
 //
 // and, behind a bearer token, the admin API:
@@ -49,6 +50,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/rueidis"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
@@ -56,6 +58,7 @@ import (
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/policy"
 	"github.com/weir-dev/weir/server/envoyrls"
+	"github.com/weir-dev/weir/store/guard"
 )
 
 // Version is reported by the dashboard snapshot unless WithVersion says
@@ -76,6 +79,11 @@ const (
 // in-flight requests.
 const DefaultShutdownTimeout = 25 * time.Second
 
+// DefaultShutdownDelay is how long weir serve keeps serving, unready, once
+// told to stop, so that load balancers take it out of rotation before its
+// listeners close. A Server's own default is 0 (see WithShutdownDelay).
+const DefaultShutdownDelay = 5 * time.Second
+
 // An Option configures New.
 type Option func(*options)
 
@@ -95,6 +103,7 @@ type options struct {
 	httpAddr        *string
 	grpcAddr        *string
 	shutdownTimeout time.Duration
+	shutdownDelay   time.Duration
 	now             func() time.Time
 
 	// Intervals of the background loops; tests shorten them.
@@ -116,6 +125,10 @@ func WithConfigFile(path string) Option { return func(o *options) { o.cfgPath = 
 
 // WithStore makes the server keep limiter state in store instead of the
 // one the config's store section describes. The server does not close it.
+// If store is a *redisstore.Store, the server sends its own keys (stored
+// rules, fleet view, penalty-box index) over the store's client
+// (redisstore.Store.Client), named after the config's store.redis.prefix:
+// give it the prefix of the store's Config.
 func WithStore(store weir.Store) Option { return func(o *options) { o.store = store } }
 
 // WithRedisURL makes the server keep its state in Redis at url (the syntax
@@ -140,17 +153,30 @@ func WithEnvoyConfigDir(dir string) Option { return func(o *options) { o.envoyDi
 //     dozen bytes, so the windows never fill; fixing them turns off gRPC's
 //     bandwidth-delay estimator, which otherwise answers data with a PING
 //     and so adds writes and reads on every connection.
+//   - Bounds on what one connection can make the server hold or do: a
+//     request message of at most grpcMaxRecv bytes (a call at the
+//     envoyrls bounds of descriptors and entries is far smaller; a bigger
+//     one is refused with ResourceExhausted before it is decoded), at most
+//     grpcMaxStreams calls at once (a client past that waits, or opens
+//     another connection as Envoy does), and headers of at most
+//     grpcMaxHeaders bytes.
 func grpcOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.NumStreamWorkers(grpcStreamWorkers),
 		grpc.InitialWindowSize(grpcWindow),
 		grpc.InitialConnWindowSize(grpcWindow),
+		grpc.MaxRecvMsgSize(grpcMaxRecv),
+		grpc.MaxConcurrentStreams(grpcMaxStreams),
+		grpc.MaxHeaderListSize(grpcMaxHeaders),
 	}
 }
 
 const (
-	grpcStreamWorkers = 256     // calls in flight served by pooled goroutines; more get their own
-	grpcWindow        = 1 << 20 // bytes; fixed, which turns off the BDP estimator
+	grpcStreamWorkers = 256       // calls in flight served by pooled goroutines; more get their own
+	grpcWindow        = 1 << 20   // bytes; fixed, which turns off the BDP estimator
+	grpcMaxRecv       = 256 << 10 // bytes in one request message
+	grpcMaxStreams    = 256       // calls at once on one connection, as many as the pooled workers
+	grpcMaxHeaders    = 64 << 10  // bytes of request headers
 )
 
 // WithLogger sets the logger (default slog.Default()).
@@ -190,6 +216,15 @@ func WithGRPCAddr(addr string) Option { return func(o *options) { o.grpcAddr = &
 // requests once its context ends (default DefaultShutdownTimeout).
 func WithShutdownTimeout(d time.Duration) Option { return func(o *options) { o.shutdownTimeout = d } }
 
+// WithShutdownDelay makes ListenAndServe and Serve, once their context
+// ends, first go unready (/readyz answers 503, gRPC health NOT_SERVING,
+// HTTP responses ask clients to close their connections) and keep serving
+// for d, so that load balancers and Kubernetes endpoints stop sending new
+// requests, before they stop accepting and drain. The delay counts
+// towards the shutdown timeout. Default 0; weir serve uses
+// DefaultShutdownDelay.
+func WithShutdownDelay(d time.Duration) Option { return func(o *options) { o.shutdownDelay = d } }
+
 // Server is the rate-limit service. Build it with New; serve it with
 // ListenAndServe or Serve, or mount Handler in a server of your own and
 // call Close when done.
@@ -201,18 +236,21 @@ type Server struct {
 	version string
 
 	base   atomic.Pointer[policy.Config] // the config file's (or WithConfig's) content
-	guard  *policy.Guard
+	guard  *guard.Guard
 	holder *policy.Holder
 	store  weir.Store
 	owned  func() // closes what New opened
 	info   atomic.Pointer[storeInfo]
 	rdb    rueidis.Client // nil without Redis
+	keys   redisKeys      // the names of the service's own keys in Redis
 
 	envoy    *envoyrls.Service
 	envoyDir string
 
 	adminToken string
 	adminEnv   string
+	auth       *adminAuth
+	redact     *redactor
 
 	metrics *metrics
 	stats   *stats
@@ -221,8 +259,10 @@ type Server struct {
 	fleet   *fleet
 	rules   *ruleSync
 
-	healthy    atomic.Bool
-	lastFallbk atomic.Pointer[fallbackSeen]
+	healthy      atomic.Bool
+	lastStoreErr atomic.Int64 // UnixNano of the last probe the store failed; 0 if none
+	draining     atomic.Bool  // shutting down: /readyz answers 503
+	lastFallbk   atomic.Pointer[fallbackSeen]
 
 	handler http.Handler
 
@@ -235,10 +275,14 @@ type Server struct {
 	grpcSrv   *grpc.Server
 	grpcHlth  *health.Server
 	closeOnce sync.Once
+
+	stopping     chan struct{} // closed when Shutdown starts
+	shutdownOnce sync.Once
+	shutdownErr  error
 }
 
 // New builds a Server: it opens the store, compiles the rules and starts
-// the background work (config watching, fleet counters, readiness probes).
+// the background work (config watching, fleet counters, store health probes).
 // It listens on nothing until ListenAndServe or Serve.
 func New(opts ...Option) (*Server, error) {
 	o := options{
@@ -252,7 +296,7 @@ func New(opts ...Option) (*Server, error) {
 	for _, f := range opts {
 		f(&o)
 	}
-	s := &Server{o: o, log: o.log, now: o.now, version: o.version, owned: func() {}}
+	s := &Server{o: o, log: o.log, now: o.now, version: o.version, owned: func() {}, stopping: make(chan struct{})}
 	s.id = o.instanceID
 	if s.id == "" {
 		host, _ := os.Hostname()
@@ -271,8 +315,60 @@ func New(opts ...Option) (*Server, error) {
 }
 
 func (s *Server) init() error {
-	o := &s.o
-	// The config: given, from the file, or the demo.
+	cfg, err := s.o.config()
+	if err != nil {
+		return err
+	}
+	s.base.Store(cfg)
+	s.keys = keysFor(cfg.Store.Redis.Prefix)
+
+	if err := s.openStore(cfg); err != nil {
+		return err
+	}
+	s.metrics = newMetrics(func() float64 { return breakerValue(s.guard.State()) })
+	s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "weir_store_up",
+		Help: "1 while the store answers the health probe (every 2s and on GET /healthz/store), 0 while it does not; alert on it, never take instances out of rotation for it.",
+	}, func() float64 {
+		if s.healthy.Load() {
+			return 1
+		}
+		return 0
+	}))
+	s.guard = guard.New(s.store, guard.Config{
+		Timeout: cfg.Store.Timeout,
+		Breaker: cfg.Store.Breaker,
+		Logger:  s.log,
+		Now:     s.now,
+	})
+	s.stats = newStats()
+	s.tops = newTopSet(topK)
+	s.blocked = newBlockedIndex(s.rdb, s.keys.blocked, s.log, s.now)
+	s.fleet = newFleet(s)
+	s.rules = newRuleSync(s)
+
+	s.initAdminToken(cfg)
+	if err := s.initPolicy(cfg); err != nil {
+		return err
+	}
+	if err := s.initEnvoy(); err != nil {
+		return err
+	}
+
+	s.handler = s.routes()
+	s.healthy.Store(true)
+	s.probe(s.bgCtx)
+
+	s.goBackground(s.blocked.run)
+	s.goBackground(s.fleet.run)
+	s.goBackground(s.rules.run)
+	s.goBackground(s.probeLoop)
+	return nil
+}
+
+// config returns the config the server starts with: the caller's (copied), the
+// file's, or the demo, with --redis applied.
+func (o *options) config() (*policy.Config, error) {
 	cfg := o.cfg
 	if cfg != nil {
 		c := *cfg // New adjusts the store section; the caller's copy stays as it is
@@ -281,43 +377,29 @@ func (s *Server) init() error {
 	if cfg == nil && o.cfgPath != "" {
 		c, err := policy.LoadFile(o.cfgPath)
 		if err != nil {
-			return fmt.Errorf("server: config: %w", err)
+			return nil, fmt.Errorf("server: config: %w", err)
 		}
 		cfg = c
 	}
 	if cfg == nil {
 		c, err := policy.Parse([]byte(DemoConfig), "built-in demo config")
 		if err != nil {
-			return fmt.Errorf("server: the demo config is invalid: %w", err)
+			return nil, fmt.Errorf("server: the demo config is invalid: %w", err)
 		}
 		cfg = c
 	}
 	if o.redisURL != "" {
 		if err := applyRedisURL(cfg, o.redisURL); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	s.base.Store(cfg)
+	return cfg, nil
+}
 
-	if err := s.openStore(cfg); err != nil {
-		return err
-	}
-	s.metrics = newMetrics(func() float64 { return breakerValue(s.guard.State()) })
-	s.guard = policy.NewGuard(s.store, policy.GuardConfig{
-		Timeout: cfg.Store.Timeout,
-		Breaker: cfg.Store.Breaker,
-		Logger:  s.log,
-		OnStateChange: func(from, to policy.BreakerState) {
-			s.log.Warn("weir: store circuit breaker changed state", "from", from.String(), "to", to.String())
-		},
-	})
-	s.stats = newStats()
-	s.tops = newTopSet(topK)
-	s.blocked = newBlockedIndex(s.rdb, blockedKey, s.log, s.now)
-	s.fleet = newFleet(s)
-	s.rules = newRuleSync(s)
-
-	// The admin token.
+// initAdminToken reads the admin token (option, else the environment variable
+// the option or the config names) and sets up the admin authenticator.
+func (s *Server) initAdminToken(cfg *policy.Config) {
+	o := &s.o
 	s.adminEnv = cfg.Server.AdminTokenEnv
 	if o.adminTokenEnv != "" {
 		s.adminEnv = o.adminTokenEnv
@@ -334,43 +416,58 @@ func (s *Server) init() error {
 		}
 		s.adminToken, _ = lookup(s.adminEnv)
 	}
+	s.adminToken = normalizeAdminToken(s.adminToken)
+	if n := len(s.adminToken); n > 0 && n < minAdminToken {
+		s.log.Warn("weir: the admin token is short; use a random secret of at least 16 bytes", "env", s.adminEnv, "bytes", n)
+	}
+	s.auth = newAdminAuth(s.adminToken, s.metrics.reg, s.now)
+	s.redact = newRedactor()
+}
 
-	// The rules: a replacement stored in Redis wins over the file's.
+// initPolicy builds the first policy and, with a config file, watches it. A
+// replacement stored in Redis wins over the file's rules.
+func (s *Server) initPolicy(cfg *policy.Config) error {
+	o := &s.o
 	if err := s.rules.loadInitial(s.bgCtx); err != nil {
 		s.log.Warn("weir: could not read the rules stored in Redis; using the config's", "err", err)
 	}
-	if o.cfgPath != "" {
-		first := true
-		h, err := policy.Watch(s.bgCtx, o.cfgPath, func(fileCfg *policy.Config) (*policy.Policy, error) {
-			if first && o.cfg != nil {
-				first = false
-				return s.build(cfg) // the caller's adjusted copy of the file
-			}
-			first = false
-			if o.redisURL != "" {
-				if err := applyRedisURL(fileCfg, o.redisURL); err != nil {
-					return nil, err
-				}
-			}
-			p, err := s.build(fileCfg)
-			if err == nil {
-				s.base.Store(fileCfg)
-			}
-			return p, err
-		}, s.onSwap, policy.WatchLogger(s.log))
-		if err != nil {
-			return fmt.Errorf("server: config: %w", err)
-		}
-		s.holder = h
-	} else {
+	if o.cfgPath == "" {
 		p, err := s.build(cfg)
 		if err != nil {
 			return fmt.Errorf("server: config: %w", err)
 		}
 		s.holder = policy.NewHolder(p)
+		return nil
 	}
+	first := true
+	h, err := policy.Watch(s.bgCtx, o.cfgPath, func(fileCfg *policy.Config) (*policy.Policy, error) {
+		if first && o.cfg != nil {
+			first = false
+			return s.build(cfg) // the caller's adjusted copy of the file
+		}
+		first = false
+		if o.redisURL != "" {
+			if err := applyRedisURL(fileCfg, o.redisURL); err != nil {
+				return nil, err
+			}
+		}
+		p, err := s.build(fileCfg)
+		if err == nil {
+			s.base.Store(fileCfg)
+		}
+		return p, err
+	}, s.onSwap, policy.WatchLogger(s.log))
+	if err != nil {
+		return fmt.Errorf("server: config: %w", err)
+	}
+	s.holder = h
+	return nil
+}
 
-	// Envoy.
+// initEnvoy sets up the Envoy rate limit service from the options' config or
+// directory.
+func (s *Server) initEnvoy() error {
+	o := &s.o
 	ecfg := o.envoyCfg
 	if o.envoyDir != "" {
 		c, err := envoyrls.LoadDir(o.envoyDir)
@@ -379,17 +476,34 @@ func (s *Server) init() error {
 		}
 		ecfg, s.envoyDir = c, o.envoyDir
 	}
-	s.envoy = envoyrls.New(ecfg, s.guard, envoyrls.WithDecider(s.envoyDecider), envoyrls.WithObserver(s.envoyObserve))
-
-	s.handler = s.routes()
-	s.healthy.Store(true)
-	s.probe(s.bgCtx)
-
-	s.goBackground(s.blocked.run)
-	s.goBackground(s.fleet.run)
-	s.goBackground(s.rules.run)
-	s.goBackground(s.probeLoop)
+	s.envoy = envoyrls.New(ecfg, s.guard, envoyrls.WithFallbackDecider(s.envoyDecider), envoyrls.WithObserver(s.envoyObserve))
 	return nil
+}
+
+// redisLoop runs work every period until ctx ends (once at the start too
+// when first is set), logging a failure as warn at most every 30s. Without
+// Redis it returns at once.
+func (s *Server) redisLoop(ctx context.Context, period time.Duration, first bool, work func(context.Context) error, warn string) {
+	if s.rdb == nil {
+		return
+	}
+	t := time.NewTicker(period)
+	defer t.Stop()
+	var lastErr time.Time
+	for {
+		if first {
+			if err := work(ctx); err != nil && ctx.Err() == nil && time.Since(lastErr) > 30*time.Second {
+				lastErr = time.Now()
+				s.log.Warn(warn, "err", err)
+			}
+		}
+		first = true
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 func (s *Server) goBackground(f func(context.Context)) {
@@ -418,14 +532,41 @@ func (s *Server) onSwap(old, p *policy.Policy, err error) {
 	}
 }
 
-// swap puts p in force after a change made through the API or Redis.
-func (s *Server) swap(p *policy.Policy) {
-	s.holder.Swap(p)
+// update changes the run-time rules with change, then rebuilds the policy
+// from the config and those rules and puts it in force. Both happen under
+// the holder's lock, which file reloads (watch, SIGHUP, Reload) hold from
+// reading the file to the swap, so every path that changes the rules (the
+// file, PUT and DELETE /v1/rules, the Redis poll) is serialized: the
+// policy in force always reflects the latest file and the latest
+// replacement. If the build fails, the change of the rules is undone (the
+// version seen excepted) and the old policy stays.
+func (s *Server) update(change func() error) (*policy.Policy, error) {
+	p, err := s.holder.Update(func(*policy.Policy) (*policy.Policy, error) {
+		rs := s.rules
+		rs.mu.Lock()
+		raw, cfg, present := rs.raw, rs.cfg, rs.present
+		rs.mu.Unlock()
+		if err := change(); err != nil {
+			return nil, err
+		}
+		p, err := s.build(s.base.Load())
+		if err != nil {
+			rs.mu.Lock()
+			rs.raw, rs.cfg, rs.present = raw, cfg, present
+			rs.mu.Unlock()
+			return nil, err
+		}
+		return p, nil
+	})
+	if err != nil {
+		return nil, err
+	}
 	if s.o.cfgPath == "" {
 		// A Holder without a file has no callback: count here.
 		s.metrics.reload(true)
 		s.rulesChanged(p)
 	}
+	return p, nil
 }
 
 // rulesChanged forgets the per-rule data of rules that are gone.
@@ -509,15 +650,17 @@ func (s *Server) GRPCAddr() string {
 	default:
 		a = DefaultGRPCAddr
 	}
-	if a == "off" {
+	if a == policy.GRPCOff {
 		return ""
 	}
 	return a
 }
 
 // ListenAndServe listens on HTTPAddr and GRPCAddr and serves until ctx
-// ends; then it shuts down gracefully, draining in-flight requests for up
-// to the shutdown timeout, and returns nil. It returns an error if a port
+// ends; then it shuts down gracefully and returns nil: unready while still
+// serving for the shutdown delay (WithShutdownDelay), then it stops
+// accepting and drains in-flight requests, all within the shutdown
+// timeout. It returns an error if a port
 // cannot be bound or a server fails.
 func (s *Server) ListenAndServe(ctx context.Context) error {
 	hl, err := net.Listen("tcp", s.HTTPAddr())
@@ -538,7 +681,7 @@ func (s *Server) ListenAndServe(ctx context.Context) error {
 // ends, then shuts down gracefully as ListenAndServe does.
 func (s *Server) Serve(ctx context.Context, hl, gl net.Listener) error {
 	hs := &http.Server{
-		Handler:           s.handler,
+		Handler:           s.closeWhenDraining(s.handler),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      30 * time.Second,
@@ -579,20 +722,73 @@ func (s *Server) Serve(ctx context.Context, hl, gl net.Listener) error {
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
+	if serveErr == nil && s.o.shutdownDelay > 0 {
+		// Unready first, still serving, so that balancers move away
+		// before the listeners close.
+		s.unready()
+		s.log.Info("weir: shutting down: unready, serving for the shutdown delay before draining", "delay", s.o.shutdownDelay.String(), "timeout", timeout.String())
+		t := time.NewTimer(s.o.shutdownDelay)
+		select {
+		case <-t.C:
+		case <-sctx.Done():
+		case <-s.stopping: // Shutdown called directly
+		case serveErr = <-errc:
+		}
+		t.Stop()
+	}
 	if err := s.Shutdown(sctx); err != nil && serveErr == nil {
 		serveErr = err
 	}
 	return serveErr
 }
 
+// unready makes the instance report itself unready: /readyz answers 503,
+// gRPC health NOT_SERVING, and HTTP responses close their connections
+// (closeWhenDraining).
+func (s *Server) unready() {
+	s.mu.Lock()
+	hlth := s.grpcHlth
+	s.mu.Unlock()
+	if hlth != nil {
+		hlth.Shutdown() // NOT_SERVING, so that balancers move away
+	}
+	// After gRPC health: whoever sees /readyz fail sees gRPC unready too.
+	s.draining.Store(true)
+}
+
+// closeWhenDraining answers with "Connection: close" once the server is
+// shutting down, so that a client opens its next connection elsewhere
+// instead of reusing this one. (http.Server.SetKeepAlivesEnabled(false)
+// would also close the idle connections at once, racing with clients
+// that are about to send on them: those requests would be lost.)
+func (s *Server) closeWhenDraining(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.draining.Load() {
+			w.Header().Set("Connection", "close")
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
 // Shutdown stops accepting connections, waits until in-flight HTTP and
 // gRPC requests finish or ctx ends, then stops the background work and
-// closes the store connections New opened.
+// closes the store New opened. It goes unready at once, with
+// no shutdown delay (Serve applies that before calling it). Later calls
+// wait for the first and return its result.
 func (s *Server) Shutdown(ctx context.Context) error {
+	s.shutdownOnce.Do(func() {
+		close(s.stopping)
+		s.shutdownErr = s.shutdown(ctx)
+	})
+	return s.shutdownErr
+}
+
+func (s *Server) shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	hs, gs, hlth := s.httpSrv, s.grpcSrv, s.grpcHlth
 	s.mu.Unlock()
 	var errs []error
+	s.draining.Store(true)
 	if hlth != nil {
 		hlth.Shutdown() // NOT_SERVING, so that balancers move away
 	}
@@ -633,11 +829,11 @@ func (s *Server) Close() error {
 	return nil
 }
 
-func breakerValue(st policy.BreakerState) float64 {
+func breakerValue(st guard.BreakerState) float64 {
 	switch st {
-	case policy.BreakerHalfOpen:
+	case guard.BreakerHalfOpen:
 		return 1
-	case policy.BreakerOpen:
+	case guard.BreakerOpen:
 		return 2
 	}
 	return 0

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/server/envoyrls"
 )
 
 // sparkLen is how many seconds a rule's sparkline covers.
@@ -15,15 +16,20 @@ const sparkLen = 60
 // Snapshot is GET /v1/dashboard/snapshot: everything the dashboard draws,
 // in one document. It is the contract with package dashboard.
 type Snapshot struct {
-	NowMS        int64                 `json:"now_ms"`
-	Instance     SnapshotInstance      `json:"instance"`
-	AdminEnabled bool                  `json:"admin_enabled"`
-	Store        SnapshotStore         `json:"store"`
-	Series       SnapshotSeries        `json:"series"`
-	Instances    []FleetInstance       `json:"instances"`
-	Rules        []SnapshotRule        `json:"rules"`
-	Top          map[string][]TopEntry `json:"top"`
-	Blocked      []BlockedEntry        `json:"blocked"`
+	NowMS        int64            `json:"now_ms"`
+	Instance     SnapshotInstance `json:"instance"`
+	AdminEnabled bool             `json:"admin_enabled"`
+	// Identities is "full" when the request carried the admin token, and
+	// "redacted" otherwise: Top and Blocked then show every identity as a
+	// tag ("#" and 16 hex digits) that stays the same within an instance
+	// but reveals nothing of the identity.
+	Identities string                `json:"identities"`
+	Store      SnapshotStore         `json:"store"`
+	Series     SnapshotSeries        `json:"series"`
+	Instances  []FleetInstance       `json:"instances"`
+	Rules      []SnapshotRule        `json:"rules"`
+	Top        map[string][]TopEntry `json:"top"`
+	Blocked    []BlockedEntry        `json:"blocked"`
 }
 
 // SnapshotInstance names the instance that answered.
@@ -46,6 +52,9 @@ type SnapshotStore struct {
 	// Fallback is the on_error policy deciding while the store fails
 	// (allow, deny or local), "" while it answers.
 	Fallback string `json:"fallback"`
+	// FallbackDecisionsTotal counts the decisions this instance's on_error
+	// fallback made since it started (weir_fallback_decisions_total summed).
+	FallbackDecisionsTotal uint64 `json:"fallback_decisions_total"`
 }
 
 // SnapshotSeries holds per-second decision counts, oldest first: the
@@ -58,14 +67,17 @@ type SnapshotSeries struct {
 }
 
 // SeriesCounts is one series of decisions per second by outcome.
+// Decisions the on_error fallback made while the store failed count in
+// Allowed, Limited or ShadowLimited by what it decided, and in Fallback.
 type SeriesCounts struct {
 	Allowed       []int64 `json:"allowed"`
 	Limited       []int64 `json:"limited"`
 	ShadowLimited []int64 `json:"shadow_limited"`
+	Fallback      []int64 `json:"fallback"`
 }
 
 func newSeriesCounts(n int) *SeriesCounts {
-	return &SeriesCounts{Allowed: make([]int64, n), Limited: make([]int64, n), ShadowLimited: make([]int64, n)}
+	return &SeriesCounts{Allowed: make([]int64, n), Limited: make([]int64, n), ShadowLimited: make([]int64, n), Fallback: make([]int64, n)}
 }
 
 // SnapshotRule is one rule in force with its recent figures.
@@ -82,6 +94,11 @@ type SnapshotRule struct {
 	// of them limited, in percent.
 	Decisions  int64   `json:"decisions"`
 	LimitedPct float64 `json:"limited_pct"`
+	// NearLimit counts, over the same series, the admitted decisions that
+	// left their key at or past NearLimitRatio of the limit (0.8 for 80%;
+	// 0 when near_limit is off). Envoy rules use the global near_limit.
+	NearLimit      int64   `json:"near_limit"`
+	NearLimitRatio float64 `json:"near_limit_ratio"`
 	// Store latency of this instance's decisions over the last minute.
 	LatencyP50MS float64 `json:"latency_p50_ms"`
 	LatencyP99MS float64 `json:"latency_p99_ms"`
@@ -112,9 +129,10 @@ func (s *Server) snapshot(r *http.Request) Snapshot {
 		AdminEnabled: s.AdminEnabled(),
 		Store: SnapshotStore{
 			Type: info.Type, Topology: info.Topology, Nodes: info.Nodes,
-			Healthy:     s.healthy.Load(),
-			Breaker:     s.guard.State().String(),
-			ErrorsTotal: s.metrics.errorsTotal.Load(),
+			Healthy:                s.healthy.Load(),
+			Breaker:                s.guard.State().String(),
+			ErrorsTotal:            s.metrics.errorsTotal.Load(),
+			FallbackDecisionsTotal: s.metrics.fallbackSum.Load(),
 		},
 	}
 	if snap.Store.Nodes == nil {
@@ -127,64 +145,16 @@ func (s *Server) snapshot(r *http.Request) Snapshot {
 
 	perRule, instances := s.fleet.fleetWindow(now, from, seriesLen)
 	snap.Instances = instances
-	snap.Series = SnapshotSeries{IntervalMS: 1000, StartMS: from * 1000, Rules: map[string]*SeriesCounts{}}
-	total := newSeriesCounts(seriesLen)
-	for name, w := range perRule {
-		sc := newSeriesCounts(seriesLen)
-		for i, c := range w {
-			sc.Allowed[i], sc.Limited[i], sc.ShadowLimited[i] = c[outAllowed], c[outLimited], c[outShadowLimited]
-			total.Allowed[i] += c[outAllowed]
-			total.Limited[i] += c[outLimited]
-			total.ShadowLimited[i] += c[outShadowLimited]
-		}
-		snap.Series.Rules[name] = sc
-	}
-	snap.Series.Total = *total
-
-	// Every rule in force has a series, zeros if it saw no traffic.
 	p := s.holder.Load()
-	for _, ri := range p.Rules() {
-		if snap.Series.Rules[ri.Name] == nil {
-			snap.Series.Rules[ri.Name] = newSeriesCounts(seriesLen)
-		}
-	}
-	for _, er := range s.envoy.Config().Rules() {
-		if snap.Series.Rules[er.Path] == nil {
-			snap.Series.Rules[er.Path] = newSeriesCounts(seriesLen)
-		}
-	}
+	snap.Series = s.series(perRule, from, p)
 
 	for _, ri := range p.Rules() {
-		sr := SnapshotRule{
-			Name:      ri.Name,
-			Match:     matchString(ri.Match),
-			Identity:  strings.Join(ri.Identity, ", "),
-			Limit:     ri.Limit,
-			Algorithm: ri.Algorithm,
-			Shadow:    ri.Shadow,
-			Block:     shortDuration(ri.Block),
-			Tiers:     []SnapshotTier{},
-		}
-		if sr.Identity == "" {
-			sr.Identity = "ip"
-		}
-		for _, t := range ri.Tiers {
-			sr.Tiers = append(sr.Tiers, SnapshotTier{Name: t.Name, Limit: t.Limit, Algorithm: t.Algorithm})
-		}
-		snap.Rules = append(snap.Rules, s.ruleFigures(sr, perRule[ri.Name], now))
+		snap.Rules = append(snap.Rules, s.ruleFigures(policyRule(ri), perRule[ri.Name], now))
 	}
 	for _, er := range s.envoy.Config().Rules() {
-		sr := SnapshotRule{
-			Name:     er.Path,
-			Match:    "envoy domain " + er.Domain,
-			Identity: "descriptor",
-			Shadow:   er.Shadow,
-			Tiers:    []SnapshotTier{},
-		}
-		if er.Unlimited {
-			sr.Limit = "unlimited"
-		} else {
-			sr.Limit, sr.Algorithm = er.Limit.String(), string(er.Limit.Algorithm)
+		sr := envoyRule(er)
+		if !er.Unlimited {
+			sr.NearLimitRatio = p.NearLimit()
 		}
 		snap.Rules = append(snap.Rules, s.ruleFigures(sr, perRule[er.Path], now))
 	}
@@ -201,6 +171,79 @@ func (s *Server) snapshot(r *http.Request) Snapshot {
 	return snap
 }
 
+// series is the dashboard's per-second counts from the fleet's window
+// perRule, which starts at the second from: per rule, every rule in force
+// (of p and of Envoy) included, and in total.
+func (s *Server) series(perRule map[string][]counts, from int64, p *policy.Policy) SnapshotSeries {
+	ss := SnapshotSeries{IntervalMS: 1000, StartMS: from * 1000, Rules: map[string]*SeriesCounts{}}
+	total := newSeriesCounts(seriesLen)
+	for name, w := range perRule {
+		sc := newSeriesCounts(seriesLen)
+		for i, c := range w {
+			sc.Allowed[i], sc.Limited[i], sc.ShadowLimited[i], sc.Fallback[i] = c[outAllowed], c[outLimited], c[outShadowLimited], c[outFallback]
+			total.Allowed[i] += c[outAllowed]
+			total.Limited[i] += c[outLimited]
+			total.ShadowLimited[i] += c[outShadowLimited]
+			total.Fallback[i] += c[outFallback]
+		}
+		ss.Rules[name] = sc
+	}
+	ss.Total = *total
+
+	// Every rule in force has a series, zeros if it saw no traffic.
+	for _, ri := range p.Rules() {
+		if ss.Rules[ri.Name] == nil {
+			ss.Rules[ri.Name] = newSeriesCounts(seriesLen)
+		}
+	}
+	for _, er := range s.envoy.Config().Rules() {
+		if ss.Rules[er.Path] == nil {
+			ss.Rules[er.Path] = newSeriesCounts(seriesLen)
+		}
+	}
+	return ss
+}
+
+// policyRule describes a policy rule on the dashboard.
+func policyRule(ri policy.RuleInfo) SnapshotRule {
+	sr := SnapshotRule{
+		Name:      ri.Name,
+		Match:     matchString(ri.Match),
+		Identity:  strings.Join(ri.Identity, ", "),
+		Limit:     ri.Limit,
+		Algorithm: ri.Algorithm,
+		Shadow:    ri.Shadow,
+		Block:     shortDuration(ri.Block),
+		// NearLimitRatio is the rule's near_limit.
+		NearLimitRatio: ri.NearLimit,
+		Tiers:          []SnapshotTier{},
+	}
+	if sr.Identity == "" {
+		sr.Identity = "ip"
+	}
+	for _, t := range ri.Tiers {
+		sr.Tiers = append(sr.Tiers, SnapshotTier{Name: t.Name, Limit: t.Limit, Algorithm: t.Algorithm})
+	}
+	return sr
+}
+
+// envoyRule describes an Envoy descriptor rule on the dashboard.
+func envoyRule(er envoyrls.Rule) SnapshotRule {
+	sr := SnapshotRule{
+		Name:     er.Path,
+		Match:    "envoy domain " + er.Domain,
+		Identity: "descriptor",
+		Shadow:   er.Shadow,
+		Tiers:    []SnapshotTier{},
+	}
+	if er.Unlimited {
+		sr.Limit = "unlimited"
+	} else {
+		sr.Limit, sr.Algorithm = er.Limit.String(), string(er.Limit.Algorithm)
+	}
+	return sr
+}
+
 // ruleFigures fills a rule's decisions, limited share, latency and spark.
 func (s *Server) ruleFigures(sr SnapshotRule, w []counts, now time.Time) SnapshotRule {
 	var sum counts
@@ -208,6 +251,7 @@ func (s *Server) ruleFigures(sr SnapshotRule, w []counts, now time.Time) Snapsho
 		sum.add(c)
 	}
 	sr.Decisions = sum.decisions()
+	sr.NearLimit = sum[outNearLimit]
 	if sr.Decisions > 0 {
 		sr.LimitedPct = math.Round(float64(sum[outLimited]+sum[outShadowLimited])/float64(sr.Decisions)*1000) / 10
 	}
@@ -221,9 +265,21 @@ func (s *Server) ruleFigures(sr SnapshotRule, w []counts, now time.Time) Snapsho
 	return sr
 }
 
-// handleSnapshot serves GET /v1/dashboard/snapshot.
+// handleSnapshot serves GET /v1/dashboard/snapshot: identities in full
+// with the admin token, redacted without.
 func (s *Server) handleSnapshot(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, s.snapshot(r))
+	full, ok := s.readAccess(w, r)
+	if !ok {
+		return
+	}
+	snap := s.snapshot(r)
+	snap.Identities = identitiesFull
+	if !full {
+		snap.Identities = identitiesRedacted
+		snap.Top = s.redact.tops(snap.Top)
+		snap.Blocked = s.redact.blocked(snap.Blocked)
+	}
+	writeJSON(w, http.StatusOK, snap)
 }
 
 // matchString renders a rule's match as "POST /api/login".

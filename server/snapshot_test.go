@@ -42,7 +42,7 @@ func TestSnapshotContract(t *testing.T) {
 		check(t, ts.URL, "login", "1.2.3.4", 1)
 	}
 	check(t, ts.URL, "api", "k", 1)
-	resp, b := call(t, "GET", ts.URL+"/v1/dashboard/snapshot", "")
+	resp, b := call(t, "GET", ts.URL+"/v1/dashboard/snapshot", "", bearer(token)...)
 	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/json" {
 		t.Fatalf("%d %v", resp.StatusCode, resp.Header)
 	}
@@ -50,15 +50,15 @@ func TestSnapshotContract(t *testing.T) {
 	if err := json.Unmarshal(b, &doc); err != nil {
 		t.Fatal(err)
 	}
-	top := wantKeys(t, doc, "snapshot", "now_ms", "instance", "admin_enabled", "store", "series", "instances", "rules", "top", "blocked")
-	if top["now_ms"].(float64) <= 0 || top["admin_enabled"] != true {
+	top := wantKeys(t, doc, "snapshot", "now_ms", "instance", "admin_enabled", "identities", "store", "series", "instances", "rules", "top", "blocked")
+	if top["now_ms"].(float64) <= 0 || top["admin_enabled"] != true || top["identities"] != "full" {
 		t.Fatalf("now_ms/admin_enabled: %v %v", top["now_ms"], top["admin_enabled"])
 	}
 	inst := wantKeys(t, top["instance"], "instance", "id", "version")
 	if inst["id"] != "test-1" || inst["version"] != "9.9.9" {
 		t.Fatalf("instance: %v", inst)
 	}
-	st := wantKeys(t, top["store"], "store", "type", "topology", "nodes", "healthy", "breaker", "latency_p50_ms", "latency_p99_ms", "errors_total", "fallback")
+	st := wantKeys(t, top["store"], "store", "type", "topology", "nodes", "healthy", "breaker", "latency_p50_ms", "latency_p99_ms", "errors_total", "fallback", "fallback_decisions_total")
 	if st["type"] != "memory" || st["topology"] != "memory" || st["healthy"] != true || st["breaker"] != "closed" || st["fallback"] != "" {
 		t.Fatalf("store: %v", st)
 	}
@@ -73,7 +73,7 @@ func TestSnapshotContract(t *testing.T) {
 		t.Fatalf("series: interval %v start %v now %v", series["interval_ms"], series["start_ms"], top["now_ms"])
 	}
 	checkCounts := func(v any, where string) map[string]any {
-		c := wantKeys(t, v, where, "allowed", "limited", "shadow_limited")
+		c := wantKeys(t, v, where, "allowed", "limited", "shadow_limited", "fallback")
 		for k, arr := range c {
 			if a, ok := arr.([]any); !ok || len(a) != 300 {
 				t.Fatalf("%s.%s: want 300 points, got %v", where, k, arr)
@@ -103,7 +103,7 @@ func TestSnapshotContract(t *testing.T) {
 		t.Fatalf("rules: %v", rs)
 	}
 	login := wantKeys(t, rs[0], "rules[0]", "name", "match", "identity", "limit", "algorithm", "shadow", "block", "tiers",
-		"decisions", "limited_pct", "latency_p50_ms", "latency_p99_ms", "spark")
+		"decisions", "limited_pct", "near_limit", "near_limit_ratio", "latency_p50_ms", "latency_p99_ms", "spark")
 	if login["name"] != "login" || login["match"] != "POST /api/login" || login["identity"] != "ip" || login["limit"] != "3/m" ||
 		login["algorithm"] != "sliding_log" || login["block"] != "1m" || login["shadow"] != false {
 		t.Fatalf("login rule: %v", login)

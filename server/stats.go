@@ -7,13 +7,20 @@ import (
 	"time"
 )
 
-// The outcomes counted per second. Errors are decisions the store failed
-// to make, whatever the rule's on_error then did.
+// The outcomes counted per second. A decision the on_error fallback made
+// counts by what it decided (allowed, limited…) and also in outFallback,
+// which is not an outcome of its own. Errors are Envoy calls that failed
+// with no answer.
 const (
 	outAllowed = iota
 	outLimited
 	outShadowLimited
 	outErrors
+	outFallback // decisions made by the fallback, also counted above
+	// admitted decisions near the limit (policy.NearLimit), also counted
+	// above; last, so that an older instance's fleet report, one count
+	// shorter, still decodes
+	outNearLimit
 	numOutcomes
 )
 
@@ -190,13 +197,20 @@ func (s *stats) rule(name string) *ruleStats {
 	return rs
 }
 
-// record counts one decision of rule at now, with its store latency when
-// the store was asked (lat ≥ 0).
-func (s *stats) record(rule string, now time.Time, outcome int, lat time.Duration) {
+// record counts one decision of rule at now, made by the on_error fallback
+// if fallback, near its limit if near, with its store latency when the
+// store was asked (lat ≥ 0).
+func (s *stats) record(rule string, now time.Time, outcome int, fallback, near bool, lat time.Duration) {
 	sec := now.Unix()
 	rs := s.rule(rule)
 	rs.mu.Lock()
 	rs.series.add(sec, outcome, 1)
+	if fallback {
+		rs.series.add(sec, outFallback, 1)
+	}
+	if near {
+		rs.series.add(sec, outNearLimit, 1)
+	}
 	rs.last = sec
 	if lat >= 0 {
 		rs.lat.observe(sec, lat)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
-	"net"
 	"sort"
 	"strings"
 	"time"
@@ -17,14 +16,33 @@ import (
 	"github.com/weir-dev/weir/store/redisstore"
 )
 
-// Redis keys the service writes besides the limiter state.
-const (
-	blockedKey      = "weir:index:blocked"        // ZSET rule\x00identity → blocked_until ms
-	fleetKeyPrefix  = "weir:fleet:"               // + instance id: per-second counters, short TTL
-	fleetIndexKey   = "weir:fleet"                // ZSET instance id → last report, ms
-	rulesKey        = "weir:config:rules"         // the YAML PUT /v1/rules stored
-	rulesVersionKey = "weir:config:rules:version" // INCR on every change; instances poll it
-)
+// redisKeys names the keys the service writes besides the limiter state,
+// all under the deployment's prefix (store.redis.prefix, the limiter
+// state's too), so that deployments sharing a Redis share nothing. No
+// command touches two of them at once, so they need no common hash tag on
+// a cluster.
+type redisKeys struct {
+	blocked      string // ZSET rule\x00identity → blocked_until ms
+	fleetPrefix  string // + instance id: per-second counters, short TTL
+	fleetIndex   string // ZSET instance id → last report, ms
+	rules        string // the YAML PUT /v1/rules stored, after a line with its version
+	rulesVersion string // the version of the stored rules (random); instances poll it
+}
+
+// keysFor returns the service's key names under prefix ("" is
+// redisstore.DefaultPrefix, which gives the names of earlier versions).
+func keysFor(prefix string) redisKeys {
+	if prefix == "" {
+		prefix = redisstore.DefaultPrefix
+	}
+	return redisKeys{
+		blocked:      prefix + ":index:blocked",
+		fleetPrefix:  prefix + ":fleet:",
+		fleetIndex:   prefix + ":fleet",
+		rules:        prefix + ":config:rules",
+		rulesVersion: prefix + ":config:rules:version",
+	}
+}
 
 // storeInfo describes the store for the dashboard.
 type storeInfo struct {
@@ -62,6 +80,7 @@ func applyRedisURL(cfg *policy.Config, url string) error {
 		// The URL says where Redis is; the config's tuning stays.
 		MaxInFlight: cfg.Store.Redis.MaxInFlight,
 		MaxBatch:    cfg.Store.Redis.MaxBatch,
+		Prefix:      cfg.Store.Redis.Prefix,
 	}
 	return nil
 }
@@ -98,6 +117,7 @@ func redisConfig(sc policy.StoreConfig) redisstore.Config {
 		Timeout:     sc.Timeout,
 		MaxInFlight: r.MaxInFlight,
 		MaxBatch:    r.MaxBatch,
+		Prefix:      r.Prefix,
 	}
 	if rc.Timeout <= 0 {
 		rc.Timeout = policy.DefaultTimeout // the guard's, so that the store keeps it
@@ -108,23 +128,20 @@ func redisConfig(sc policy.StoreConfig) redisstore.Config {
 	return rc
 }
 
-// clientStore is a store that shares its Redis client, so that the service
-// needs no second connection pool.
-type clientStore interface {
-	Client() rueidis.Client
-}
-
-// openStore sets s.store, s.rdb and s.info from the options and cfg.
+// openStore sets s.store, s.rdb and s.info from the options and cfg. A
+// Redis store of the caller's (WithStore) lends the service its client, as
+// one the server opens does: the service's own keys share its connections.
 func (s *Server) openStore(cfg *policy.Config) error {
 	if s.o.store != nil {
 		s.store = s.o.store
-		s.setInfo(storeInfo{Type: policy.StoreMemory, Topology: "memory"})
-		if _, ok := s.store.(*memstore.Store); !ok {
+		switch st := s.store.(type) {
+		case *memstore.Store:
+			s.setInfo(storeInfo{Type: policy.StoreMemory, Topology: "memory"})
+		case *redisstore.Store:
+			s.rdb = st.Client()
+			s.setInfo(s.redisInfo(cfg.Store.Redis))
+		default:
 			s.setInfo(storeInfo{Type: fmt.Sprintf("%T", s.store), Topology: "custom"})
-		}
-		if cs, ok := s.store.(clientStore); ok {
-			s.rdb = cs.Client()
-			s.setInfo(redisInfo(cfg.Store.Redis, s.rdb))
 		}
 		return nil
 	}
@@ -138,56 +155,32 @@ func (s *Server) openStore(cfg *policy.Config) error {
 		return nil
 	}
 	rc := redisConfig(cfg.Store)
+	// Lazy: with Redis down at start, serve anyway. Decisions fail fast
+	// (on_error decides), /healthz/store says down, and the store connects
+	// and sets up in the background when Redis answers.
+	rc.Lazy, rc.Logger = true, s.log
 	ctx, cancel := context.WithTimeout(s.bgCtx, 10*time.Second)
 	defer cancel()
 	rs, err := redisstore.New(ctx, rc)
 	if err != nil {
 		return fmt.Errorf("server: Redis store at %s: %w", strings.Join(rc.Addrs, ","), err)
 	}
-	s.store = rs
-	var st weir.Store = rs
-	if cs, ok := st.(clientStore); ok {
-		s.rdb = cs.Client()
-		s.owned = func() { rs.Close() }
-	} else {
-		// The store keeps its client to itself: open a second, small one
-		// for the index, the fleet counters and the rules.
-		c, err := newRedisClient(rc)
-		if err != nil {
-			rs.Close()
-			return fmt.Errorf("server: Redis at %s: %w", strings.Join(rc.Addrs, ","), err)
-		}
-		s.rdb = c
-		s.owned = func() { c.Close(); rs.Close() }
+	if !rs.Connected() {
+		s.log.Warn("weir: Redis unreachable at start; serving anyway, on_error decides until it answers",
+			"redis", strings.Join(rc.Addrs, ","))
 	}
+	s.store = rs
+	// The service's own keys (rules, fleet, penalty-box index) go over the
+	// store's client, which follows its connection.
+	s.rdb = rs.Client()
+	s.owned = func() { rs.Close() }
 	s.setInfo(s.redisInfo(cfg.Store.Redis))
 	return nil
 }
 
-// newRedisClient opens a client as redisstore.New does.
-func newRedisClient(rc redisstore.Config) (rueidis.Client, error) {
-	opt := rueidis.ClientOption{
-		InitAddress:  rc.Addrs,
-		Username:     rc.Username,
-		Password:     rc.Password,
-		SelectDB:     rc.DB,
-		TLSConfig:    rc.TLS,
-		DisableCache: true,
-		Dialer:       net.Dialer{Timeout: 2 * time.Second, KeepAlive: time.Second},
-	}
-	if rc.MasterName != "" {
-		opt.Sentinel = rueidis.SentinelOption{
-			MasterSet: rc.MasterName,
-			Username:  rc.SentinelUsername,
-			Password:  rc.SentinelPassword,
-			TLSConfig: rc.TLS,
-			Dialer:    opt.Dialer,
-		}
-	}
-	return rueidis.NewClient(opt)
-}
-
-// redisInfo describes a Redis store.
+// redisInfo describes a Redis store: its nodes as the config names them,
+// or as the client knows them on a cluster, under Sentinel, or when the
+// config names none (a store of the caller's).
 func redisInfo(r policy.RedisConfig, c rueidis.Client) storeInfo {
 	info := storeInfo{Type: policy.StoreRedis, Topology: "standalone", Nodes: append([]string(nil), r.Addrs...)}
 	switch {
@@ -196,7 +189,7 @@ func redisInfo(r policy.RedisConfig, c rueidis.Client) storeInfo {
 	case c != nil && c.Mode() == rueidis.ClientModeCluster:
 		info.Topology = "cluster"
 	}
-	if c != nil && info.Topology != "standalone" {
+	if c != nil && (info.Topology != "standalone" || len(info.Nodes) == 0) {
 		nodes := make([]string, 0, len(c.Nodes()))
 		for addr := range c.Nodes() {
 			nodes = append(nodes, addr)
@@ -219,7 +212,10 @@ func (s *Server) redisInfo(r policy.RedisConfig) storeInfo {
 	return info
 }
 
-// readyKey is the key the readiness probe peeks at. Peeking consumes
+// readyLimit is the limit under which the store health probe
+// (/healthz/store, and weir_store_up in the background) peeks at the
+// instance's own key, weir.Key("weir-readyz", id): a name from when
+// /readyz followed the store, which it no longer does. Peeking consumes
 // nothing and writes nothing.
 var readyLimit = weir.Limit{Algorithm: weir.FixedWindow, Rate: 1, Period: time.Second}
 
@@ -229,6 +225,9 @@ func (s *Server) probe(ctx context.Context) bool {
 	_, err := s.guard.Take(ctx, weir.Key("weir-readyz", s.id), readyLimit, 0)
 	ok := err == nil
 	s.healthy.Store(ok)
+	if !ok {
+		s.lastStoreErr.Store(s.now().UnixNano())
+	}
 	return ok
 }
 

@@ -25,7 +25,13 @@ func TestTraefikForwardAuth(t *testing.T) {
 					TrustForwardHeader  bool     `yaml:"trustForwardHeader"`
 					AuthResponseHeaders []string `yaml:"authResponseHeaders"`
 				} `yaml:"forwardAuth"`
+				Headers struct {
+					CustomRequestHeaders map[string]string `yaml:"customRequestHeaders"`
+				} `yaml:"headers"`
 			} `yaml:"middlewares"`
+			Routers map[string]struct {
+				Middlewares []string `yaml:"middlewares"`
+			} `yaml:"routers"`
 		} `yaml:"http"`
 	}
 	raw, err := os.ReadFile("../examples/traefik/dynamic.yml")
@@ -36,8 +42,21 @@ func TestTraefikForwardAuth(t *testing.T) {
 		t.Fatal(err)
 	}
 	fa := dyn.HTTP.Middlewares["weir-ratelimit"].ForwardAuth
-	if !strings.HasSuffix(fa.Address, "/v1/auth?status=429") || !fa.TrustForwardHeader {
+	// At the edge, Traefik must set X-Forwarded-* itself, not keep the
+	// client's.
+	if !strings.HasSuffix(fa.Address, "/v1/auth?status=429") || fa.TrustForwardHeader {
 		t.Fatalf("the example's forwardAuth is %+v", fa)
+	}
+	// The headers middleware before it drops the family Traefik does not
+	// set, and X-Real-IP.
+	if mw := dyn.HTTP.Routers["app"].Middlewares; len(mw) != 2 || mw[0] != "weir-strip" || mw[1] != "weir-ratelimit" {
+		t.Fatalf("the app router's middlewares are %v, want [weir-strip weir-ratelimit]", mw)
+	}
+	strip := dyn.HTTP.Middlewares["weir-strip"].Headers.CustomRequestHeaders
+	for _, h := range []string{"X-Original-URI", "X-Original-Method", "X-Original-Host", "X-Real-IP"} {
+		if v, ok := strip[h]; !ok || v != "" {
+			t.Fatalf("weir-strip does not remove %s: %v", h, strip)
+		}
 	}
 	cfg, err := policy.LoadFile("../examples/traefik/weir.yaml")
 	if err != nil {
@@ -46,6 +65,7 @@ func TestTraefikForwardAuth(t *testing.T) {
 	_, ts := newTestServer(t, WithConfig(cfg))
 	path := fa.Address[strings.Index(fa.Address, "/v1/"):]
 
+	stripHeaders, stripping := strip, true
 	send := func(client, method, uri string) *http.Response {
 		req, _ := http.NewRequest(http.MethodGet, ts.URL+path, nil)
 		req.Header.Set("X-Forwarded-Method", method)
@@ -53,6 +73,16 @@ func TestTraefikForwardAuth(t *testing.T) {
 		req.Header.Set("X-Forwarded-Host", "app.example")
 		req.Header.Set("X-Forwarded-Uri", uri)
 		req.Header.Set("X-Forwarded-For", client)
+		// What a client adds to escape the login rule and to pose as
+		// another client, passed on by Traefik unless weir-strip drops it.
+		req.Header.Set("X-Original-URI", "/robots.txt")
+		req.Header.Set("X-Original-Method", "GET")
+		req.Header.Set("X-Real-IP", "192.0.2.77")
+		if stripping {
+			for h := range stripHeaders {
+				req.Header.Del(h)
+			}
+		}
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -60,7 +90,13 @@ func TestTraefikForwardAuth(t *testing.T) {
 		resp.Body.Close()
 		return resp
 	}
+	// weir.yaml's auth_headers: forwarded and client_ip_header:
+	// X-Forwarded-For hold even when the client's headers get through.
+	stripping = false
 	for i := 0; i < 5; i++ {
+		if i == 2 {
+			stripping = true
+		}
 		resp := send("198.51.100.9", "POST", "/login?next=/home")
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("login attempt %d: status %d", i+1, resp.StatusCode)

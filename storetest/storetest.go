@@ -8,6 +8,15 @@
 // box, Reset, bad input, key isolation, expiry, all-or-nothing batches,
 // leases, and a hammer test in which many goroutines race on a few keys and
 // the admitted count must equal the limit exactly.
+//
+// The suite is itself tested, as testing/fstest is: its own tests run it
+// against memstores broken in one way each (admitting one too many,
+// charging rejections, a late or early RetryAfter, a late ResetAfter, a
+// millisecond clock, a penalty box ignored, lost or kept past Reset, peeks
+// that consume or start the box, a batch that is not all-or-nothing, AtMost
+// ignored, Release ignored, bad costs not refused, colliding keys, expiries
+// too long, no shaping) and require each to fail in the subtest that names
+// its defect, while the correct memstore passes.
 package storetest
 
 import (
@@ -78,8 +87,21 @@ type Harness struct {
 // and must return an independent store (or one whose keys cannot collide
 // with other subtests'; the suite prefixes every key with the test name).
 func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
+	type variant struct {
+		name    string
+		algo    weir.Algorithm
+		buckets int64
+	}
+	var variants []variant
 	for _, a := range weir.Algorithms() {
-		t.Run(string(a), func(t *testing.T) {
+		variants = append(variants, variant{string(a), a, 0})
+	}
+	// The bucketed sliding window runs the whole suite too: 4 buckets, so
+	// that the base limit's buckets are one emission interval each.
+	variants = append(variants, variant{"sliding_window_buckets", weir.SlidingWindow, sequenceBuckets})
+	for _, v := range variants {
+		a := v.algo
+		t.Run(v.name, func(t *testing.T) {
 			for _, tc := range []struct {
 				name  string
 				clock bool
@@ -100,6 +122,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 				{"Hammer", false, (*tester).hammer},
 				{"Batch", false, (*tester).batch},
 				{"SameAsTokenBucket", true, (*tester).sameAsTokenBucket},
+				{"LoweredBurst", true, (*tester).loweredBurst},
 			} {
 				t.Run(tc.name, func(t *testing.T) {
 					h := newHarness(t)
@@ -109,7 +132,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 					if h.Clock != nil {
 						h.Clock.Set(Epoch)
 					}
-					tc.fn(&tester{T: t, h: h, algo: a, lim: weir.NewLimiter(h.Store), prefix: t.Name() + "/"})
+					tc.fn(&tester{T: t, h: h, algo: a, buckets: v.buckets, lim: weir.NewLimiter(h.Store), prefix: t.Name() + "/"})
 				})
 			}
 		})
@@ -133,11 +156,17 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 
 type tester struct {
 	*testing.T
-	h      Harness
-	algo   weir.Algorithm
-	lim    *weir.Limiter
-	prefix string
+	h    Harness
+	algo weir.Algorithm
+	// buckets is the sliding window's Buckets in every limit the suite
+	// makes (0 for the plain window and the other algorithms).
+	buckets int64
+	lim     *weir.Limiter
+	prefix  string
 }
+
+// sequenceBuckets is the bucket count of the suite's bucketed sliding window.
+const sequenceBuckets = 4
 
 // unit is the base limit's emission interval: 4 events per minute.
 const unit = 15 * time.Second
@@ -146,7 +175,12 @@ const unit = 15 * time.Second
 // one-minute lease for concurrency). A minute is long enough that a real
 // Redis never expires state while a test is still stepping its clock.
 func (t *tester) base() weir.Limit {
-	return weir.Limit{Algorithm: t.algo, Rate: 4, Period: time.Minute}
+	return t.limit(4, time.Minute)
+}
+
+// limit returns a limit of rate per period under the tester's algorithm.
+func (t *tester) limit(rate int64, period time.Duration) weir.Limit {
+	return weir.Limit{Algorithm: t.algo, Rate: rate, Period: period, Buckets: t.buckets}
 }
 
 func (t *tester) key(name string) string { return t.prefix + name }
@@ -222,6 +256,10 @@ func (t *tester) sequence() {
 			{6 * u, 2, want{true, 0, 0}},
 		}
 	case weir.SlidingWindow:
+		if t.buckets == sequenceBuckets {
+			steps = bucketSteps()
+			break
+		}
 		// Windows of 4u from the epoch; the previous window weighs
 		// ceil(prev × (P−e)/P).
 		steps = []step{
@@ -282,6 +320,28 @@ func (t *tester) sequence() {
 	} {
 		t.at(s.at)
 		t.expect(fmt.Sprintf("fractional step %d (t=%v, n=%d)", i, s.at, s.n), t.take("frac", frac, s.n), s.want)
+	}
+}
+
+// bucketSteps is the sequence of a sliding window of 4 per 4u in 4 buckets
+// of u: the estimate is ceil(c[b−4] × (u−e)/u) + c[b−3] + … + c[b], for
+// the bucket b = floor(t/u) and e = t − b×u.
+func bucketSteps() []step {
+	u, us := unit, time.Microsecond
+	return []step{
+		{0, 4, want{true, 0, 0}},
+		{0, 1, want{false, 0, 4*u + u/4}}, // in bucket 4, when ceil(4×(u−e)/u) ≤ 3: e = u/4
+		{4 * u, 1, want{false, 0, u / 4}},
+		{4*u + u/4, 1, want{true, 0, 0}},         // 3 + 1
+		{4*u + u/4, 1, want{false, 0, u / 4}},    // needs ceil(4×(u−e)/u) ≤ 2: e = u/2
+		{4*u + u/2, 1, want{true, 0, 0}},         // 2 + 2
+		{8 * u, 2, want{true, 0, 0}},             // c[4] = 2 wholly weighted, + 2
+		{8*u + u/2, 1, want{true, 0, 0}},         // ceil(2×½) + 2 + 1
+		{8*u + u/2, 1, want{false, 0, u / 2}},    // c[4] must be wholly out: 9u
+		{9*u - us, 1, want{false, 0, us}},        // ceil(2×1µs/u) = 1, + 3
+		{9 * u, 1, want{true, 0, 0}},             // 0 + 3 + 1
+		{12*u + us, 4, want{false, 0, 2*u - us}}, // c[8] = 3 and c[9] = 1 must both leave: 14u
+		{14 * u, 4, want{true, 0, 0}},
 	}
 }
 
@@ -349,7 +409,7 @@ func (t *tester) rejectionConsumesNothing() {
 // rejected, one millisecond before too, and at RetryAfter it is admitted.
 func (t *tester) retryAfterExact() {
 	rng := rand.New(rand.NewPCG(1, uint64(len(t.algo))))
-	limits := []weir.Limit{t.base(), {Algorithm: t.algo, Rate: 3, Period: 10 * time.Second}, {Algorithm: t.algo, Rate: 7, Period: 90 * time.Second}}
+	limits := []weir.Limit{t.base(), t.limit(3, 10*time.Second), t.limit(7, 90*time.Second)}
 	if t.algo == weir.TokenBucket || t.algo == weir.GCRA || t.algo == weir.LeakyBucket {
 		limits = append(limits, weir.Limit{Algorithm: t.algo, Rate: 3, Period: time.Minute, Burst: 5})
 	}
@@ -397,7 +457,7 @@ func (t *tester) retryAfterExact() {
 // ResetAfter and not a microsecond before.
 func (t *tester) resetAfterExact() {
 	rng := rand.New(rand.NewPCG(2, uint64(len(t.algo))))
-	l := weir.Limit{Algorithm: t.algo, Rate: 5, Period: 40 * time.Second}
+	l := t.limit(5, 40*time.Second)
 	for i := 0; i < 30; i++ {
 		key := fmt.Sprintf("k%d", i)
 		for j := 0; j < 1+rng.IntN(6); j++ {
@@ -556,7 +616,7 @@ func (t *tester) badInput() {
 
 // keyIsolation checks that crafted keys neither collide nor break out.
 func (t *tester) keyIsolation() {
-	l := weir.Limit{Algorithm: t.algo, Rate: 2, Period: time.Minute}
+	l := t.limit(2, time.Minute)
 	keys := []string{
 		"a", "a:", ":a", "a:b", "a%3Ab", "a{b}", "a%7Bb%7D", "{a}", "}{", "a\nb", "a\\b", "a\x00b", "\xff\xfe",
 		"~", "%", "", strings.Repeat("x", 10_000), strings.Repeat("x", 10_000) + "y", "ключ", "a b",
@@ -625,7 +685,7 @@ func (t *tester) expiry() {
 // store has one) and counts: each key must admit exactly its limit.
 func (t *tester) hammer() {
 	const keys, goroutines, tries, rate = 3, 48, 12, 100
-	l := weir.Limit{Algorithm: t.algo, Rate: rate, Period: time.Hour}
+	l := t.limit(rate, time.Hour)
 	var admitted [keys]atomic.Int64
 	var wg sync.WaitGroup
 	errc := make(chan error, goroutines)
@@ -672,8 +732,8 @@ func (t *tester) batch() {
 		t.Skip("not a MultiStore")
 	}
 	ctx := context.Background()
-	wide := weir.Limit{Algorithm: t.algo, Rate: 10, Period: time.Minute}
-	narrow := weir.Limit{Algorithm: t.algo, Rate: 2, Period: time.Minute}
+	wide := t.limit(10, time.Minute)
+	narrow := t.limit(2, time.Minute)
 	reqs := []weir.Request{{Key: t.key("wide"), Limit: wide, N: 1}, {Key: t.key("narrow"), Limit: narrow, N: 1}}
 	res := make([]weir.Result, 2)
 	for i := 0; i < 2; i++ {
@@ -777,6 +837,55 @@ func (t *tester) sameAsTokenBucket() {
 				t.Fatalf("%v step %d n=%d: token_bucket %+v, %s %+v", l, i, n, a, t.algo, b)
 			}
 			t.advance(time.Duration(rng.Int64N(int64(l.Period/time.Duration(l.Rate)))) + time.Duration(rng.Int64N(3))*time.Microsecond)
+		}
+	}
+}
+
+// loweredBurst: a burst lowered on a live key caps the level the bucket
+// holds now, not the level it held when last written. Three events poured
+// into a bucket draining 0.3 per second leave 1.5 after five seconds; a
+// burst lowered to 2 holds them all, so a request of one waits until the
+// level drains to 1. GCRA and the policing leaky bucket agree on this; the
+// token bucket keeps tokens, not debt, and refills to the new burst.
+func (t *tester) loweredBurst() {
+	if t.algo != weir.GCRA && t.algo != weir.LeakyBucket {
+		t.Skip("only GCRA and the leaky bucket keep a level that drains")
+	}
+	l := weir.Limit{Algorithm: t.algo, Rate: 3, Period: 10 * time.Second, Burst: 4}
+	lo := l
+	lo.Burst = 2
+	if r := t.take("k", l, 3); !r.Allowed {
+		t.Fatalf("3 of burst 4: %+v", r)
+	}
+	t.advance(5 * time.Second)
+	r := t.take("k", lo, 1)
+	if r.Allowed || r.Remaining != 0 || r.RetryAfter != 1666667*time.Microsecond || r.ResetAfter != 5*time.Second {
+		t.Fatalf("1 under burst 2, 5s later: %+v, want rejected for 1.666667s, reset in 5s (1.5 events left)", r)
+	}
+	t.advance(r.RetryAfter - time.Microsecond)
+	if r := t.take("k", lo, 1); r.Allowed {
+		t.Fatalf("1 under burst 2, a µs before RetryAfter: %+v", r)
+	}
+	t.advance(time.Microsecond)
+	if r := t.take("k", lo, 1); !r.Allowed || r.Remaining != 0 {
+		t.Fatalf("1 under burst 2 at RetryAfter: %+v, want admitted with none left", r)
+	}
+
+	// Four events, one second later: 3.7 left, above the new burst. That
+	// reads as a full bucket (the burst of 2 takes 6.666667s to drain), but
+	// the store must keep the state until all 3.7 have drained, 12.333334s
+	// on: forgetting it sooner would empty the bucket early.
+	if r := t.take("full", l, 4); !r.Allowed {
+		t.Fatalf("4 of burst 4: %+v", r)
+	}
+	t.advance(time.Second)
+	r = t.take("full", lo, 0)
+	if r.Allowed || r.Remaining != 0 || r.RetryAfter != 3333334*time.Microsecond || r.ResetAfter != 6666667*time.Microsecond {
+		t.Fatalf("a peek under burst 2 with 3.7 events left: %+v, want a full bucket", r)
+	}
+	if t.h.TTL != nil {
+		if ttl, ok := t.h.TTL(t.key("full"), lo); !ok || ttl+t.h.TTLSlack < 12333334*time.Microsecond {
+			t.Fatalf("after a peek under burst 2 with 3.7 events left: TTL %v (kept %v), want at least 12.333334s", ttl, ok)
 		}
 	}
 }

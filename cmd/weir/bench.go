@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -23,6 +21,8 @@ import (
 	rls "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/weir-dev/weir/internal/h2client"
 )
 
 func init() {
@@ -74,8 +74,7 @@ type benchSummary struct {
 
 func runBench(args []string, stdout, stderr io.Writer) int {
 	var c benchConfig
-	fs := flag.NewFlagSet("weir bench", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("weir bench", "Usage: weir bench [--target grpc|check|auth] [--addr ADDR] [flags]\n\nDrives load at a running weir (only addresses you own: loopback or your own\nhosts), shows a live progress line, then decisions/s, allowed/limited and\nlatency percentiles with a histogram.\n\nFlags:", stderr)
 	fs.StringVar(&c.target, "target", "grpc", "what to call: grpc (Envoy ShouldRateLimit), check (POST /v1/check) or auth (GET /v1/auth)")
 	fs.StringVar(&c.grpcClient, "grpc-client", "lean", "grpc: the gRPC client, lean (a minimal HTTP/2 client, cheap enough not to starve a server on the same machine) or grpc-go")
 	fs.StringVar(&c.addr, "addr", "", "weir's address (default 127.0.0.1:8081 for grpc, http://127.0.0.1:8080 otherwise)")
@@ -94,15 +93,8 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	fs.Float64Var(&c.rate, "rate", 0, "pace the load to this many requests per second in total (0 = as fast as the callers can go)")
 	fs.BoolVar(&c.jsonOut, "json", false, "print the summary as JSON")
 	fs.BoolVar(&c.quiet, "quiet", false, "no live progress line")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage: weir bench [--target grpc|check|auth] [--addr ADDR] [flags]\n\nDrives load at a running weir (only addresses you own: loopback or your own\nhosts), shows a live progress line, then decisions/s, allowed/limited and\nlatency percentiles with a histogram.\n\nFlags:")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if code, ok := parseFlags(fs, args); !ok {
+		return code
 	}
 	if err := c.validate(); err != nil {
 		fmt.Fprintln(stderr, "weir bench:", err)
@@ -170,6 +162,9 @@ func (c *benchConfig) validate() error {
 // caller makes one decision and reports whether it was allowed.
 type caller func(ctx context.Context, key string) (allowed bool, err error)
 
+// bench drives c's load at its target until the run ends (--duration, or
+// --requests calls), writing a progress line to progress every second
+// unless c.quiet, and returns the run's summary.
 func bench(ctx context.Context, c benchConfig, progress io.Writer) (benchSummary, error) {
 	callers, closeAll, err := c.callers()
 	if err != nil {
@@ -177,8 +172,7 @@ func bench(ctx context.Context, c benchConfig, progress io.Writer) (benchSummary
 	}
 	defer closeAll()
 
-	var total, allowed, limited, errs atomic.Int64
-	var firstErr atomic.Value
+	var counts benchCounts
 	hists := make([]*histogram, c.concurrency)
 	runCtx := ctx
 	if c.requests <= 0 {
@@ -187,112 +181,171 @@ func bench(ctx context.Context, c benchConfig, progress io.Writer) (benchSummary
 		defer cancel()
 	}
 	start := time.Now()
-	deadline, hasDeadline := runCtx.Deadline()
 	var wg sync.WaitGroup
 	for w := 0; w < c.concurrency; w++ {
-		h := newHistogram()
-		hists[w] = h
-		call := callers[w%len(callers)]
-		rng := rand.New(rand.NewPCG(uint64(w)+1, uint64(start.UnixNano())))
-		var zipf *rand.Zipf
-		if c.dist == "zipf" {
-			zipf = rand.NewZipf(rng, c.zipfS, 1, uint64(c.keys-1))
-		}
-		// With --rate, each caller takes every concurrency-th slot of a
-		// schedule spaced 1/rate apart, so the total is paced.
-		var every time.Duration
-		if c.rate > 0 {
-			every = time.Duration(float64(c.concurrency) * float64(time.Second) / c.rate)
-		}
-		next := start.Add(time.Duration(float64(w) * float64(time.Second) / max(c.rate, 1)))
+		hists[w] = newHistogram()
+		wk := newBenchWorker(&c, w, start, callers[w%len(callers)], hists[w])
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for runCtx.Err() == nil {
-				if every > 0 {
-					if d := time.Until(next); d > 0 {
-						select {
-						case <-time.After(d):
-						case <-runCtx.Done():
-							return
-						}
-					}
-					next = next.Add(every)
-				}
-				if c.requests > 0 && total.Add(1) > c.requests {
-					total.Add(-1)
-					return
-				}
-				var key string
-				switch {
-				case c.abusive > 0 && rng.Float64() < c.abusive:
-					key = "abuser-" + strconv.Itoa(rng.IntN(c.abusiveKeys))
-				case zipf != nil:
-					key = "k" + strconv.FormatUint(zipf.Uint64(), 10)
-				default:
-					key = "k" + strconv.Itoa(rng.IntN(c.keys))
-				}
-				t0 := time.Now()
-				ok, err := call(runCtx, key)
-				// A call cut off by the end of the run is not an error of
-				// weir's. On a saturated machine this process's deadline
-				// timer can fire late, after the server (whose timer did
-				// not) reset the stream, so ask the clock, not only ctx.
-				if err != nil && (runCtx.Err() != nil || hasDeadline && !time.Now().Before(deadline)) {
-					if c.requests > 0 {
-						total.Add(-1)
-					}
-					return // the run ended mid-call: not an error of weir's
-				}
-				h.record(time.Since(t0))
-				if c.requests <= 0 {
-					total.Add(1)
-				}
-				switch {
-				case err != nil:
-					errs.Add(1)
-					firstErr.CompareAndSwap(nil, fmt.Sprintf("%v (%.1fs into the run)", err, time.Since(start).Seconds()))
-				case ok:
-					allowed.Add(1)
-				default:
-					limited.Add(1)
-				}
-			}
+			wk.run(runCtx, &counts)
 		}()
 	}
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	last, lastT := int64(0), start
-loop:
-	for {
-		select {
-		case <-done:
-			break loop
-		case now := <-tick.C:
-			if c.quiet {
-				continue
-			}
-			n := allowed.Load() + limited.Load() + errs.Load()
-			rate := float64(n-last) / now.Sub(lastT).Seconds()
-			last, lastT = n, now
-			fmt.Fprintf(progress, "\r  %4.0fs  %9.0f decisions/s  allowed %5.1f%%  limited %5.1f%%  errors %d   ",
-				now.Sub(start).Seconds(), rate, pct(allowed.Load(), n), pct(limited.Load(), n), errs.Load())
-		}
+	if !c.quiet {
+		showProgress(progress, done, &counts, start)
+	} else {
+		<-done
 	}
 	elapsed := time.Since(start)
 	if !c.quiet {
 		fmt.Fprintln(progress)
 	}
+	return c.summary(len(callers), elapsed, &counts, hists), nil
+}
+
+// benchCounts are a run's decisions so far, shared by its workers.
+type benchCounts struct {
+	// total counts calls: with --requests those taken from the budget,
+	// else those finished.
+	total                  atomic.Int64
+	allowed, limited, errs atomic.Int64
+	firstErr               atomic.Value // string: the first error and when it came
+}
+
+// benchWorker is one of the run's concurrent callers.
+type benchWorker struct {
+	c     *benchConfig
+	call  caller
+	rng   *rand.Rand
+	zipf  *rand.Zipf    // nil unless --distribution zipf
+	every time.Duration // time between this worker's calls under --rate, else 0
+	next  time.Time     // when this worker's next paced call is due
+	start time.Time     // when the run started
+	h     *histogram
+}
+
+// newBenchWorker returns the w-th worker of a run that started at start.
+// With --rate, each worker takes every concurrency-th slot of a schedule
+// spaced 1/rate apart, so the total is paced.
+func newBenchWorker(c *benchConfig, w int, start time.Time, call caller, h *histogram) *benchWorker {
+	wk := &benchWorker{c: c, call: call, start: start, h: h}
+	wk.rng = rand.New(rand.NewPCG(uint64(w)+1, uint64(start.UnixNano())))
+	if c.dist == "zipf" {
+		wk.zipf = rand.NewZipf(wk.rng, c.zipfS, 1, uint64(c.keys-1))
+	}
+	if c.rate > 0 {
+		wk.every = time.Duration(float64(c.concurrency) * float64(time.Second) / c.rate)
+	}
+	wk.next = start.Add(time.Duration(float64(w) * float64(time.Second) / max(c.rate, 1)))
+	return wk
+}
+
+// run calls until ctx ends or the --requests budget is spent, recording
+// each call's latency and outcome.
+func (wk *benchWorker) run(ctx context.Context, n *benchCounts) {
+	c := wk.c
+	deadline, hasDeadline := ctx.Deadline()
+	for ctx.Err() == nil {
+		if !wk.pace(ctx) {
+			return
+		}
+		if c.requests > 0 && n.total.Add(1) > c.requests {
+			n.total.Add(-1)
+			return
+		}
+		key := wk.key()
+		t0 := time.Now()
+		ok, err := wk.call(ctx, key)
+		// A call cut off by the end of the run is not an error of
+		// weir's. On a saturated machine this process's deadline
+		// timer can fire late, after the server (whose timer did
+		// not) reset the stream, so ask the clock, not only ctx.
+		if err != nil && (ctx.Err() != nil || hasDeadline && !time.Now().Before(deadline)) {
+			if c.requests > 0 {
+				n.total.Add(-1)
+			}
+			return // the run ended mid-call: not an error of weir's
+		}
+		wk.h.record(time.Since(t0))
+		if c.requests <= 0 {
+			n.total.Add(1)
+		}
+		switch {
+		case err != nil:
+			n.errs.Add(1)
+			n.firstErr.CompareAndSwap(nil, fmt.Sprintf("%v (%.1fs into the run)", err, time.Since(wk.start).Seconds()))
+		case ok:
+			n.allowed.Add(1)
+		default:
+			n.limited.Add(1)
+		}
+	}
+}
+
+// pace waits for the worker's next slot under --rate. It reports false
+// when ctx ended first.
+func (wk *benchWorker) pace(ctx context.Context) bool {
+	if wk.every <= 0 {
+		return true
+	}
+	if d := time.Until(wk.next); d > 0 {
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+			return false
+		}
+	}
+	wk.next = wk.next.Add(wk.every)
+	return true
+}
+
+// key picks the next call's key: an abuser's with probability --abusive,
+// else one of --keys, uniform or by --distribution zipf.
+func (wk *benchWorker) key() string {
+	c := wk.c
+	switch {
+	case c.abusive > 0 && wk.rng.Float64() < c.abusive:
+		return "abuser-" + strconv.Itoa(wk.rng.IntN(c.abusiveKeys))
+	case wk.zipf != nil:
+		return "k" + strconv.FormatUint(wk.zipf.Uint64(), 10)
+	default:
+		return "k" + strconv.Itoa(wk.rng.IntN(c.keys))
+	}
+}
+
+// showProgress writes the decision rate and outcome shares of the last
+// second to w every second until done is closed.
+func showProgress(w io.Writer, done <-chan struct{}, n *benchCounts, start time.Time) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	last, lastT := int64(0), start
+	for {
+		select {
+		case <-done:
+			return
+		case now := <-tick.C:
+			total := n.allowed.Load() + n.limited.Load() + n.errs.Load()
+			rate := float64(total-last) / now.Sub(lastT).Seconds()
+			last, lastT = total, now
+			fmt.Fprintf(w, "\r  %4.0fs  %9.0f decisions/s  allowed %5.1f%%  limited %5.1f%%  errors %d   ",
+				now.Sub(start).Seconds(), rate, pct(n.allowed.Load(), total), pct(n.limited.Load(), total), n.errs.Load())
+		}
+	}
+}
+
+// summary is the result of a run over conns connections that took
+// elapsed, with the workers' latency histograms hists.
+func (c benchConfig) summary(conns int, elapsed time.Duration, n *benchCounts, hists []*histogram) benchSummary {
 	h := newHistogram()
 	for _, x := range hists {
 		h.merge(x)
 	}
 	s := benchSummary{
-		Target: c.target, Addr: c.addr, Concurrency: c.concurrency, Connections: len(callers), Keys: c.keys,
+		Target: c.target, Addr: c.addr, Concurrency: c.concurrency, Connections: conns, Keys: c.keys,
 		Dist: c.dist, Abusive: c.abusive, Seconds: elapsed.Seconds(),
-		Allowed: allowed.Load(), Limited: limited.Load(), Errors: errs.Load(),
+		Allowed: n.allowed.Load(), Limited: n.limited.Load(), Errors: n.errs.Load(),
 		LatencyMS: map[string]float64{},
 	}
 	if c.target == "grpc" {
@@ -306,11 +359,11 @@ loop:
 	}{{"p50", .5}, {"p90", .9}, {"p99", .99}, {"p99.9", .999}, {"max", 1}} {
 		s.LatencyMS[q.name] = float64(h.quantile(q.q)) / 1e6
 	}
-	if v, ok := firstErr.Load().(string); ok {
+	if v, ok := n.firstErr.Load().(string); ok {
 		s.FirstError = v
 	}
 	s.histogram = h
-	return s, nil
+	return s
 }
 
 func pct(a, b int64) float64 {
@@ -408,6 +461,29 @@ func (c benchConfig) callers() ([]caller, func(), error) {
 			}
 		}
 		return []caller{call}, tr.CloseIdleConnections, nil
+	}
+}
+
+// leanCallers returns the lean client's callers for --target grpc, one per
+// --connections, and the function that closes them all. A connection used
+// by a single caller (the default, --connections = --concurrency) runs
+// synchronously; one shared by several callers multiplexes their streams.
+func (c benchConfig) leanCallers() ([]caller, func()) {
+	clients := make([]*h2client.Client, max(c.conns, 1))
+	out := make([]caller, len(clients))
+	for i := range clients {
+		// bench hands worker w the caller w % len(callers).
+		users := c.concurrency / len(clients)
+		if i < c.concurrency%len(clients) {
+			users++
+		}
+		clients[i] = h2client.New(c.addr, c.domain, users > 1)
+		out[i] = clients[i].ShouldRateLimit
+	}
+	return out, func() {
+		for _, cl := range clients {
+			cl.Close()
+		}
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -179,5 +180,31 @@ func TestHistogramQuantiles(t *testing.T) {
 	}
 	if h.quantile(1) != time.Millisecond {
 		t.Errorf("max = %v", h.quantile(1))
+	}
+}
+
+// TestBenchGRPCClients: weir bench --target grpc counts every decision
+// exactly with either client, whether each caller has its own connection
+// or callers share them.
+func TestBenchGRPCClients(t *testing.T) {
+	for _, client := range []string{"lean", "grpc-go"} {
+		for _, conns := range []int{4, 2} {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			gs := grpc.NewServer()
+			rls.RegisterRateLimitServiceServer(gs, &limitedServer{lim: weir.NewLimiter(memstore.New())})
+			go gs.Serve(ln)
+			s := benchJSON(t, "--target", "grpc", "--grpc-client", client, "--addr", ln.Addr().String(), "--concurrency", "4", "--connections", strconv.Itoa(conns),
+				"--requests", "600", "--keys", "20", "--abusive", "0")
+			gs.Stop()
+			if s.Total != 600 || s.Allowed != 100 || s.Limited != 500 || s.GRPCClient != client || s.Connections != conns {
+				t.Fatalf("%s over %d connections: %+v; want 600 = 100 allowed (20 keys × 5) + 500 limited", client, conns, s)
+			}
+		}
+	}
+	if _, errs, code := runCLI(t, "bench", "--grpc-client", "grpc-java"); code != 2 || !strings.Contains(errs, `--grpc-client "grpc-java"`) {
+		t.Fatalf("exit %d: %s", code, errs)
 	}
 }

@@ -3,14 +3,13 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"sync"
 	"time"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/algorithm"
 	"github.com/weir-dev/weir/store/memstore"
 	"github.com/weir-dev/weir/store/redisstore"
 )
@@ -32,10 +31,9 @@ type checkLine struct {
 }
 
 func runCheck(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("weir check", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("weir check", "Usage: weir check --limit 5/m [--algorithm gcra] [--key alice] [--hits 7] [flags]\n\nRuns requests against a limit and prints one line per decision. Exits 0\nwhether requests were admitted or not; 2 on a usage error.\n\nFlags:", stderr)
 	limitStr := fs.String("limit", "", `the limit, e.g. "5/m", "100/s burst 20" (required)`)
-	algo := fs.String("algorithm", "gcra", "fixed_window, sliding_log, sliding_window, token_bucket, leaky_bucket, gcra or concurrency")
+	algo := fs.String("algorithm", string(weir.GCRA), algorithm.JoinNames(algorithm.Names(), "or"))
 	key := fs.String("key", "cli", "the key to limit")
 	hits := fs.Int("hits", 1, "how many requests to make")
 	cost := fs.Int64("cost", 1, "the cost of each request")
@@ -43,16 +41,10 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	block := fs.Duration("block", 0, "penalty box after a rejection, e.g. 15m")
 	maxDelay := fs.Duration("max-delay", 0, "leaky_bucket shaping: the longest delay allowed (0 = policing)")
 	asJSON := fs.Bool("json", false, "print one JSON object per decision")
+	timeout := fs.Duration("timeout", redisstore.DefaultTimeout, "with --redis: the deadline of each store call")
 	redisURL := fs.String("redis", "", "use Redis at this URL instead of memory: redis://host:port/db, redis+sentinel://host:port,host:port/master, or host:port,host:port,... for a cluster")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage: weir check --limit 5/m [--algorithm gcra] [--key alice] [--hits 7] [flags]\n\nRuns requests against a limit and prints one line per decision. Exits 0\nwhether requests were admitted or not; 2 on a usage error.\n\nFlags:")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if code, ok := parseFlags(fs, args); !ok {
+		return code
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "weir check: unexpected argument %q\n", fs.Arg(0))
@@ -76,7 +68,7 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "weir check: --hits must be ≥ 0, --parallel ≥ 1 and --cost ≥ 0 (got %d, %d, %d)\n", *hits, *parallel, *cost)
 		return 2
 	}
-	store, closeStore, err := openStore(*redisURL)
+	store, closeStore, err := openStore(*redisURL, *timeout)
 	if err != nil {
 		fmt.Fprintln(stderr, "weir check:", err)
 		return 2
@@ -168,7 +160,7 @@ func ceilMS(d time.Duration) int64 {
 // openStore returns the store the command line asked for: memory, or the
 // Redis that redisURL names (see redisstore.ParseURL), and a function that
 // closes it.
-func openStore(redisURL string) (weir.Store, func(), error) {
+func openStore(redisURL string, timeout time.Duration) (weir.Store, func(), error) {
 	if redisURL == "" {
 		return memstore.New(), func() {}, nil
 	}
@@ -176,6 +168,10 @@ func openStore(redisURL string) (weir.Store, func(), error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("--redis: %w", err)
 	}
+	if timeout <= 0 {
+		return nil, nil, fmt.Errorf("--timeout %v: want a positive duration", timeout)
+	}
+	cfg.Timeout = timeout
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	s, err := redisstore.New(ctx, cfg)

@@ -29,7 +29,7 @@ func TestCheckRedisProcesses(t *testing.T) {
 			var wg sync.WaitGroup
 			for p := range procs {
 				cmd := exec.Command(bin, "check", "--redis", "redis://"+srv.Addr+"/0", "--limit", fmt.Sprintf("%d/h", limit),
-					"--algorithm", algo, "--key", "shared-"+algo, "--hits", fmt.Sprint(hits), "--parallel", "4", "--json")
+					"--algorithm", algo, "--key", "shared-"+algo, "--hits", fmt.Sprint(hits), "--parallel", "4", "--json", "--timeout", "5s")
 				var stderr bytes.Buffer
 				cmd.Stdout, cmd.Stderr = &outs[p], &stderr
 				wg.Add(1)
@@ -63,5 +63,12 @@ func TestCheckRedisBadURL(t *testing.T) {
 	_, errs, code := runCLI(t, "check", "--limit", "5/m", "--redis", "redis://host:notaport")
 	if code != 2 || !strings.Contains(errs, `"redis://host:notaport"`) {
 		t.Fatalf("exit %d, stderr %q; want 2 and the URL quoted", code, errs)
+	}
+}
+
+func TestCheckRedisBadTimeout(t *testing.T) {
+	_, errs, code := runCLI(t, "check", "--limit", "5/m", "--redis", "redis://127.0.0.1:1/0", "--timeout", "-1s")
+	if code != 2 || !strings.Contains(errs, "--timeout -1s") {
+		t.Fatalf("exit %d, stderr %q; want 2 and the timeout named", code, errs)
 	}
 }

@@ -39,7 +39,7 @@ type serveFlags struct {
 	adminTokenEnv, instanceID              string
 	logLevel, logFormat                    string
 	pprof                                  string
-	shutdownTimeout                        time.Duration
+	shutdownTimeout, shutdownDelay         time.Duration
 }
 
 func newServeFlagSet(stderr io.Writer) (*flag.FlagSet, *serveFlags) {
@@ -50,13 +50,14 @@ func newServeFlagSet(stderr io.Writer) (*flag.FlagSet, *serveFlags) {
 	fs.StringVar(&f.envoyConfig, "envoy-config", "", "directory of envoyproxy/ratelimit YAML files to serve over gRPC ShouldRateLimit and POST /v1/check; reloaded on SIGHUP")
 	fs.StringVar(&f.http, "http", "", `HTTP listen address for the API, /v1/auth, metrics and the dashboard (default: server.http in the config, else ":8080")`)
 	fs.StringVar(&f.grpc, "grpc", "", `gRPC listen address for Envoy's rate limit service and gRPC health, or "off" (default: server.grpc in the config, else ":8081")`)
-	fs.StringVar(&f.redis, "redis", "", "keep state in Redis at this URL instead of what the config says: redis://[user:pass@]host:port/db, rediss://..., redis+sentinel://host:port,host:port/master, or host:port,host:port,... for a cluster")
+	fs.StringVar(&f.redis, "redis", "", "keep state in Redis at this URL instead of what the config says (its store.redis prefix and tuning stay): redis://[user:pass@]host:port/db, rediss://..., redis+sentinel://host:port,host:port/master, or host:port,host:port,... for a cluster")
 	fs.StringVar(&f.adminTokenEnv, "admin-token-env", "", "name of the environment variable holding the admin API's bearer token (default: server.admin_token_env in the config, else WEIR_ADMIN_TOKEN); without a token the admin API is off")
 	fs.StringVar(&f.instanceID, "instance-id", "", "this instance's name in the dashboard's fleet view (default: hostname-pid)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log format on stderr: text or json")
 	fs.StringVar(&f.pprof, "pprof", "", `serve Go's profiler (/debug/pprof/) on this address, e.g. "127.0.0.1:6060"; off by default, never on a public address`)
-	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", server.DefaultShutdownTimeout, "on SIGTERM or SIGINT, how long to let in-flight requests finish")
+	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", server.DefaultShutdownTimeout, "on SIGTERM or SIGINT, how long the whole shutdown may take (the delay, then letting in-flight requests finish)")
+	fs.DurationVar(&f.shutdownDelay, "shutdown-delay", server.DefaultShutdownDelay, "on SIGTERM or SIGINT, how long to keep serving while unready (/readyz 503, gRPC health NOT_SERVING) before closing the listeners, so that load balancers stop sending first; 0 closes at once")
 	// Every flag's help names its environment variable.
 	fs.VisitAll(func(fl *flag.Flag) { fl.Usage += " [$" + envName(fl.Name) + "]" })
 	fs.Usage = func() {
@@ -70,11 +71,15 @@ with built-in demo rules: HTTP on :8080 (API and dashboard at /) and gRPC on
   GET  /v1/auth                nginx auth_request, Traefik ForwardAuth, Caddy forward_auth (?status=429)
   GET  /v1/rules, /v1/top      the rules in force; the most limited identities
   GET  /v1/dashboard/snapshot  the dashboard's data
-  GET  /metrics, /healthz, /readyz
+  GET  /metrics, /healthz, /readyz, /healthz/store
   /v1/state, /v1/blocked, PUT /v1/rules   the admin API (Authorization: Bearer $WEIR_ADMIN_TOKEN)
 
-SIGHUP reloads the config files; SIGTERM and SIGINT drain in-flight requests
-and exit 0.
+SIGHUP reloads the config files. SIGTERM and SIGINT make the instance unready
+(/readyz 503, gRPC health NOT_SERVING) while it keeps serving for
+--shutdown-delay, then close the listeners, let in-flight HTTP and gRPC
+requests finish, and exit 0, all within --shutdown-timeout. /readyz does not
+follow the store (a Redis outage leaves every instance ready, answering by
+on_error); /healthz/store and the weir_store_up metric do.
 
 Every flag can also be set by an environment variable: WEIR_ and the flag's
 name in capitals with '-' as '_' (--redis is WEIR_REDIS). A flag on the
@@ -127,53 +132,9 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 // serve runs weir serve until ctx ends; every value on reload asks for a
 // reload of the config files.
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer, lookup func(string) (string, bool), reload <-chan os.Signal) int {
-	fs, f := newServeFlagSet(stderr)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "weir serve: unexpected argument %q (flags start with --)\n", fs.Arg(0))
-		return 2
-	}
-	if err := applyEnv(fs, lookup); err != nil {
-		fmt.Fprintln(stderr, "weir serve:", err)
-		return 2
-	}
-	log, err := newLogger(stderr, f.logLevel, f.logFormat)
-	if err != nil {
-		fmt.Fprintln(stderr, "weir serve:", err)
-		return 2
-	}
-
-	opts := []server.Option{
-		server.WithLogger(log),
-		server.WithVersion(strings.TrimSuffix(version, "-dev")),
-		server.WithShutdownTimeout(f.shutdownTimeout),
-		server.WithLookupEnv(lookup),
-	}
-	if f.config != "" {
-		opts = append(opts, server.WithConfigFile(f.config))
-	}
-	if f.envoyConfig != "" {
-		opts = append(opts, server.WithEnvoyConfigDir(f.envoyConfig))
-	}
-	if f.redis != "" {
-		opts = append(opts, server.WithRedisURL(f.redis))
-	}
-	if f.http != "" {
-		opts = append(opts, server.WithHTTPAddr(f.http))
-	}
-	if f.grpc != "" {
-		opts = append(opts, server.WithGRPCAddr(f.grpc))
-	}
-	if f.adminTokenEnv != "" {
-		opts = append(opts, server.WithAdminTokenEnv(f.adminTokenEnv))
-	}
-	if f.instanceID != "" {
-		opts = append(opts, server.WithInstanceID(f.instanceID))
+	f, log, code := parseServeArgs(args, stderr, lookup)
+	if f == nil {
+		return code
 	}
 	if _, set := lookup("GOGC"); !set {
 		// The service's heap is small and its allocation rate high: a
@@ -181,43 +142,131 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, lookup 
 		// shrinks and requests regrow) for a few MB. GOGC still wins.
 		debug.SetGCPercent(400)
 	}
-	srv, err := server.New(opts...)
+	srv, err := server.New(serverOptions(f, log, lookup)...)
 	if err != nil {
 		fmt.Fprintln(stderr, "weir serve:", err)
 		return 1
 	}
 	if f.pprof != "" {
-		pl, err := net.Listen("tcp", f.pprof)
+		ps, err := startPprof(f.pprof)
 		if err != nil {
 			srv.Close()
 			fmt.Fprintf(stderr, "weir serve: --pprof %s: %v\n", f.pprof, err)
 			return 1
 		}
-		mux := http.NewServeMux()
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-		ps := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		go ps.Serve(pl)
 		defer ps.Close()
 	}
-	hl, err := net.Listen("tcp", srv.HTTPAddr())
+	hl, gl, err := listen(srv)
 	if err != nil {
 		srv.Close()
-		fmt.Fprintf(stderr, "weir serve: HTTP on %s: %v\n", srv.HTTPAddr(), err)
+		fmt.Fprintln(stderr, "weir serve:", err)
 		return 1
 	}
-	var gl net.Listener
+	announce(stdout, log, srv, hl, gl)
+	go reloadOnSignal(ctx, srv, log, reload)
+	if err := srv.Serve(ctx, hl, gl); err != nil {
+		fmt.Fprintln(stderr, "weir serve:", err)
+		return 1
+	}
+	log.Info("weir serve stopped")
+	return 0
+}
+
+// parseServeArgs reads weir serve's flags from args, then from the
+// environment (lookup) for those args leave unset, checks them and builds
+// the logger they ask for. On bad usage it writes why to stderr and
+// returns nil flags and the exit code.
+func parseServeArgs(args []string, stderr io.Writer, lookup func(string) (string, bool)) (*serveFlags, *slog.Logger, int) {
+	fs, f := newServeFlagSet(stderr)
+	if code, ok := parseFlags(fs, args); !ok {
+		return nil, nil, code
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "weir serve: unexpected argument %q (flags start with --)\n", fs.Arg(0))
+		return nil, nil, 2
+	}
+	if err := applyEnv(fs, lookup); err != nil {
+		fmt.Fprintln(stderr, "weir serve:", err)
+		return nil, nil, 2
+	}
+	log, err := newLogger(stderr, f.logLevel, f.logFormat)
+	if err != nil {
+		fmt.Fprintln(stderr, "weir serve:", err)
+		return nil, nil, 2
+	}
+	if f.shutdownDelay < 0 || f.shutdownTimeout <= 0 || f.shutdownDelay >= f.shutdownTimeout {
+		fmt.Fprintf(stderr, "weir serve: --shutdown-delay %v and --shutdown-timeout %v: want 0 <= delay < timeout (the timeout includes the delay)\n", f.shutdownDelay, f.shutdownTimeout)
+		return nil, nil, 2
+	}
+	return f, log, 0
+}
+
+// serverOptions are the server's options for the flags f: a flag left
+// empty leaves the server's own default (or its config file's setting).
+func serverOptions(f *serveFlags, log *slog.Logger, lookup func(string) (string, bool)) []server.Option {
+	opts := []server.Option{
+		server.WithLogger(log),
+		server.WithVersion(strings.TrimSuffix(version, "-dev")),
+		server.WithShutdownTimeout(f.shutdownTimeout),
+		server.WithShutdownDelay(f.shutdownDelay),
+		server.WithLookupEnv(lookup),
+	}
+	for _, o := range []struct {
+		value string
+		opt   func(string) server.Option
+	}{
+		{f.config, server.WithConfigFile},
+		{f.envoyConfig, server.WithEnvoyConfigDir},
+		{f.redis, server.WithRedisURL},
+		{f.http, server.WithHTTPAddr},
+		{f.grpc, server.WithGRPCAddr},
+		{f.adminTokenEnv, server.WithAdminTokenEnv},
+		{f.instanceID, server.WithInstanceID},
+	} {
+		if o.value != "" {
+			opts = append(opts, o.opt(o.value))
+		}
+	}
+	return opts
+}
+
+// startPprof serves net/http/pprof's handlers on addr until the returned
+// server is closed.
+func startPprof(addr string) (*http.Server, error) {
+	pl, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	ps := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go ps.Serve(pl)
+	return ps, nil
+}
+
+// listen opens srv's HTTP listener and, unless gRPC is off, its gRPC
+// listener (gl is then nil).
+func listen(srv *server.Server) (hl, gl net.Listener, err error) {
+	hl, err = net.Listen("tcp", srv.HTTPAddr())
+	if err != nil {
+		return nil, nil, fmt.Errorf("HTTP on %s: %w", srv.HTTPAddr(), err)
+	}
 	if a := srv.GRPCAddr(); a != "" {
 		if gl, err = net.Listen("tcp", a); err != nil {
 			hl.Close()
-			srv.Close()
-			fmt.Fprintf(stderr, "weir serve: gRPC on %s: %v\n", a, err)
-			return 1
+			return nil, nil, fmt.Errorf("gRPC on %s: %w", a, err)
 		}
 	}
+	return hl, gl, nil
+}
+
+// announce tells the operator where weir serves: one line on stdout, and
+// one log record with the store, admin API, instance and rule count.
+func announce(stdout io.Writer, log *slog.Logger, srv *server.Server, hl, gl net.Listener) {
 	grpcDesc := "gRPC off"
 	if gl != nil {
 		grpcDesc = "gRPC " + displayAddr(gl.Addr().String(), false)
@@ -226,27 +275,23 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, lookup 
 		displayAddr(hl.Addr().String(), true), grpcDesc, srv.StoreDescription())
 	log.Info("weir serve started", "http", hl.Addr().String(), "grpc", grpcDesc, "store", srv.StoreDescription(),
 		"admin_api", srv.AdminEnabled(), "instance", srv.InstanceID(), "rules", len(srv.Policy().Rules()))
+}
 
-	go func() {
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-reload:
-				if err := srv.Reload(); err != nil {
-					log.Error("weir serve: reload rejected; the old configuration stays in force", "err", err)
-				} else {
-					log.Info("weir serve: reloaded on SIGHUP")
-				}
+// reloadOnSignal reloads srv's configuration on every value from reload
+// until ctx ends; a rejected reload keeps the old configuration.
+func reloadOnSignal(ctx context.Context, srv *server.Server, log *slog.Logger, reload <-chan os.Signal) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-reload:
+			if err := srv.Reload(); err != nil {
+				log.Error("weir serve: reload rejected; the old configuration stays in force", "err", err)
+			} else {
+				log.Info("weir serve: reloaded on SIGHUP")
 			}
 		}
-	}()
-	if err := srv.Serve(ctx, hl, gl); err != nil {
-		fmt.Fprintln(stderr, "weir serve:", err)
-		return 1
 	}
-	log.Info("weir serve stopped")
-	return 0
 }
 
 // displayAddr renders a listen address for people: an unspecified host

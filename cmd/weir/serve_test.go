@@ -77,7 +77,13 @@ func startServe(t *testing.T, env map[string]string, args ...string) (base strin
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	stdout, stderr := &syncBuffer{}, &syncBuffer{}
-	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	lookup := func(k string) (string, bool) {
+		v, ok := env[k]
+		if !ok && k == "WEIR_SHUTDOWN_DELAY" {
+			return "0", true // stop at once
+		}
+		return v, ok
+	}
 	done := make(chan int, 1)
 	go func() { done <- serve(ctx, args, stdout, stderr, lookup, nil) }()
 	deadline := time.Now().Add(10 * time.Second)
@@ -155,6 +161,19 @@ func TestServeFromEnvironment(t *testing.T) {
 	}
 }
 
+// TestServeGRPCOffInConfig: server.grpc: off in weir.yaml serves no gRPC,
+// as --grpc off does.
+func TestServeGRPCOffInConfig(t *testing.T) {
+	cfg := writeFile(t, t.TempDir(), "weir.yaml", "server: {http: \"127.0.0.1:0\", grpc: off}\nrules:\n  - {name: a, limit: 5/m}\n")
+	_, line, stop := startServe(t, map[string]string{"WEIR_LOG_LEVEL": "error"}, "--config", cfg)
+	if line[2] != "gRPC off" {
+		t.Fatalf("serving line: %q", line[0])
+	}
+	if code := stop(); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+}
+
 func TestServeFlagsWinOverEnvironment(t *testing.T) {
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "weir.yaml")
@@ -198,6 +217,7 @@ func TestServeUsageAndConfigErrors(t *testing.T) {
 		{nil, []string{"--nope"}, 2, "nope"},
 		{map[string]string{"WEIR_SHUTDOWN_TIMEOUT": "banana"}, nil, 2, "WEIR_SHUTDOWN_TIMEOUT"},
 		{nil, []string{"--log-level", "loud"}, 2, "log-level"},
+		{nil, []string{"--shutdown-delay", "30s", "--shutdown-timeout", "10s"}, 2, "--shutdown-delay 30s"},
 		{nil, []string{"--log-format", "xml"}, 2, "log-format"},
 		{nil, []string{"--config", "/nonexistent/weir.yaml"}, 1, "/nonexistent/weir.yaml"},
 		{nil, []string{"--redis", "redis://:bad:port:/x", "--http", "127.0.0.1:0"}, 1, "redis"},
@@ -232,7 +252,7 @@ func TestServeReloadsOnSignal(t *testing.T) {
 	env := map[string]string{"WEIR_HTTP": "127.0.0.1:0", "WEIR_GRPC": "off", "WEIR_LOG_LEVEL": "error"}
 	done := make(chan int, 1)
 	go func() {
-		done <- serve(ctx, []string{"--config", cfg}, stdout, io.Discard, func(k string) (string, bool) { v, ok := env[k]; return v, ok }, reload)
+		done <- serve(ctx, []string{"--config", cfg, "--shutdown-delay", "0"}, stdout, io.Discard, func(k string) (string, bool) { v, ok := env[k]; return v, ok }, reload)
 	}()
 	var base string
 	for base == "" {
@@ -271,27 +291,32 @@ func TestServeHelperProcess(t *testing.T) {
 	os.Exit(run(append([]string{"serve"}, args...), os.Stdout, os.Stderr))
 }
 
-// TestServeSIGTERMDrains runs weir serve as a real process, holds a request
-// in flight (its body half sent), sends SIGTERM, and checks that the
-// request still completes and the process exits 0.
-func TestServeSIGTERMDrains(t *testing.T) {
+// serveProcess is a weir serve started as a child process of the test
+// binary (see TestServeHelperProcess).
+type serveProcess struct {
+	cmd    *exec.Cmd
+	addr   string     // the HTTP address from the serving line
+	exited chan error // receives the process's exit
+	stderr *syncBuffer
+}
+
+// startServeProcess runs `weir serve args` as a child process and waits for its
+// serving line; the process is killed when the test ends.
+func startServeProcess(t *testing.T, args string) *serveProcess {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestServeHelperProcess$")
-	cmd.Env = append(os.Environ(), "WEIR_SERVE_HELPER=1",
-		"WEIR_SERVE_ARGS=--http 127.0.0.1:0 --grpc 127.0.0.1:0 --log-level error --shutdown-timeout 10s")
+	cmd.Env = append(os.Environ(), "WEIR_SERVE_HELPER=1", "WEIR_SERVE_ARGS="+args)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var stderr syncBuffer
-	cmd.Stderr = &stderr
+	p := &serveProcess{cmd: cmd, exited: make(chan error, 1), stderr: &syncBuffer{}}
+	cmd.Stderr = p.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-	})
+	go func() { p.exited <- cmd.Wait() }()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
 	lineCh := make(chan string, 1)
 	go func() {
 		ln, _ := bufio.NewReader(stdout).ReadString('\n')
@@ -302,13 +327,22 @@ func TestServeSIGTERMDrains(t *testing.T) {
 	select {
 	case line = <-lineCh:
 	case <-time.After(15 * time.Second):
-		t.Fatalf("no serving line; stderr: %s", stderr.String())
+		t.Fatalf("no serving line; stderr: %s", p.stderr.String())
 	}
 	m := servingLine.FindStringSubmatch(line)
 	if m == nil {
 		t.Fatalf("serving line %q", line)
 	}
-	addr := m[1]
+	p.addr = m[1]
+	return p
+}
+
+// TestServeSIGTERMDrains runs weir serve as a real process, holds a request
+// in flight (its body half sent), sends SIGTERM, and checks that the
+// request still completes and the process exits 0.
+func TestServeSIGTERMDrains(t *testing.T) {
+	p := startServeProcess(t, "--http 127.0.0.1:0 --grpc 127.0.0.1:0 --log-level error --shutdown-timeout 10s --shutdown-delay 0")
+	cmd, exited, stderr, addr := p.cmd, p.exited, p.stderr, p.addr
 
 	body := `{"rule":"login","key":"192.0.2.1","hits":1}`
 	conn, err := net.Dial("tcp", addr)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -18,18 +17,10 @@ func init() {
 // "file:line:col: message". It exits 0 when every file is valid, 1 when a
 // file has problems, and 2 on a usage error or a file it cannot read.
 func runValidate(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("weir validate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("weir validate", "Usage: weir validate [-q] weir.yaml [more.yaml ...]\n\nChecks configuration files and prints every problem as file:line:col: message.\nExits 0 if every file is valid (printing \"ok: N rules\"), 1 if a file has\nproblems, 2 on a usage error or a file that cannot be read.\n\nFlags:", stderr)
 	quiet := fs.Bool("q", false, "print nothing for valid files")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage: weir validate [-q] weir.yaml [more.yaml ...]\n\nChecks configuration files and prints every problem as file:line:col: message.\nExits 0 if every file is valid (printing \"ok: N rules\"), 1 if a file has\nproblems, 2 on a usage error or a file that cannot be read.\n\nFlags:")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if code, ok := parseFlags(fs, args); !ok {
+		return code
 	}
 	if fs.NArg() == 0 {
 		fmt.Fprintln(stderr, "weir validate: no file given")

@@ -62,3 +62,22 @@ func TestValidateUsage(t *testing.T) {
 		t.Fatalf("-h: exit %d", code)
 	}
 }
+
+// TestValidateGRPCOff: server.grpc: off is valid, as weir serve --grpc off
+// is; an address that is not one is still refused at its line and column.
+func TestValidateGRPCOff(t *testing.T) {
+	dir := t.TempDir()
+	for _, v := range []string{"off", `"off"`} {
+		p := writeFile(t, dir, "off.yaml", "server: {grpc: "+v+"}\nrules:\n  - {name: a, limit: 5/m}\n")
+		if out, errs, code := runCLI(t, "validate", p); code != 0 || out != "ok: 1 rule\n" || errs != "" {
+			t.Fatalf("grpc: %s: exit %d, stdout %q, stderr %q", v, code, out, errs)
+		}
+	}
+	for _, v := range []string{"of", "localhost:99999", "false"} {
+		p := writeFile(t, dir, "bad.yaml", "server:\n  grpc: "+v+"\nrules:\n  - {name: a, limit: 5/m}\n")
+		want := p + ":2:9: grpc \"" + v + "\" must be host:port or :port, such as :8080, or off to serve none\n"
+		if out, errs, code := runCLI(t, "validate", p); code != 1 || out != "" || errs != want {
+			t.Fatalf("grpc: %s: exit %d, stdout %q, stderr %q, want %q", v, code, out, errs, want)
+		}
+	}
+}

@@ -29,7 +29,10 @@ func newHandler(lim *weir.Limiter) http.Handler {
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "hello, world")
 	})
-	return httplimit.New(lim, perIP, httplimit.WithName("per-ip"))(mux)
+	// Clients by IP: an IPv4 client by its address, an IPv6 client by its
+	// /64, the block one host owns (KeyByIP's default, spelled out;
+	// KeyByIPPrefix(32, 128) would let one host rotate through its /64).
+	return httplimit.New(lim, perIP, httplimit.WithName("per-ip"), httplimit.KeyByIPPrefix(32, 64))(mux)
 }
 
 func main() {

@@ -30,7 +30,10 @@ var perIP = weir.Limit{Algorithm: weir.GCRA, Rate: 10, Period: time.Second}
 func newServer(lim *weir.Limiter) *echo.Echo {
 	e := echo.New()
 	e.Use(middleware.Recover())
-	e.Use(echo.WrapMiddleware(httplimit.New(lim, perIP, httplimit.WithName("per-ip"))))
+	// Clients by IP: an IPv4 client by its address, an IPv6 client by its
+	// /64, the block one host owns (KeyByIP's default, spelled out;
+	// KeyByIPPrefix(32, 128) would let one host rotate through its /64).
+	e.Use(echo.WrapMiddleware(httplimit.New(lim, perIP, httplimit.WithName("per-ip"), httplimit.KeyByIPPrefix(32, 64))))
 	e.GET("/hello", func(c *echo.Context) error {
 		return c.JSON(http.StatusOK, map[string]string{"message": "hello, world"})
 	})

@@ -45,7 +45,10 @@ var perIP = weir.Limit{Algorithm: weir.GCRA, Rate: 10, Period: time.Second}
 // newRouter returns the application, limited with lim.
 func newRouter(lim *weir.Limiter) *gin.Engine {
 	r := gin.New()
-	r.Use(gin.Recovery(), Middleware(httplimit.New(lim, perIP, httplimit.WithName("per-ip"))))
+	// Clients by IP: an IPv4 client by its address, an IPv6 client by its
+	// /64, the block one host owns (KeyByIP's default, spelled out;
+	// KeyByIPPrefix(32, 128) would let one host rotate through its /64).
+	r.Use(gin.Recovery(), Middleware(httplimit.New(lim, perIP, httplimit.WithName("per-ip"), httplimit.KeyByIPPrefix(32, 64))))
 	r.GET("/hello", func(c *gin.Context) {
 		c.JSON(http.StatusOK, gin.H{"message": "hello, world"})
 	})

@@ -7,7 +7,7 @@
 //	open http://127.0.0.1:8090/    (alice / wonderland)
 //
 // It listens on $ADDR (default 127.0.0.1:8090). The rules live in the
-// embedded weir.yaml and are applied by httplimit.FromPolicy. Policies
+// embedded weir.yaml and are applied by policy.Middleware. Policies
 // identify clients by IP, headers, cookies or query parameters, never by
 // the body, so a small middleware copies the form's username into the
 // X-Account header that the login-account rule counts by.
@@ -29,7 +29,6 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
-	"github.com/weir-dev/weir/httplimit"
 	"github.com/weir-dev/weir/policy"
 )
 
@@ -53,7 +52,7 @@ func newPolicy(store weir.Store) (*policy.Policy, error) {
 
 // newHandler returns the application under p's rules.
 func newHandler(p *policy.Policy) http.Handler {
-	limited := httplimit.FromPolicy(p)
+	limited := policy.Middleware(p)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")

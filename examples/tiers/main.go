@@ -10,7 +10,7 @@
 // one rule, counted per API key, whose tiers are picked by the X-Plan
 // header. The plan must not come from the client: the apiKeys middleware
 // looks the key up, refuses unknown keys, and overwrites X-Plan with the
-// key's plan before httplimit.FromPolicy applies the rule.
+// key's plan before policy.Middleware applies the rule.
 package main
 
 import (
@@ -22,7 +22,6 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
-	"github.com/weir-dev/weir/httplimit"
 	"github.com/weir-dev/weir/policy"
 )
 
@@ -55,7 +54,7 @@ func newHandler(p *policy.Policy) http.Handler {
 			"items": []string{"apple", "banana", "cherry"},
 		})
 	})
-	return apiKeys(httplimit.FromPolicy(p)(mux))
+	return apiKeys(policy.Middleware(p)(mux))
 }
 
 // apiKeys refuses requests without a known API key and sets X-Plan to the

@@ -58,13 +58,7 @@ func Cluster(t testing.TB) *ClusterGroup {
 			t.Fatalf("redistest: cluster setup: %v", err)
 		}
 	}
-	if err := waitFor(groupTimeout, c.healthy); err != nil {
-		var logs strings.Builder
-		for _, n := range c.Nodes {
-			logs.WriteString(n.logTail())
-		}
-		t.Fatalf("redistest: cluster did not become healthy: %v\n%s", err, logs.String())
-	}
+	waitForGroup(t, c.Nodes, c.healthy, "cluster did not become healthy")
 	return c
 }
 

@@ -437,6 +437,19 @@ func (s *Server) logTail() string {
 
 // waitFor polls cond every pollInterval until it returns nil or timeout
 // passes, returning the last error.
+// waitForGroup waits up to groupTimeout for cond to report nil, else fails t
+// with failure, cond's last error and the log tails of servers.
+func waitForGroup(t testing.TB, servers []*Server, cond func() error, failure string) {
+	t.Helper()
+	if err := waitFor(groupTimeout, cond); err != nil {
+		var logs strings.Builder
+		for _, s := range servers {
+			logs.WriteString(s.logTail())
+		}
+		t.Fatalf("redistest: %s: %v\n%s", failure, err, logs.String())
+	}
+}
+
 func waitFor(timeout time.Duration, cond func() error) error {
 	deadline := time.Now().Add(timeout)
 	for {

@@ -79,13 +79,7 @@ func Sentinel(t testing.TB) *SentinelGroup {
 		g.SentinelAddrs = append(g.SentinelAddrs, s.Addr)
 	}
 
-	if err := waitFor(groupTimeout, g.settled); err != nil {
-		var logs strings.Builder
-		for _, s := range g.Sentinels {
-			logs.WriteString(s.logTail())
-		}
-		t.Fatalf("redistest: sentinels did not converge: %v\n%s", err, logs.String())
-	}
+	waitForGroup(t, g.Sentinels, g.settled, "sentinels did not converge")
 	return g
 }
 

@@ -1,16 +1,13 @@
 package envoyrls
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -18,6 +15,8 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/algorithm"
+	"github.com/weir-dev/weir/internal/yamlnode"
 )
 
 // ConfigError reports a configuration file that cannot be loaded. It names
@@ -46,11 +45,16 @@ type Config struct {
 }
 
 type domainConfig struct {
-	name string
-	file string
-	line int
-	root level
+	name     string
+	file     string
+	line     int
+	root     level
+	override string // the rule path of its limit overrides: "domain.(override)"
 }
+
+// overridePath is the one rule path of every limit override in the
+// domain, whatever the request's entries.
+func (d *domainConfig) overridePath() string { return d.override }
 
 // level is one list of descriptors: the candidates for one request entry.
 type level struct {
@@ -87,6 +91,7 @@ type rule struct {
 	shadow    bool
 	quota     bool
 	deny      bool // requests_per_unit: 0 blocks every request
+	override  bool // a request's own limit (Envoy's limit override), not the config's
 
 	limit   weir.Limit
 	maxCost int64 // the largest cost the limit can ever admit at once
@@ -248,93 +253,64 @@ type parser struct {
 	depth  int
 }
 
-func (p *parser) errorf(n *yaml.Node, format string, args ...any) error {
-	line := 0
-	if n != nil {
-		line = n.Line
-	}
-	return &ConfigError{File: p.file, Line: line, Msg: fmt.Sprintf(format, args...)}
-}
-
 func (c *Config) add(data []byte, filename string) error {
 	p := &parser{file: filename}
-	// Decoding into a plain value first lets the YAML library refuse alias
-	// cycles and alias bombs before the tree walk expands aliases.
-	// Type errors (a repeated key, say) are left for the walk to report.
-	var plain any
-	var typeErr *yaml.TypeError
-	if err := yaml.Unmarshal(data, &plain); err != nil && !errors.As(err, &typeErr) {
-		return p.syntaxError(err)
-	}
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	var doc yaml.Node
-	if err := dec.Decode(&doc); err != nil {
-		if errors.Is(err, io.EOF) {
-			return p.errorf(nil, "the file is empty; it needs a domain and descriptors")
-		}
-		return p.syntaxError(err)
-	}
-	var extra yaml.Node
-	if err := dec.Decode(&extra); err == nil {
-		return p.errorf(&extra, "a second YAML document; put each domain in its own file")
-	} else if !errors.Is(err, io.EOF) {
-		return p.syntaxError(err)
-	}
-	root := resolve(doc.Content[0])
-	if root.Kind != yaml.MappingNode {
-		return p.errorf(root, "the top level must be a mapping with domain and descriptors")
-	}
-	fields, err := p.fields(root, "the top level", []string{"domain", "descriptors"})
+	d, err := p.load(c, data)
 	if err != nil {
-		return err
+		// Every problem is a yamlnode error carrying its line.
+		e := yamlnode.All(err)[0]
+		return &ConfigError{File: filename, Line: e.Line, Msg: e.Msg}
 	}
-	dn, ok := fields["domain"]
-	if !ok {
-		return p.errorf(root, "domain is missing")
-	}
-	domain, err := p.str(dn, "domain")
-	if err != nil {
-		return err
-	}
-	if domain == "" {
-		return p.errorf(dn, "domain is empty")
-	}
-	if prev := c.domains[domain]; prev != nil {
-		return p.errorf(dn, "domain %q is already defined in %s:%d", domain, prev.file, prev.line)
-	}
-	p.domain = domain
-	d := &domainConfig{name: domain, file: filename, line: dn.Line}
-	if dl, ok := fields["descriptors"]; ok {
-		if err := p.level(&d.root, dl, domain); err != nil {
-			return err
-		}
-	}
-	c.domains[domain] = d
+	c.domains[d.name] = d
 	c.files = append(c.files, filename)
 	c.rules = append(c.rules, p.rules...)
 	return nil
 }
 
-// syntaxError turns the YAML parser's "yaml: line N: message" into a
-// ConfigError carrying the line.
-func (p *parser) syntaxError(err error) error {
-	msg := strings.TrimPrefix(err.Error(), "yaml: ")
-	if rest, ok := strings.CutPrefix(msg, "line "); ok {
-		if n, m, ok := strings.Cut(rest, ": "); ok {
-			if line, err := strconv.Atoi(n); err == nil {
-				return &ConfigError{File: p.file, Line: line, Msg: "bad YAML: " + m}
-			}
+// load reads one file's domain; the error is the first problem found.
+func (p *parser) load(c *Config, data []byte) (*domainConfig, error) {
+	root, err := yamlnode.Decode(data)
+	if err != nil {
+		e := yamlnode.All(err)[0]
+		switch {
+		case errors.Is(err, yamlnode.ErrEmpty):
+			e.Msg = "the file is empty; it needs a domain and descriptors"
+		case errors.Is(e, yamlnode.ErrExtraDocument):
+			e.Msg = "a second YAML document; put each domain in its own file"
+		default:
+			e.Msg = "bad YAML: " + e.Msg
+		}
+		return nil, e
+	}
+	if root.Kind != yaml.MappingNode {
+		return nil, yamlnode.Errorf(root, "the top level must be a mapping with domain and descriptors")
+	}
+	f, err := yamlnode.Mapping(root, topFields)
+	if err != nil {
+		return nil, err
+	}
+	dn := f.Get("domain")
+	if dn == nil {
+		return nil, yamlnode.Errorf(root, "domain is missing")
+	}
+	domain, err := yamlnode.String(dn, "domain")
+	if err != nil {
+		return nil, err
+	}
+	if domain == "" {
+		return nil, yamlnode.Errorf(dn, "domain is empty")
+	}
+	if prev := c.domains[domain]; prev != nil {
+		return nil, yamlnode.Errorf(dn, "domain %q is already defined in %s:%d", domain, prev.file, prev.line)
+	}
+	p.domain = domain
+	d := &domainConfig{name: domain, file: p.file, line: dn.Line, override: domain + ".(override)"}
+	if dl := f.Get("descriptors"); dl != nil {
+		if err := p.level(&d.root, dl, domain); err != nil {
+			return nil, err
 		}
 	}
-	return &ConfigError{File: p.file, Msg: "bad YAML: " + msg}
-}
-
-// resolve follows YAML aliases to the node they name.
-func resolve(n *yaml.Node) *yaml.Node {
-	for n != nil && n.Kind == yaml.AliasNode {
-		n = n.Alias
-	}
-	return n
+	return d, nil
 }
 
 // misplaced explains fields that belong to another level of the format.
@@ -351,102 +327,22 @@ var misplaced = map[string]string{
 	"value":             "value belongs to a descriptor",
 }
 
-// fields returns a mapping's values by key, rejecting unknown and repeated
-// keys with their line.
-func (p *parser) fields(n *yaml.Node, what string, allowed []string) (map[string]*yaml.Node, error) {
-	out := make(map[string]*yaml.Node, len(n.Content)/2)
-	lines := make(map[string]int, len(n.Content)/2)
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		kn, vn := resolve(n.Content[i]), resolve(n.Content[i+1])
-		if kn.Kind != yaml.ScalarNode {
-			return nil, p.errorf(kn, "%s has a key that is not a plain name", what)
-		}
-		k := kn.Value
-		if !slices.Contains(allowed, k) {
-			if hint, ok := misplaced[k]; ok {
-				return nil, p.errorf(kn, "unknown field %q in %s: %s", k, what, hint)
-			}
-			return nil, p.errorf(kn, "unknown field %q in %s (want %s)", k, what, strings.Join(allowed, ", "))
-		}
-		if first, dup := lines[k]; dup {
-			return nil, p.errorf(kn, "field %q given twice in %s (first at line %d)", k, what, first)
-		}
-		lines[k] = kn.Line
-		out[k] = vn
-	}
-	return out, nil
-}
+// The mappings of the format and their fields.
+var (
+	topFields = yamlnode.Fields{What: "the top level", Names: []string{"domain", "descriptors"}, Hints: misplaced}
 
-// str reads a scalar as text. YAML null is the empty string, and numbers
-// or booleans keep their text, as envoyproxy/ratelimit reads them.
-func (p *parser) str(n *yaml.Node, field string) (string, error) {
-	if n.Kind != yaml.ScalarNode {
-		return "", p.errorf(n, "%s must be a single value, not a %s", field, kindName(n))
-	}
-	if n.Tag == "!!null" {
-		return "", nil
-	}
-	return n.Value, nil
-}
+	descriptorFields = yamlnode.Fields{What: "descriptor", Hints: misplaced, Names: []string{
+		"key", "value", "rate_limit", "descriptors", "shadow_mode", "detailed_metric",
+		"value_to_metric", "share_threshold", "quota_mode",
+	}}
 
-// boolean reads true or false. Unquoted YAML 1.1 spellings (yes, no, on,
-// off) are accepted too, since the upstream loader reads YAML 1.1.
-func (p *parser) boolean(n *yaml.Node, field string) (bool, error) {
-	if n.Kind == yaml.ScalarNode {
-		switch {
-		case n.Tag == "!!null":
-			return false, nil
-		case n.Tag == "!!bool":
-			var b bool
-			if err := n.Decode(&b); err == nil {
-				return b, nil
-			}
-		case n.Style == 0:
-			switch n.Value {
-			case "y", "Y", "yes", "Yes", "YES", "on", "On", "ON":
-				return true, nil
-			case "n", "N", "no", "No", "NO", "off", "Off", "OFF":
-				return false, nil
-			}
-		}
-	}
-	return false, p.errorf(n, "%s must be true or false, got %s", field, show(n))
-}
+	rateLimitFields = yamlnode.Fields{What: "rate_limit", Hints: misplaced, Names: []string{
+		"unit", "requests_per_unit", "unlimited", "name", "replaces",
+		"unit_multiplier", "limit", "algorithm", "burst",
+	}}
 
-// integer reads a whole number.
-func (p *parser) integer(n *yaml.Node, field string) (int64, error) {
-	var v int64
-	if n.Kind != yaml.ScalarNode || n.Tag != "!!int" || n.Decode(&v) != nil {
-		return 0, p.errorf(n, "%s must be a whole number, got %s", field, show(n))
-	}
-	return v, nil
-}
-
-func kindName(n *yaml.Node) string {
-	switch n.Kind {
-	case yaml.MappingNode:
-		return "mapping"
-	case yaml.SequenceNode:
-		return "list"
-	}
-	return "value"
-}
-
-// show renders a node for an error message.
-func show(n *yaml.Node) string {
-	if n.Kind != yaml.ScalarNode {
-		return "a " + kindName(n)
-	}
-	if n.Tag == "!!null" {
-		return "nothing"
-	}
-	return strconv.Quote(n.Value)
-}
-
-var descriptorFields = []string{
-	"key", "value", "rate_limit", "descriptors", "shadow_mode", "detailed_metric",
-	"value_to_metric", "share_threshold", "quota_mode",
-}
+	replacesFields = yamlnode.Fields{What: "replaces entry", Names: []string{"name"}, Hints: misplaced}
+)
 
 // maxDepth bounds how deep descriptors nest; Envoy's descriptors are a
 // handful of entries long.
@@ -454,20 +350,20 @@ const maxDepth = 64
 
 // level loads a descriptors list into l. path names l for stats and errors.
 func (p *parser) level(l *level, n *yaml.Node, path string) error {
-	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+	if yamlnode.IsNull(n) {
 		return nil
 	}
 	if p.depth++; p.depth > maxDepth {
-		return p.errorf(n, "descriptors nest deeper than %d levels", maxDepth)
+		return yamlnode.Errorf(n, "descriptors nest deeper than %d levels", maxDepth)
 	}
 	defer func() { p.depth-- }()
 	if n.Kind != yaml.SequenceNode {
-		return p.errorf(n, "descriptors must be a list, got %s", show(n))
+		return yamlnode.Errorf(n, "descriptors must be a list, got %s", yamlnode.Describe(n))
 	}
 	for _, item := range n.Content {
-		item = resolve(item)
+		item = yamlnode.Resolve(item)
 		if item.Kind != yaml.MappingNode {
-			return p.errorf(item, "each entry of descriptors must be a mapping with a key, got %s", show(item))
+			return yamlnode.Errorf(item, "each entry of descriptors must be a mapping with a key, got %s", yamlnode.Describe(item))
 		}
 		if err := p.descriptor(l, item, path); err != nil {
 			return err
@@ -477,23 +373,23 @@ func (p *parser) level(l *level, n *yaml.Node, path string) error {
 }
 
 func (p *parser) descriptor(l *level, n *yaml.Node, parent string) error {
-	f, err := p.fields(n, "descriptor", descriptorFields)
+	f, err := yamlnode.Mapping(n, descriptorFields)
 	if err != nil {
 		return err
 	}
 	nd := &node{line: n.Line}
-	kn, ok := f["key"]
-	if !ok {
-		return p.errorf(n, "descriptor has no key")
+	kn := f.Get("key")
+	if kn == nil {
+		return yamlnode.Errorf(n, "descriptor has no key")
 	}
-	if nd.key, err = p.str(kn, "key"); err != nil {
+	if nd.key, err = yamlnode.String(kn, "key"); err != nil {
 		return err
 	}
 	if nd.key == "" {
-		return p.errorf(kn, "descriptor key is empty")
+		return yamlnode.Errorf(kn, "descriptor key is empty")
 	}
-	if vn, ok := f["value"]; ok {
-		if nd.value, err = p.str(vn, "value"); err != nil {
+	if vn := f.Get("value"); vn != nil {
+		if nd.value, err = yamlnode.String(vn, "value"); err != nil {
 			return err
 		}
 	}
@@ -507,28 +403,28 @@ func (p *parser) descriptor(l *level, n *yaml.Node, parent string) error {
 		field string
 		dst   *bool
 	}{{"shadow_mode", &shadow}, {"quota_mode", &quota}, {"share_threshold", &share}} {
-		if vn, ok := f[b.field]; ok {
-			if *b.dst, err = p.boolean(vn, b.field); err != nil {
+		if vn := f.Get(b.field); vn != nil {
+			if *b.dst, err = yamlnode.BoolYAML11(vn, b.field); err != nil {
 				return err
 			}
 		}
 	}
 	for _, field := range []string{"detailed_metric", "value_to_metric"} { // metrics only: accepted
-		if vn, ok := f[field]; ok {
-			if _, err := p.boolean(vn, field); err != nil {
+		if vn := f.Get(field); vn != nil {
+			if _, err := yamlnode.BoolYAML11(vn, field); err != nil {
 				return err
 			}
 		}
 	}
 	if share && !nd.wildcard {
-		return p.errorf(f["share_threshold"], "share_threshold needs a wildcard value ending in '*', and descriptor %q has none", path)
+		return yamlnode.Errorf(f.Get("share_threshold"), "share_threshold needs a wildcard value ending in '*', and descriptor %q has none", path)
 	}
 	nd.share = share
 
 	// Register the node at its level, refusing a second key+value there.
 	if nd.value == "" {
 		if prev := l.defaults[nd.key]; prev != nil {
-			return p.errorf(kn, "duplicate descriptor: key %q without a value is already defined at line %d", nd.key, prev.line)
+			return yamlnode.Errorf(kn, "duplicate descriptor: key %q without a value is already defined at line %d", nd.key, prev.line)
 		}
 		if l.defaults == nil {
 			l.defaults = map[string]*node{}
@@ -537,7 +433,7 @@ func (p *parser) descriptor(l *level, n *yaml.Node, parent string) error {
 	} else {
 		ek := entryKey{nd.key, nd.value}
 		if prev := l.exact[ek]; prev != nil {
-			return p.errorf(kn, "duplicate descriptor: key %q with value %q is already defined at line %d", nd.key, nd.value, prev.line)
+			return yamlnode.Errorf(kn, "duplicate descriptor: key %q with value %q is already defined at line %d", nd.key, nd.value, prev.line)
 		}
 		if l.exact == nil {
 			l.exact = map[entryKey]*node{}
@@ -548,7 +444,7 @@ func (p *parser) descriptor(l *level, n *yaml.Node, parent string) error {
 		}
 	}
 
-	if rn, ok := f["rate_limit"]; ok {
+	if rn := f.Get("rate_limit"); rn != nil {
 		r, err := p.rateLimit(rn, path)
 		if err != nil {
 			return err
@@ -559,7 +455,7 @@ func (p *parser) descriptor(l *level, n *yaml.Node, parent string) error {
 			p.rules = append(p.rules, r)
 		}
 	}
-	if dn, ok := f["descriptors"]; ok {
+	if dn := f.Get("descriptors"); dn != nil {
 		if err := p.level(&nd.children, dn, path); err != nil {
 			return err
 		}
@@ -567,164 +463,64 @@ func (p *parser) descriptor(l *level, n *yaml.Node, parent string) error {
 	return nil
 }
 
-var rateLimitFields = []string{
-	"unit", "requests_per_unit", "unlimited", "name", "replaces",
-	"unit_multiplier", "limit", "algorithm", "burst",
-}
-
-// algorithms lists those usable from Envoy. concurrency is not: its leases
-// need a release that the rate limit protocol cannot send.
-var algorithms = []string{"fixed_window", "sliding_log", "sliding_window", "token_bucket", "leaky_bucket", "gcra"}
+// algorithms lists those usable from Envoy: not those whose admitted
+// requests hold leases (concurrency), which need a release that the rate
+// limit protocol cannot send.
+var algorithms = func() []string {
+	var out []string
+	for _, s := range algorithm.Specs() {
+		if s.Supports&algorithm.FeatureLeases == 0 {
+			out = append(out, s.Name)
+		}
+	}
+	return out
+}()
 
 func (p *parser) rateLimit(n *yaml.Node, path string) (*rule, error) {
-	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+	if yamlnode.IsNull(n) {
 		return nil, nil // "rate_limit:" with nothing: no limit, as upstream
 	}
-	if n.Kind != yaml.MappingNode {
-		return nil, p.errorf(n, "rate_limit must be a mapping, got %s", show(n))
-	}
-	f, err := p.fields(n, "rate_limit", rateLimitFields)
+	f, err := yamlnode.Mapping(n, rateLimitFields)
 	if err != nil {
 		return nil, err
 	}
 	r := &rule{domain: p.domain, path: path, file: p.file, line: n.Line}
-	if vn, ok := f["name"]; ok {
-		if r.name, err = p.str(vn, "name"); err != nil {
+	if vn := f.Get("name"); vn != nil {
+		if r.name, err = yamlnode.String(vn, "name"); err != nil {
 			return nil, err
 		}
 	}
-	if rn, ok := f["replaces"]; ok && !(rn.Kind == yaml.ScalarNode && rn.Tag == "!!null") {
-		if rn.Kind != yaml.SequenceNode {
-			return nil, p.errorf(rn, "replaces must be a list of {name: ...}, got %s", show(rn))
-		}
-		for _, item := range rn.Content {
-			item = resolve(item)
-			if item.Kind != yaml.MappingNode {
-				return nil, p.errorf(item, "each entry of replaces must be a mapping {name: ...}, got %s", show(item))
-			}
-			rf, err := p.fields(item, "replaces entry", []string{"name"})
-			if err != nil {
-				return nil, err
-			}
-			name := ""
-			if nn, ok := rf["name"]; ok {
-				if name, err = p.str(nn, "name"); err != nil {
-					return nil, err
-				}
-			}
-			if name == "" {
-				return nil, p.errorf(item, "replaces entry has an empty name")
-			}
-			if name == r.name {
-				return nil, p.errorf(item, "rate_limit %q replaces itself", name)
-			}
-			r.replaces = append(r.replaces, name)
+	if rn := f.Get("replaces"); !yamlnode.IsNull(rn) {
+		if r.replaces, err = replacesOf(rn, r.name); err != nil {
+			return nil, err
 		}
 	}
-	if un, ok := f["unlimited"]; ok {
-		if r.unlimited, err = p.boolean(un, "unlimited"); err != nil {
+	if un := f.Get("unlimited"); un != nil {
+		if r.unlimited, err = yamlnode.BoolYAML11(un, "unlimited"); err != nil {
 			return nil, err
 		}
 	}
 	if r.unlimited {
 		for _, k := range []string{"unit", "requests_per_unit", "unit_multiplier", "limit", "algorithm", "burst"} {
-			if vn, ok := f[k]; ok {
-				return nil, p.errorf(vn, "an unlimited rate_limit must not set %s", k)
+			if vn := f.Get(k); vn != nil {
+				return nil, yamlnode.Errorf(vn, "an unlimited rate_limit must not set %s", k)
 			}
 		}
 		return r, nil
 	}
 
-	l := weir.Limit{Algorithm: weir.FixedWindow}
-	if ln, ok := f["limit"]; ok {
-		for _, k := range []string{"unit", "requests_per_unit", "unit_multiplier"} {
-			if vn, ok := f[k]; ok {
-				return nil, p.errorf(vn, "give either limit or unit and requests_per_unit, not both (%s is set)", k)
-			}
-		}
-		s, err := p.str(ln, "limit")
-		if err != nil {
-			return nil, err
-		}
-		pl, err := weir.ParseLimit(s)
-		if err != nil {
-			return nil, p.errorf(ln, "%v", err)
-		}
-		if pl.Rate > math.MaxUint32 {
-			return nil, p.errorf(ln, "limit %q: the rate must fit requests_per_unit (at most %d)", s, uint32(math.MaxUint32))
-		}
-		if pl.Period%time.Second != 0 {
-			return nil, p.errorf(ln, "limit %q: the period must be a whole number of seconds to be reported to Envoy", s)
-		}
-		l.Rate, l.Period, l.Burst = pl.Rate, pl.Period, pl.Burst
-		r.rpu = uint32(pl.Rate)
-		r.unit, r.mult = unitOf(pl.Period)
+	var l weir.Limit
+	if ln := f.Get("limit"); ln != nil {
+		l, err = r.limitOf(ln, f)
 	} else {
-		un, ok := f["unit"]
-		if !ok {
-			return nil, p.errorf(n, "rate_limit needs a unit (%s) and requests_per_unit, or unlimited: true", unitList)
-		}
-		us, err := p.str(un, "unit")
-		if err != nil {
-			return nil, err
-		}
-		ui, ok := unitInfo[strings.ToLower(us)]
-		if !ok {
-			return nil, p.errorf(un, "unknown unit %q (want %s)", us, unitList)
-		}
-		rn, ok := f["requests_per_unit"]
-		if !ok {
-			return nil, p.errorf(n, "rate_limit needs requests_per_unit")
-		}
-		rpu, err := p.integer(rn, "requests_per_unit")
-		if err != nil {
-			return nil, err
-		}
-		if rpu < 0 || rpu > math.MaxUint32 {
-			return nil, p.errorf(rn, "requests_per_unit %d is out of range (0 to %d; 0 blocks every request)", rpu, uint32(math.MaxUint32))
-		}
-		r.rpu, r.unit, r.mult = uint32(rpu), ui.pb, 1
-		if mn, ok := f["unit_multiplier"]; ok {
-			m, err := p.integer(mn, "unit_multiplier")
-			if err != nil {
-				return nil, err
-			}
-			if m < 1 || m > math.MaxUint32 {
-				return nil, p.errorf(mn, "unit_multiplier %d is out of range (at least 1)", m)
-			}
-			r.mult = uint32(m)
-		}
-		if time.Duration(r.mult) > math.MaxInt64/ui.d {
-			return nil, p.errorf(f["unit_multiplier"], "unit_multiplier %d makes the period too long", r.mult)
-		}
-		l.Rate = rpu
-		l.Period = ui.d * time.Duration(r.mult)
+		l, err = r.unitsOf(n, f)
 	}
-	if an, ok := f["algorithm"]; ok {
-		a, err := p.str(an, "algorithm")
-		if err != nil {
-			return nil, err
-		}
-		if !slices.Contains(algorithms, a) {
-			if a == string(weir.Concurrency) {
-				return nil, p.errorf(an, "algorithm concurrency cannot be used from Envoy: the protocol has no way to release a slot")
-			}
-			return nil, p.errorf(an, "unknown algorithm %q (want %s)", a, strings.Join(algorithms, ", "))
-		}
-		l.Algorithm = weir.Algorithm(a)
+	if err != nil {
+		return nil, err
 	}
-	if bn, ok := f["burst"]; ok {
-		b, err := p.integer(bn, "burst")
-		if err != nil {
-			return nil, err
-		}
-		if b <= 0 {
-			return nil, p.errorf(bn, "burst must be positive, got %d", b)
-		}
-		if l.Burst != 0 {
-			return nil, p.errorf(bn, "burst is given twice, in limit and in burst")
-		}
-		l.Burst = b
+	l.Algorithm = weir.FixedWindow
+	if err := algorithmAndBurst(&l, f); err != nil {
+		return nil, err
 	}
 	r.limit = l
 	if l.Rate == 0 {
@@ -735,12 +531,151 @@ func (p *parser) rateLimit(n *yaml.Node, path string) (*rule, error) {
 	if err != nil {
 		var le *weir.LimitError
 		if errors.As(err, &le) {
-			return nil, p.errorf(n, "rate_limit of %s: %s", path, le.Reason)
+			return nil, yamlnode.Errorf(n, "rate_limit of %s: %s", path, le.Reason)
 		}
-		return nil, p.errorf(n, "rate_limit of %s: %v", path, err)
+		return nil, yamlnode.Errorf(n, "rate_limit of %s: %v", path, err)
 	}
 	r.maxCost = params.MaxCost()
 	return r, nil
+}
+
+// replacesOf reads a rate_limit's replaces list: the names of the rules it
+// replaces, none empty and none its own name (self).
+func replacesOf(rn *yaml.Node, self string) ([]string, error) {
+	if rn.Kind != yaml.SequenceNode {
+		return nil, yamlnode.Errorf(rn, "replaces must be a list of {name: ...}, got %s", yamlnode.Describe(rn))
+	}
+	var names []string
+	for _, item := range rn.Content {
+		item = yamlnode.Resolve(item)
+		if item.Kind != yaml.MappingNode {
+			return nil, yamlnode.Errorf(item, "each entry of replaces must be a mapping {name: ...}, got %s", yamlnode.Describe(item))
+		}
+		rf, err := yamlnode.Mapping(item, replacesFields)
+		if err != nil {
+			return nil, err
+		}
+		name := ""
+		if nn := rf.Get("name"); nn != nil {
+			if name, err = yamlnode.String(nn, "name"); err != nil {
+				return nil, err
+			}
+		}
+		if name == "" {
+			return nil, yamlnode.Errorf(item, "replaces entry has an empty name")
+		}
+		if name == self {
+			return nil, yamlnode.Errorf(item, "rate_limit %q replaces itself", name)
+		}
+		names = append(names, name)
+	}
+	return names, nil
+}
+
+// limitOf reads weir's short form, limit: "100/minute", which excludes unit,
+// requests_per_unit and unit_multiplier, and sets r's reported rate and unit.
+func (r *rule) limitOf(ln *yaml.Node, f yamlnode.Entries) (weir.Limit, error) {
+	var l weir.Limit
+	for _, k := range []string{"unit", "requests_per_unit", "unit_multiplier"} {
+		if vn := f.Get(k); vn != nil {
+			return l, yamlnode.Errorf(vn, "give either limit or unit and requests_per_unit, not both (%s is set)", k)
+		}
+	}
+	s, err := yamlnode.String(ln, "limit")
+	if err != nil {
+		return l, err
+	}
+	pl, err := weir.ParseLimit(s)
+	if err != nil {
+		return l, yamlnode.Errorf(ln, "%v", err)
+	}
+	if pl.Rate > math.MaxUint32 {
+		return l, yamlnode.Errorf(ln, "limit %q: the rate must fit requests_per_unit (at most %d)", s, uint32(math.MaxUint32))
+	}
+	if pl.Period%time.Second != 0 {
+		return l, yamlnode.Errorf(ln, "limit %q: the period must be a whole number of seconds to be reported to Envoy", s)
+	}
+	l.Rate, l.Period, l.Burst = pl.Rate, pl.Period, pl.Burst
+	r.rpu = uint32(pl.Rate)
+	r.unit, r.mult = unitOf(pl.Period)
+	return l, nil
+}
+
+// unitsOf reads Envoy's form, unit, requests_per_unit and unit_multiplier,
+// of the rate_limit n, and sets r's reported rate and unit.
+func (r *rule) unitsOf(n *yaml.Node, f yamlnode.Entries) (weir.Limit, error) {
+	var l weir.Limit
+	un := f.Get("unit")
+	if un == nil {
+		return l, yamlnode.Errorf(n, "rate_limit needs a unit (%s) and requests_per_unit, or unlimited: true", unitList)
+	}
+	us, err := yamlnode.String(un, "unit")
+	if err != nil {
+		return l, err
+	}
+	ui, ok := unitInfo[strings.ToLower(us)]
+	if !ok {
+		return l, yamlnode.Errorf(un, "unknown unit %q (want %s)", us, unitList)
+	}
+	rn := f.Get("requests_per_unit")
+	if rn == nil {
+		return l, yamlnode.Errorf(n, "rate_limit needs requests_per_unit")
+	}
+	rpu, err := yamlnode.Int(rn, "requests_per_unit")
+	if err != nil {
+		return l, err
+	}
+	if rpu < 0 || rpu > math.MaxUint32 {
+		return l, yamlnode.Errorf(rn, "requests_per_unit %d is out of range (0 to %d; 0 blocks every request)", rpu, uint32(math.MaxUint32))
+	}
+	r.rpu, r.unit, r.mult = uint32(rpu), ui.pb, 1
+	if mn := f.Get("unit_multiplier"); mn != nil {
+		m, err := yamlnode.Int(mn, "unit_multiplier")
+		if err != nil {
+			return l, err
+		}
+		if m < 1 || m > math.MaxUint32 {
+			return l, yamlnode.Errorf(mn, "unit_multiplier %d is out of range (at least 1)", m)
+		}
+		r.mult = uint32(m)
+	}
+	if time.Duration(r.mult) > math.MaxInt64/ui.d {
+		return l, yamlnode.Errorf(f.Get("unit_multiplier"), "unit_multiplier %d makes the period too long", r.mult)
+	}
+	l.Rate = rpu
+	l.Period = ui.d * time.Duration(r.mult)
+	return l, nil
+}
+
+// algorithmAndBurst applies a rate_limit's algorithm and burst fields to l.
+func algorithmAndBurst(l *weir.Limit, f yamlnode.Entries) error {
+	if an := f.Get("algorithm"); an != nil {
+		a, err := yamlnode.String(an, "algorithm")
+		if err != nil {
+			return err
+		}
+		if !slices.Contains(algorithms, a) {
+			if a == string(weir.Concurrency) {
+				return yamlnode.Errorf(an, "algorithm concurrency cannot be used from Envoy: the protocol has no way to release a slot")
+			}
+			return yamlnode.Errorf(an, "unknown algorithm %q (want %s)", a, strings.Join(algorithms, ", "))
+		}
+		l.Algorithm = weir.Algorithm(a)
+	}
+	if bn := f.Get("burst"); bn != nil {
+		b, err := yamlnode.Int(bn, "burst")
+		if err != nil {
+			return err
+		}
+		if b <= 0 {
+			return yamlnode.Errorf(bn, "burst must be positive, got %d", b)
+		}
+		if l.Burst != 0 {
+			return yamlnode.Errorf(bn, "burst is given twice, in limit and in burst")
+		}
+		l.Burst = b
+	}
+	return nil
 }
 
 // unitOf expresses a whole-second period as the largest of second, minute,

@@ -3,7 +3,6 @@ package envoyrls
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 
@@ -25,8 +24,9 @@ const MaxJSONBody = 64 << 10
 // "statuses": [...]}), with status 200 when the call is within its limits
 // and 429 when it is over. On error it returns a JSON body
 // {"error": "..."} naming the problem, the status to send (400 for a bad
-// request, 413 for a body over MaxJSONBody, 503 for a store failure) and
-// the error itself.
+// request, a call over the bounds of one call, or a limit or cost the
+// store refused as invalid; 413 for a body over MaxJSONBody; 503 for a
+// store failure) and the error itself.
 func (s *Service) CheckJSON(ctx context.Context, body []byte) (respJSON []byte, status int, err error) {
 	if len(body) > MaxJSONBody {
 		err = fmt.Errorf("%w: the body is %d bytes, over the limit of %d", ErrBadRequest, len(body), MaxJSONBody)
@@ -40,7 +40,7 @@ func (s *Service) CheckJSON(ctx context.Context, body []byte) (respJSON []byte, 
 	resp, err := s.Check(ctx, &req)
 	if err != nil {
 		status = http.StatusServiceUnavailable
-		if errors.Is(err, ErrBadRequest) {
+		if badInput(err) {
 			status = http.StatusBadRequest
 		}
 		return errorJSON(err), status, err

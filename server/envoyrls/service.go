@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -21,14 +22,34 @@ import (
 )
 
 // ErrBadRequest is wrapped by every error about a malformed request: an
-// empty domain or descriptor list, an unusable limit override, a negative
-// hits addend. gRPC reports it as InvalidArgument, CheckJSON as 400.
+// empty domain or descriptor list, a call over the bounds below, an
+// unusable limit override, a negative hits addend. gRPC reports it as
+// InvalidArgument, CheckJSON as 400.
 var ErrBadRequest = errors.New("envoyrls: bad request")
+
+// Bounds on one call. Envoy sends a handful of descriptors of a few short
+// entries each; a call over any bound is refused whole, with an error
+// wrapping ErrBadRequest that names the count and the bound, before
+// anything is decided or counted.
+const (
+	MaxDescriptors   = 64   // descriptors per call
+	MaxEntries       = 32   // entries per descriptor
+	MaxEntryKeyLen   = 256  // bytes in an entry's key
+	MaxEntryValueLen = 4096 // bytes in an entry's value
+	MaxDomainLen     = 256  // bytes in the domain
+)
 
 // KeyRule is the rule part of every state key the Service writes: a
 // descriptor's counter lives under weir.Key(KeyRule, domain, key1, value1,
 // key2, value2, ...).
 const KeyRule = "envoy"
+
+// keyRuleOverride is the rule part of the keys of descriptors that carry
+// their own limit (Envoy's limit override): weir.Key(keyRuleOverride,
+// domain, unit, unit_multiplier, requests_per_unit, key1, value1, ...).
+// An override never shares a counter with a configured descriptor, nor
+// with an override of another limit.
+const keyRuleOverride = "envoy-override"
 
 // keyRuleShared is the rule part of the keys of descriptors that match a
 // share_threshold wildcard. Their parts are tagged ("=" before a value,
@@ -42,6 +63,13 @@ const keyRuleShared = "envoy-shared"
 // whole call (gRPC Unavailable); a Decider that implements fail-open or
 // fail-closed fills res and returns nil instead.
 type Decider func(ctx context.Context, reqs []weir.Request, res []weir.Result) error
+
+// A FallbackDecider is a Decider that answers some requests by a fallback
+// while the store fails, and says which: it sets fallback[i] (as long as
+// reqs, all "" on entry) to the fallback's name, such as "allow", "deny"
+// or "local", for each request it did not get from the store. Observers
+// see it in Decision.Fallback.
+type FallbackDecider func(ctx context.Context, reqs []weir.Request, res []weir.Result, fallback []string) error
 
 // Outcome is what happened to one descriptor of a call.
 type Outcome int
@@ -81,13 +109,24 @@ type Decision struct {
 	// not know (Outcome NoLimit, Rule empty): label metrics by Rule, which
 	// names a configured rule, rather than by Domain alone.
 	Domain     string
-	Descriptor int    // index in the request's descriptors
-	Rule       string // the rule's path, "domain.key_value.key": bounded, never a request value
-	Name       string // the rule's name, if it has one
-	Hits       int64  // the hits asked for; 0 checks without counting
-	Outcome    Outcome
-	Result     weir.Result // the store's answer; zero when it was not asked
-	Err        error       // set when Outcome is Failed
+	Descriptor int // index in the request's descriptors
+	// Rule names the rule that decided, from the configuration only, so
+	// that it is fit for a metric label: a configured rule's path
+	// ("domain.key_value.key"), or "domain.(override)" for every
+	// descriptor of a configured domain that carries its own limit
+	// (Envoy's limit override), whatever its entries. It is never built
+	// from a request, so there are at most as many values as configured
+	// rules and domains. Empty when Outcome is NoLimit.
+	Rule    string
+	Name    string // the rule's name, if it has one
+	Hits    int64  // the hits asked for; 0 checks without counting
+	Outcome Outcome
+	Result  weir.Result // the store's answer; zero when it was not asked
+	Err     error       // set when Outcome is Failed
+
+	// Fallback names the fallback of a FallbackDecider that made Result
+	// while the store failed; "" when the store decided.
+	Fallback string
 }
 
 // An Observer is told about every descriptor of every call, after the
@@ -100,7 +139,17 @@ type Option func(*Service)
 
 // WithDecider routes the store calls through d, for example to add a
 // circuit breaker and fail modes. The default calls the store directly.
-func WithDecider(d Decider) Option { return func(s *Service) { s.decide = d } }
+func WithDecider(d Decider) Option {
+	return func(s *Service) {
+		s.decide = func(ctx context.Context, reqs []weir.Request, res []weir.Result, _ []string) error {
+			return d(ctx, reqs, res)
+		}
+	}
+}
+
+// WithFallbackDecider is WithDecider for a Decider that reports the
+// requests its fallback answered, in Decision.Fallback.
+func WithFallbackDecider(d FallbackDecider) Option { return func(s *Service) { s.decide = d } }
 
 // WithObserver reports every decision to o, for metrics.
 func WithObserver(o Observer) Option { return func(s *Service) { s.observe = o } }
@@ -126,7 +175,7 @@ func WithClock(now func() time.Time) Option { return func(s *Service) { s.now = 
 type Service struct {
 	cfg     atomic.Pointer[Config]
 	store   weir.Store
-	decide  Decider
+	decide  FallbackDecider
 	observe Observer
 	now     func() time.Time
 	log     *slog.Logger
@@ -140,7 +189,7 @@ func New(cfg *Config, store weir.Store, opts ...Option) *Service {
 		o(s)
 	}
 	if s.decide == nil {
-		s.decide = StoreDecider(store)
+		WithDecider(StoreDecider(store))(s)
 	}
 	s.SetConfig(cfg)
 	return s
@@ -202,7 +251,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 
 func grpcCode(err error) codes.Code {
 	switch {
-	case errors.Is(err, ErrBadRequest):
+	case badInput(err):
 		return codes.InvalidArgument
 	case errors.Is(err, context.Canceled):
 		return codes.Canceled
@@ -210,6 +259,40 @@ func grpcCode(err error) codes.Code {
 		return codes.DeadlineExceeded
 	}
 	return codes.Unavailable
+}
+
+// badInput reports an error that is the request's fault: a malformed
+// request, or a limit or cost the store's own validation refused. A store
+// that is unhealthy, or a decision never sent (weir.ErrNotSent), is not.
+func badInput(err error) bool {
+	return errors.Is(err, ErrBadRequest) || errors.Is(err, weir.ErrInvalidLimit) || errors.Is(err, weir.ErrInvalidCost)
+}
+
+// checkBounds refuses a call over the bounds of one call (MaxDescriptors
+// and the others), before any work is done for it.
+func checkBounds(req *rlspb.RateLimitRequest) error {
+	if n := len(req.GetDomain()); n > MaxDomainLen {
+		return fmt.Errorf("%w: the domain is %d bytes, over the limit of %d", ErrBadRequest, n, MaxDomainLen)
+	}
+	descs := req.GetDescriptors()
+	if len(descs) > MaxDescriptors {
+		return fmt.Errorf("%w: %d descriptors, over the limit of %d per call", ErrBadRequest, len(descs), MaxDescriptors)
+	}
+	for i, d := range descs {
+		es := d.GetEntries()
+		if len(es) > MaxEntries {
+			return fmt.Errorf("%w: descriptors[%d] has %d entries, over the limit of %d", ErrBadRequest, i, len(es), MaxEntries)
+		}
+		for j, e := range es {
+			if n := len(e.GetKey()); n > MaxEntryKeyLen {
+				return fmt.Errorf("%w: descriptors[%d].entries[%d].key is %d bytes, over the limit of %d", ErrBadRequest, i, j, n, MaxEntryKeyLen)
+			}
+			if n := len(e.GetValue()); n > MaxEntryValueLen {
+				return fmt.Errorf("%w: descriptors[%d].entries[%d].value is %d bytes, over the limit of %d", ErrBadRequest, i, j, n, MaxEntryValueLen)
+			}
+		}
+	}
+	return nil
 }
 
 // item is one descriptor of a call being decided.
@@ -227,16 +310,39 @@ func (s *Service) Check(ctx context.Context, req *rlspb.RateLimitRequest) (*rlsp
 	if req.GetDomain() == "" {
 		return nil, fmt.Errorf("%w: domain must not be empty", ErrBadRequest)
 	}
-	descs := req.GetDescriptors()
-	if len(descs) == 0 {
+	if len(req.GetDescriptors()) == 0 {
 		return nil, fmt.Errorf("%w: descriptors must not be empty", ErrBadRequest)
 	}
-	cfg := s.cfg.Load()
-	dom := cfg.domains[req.Domain]
-	reqHits := max(int64(1), int64(req.GetHitsAddend()))
+	if err := checkBounds(req); err != nil {
+		return nil, err
+	}
+	items, err := matchRules(s.cfg.Load().domains[req.Domain], req)
+	if err != nil {
+		return nil, err
+	}
+	reqs := storeRequests(req, items)
+	results := make([]weir.Result, len(reqs))
+	fallback := make([]string, len(reqs))
+	if len(reqs) > 0 {
+		if err := s.decide(ctx, reqs, results, fallback); err != nil {
+			err = fmt.Errorf("envoyrls: domain %q: %w", req.Domain, err)
+			// A limit or cost the store refused is the request's fault:
+			// no decision failed.
+			if !badInput(err) {
+				s.observeFailed(ctx, req.Domain, items, err)
+			}
+			return nil, err
+		}
+	}
+	return s.respond(ctx, req, items, results, fallback), nil
+}
 
+// matchRules finds each descriptor's rule in dom (nil for a domain the
+// configuration does not know) and the hits it asks for.
+func matchRules(dom *domainConfig, req *rlspb.RateLimitRequest) ([]item, error) {
+	reqHits := max(int64(1), int64(req.GetHitsAddend()))
+	descs := req.GetDescriptors()
 	items := make([]item, len(descs))
-	var replacing map[string]bool
 	for i, desc := range descs {
 		it := &items[i]
 		it.req = -1
@@ -247,7 +353,7 @@ func (s *Service) Check(ctx context.Context, req *rlspb.RateLimitRequest) (*rlsp
 			continue // unknown domain: OK, as upstream
 		}
 		if ov := desc.GetLimit(); ov != nil {
-			r, err := overrideRule(req.Domain, i, desc)
+			r, err := overrideRule(dom, i, desc)
 			if err != nil {
 				return nil, err
 			}
@@ -258,20 +364,31 @@ func (s *Service) Check(ctx context.Context, req *rlspb.RateLimitRequest) (*rlsp
 		if it.rule == nil {
 			continue
 		}
-		for _, name := range it.rule.replaces {
-			if replacing == nil {
-				replacing = map[string]bool{}
-			}
-			replacing[name] = true
-		}
 		it.hits = reqHits
 		if h := desc.GetHitsAddend(); h != nil {
 			it.hits = int64(min(h.GetValue(), math.MaxInt64))
 		}
 	}
+	return items, nil
+}
 
-	// Rules named in another matched rule's replaces are dropped; unlimited
-	// rules are never dropped but do replace.
+// storeRequests builds the store batch: one request for each matched
+// rule that counts, setting each item's index in the batch. Rules named
+// in another matched rule's replaces are dropped (their item's rule set
+// to nil); unlimited rules are never dropped but do replace.
+func storeRequests(req *rlspb.RateLimitRequest, items []item) []weir.Request {
+	var replacing map[string]bool
+	for i := range items {
+		if r := items[i].rule; r != nil {
+			for _, name := range r.replaces {
+				if replacing == nil {
+					replacing = map[string]bool{}
+				}
+				replacing[name] = true
+			}
+		}
+	}
+	descs := req.GetDescriptors()
 	var reqs []weir.Request
 	for i := range items {
 		it := &items[i]
@@ -293,63 +410,47 @@ func (s *Service) Check(ctx context.Context, req *rlspb.RateLimitRequest) (*rlsp
 			n, it.forced = 0, true
 		}
 		it.req = len(reqs)
-		reqs = append(reqs, weir.Request{Key: stateKey(req.Domain, descs[i].GetEntries(), it.shared), Limit: r.limit, N: n})
+		key := ""
+		if r.override {
+			key = overrideKey(req.Domain, r, descs[i].GetEntries())
+		} else {
+			key = stateKey(req.Domain, descs[i].GetEntries(), it.shared)
+		}
+		reqs = append(reqs, weir.Request{Key: key, Limit: r.limit, N: n})
 	}
+	return reqs
+}
 
-	results := make([]weir.Result, len(reqs))
-	if len(reqs) > 0 {
-		if err := s.decide(ctx, reqs, results); err != nil {
-			err = fmt.Errorf("envoyrls: domain %q: %w", req.Domain, err)
-			if s.observe != nil {
-				for i, it := range items {
-					if it.req >= 0 {
-						s.observe(ctx, Decision{Domain: req.Domain, Descriptor: i, Rule: it.rule.path, Name: it.rule.name, Hits: it.hits, Outcome: Failed, Err: err})
-					}
-				}
-			}
-			return nil, err
+// observeFailed reports each descriptor the store was asked about as
+// Failed with err.
+func (s *Service) observeFailed(ctx context.Context, domain string, items []item, err error) {
+	if s.observe == nil {
+		return
+	}
+	for i, it := range items {
+		if it.req >= 0 {
+			s.observe(ctx, Decision{Domain: domain, Descriptor: i, Rule: it.rule.path, Name: it.rule.name, Hits: it.hits, Outcome: Failed, Err: err})
 		}
 	}
+}
 
+// respond builds the response from the store's results, reporting each
+// descriptor to the Observer. quota_mode descriptors are grouped; the
+// call is over the limit when a plain descriptor is, or when every quota
+// group is.
+func (s *Service) respond(ctx context.Context, req *rlspb.RateLimitRequest, items []item, results []weir.Result, fallback []string) *rlspb.RateLimitResponse {
 	resp := &rlspb.RateLimitResponse{Statuses: make([]*rlspb.RateLimitResponse_DescriptorStatus, len(items))}
 	over := false
 	var quotaGroups map[string]bool // group → over
 	for i := range items {
-		it := &items[i]
-		st := &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK}
+		st, d := s.descriptorStatus(req.Domain, i, &items[i], results, fallback)
 		resp.Statuses[i] = st
-		d := Decision{Domain: req.Domain, Descriptor: i, Hits: it.hits}
-		r := it.rule
-		switch {
-		case r == nil:
-			d.Outcome = NoLimit
-		case r.unlimited:
-			st.LimitRemaining = math.MaxUint32
-			d.Rule, d.Name, d.Outcome = r.path, r.name, Unlimited
-		default:
-			d.Rule, d.Name = r.path, r.name
-			allowed := false
-			if it.req >= 0 {
-				d.Result = results[it.req]
-				allowed = d.Result.Allowed && !it.forced
-			}
-			st.CurrentLimit = r.proto()
-			st.LimitRemaining = uint32(min(max(d.Result.Remaining, 0), math.MaxUint32))
-			st.DurationUntilReset = s.untilReset(r, d.Result)
-			switch {
-			case allowed:
-				d.Outcome = Allowed
-			case r.shadow:
-				d.Outcome = ShadowLimited
-			default:
-				d.Outcome = Limited
-				st.Code = rlspb.RateLimitResponse_OVER_LIMIT
-			}
+		if r := items[i].rule; r != nil && !r.unlimited {
 			if r.quota {
 				if quotaGroups == nil {
 					quotaGroups = map[string]bool{}
 				}
-				g := quotaGroup(descs[i].GetEntries())
+				g := quotaGroup(req.GetDescriptors()[i].GetEntries())
 				quotaGroups[g] = quotaGroups[g] || d.Outcome == Limited
 			} else if d.Outcome == Limited {
 				over = true
@@ -359,8 +460,6 @@ func (s *Service) Check(ctx context.Context, req *rlspb.RateLimitRequest) (*rlsp
 			s.observe(ctx, d)
 		}
 	}
-	// quota_mode descriptors are grouped; the call is over the limit when a
-	// plain descriptor is, or when every quota group is.
 	if len(quotaGroups) > 0 {
 		all := true
 		for _, g := range quotaGroups {
@@ -373,7 +472,43 @@ func (s *Service) Check(ctx context.Context, req *rlspb.RateLimitRequest) (*rlsp
 	} else {
 		resp.OverallCode = rlspb.RateLimitResponse_OK
 	}
-	return resp, nil
+	return resp
+}
+
+// descriptorStatus is the status of the i-th descriptor of a call, and
+// the Decision that reports it.
+func (s *Service) descriptorStatus(domain string, i int, it *item, results []weir.Result, fallback []string) (*rlspb.RateLimitResponse_DescriptorStatus, Decision) {
+	st := &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK}
+	d := Decision{Domain: domain, Descriptor: i, Hits: it.hits}
+	r := it.rule
+	switch {
+	case r == nil:
+		d.Outcome = NoLimit
+		return st, d
+	case r.unlimited:
+		st.LimitRemaining = math.MaxUint32
+		d.Rule, d.Name, d.Outcome = r.path, r.name, Unlimited
+		return st, d
+	}
+	d.Rule, d.Name = r.path, r.name
+	allowed := false
+	if it.req >= 0 {
+		d.Result, d.Fallback = results[it.req], fallback[it.req]
+		allowed = d.Result.Allowed && !it.forced
+	}
+	st.CurrentLimit = r.proto()
+	st.LimitRemaining = uint32(min(max(d.Result.Remaining, 0), math.MaxUint32))
+	st.DurationUntilReset = s.untilReset(r, d.Result)
+	switch {
+	case allowed:
+		d.Outcome = Allowed
+	case r.shadow:
+		d.Outcome = ShadowLimited
+	default:
+		d.Outcome = Limited
+		st.Code = rlspb.RateLimitResponse_OVER_LIMIT
+	}
+	return st, d
 }
 
 // untilReset is duration_until_reset. For a fixed window it is the time
@@ -449,8 +584,12 @@ func (d *domainConfig) match(entries []*rlcommon.RateLimitDescriptor_Entry) (r *
 
 // overrideRule builds the rule of a descriptor that carries its own limit
 // (Envoy's limit override). As upstream, it applies whatever the tree
-// says, counts like a plain fixed window and is never in shadow mode.
-func overrideRule(domain string, i int, desc *rlcommon.RateLimitDescriptor) (*rule, error) {
+// says, counts like a plain fixed window and is never in shadow mode. Its
+// path is the domain's fixed override label, never the request's entries,
+// and its limit passes weir's own validation (weir.Limit.Compile, as the
+// stores use) here, so that a limit no store accepts is a bad request
+// rather than a store failure.
+func overrideRule(dom *domainConfig, i int, desc *rlcommon.RateLimitDescriptor) (*rule, error) {
 	ov := desc.GetLimit()
 	unit := rlspb.RateLimitResponse_RateLimit_Unit(ov.GetUnit())
 	ud := unitDuration(unit)
@@ -458,23 +597,38 @@ func overrideRule(domain string, i int, desc *rlcommon.RateLimitDescriptor) (*ru
 		return nil, fmt.Errorf("%w: descriptors[%d].limit.unit must be a known unit, got %v", ErrBadRequest, i, ov.GetUnit())
 	}
 	mult := max(1, ov.GetUnitMultiplier().GetValue())
-	if time.Duration(mult) > (1<<53-1)*time.Microsecond/ud {
-		return nil, fmt.Errorf("%w: descriptors[%d].limit.unit_multiplier %d makes the period too long", ErrBadRequest, i, mult)
-	}
-	var path strings.Builder
-	path.WriteString(domain)
-	for _, e := range desc.GetEntries() {
-		path.WriteByte('.')
-		path.WriteString(e.GetKey())
+	if time.Duration(mult) > math.MaxInt64/ud {
+		return nil, fmt.Errorf("%w: descriptors[%d].limit: unit_multiplier %d makes the period too long (at most 10 years)", ErrBadRequest, i, mult)
 	}
 	r := &rule{
-		domain: domain, path: path.String(),
+		domain: dom.name, path: dom.overridePath(), override: true,
 		rpu: ov.GetRequestsPerUnit(), unit: unit, mult: mult,
 		limit: weir.Limit{Algorithm: weir.FixedWindow, Rate: int64(ov.GetRequestsPerUnit()), Period: ud * time.Duration(mult)},
 	}
-	r.maxCost = r.limit.Rate
 	r.deny = r.rpu == 0
+	check := r.limit
+	if r.deny {
+		check.Rate = 1 // a denying override never reaches the store, but its period must still be usable
+	}
+	params, err := check.Compile()
+	if err != nil {
+		return nil, fmt.Errorf("%w: descriptors[%d].limit: %w", ErrBadRequest, i, err)
+	}
+	if !r.deny {
+		r.maxCost = params.MaxCost()
+	}
 	return r, nil
+}
+
+// overrideKey is the store key of an override's counter: apart from the
+// configured descriptors' keys, and from overrides of another limit.
+func overrideKey(domain string, r *rule, entries []*rlcommon.RateLimitDescriptor_Entry) string {
+	parts := make([]string, 0, 4+2*len(entries))
+	parts = append(parts, domain, strings.ToLower(r.unit.String()), strconv.FormatUint(uint64(r.mult), 10), strconv.FormatUint(uint64(r.rpu), 10))
+	for _, e := range entries {
+		parts = append(parts, e.GetKey(), e.GetValue())
+	}
+	return weir.Key(keyRuleOverride, parts...)
 }
 
 // stateKey is the store key of a descriptor's counter.

@@ -28,13 +28,13 @@ const DefaultMaxKeys = 1 << 20
 
 // Store is the in-memory store. The zero value is not usable; call New.
 type Store struct {
-	shards   []shard
-	mask     uint64
-	seed     maphash.Seed
-	now      func() time.Time // an injected clock; nil means clock
-	clock    monoClock
-	maxShard int
-	nshards  int
+	shards  []shard
+	mask    uint64
+	seed    maphash.Seed
+	now     func() time.Time // an injected clock; nil means clock
+	clock   monoClock
+	maxKeys int
+	nshards int
 
 	// Compiled limits are shared by every key under the same limit.
 	limitsMu sync.Mutex
@@ -73,7 +73,16 @@ type shard struct {
 	// m is keyed by the plain key, so lookups take Go's fast string-key
 	// path; the rare key used under several algorithms chains its entries.
 	m map[string]*entry
-	_ [40]byte // keep neighbouring shards' mutexes off one cache line
+	// limit is the most keys the shard may hold; the shards' limits add
+	// up to the store's MaxKeys.
+	limit int
+	// The padding makes a shard 64 bytes on 64-bit platforms, so that
+	// consecutive shards' mutexes lie 64 bytes apart and never share a
+	// 64-byte cache line. It does not align a shard to a line (the array
+	// may start 8 bytes in, after the allocator's header), so a shard can
+	// straddle two lines, holding its neighbour's padding; on 32-bit
+	// platforms a shard is 56 bytes and neighbours can share a line.
+	_ [40]byte
 }
 
 type stateKey struct {
@@ -134,32 +143,49 @@ type Option func(*Store)
 // use it to step time exactly.
 func WithClock(now func() time.Time) Option { return func(s *Store) { s.now = now } }
 
-// WithMaxKeys bounds the number of keys held (DefaultMaxKeys by default).
-func WithMaxKeys(n int) Option { return func(s *Store) { s.maxShard = n } }
+// WithMaxKeys bounds the number of keys held (DefaultMaxKeys by default):
+// the store never holds more than n keys, whatever n is (at least 1).
+func WithMaxKeys(n int) Option { return func(s *Store) { s.maxKeys = n } }
 
 // WithShards sets the number of shards, rounded up to a power of two
-// (default 256).
+// (default 256). A store bounded to fewer than 16 keys per shard uses
+// fewer shards, so that each has room for at least 16 (or the whole store
+// is one shard).
 func WithShards(n int) Option { return func(s *Store) { s.nshards = n } }
 
 // New returns an empty Store.
 func New(opts ...Option) *Store {
-	s := &Store{maxShard: DefaultMaxKeys, nshards: 256, seed: maphash.MakeSeed(), limits: map[weir.Limit]*compiled{}}
+	s := &Store{maxKeys: DefaultMaxKeys, nshards: 256, seed: maphash.MakeSeed(), limits: map[weir.Limit]*compiled{}}
 	for _, o := range opts {
 		o(s)
 	}
+	s.maxKeys = max(s.maxKeys, 1)
 	n := 1
 	for n < s.nshards {
 		n <<= 1
 	}
+	// Each shard evicts on its own, so a shard with room for only a key or
+	// two would evict long before the store is full.
+	for n > 1 && s.maxKeys/n < minShardKeys {
+		n >>= 1
+	}
 	s.shards = make([]shard, n)
 	s.mask = uint64(n - 1)
+	// The shards share MaxKeys exactly: the first MaxKeys%n get one more.
 	for i := range s.shards {
 		s.shards[i].m = make(map[string]*entry)
+		s.shards[i].limit = s.maxKeys / n
+		if i < s.maxKeys%n {
+			s.shards[i].limit++
+		}
 	}
-	s.maxShard = max(s.maxShard/n, 1)
 	s.clock.rebase()
 	return s
 }
+
+// minShardKeys is the fewest keys a shard is given room for, unless the
+// whole store has fewer.
+const minShardKeys = 16
 
 // micros returns the current time in µs since the Unix epoch.
 func (s *Store) micros() int64 {
@@ -208,7 +234,12 @@ func (s *Store) shardIndex(key string) int { return int(maphash.String(s.seed, k
 // entryFor returns key's entry, creating (but not inserting) one if absent,
 // with its limit compiled as l. The shard must be locked.
 func (s *Store) entryFor(sh *shard, sk stateKey, l weir.Limit) (e *entry, fresh bool, err error) {
-	e = sh.get(sk)
+	return s.entryOf(sh.get(sk), l)
+}
+
+// entryOf returns e, a key's entry under l's algorithm (nil if absent, in
+// which case it creates one), with its limit compiled as l.
+func (s *Store) entryOf(e *entry, l weir.Limit) (_ *entry, fresh bool, err error) {
 	if e != nil && sameLimit(&e.c.limit, &l) {
 		return e, false, nil
 	}
@@ -227,7 +258,7 @@ func (s *Store) entryFor(sh *shard, sk stateKey, l weir.Limit) (e *entry, fresh 
 // costs a few integer compares.
 func sameLimit(l, m *weir.Limit) bool {
 	return l.Rate == m.Rate && l.Period == m.Period && l.Burst == m.Burst && l.Block == m.Block &&
-		l.MaxDelay == m.MaxDelay && l.DelayAfter == m.DelayAfter && l.Algorithm == m.Algorithm
+		l.MaxDelay == m.MaxDelay && l.DelayAfter == m.DelayAfter && l.Buckets == m.Buckets && l.Algorithm == m.Algorithm
 }
 
 func kindOf(l weir.Limit) (algorithm.Kind, error) {
@@ -244,30 +275,48 @@ func (s *Store) Take(ctx context.Context, key string, l weir.Limit, n int64) (we
 }
 
 func (s *Store) take(key string, l weir.Limit, n int64, mode algorithm.Mode, lease string) (weir.Result, error) {
-	k, err := kindOf(l)
-	if err != nil {
-		return weir.Result{}, err
-	}
-	sk := stateKey{key, k}
 	sh := s.shardOf(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e, fresh, err := s.entryFor(sh, sk, l)
-	if err != nil {
-		return weir.Result{}, err
+	// The common case first: the key holds a state last used with this
+	// very limit (so of its algorithm), found without parsing the
+	// algorithm's name or looking at the compiled-limit cache.
+	head := sh.m[key]
+	e := head
+	for e != nil && !sameLimit(&e.c.limit, &l) {
+		e = e.next
 	}
+	fresh := false
+	var sk stateKey
+	if e == nil {
+		k, err := kindOf(l)
+		if err != nil {
+			return weir.Result{}, err
+		}
+		sk = stateKey{key, k}
+		for e = head; e != nil && e.kind != k; e = e.next {
+		}
+		if e, fresh, err = s.entryOf(e, l); err != nil {
+			return weir.Result{}, err
+		}
+	}
+	maxCost := e.c.params.MaxCost()
 	if mode == algorithm.AtMost {
-		n = min(n, e.c.params.MaxCost()) // a partial grant may ask for more than fits
+		n = min(n, maxCost) // a partial grant may ask for more than fits
 	}
-	if err := weir.CheckCost(key, n, e.c.params.MaxCost()); err != nil {
-		return weir.Result{}, err
+	if n < 0 || n > maxCost {
+		return weir.Result{}, weir.CheckCost(key, n, maxCost)
 	}
 	now := s.micros()
 	d := algorithm.Take(&e.c.params, &e.state, now, n, mode)
 	if d.Granted > 0 && lease != "" {
 		algorithm.SetLeaseID(&e.state, lease)
 	}
-	s.save(sh, sk, e, fresh, now, d.TTL, false)
+	if fresh {
+		s.save(sh, sk, e, fresh, now, d.TTL, false)
+	} else {
+		e.expires = now + d.TTL // what save does for a held entry
+	}
 	return weir.ResultOf(d), nil
 }
 
@@ -282,21 +331,27 @@ func (s *Store) save(sh *shard, sk stateKey, e *entry, fresh bool, now, ttl int6
 		return // an untouched key: nothing worth keeping
 	}
 	if !swept {
-		s.makeRoom(sh, now)
+		s.makeRoom(sh, now, 1, nil)
+	}
+	if sh.m[sk.key] == nil && len(sh.m) >= sh.limit {
+		// A batch with more new keys than its shard holds: the state is
+		// forgotten at once, as if evicted, so the bound always holds.
+		return
 	}
 	sh.put(sk, e)
 }
 
-// makeRoom sweeps a few expired keys and, if the shard is full, evicts one.
-// The shard must be locked.
-func (s *Store) makeRoom(sh *shard, now int64) {
+// makeRoom sweeps a few expired keys and then, while the shard has no
+// room for need more keys, evicts: never a key for which keep (if not nil)
+// is true. The shard must be locked.
+func (s *Store) makeRoom(sh *shard, now int64, need int, keep func(string) bool) {
 	// Like Redis's active expiry: sample a few keys, drop the expired ones,
 	// and sample again while at least half of a sample had expired.
-	const sweep, rounds, sample = 4, 8, 16
+	const sweep, rounds = 4, 8
 	for r := 0; r < rounds; r++ {
 		seen, expired := 0, 0
 		for k, e := range sh.m { // map iteration starts at a random place
-			if chainExpired(e, now) {
+			if chainExpired(e, now) && (keep == nil || !keep(k)) {
 				delete(sh.m, k)
 				expired++
 			}
@@ -308,26 +363,51 @@ func (s *Store) makeRoom(sh *shard, now int64) {
 			break
 		}
 	}
-	if len(sh.m) < s.maxShard {
-		return
+	for len(sh.m)+need > sh.limit {
+		if !s.evict(sh, now, keep) {
+			return
+		}
 	}
+}
+
+// evict drops the expired keys of a sample or, if none had expired, the
+// one whose state expires soonest, and reports whether it dropped any.
+// The shard must be locked.
+func (s *Store) evict(sh *shard, now int64, keep func(string) bool) bool {
+	const sample = 16
 	var victim string
 	soonest := int64(1<<63 - 1)
-	i := 0
+	i, dropped := 0, false
 	for k, e := range sh.m {
-		if chainExpired(e, now) {
+		switch {
+		case keep != nil && keep(k):
+		case chainExpired(e, now):
 			delete(sh.m, k)
-			soonest = -1
-		} else if e.expires < soonest {
+			dropped = true
+		case e.expires < soonest:
 			victim, soonest = k, e.expires
 		}
 		if i++; i >= sample {
 			break
 		}
 	}
-	if soonest >= 0 && len(sh.m) >= s.maxShard {
+	if !dropped && soonest != 1<<63-1 {
 		delete(sh.m, victim)
+		dropped = true
 	}
+	if !dropped && keep != nil {
+		// The sample held only protected keys: look at them all.
+		for k, e := range sh.m {
+			if !keep(k) && e.expires < soonest {
+				victim, soonest = k, e.expires
+			}
+		}
+		if soonest != 1<<63-1 {
+			delete(sh.m, victim)
+			dropped = true
+		}
+	}
+	return dropped
 }
 
 // chainExpired reports whether every algorithm's state under one key has expired.
@@ -357,31 +437,52 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 		results[0] = res
 		return err
 	}
-	type item struct {
-		sk    stateKey
-		sh    *shard
-		e     *entry
-		fresh bool
-		mode  algorithm.Mode
-		n     int64
-	}
 	// Batches are small (one request per matched rule): keep them on the stack.
-	var itemsBuf [8]item
+	var itemsBuf [8]batchItem
 	var idxBuf [8]int
 	items := itemsBuf[:0]
 	if len(reqs) > len(itemsBuf) {
-		items = make([]item, 0, len(reqs))
+		items = make([]batchItem, 0, len(reqs))
 	}
 	items = items[:len(reqs)]
-	idx := idxBuf[:0]
+	idx, err := s.planBatch(reqs, items, idxBuf[:0])
+	if err != nil {
+		return err
+	}
+	s.lockShards(idx)
+	defer s.unlockShards(idx)
+	now := s.micros()
+	s.makeRoomForBatch(reqs, items, idx, now)
+	if err := s.resolveBatch(reqs, items); err != nil {
+		return err
+	}
+	s.decideBatch(reqs, items, results, now)
+	return nil
+}
+
+// batchItem is one request of a TakeAll batch being decided.
+type batchItem struct {
+	sk    stateKey
+	sh    *shard
+	e     *entry
+	fresh bool
+	mode  algorithm.Mode
+	n     int64
+}
+
+// planBatch checks each request's algorithm, refuses a key that appears
+// twice under one algorithm, and fills each item's state key, shard and
+// mode. It returns the batch's shard indexes, sorted and distinct, appended
+// to idx.
+func (s *Store) planBatch(reqs []weir.Request, items []batchItem, idx []int) ([]int, error) {
 	for i, r := range reqs {
 		k, err := kindOf(r.Limit)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		for j := 0; j < i; j++ {
 			if reqs[j].Key == r.Key && items[j].sk.kind == k {
-				return fmt.Errorf("memstore: key %q appears twice in one batch", r.Key)
+				return nil, fmt.Errorf("memstore: key %q appears twice in one batch", r.Key)
 			}
 		}
 		items[i].sk = stateKey{r.Key, k}
@@ -393,24 +494,62 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 		idx = append(idx, si)
 	}
 	slices.Sort(idx)
-	idx = slices.Compact(idx)
+	return slices.Compact(idx), nil
+}
+
+// lockShards locks the shards idx names, in its (ascending) order.
+func (s *Store) lockShards(idx []int) {
 	for _, si := range idx {
 		s.shards[si].mu.Lock()
 	}
-	defer func() {
-		for _, si := range idx {
-			s.shards[si].mu.Unlock()
+}
+
+// unlockShards unlocks the shards lockShards locked.
+func (s *Store) unlockShards(idx []int) {
+	for _, si := range idx {
+		s.shards[si].mu.Unlock()
+	}
+}
+
+// makeRoomForBatch sweeps before any entry of the batch is resolved: a
+// sweep run while saving one member could otherwise drop another member's
+// (expired) entry after it was looked up, losing that member's new state.
+// Each shard needs room for the batch's keys it does not hold yet, and no
+// sweep or eviction may drop a key of the batch, which would make it new
+// after its room was counted.
+func (s *Store) makeRoomForBatch(reqs []weir.Request, items []batchItem, idx []int, now int64) {
+	inBatch := func(k string) bool {
+		for i := range reqs {
+			if reqs[i].Key == k {
+				return true
+			}
 		}
-	}()
-	now := s.micros()
-	// Sweep before any entry of the batch is resolved: a sweep run while
-	// saving one member could otherwise drop another member's (expired)
-	// entry after it was looked up, losing that member's new state.
-	for i := range items {
-		if items[i].sh.get(items[i].sk) == nil {
-			s.makeRoom(items[i].sh, now)
+		return false
+	}
+	for _, si := range idx {
+		sh := &s.shards[si]
+		need := 0
+		for i := range items {
+			if items[i].sh != sh || sh.m[items[i].sk.key] != nil {
+				continue
+			}
+			first := true // a key new under two algorithms is one key
+			for j := 0; j < i; j++ {
+				first = first && reqs[j].Key != reqs[i].Key
+			}
+			if first {
+				need++
+			}
+		}
+		if need > 0 {
+			s.makeRoom(sh, now, need, inBatch)
 		}
 	}
+}
+
+// resolveBatch finds or creates each item's entry and fixes the cost it
+// asks for, refusing a cost its limit can never admit.
+func (s *Store) resolveBatch(reqs []weir.Request, items []batchItem) error {
 	for i, r := range reqs {
 		e, fresh, err := s.entryFor(items[i].sh, items[i].sk, r.Limit)
 		if err != nil {
@@ -425,6 +564,13 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 		}
 		items[i].e, items[i].fresh = e, fresh
 	}
+	return nil
+}
+
+// decideBatch decides the batch all or nothing: when every item would be
+// admitted, each one takes its cost; otherwise none does, and only the
+// items that sank the batch record their rejection.
+func (s *Store) decideBatch(reqs []weir.Request, items []batchItem, results []weir.Result, now int64) {
 	all := true
 	for i := range reqs {
 		d := algorithm.Check(&items[i].e.c.params, &items[i].e.state, now, items[i].n, items[i].mode)
@@ -453,7 +599,6 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 		}
 		s.save(it.sh, it.sk, it.e, it.fresh, now, d.TTL, true)
 	}
-	return nil
 }
 
 // Release implements weir.MultiStore.

@@ -3,6 +3,7 @@ package memstore_test
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
@@ -120,5 +121,103 @@ func TestDefaultClockIsWallTime(t *testing.T) {
 	lo, hi := before.Add(time.Hour-time.Second), after.Add(time.Hour+time.Second)
 	if r.BlockedUntil.Before(lo) || r.BlockedUntil.After(hi) {
 		t.Fatalf("blocked until %v, want about %v", r.BlockedUntil, before.Add(time.Hour))
+	}
+}
+
+// TestMaxKeysExact checks that a small MaxKeys is honoured exactly: a store
+// bounded at 10 keys never holds more than 10, through single takes and
+// batches, and does hold 10 live keys when asked to.
+func TestMaxKeysExact(t *testing.T) {
+	for _, bound := range []int{1, 3, 10, 100, 300} {
+		clock := storetest.NewClock(storetest.Epoch)
+		s := memstore.New(memstore.WithClock(clock.Now), memstore.WithMaxKeys(bound))
+		l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 10, Period: time.Hour}
+		ctx := context.Background()
+		for i := range 5 * bound {
+			if _, err := s.Take(ctx, fmt.Sprint("k", i), l, 1); err != nil {
+				t.Fatal(err)
+			}
+			if got := s.Len(); got > bound {
+				t.Fatalf("max_keys %d: holds %d keys after %d takes", bound, got, i+1)
+			}
+		}
+		if got := s.Len(); got != bound {
+			t.Fatalf("max_keys %d: holds %d live keys, want %d", bound, got, bound)
+		}
+		reqs := make([]weir.Request, 3)
+		res := make([]weir.Result, 3)
+		for i := range 5 * bound {
+			for j := range reqs {
+				reqs[j] = weir.Request{Key: fmt.Sprint("b", i, "-", j), Limit: l, N: 1}
+			}
+			if err := s.TakeAll(ctx, reqs, res); err != nil {
+				t.Fatal(err)
+			}
+			if got := s.Len(); got > bound {
+				t.Fatalf("max_keys %d: holds %d keys after batch %d", bound, got, i)
+			}
+		}
+	}
+}
+
+// TestSlidingLogMemory checks that a sliding log's memory follows the
+// calls, not their cost: 20 calls of cost 50000 under 1000000/h once
+// kept a million timestamps (8 MB; 153 MB for 20 keys' worth).
+func TestSlidingLogMemory(t *testing.T) {
+	clock := storetest.NewClock(storetest.Epoch)
+	s := memstore.New(memstore.WithClock(clock.Now), memstore.WithShards(1))
+	l := weir.Limit{Algorithm: weir.SlidingLog, Rate: 1_000_000, Period: time.Hour}
+	ctx := context.Background()
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for i := range 20 {
+		clock.Advance(time.Microsecond)
+		r, err := s.Take(ctx, "k", l, 50_000)
+		if err != nil || !r.Allowed {
+			t.Fatalf("call %d: %+v %v", i, r, err)
+		}
+	}
+	runtime.ReadMemStats(&after)
+	if grew := after.TotalAlloc - before.TotalAlloc; grew > 64<<10 {
+		t.Fatalf("20 calls of cost 50000 allocated %d bytes; want at most 64 KiB", grew)
+	}
+	r, err := s.Take(ctx, "k", l, 1)
+	if err != nil || r.Allowed || r.RetryAfter != time.Hour-19*time.Microsecond {
+		t.Fatalf("the next event: %+v %v; want a rejection until the first call leaves", r, err)
+	}
+}
+
+// TestOneKeyUnderSeveralLimits checks the lookup of a held key: each
+// algorithm under one key keeps its own state whichever entry of the key's
+// chain is found first, a changed limit keeps the state of its algorithm,
+// and the default algorithm ("") is the same state as gcra.
+func TestOneKeyUnderSeveralLimits(t *testing.T) {
+	clock := storetest.NewClock(storetest.Epoch)
+	s := memstore.New(memstore.WithClock(clock.Now), memstore.WithShards(1))
+	ctx := context.Background()
+	fw := weir.Limit{Algorithm: weir.FixedWindow, Rate: 10, Period: time.Minute}
+	tb := weir.Limit{Algorithm: weir.TokenBucket, Rate: 10, Period: time.Minute}
+	gc := weir.Limit{Algorithm: weir.GCRA, Rate: 10, Period: time.Minute}
+	def := weir.Limit{Rate: 10, Period: time.Minute}
+	take := func(l weir.Limit, n, wantRemaining int64) {
+		t.Helper()
+		r, err := s.Take(ctx, "k", l, n)
+		if err != nil || !r.Allowed || r.Remaining != wantRemaining {
+			t.Fatalf("%s take %d: %+v %v, want allowed with %d remaining", l.Algorithm, n, r, err, wantRemaining)
+		}
+	}
+	take(fw, 3, 7)
+	take(tb, 2, 8)
+	take(gc, 1, 9)
+	take(fw, 1, 6) // the fixed window's entry is now last in the chain
+	take(tb, 1, 7)
+	take(def, 1, 8) // "" is gcra: the same state
+	take(gc, 1, 7)
+	fw.Rate = 20 // a reload raises the fixed window's rate: its count stays
+	take(fw, 1, 15)
+	take(tb, 1, 6)
+	if n := s.Len(); n != 1 {
+		t.Fatalf("Len = %d, want 1 key", n)
 	}
 }

@@ -10,10 +10,11 @@ import (
 
 	"github.com/redis/rueidis"
 
+	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/algorithm"
 )
 
-// The coalescer; the package documentation ("Coalescing") describes it.
+// The coalescer; docs/internals.md ("Coalescing") describes it.
 
 // DefaultMaxInFlight is Config.MaxInFlight when zero.
 const DefaultMaxInFlight = 2
@@ -106,7 +107,7 @@ func (q *coalescer) do(ctx context.Context, c *call) error {
 	}
 	q.mu.Unlock()
 	if queued {
-		return fmt.Errorf("not sent: %w while waiting for a free call to Redis", ctx.Err())
+		return notSent{fmt.Errorf("not sent: %w while waiting for a free call to Redis", ctx.Err())}
 	}
 	select {
 	case <-c.done: // the outcome is here after all
@@ -115,6 +116,15 @@ func (q *coalescer) do(ctx context.Context, c *call) error {
 		return fmt.Errorf("%w after the decision was sent (it may have been made)", ctx.Err())
 	}
 }
+
+// notSent is the error of a decision failed while still queued: it was
+// never sent to Redis. It reads as its cause and matches both that cause
+// (context.Canceled or DeadlineExceeded) and weir.ErrNotSent, which tells
+// circuit breakers and store-error metrics not to count it.
+type notSent struct{ err error }
+
+func (e notSent) Error() string   { return e.err.Error() }
+func (e notSent) Unwrap() []error { return []error{e.err, weir.ErrNotSent} }
 
 // remove takes c out of the queue; q.mu is held.
 func (q *coalescer) remove(c *call) {
@@ -143,9 +153,9 @@ func (q *coalescer) next() ([]*call, time.Time) {
 		for _, c := range q.queue[:n] {
 			var err error
 			if err = c.ctx.Err(); err != nil {
-				err = fmt.Errorf("not sent: %w while waiting for a free call to Redis", err)
+				err = notSent{fmt.Errorf("not sent: %w while waiting for a free call to Redis", err)}
 			} else if !now.Before(c.deadline) {
-				err = fmt.Errorf("not sent: %w: the store's timeout of %v passed while the call waited for a free call to Redis", context.DeadlineExceeded, q.s.timeout)
+				err = notSent{fmt.Errorf("not sent: %w: the store's timeout of %v passed while the call waited for a free call to Redis", context.DeadlineExceeded, q.s.timeout)}
 			}
 			if err != nil {
 				c.state = callAbandoned

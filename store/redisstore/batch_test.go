@@ -151,7 +151,8 @@ func TestCoalesceFailureIsolated(t *testing.T) {
 // PAUSE), callers queued behind it leave when their context ends, and a
 // decision that left the queue is never sent: after the pause only the call
 // that was out has counted. Callers without a deadline of their own end by
-// the store's timeout.
+// the store's timeout. A decision never sent wraps weir.ErrNotSent; one sent
+// does not.
 func TestCoalesceDeadlines(t *testing.T) {
 	srv := redistest.Standalone(t)
 	const timeout = time.Second
@@ -192,7 +193,12 @@ func TestCoalesceDeadlines(t *testing.T) {
 			case err == nil || !errors.Is(err, weir.ErrStore) || !errors.Is(err, context.DeadlineExceeded):
 				wrong.Add(1)
 				firstWrong.CompareAndSwap(nil, fmt.Sprint(err))
-			case strings.Contains(err.Error(), "not sent"):
+			case strings.Contains(err.Error(), "not sent") != errors.Is(err, weir.ErrNotSent):
+				// Never sent must be weir.ErrNotSent, which breakers and
+				// store-error metrics do not count; sent must not be.
+				wrong.Add(1)
+				firstWrong.CompareAndSwap(nil, fmt.Sprintf("%v (ErrNotSent: %v)", err, errors.Is(err, weir.ErrNotSent)))
+			case errors.Is(err, weir.ErrNotSent):
 				notSent.Add(1)
 			case i < 20:
 				wrong.Add(1) // a 50ms caller cannot have been sent behind a 1s call
@@ -251,9 +257,15 @@ func TestBatchOnReplica(t *testing.T) {
 			t.Fatalf("take %d on a replica: %v; want the deadline", i, err)
 		}
 		if strings.Contains(err.Error(), "READONLY") {
+			if errors.Is(err, weir.ErrNotSent) {
+				t.Fatalf("take %d on a replica: %v; sent, yet weir.ErrNotSent", i, err)
+			}
 			readonly++
-		} else if !strings.Contains(err.Error(), "not sent") {
-			t.Fatalf("take %d on a replica: %v; want READONLY replies or not sent", i, err)
+		} else if strings.Contains(err.Error(), "not sent") != errors.Is(err, weir.ErrNotSent) {
+			// Not sent, or (on a machine too loaded for Redis to answer
+			// within the deadline) in flight when it came: either way
+			// the error must say which.
+			t.Fatalf("take %d on a replica: %v; a \"not sent\" error must be weir.ErrNotSent and no other", i, err)
 		}
 	}
 	if readonly == 0 || s.notRunRetries.Load() == 0 {

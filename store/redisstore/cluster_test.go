@@ -20,11 +20,12 @@ import (
 func TestCluster(t *testing.T) {
 	c := redistest.Cluster(t)
 	t.Run("Conformance", func(t *testing.T) { storetest.Run(t, harness(c.Addrs)) })
-	t.Run("SameAsMemstore", func(t *testing.T) { sameAsMemstore(t, c.Addrs, 600) })
+	t.Run("SameAsMemstore", func(t *testing.T) { sameAsMemstore(t, c.Addrs, sameSteps(t, 600)) })
 	t.Run("KeySlots", func(t *testing.T) { clusterKeySlots(t, c) })
 	t.Run("Spread", func(t *testing.T) { clusterSpread(t, c) })
 	t.Run("SameSlotBatch", func(t *testing.T) { clusterSameSlotBatch(t, c) })
 	t.Run("CrossSlotRefund", func(t *testing.T) { clusterCrossSlotRefund(t, c) })
+	t.Run("RefundThenLoweredLimit", func(t *testing.T) { clusterRefundThenLoweredLimit(t, c) })
 	t.Run("Library", func(t *testing.T) { clusterLibrary(t, c) })
 	t.Run("Migration", func(t *testing.T) { clusterMigration(t, c) })
 }
@@ -215,6 +216,80 @@ func clusterCrossSlotRefund(t *testing.T, c *redistest.ClusterGroup) {
 		for i, want := range []int64{6, 4, 0} {
 			if r, err := s.Take(ctx, reqs[i].Key, reqs[i].Limit, 0); err != nil || r.Remaining != want {
 				t.Fatalf("%s: %s after refunds: %+v %v, want %d remaining", a, reqs[i].Key, r, err, want)
+			}
+		}
+	}
+}
+
+// clusterRefundThenLoweredLimit: the refund of a cross-slot batch leaves a
+// key as if the batch had never run, even for a limit lowered afterwards.
+// Two keys take alike; one then joins a batch that another slot sinks, so
+// its take is refunded (and its state rewritten); from then on, under the
+// limit and under a lowered one, both keys must answer alike. The leaky
+// bucket once capped its level at a lowered burst before draining it, so
+// the rewritten state, which drains from a later instant, kept more.
+func clusterRefundThenLoweredLimit(t *testing.T, c *redistest.ClusterGroup) {
+	clock := storetest.NewClock(storetest.Epoch)
+	s := newTestStore(t, Config{Addrs: c.Addrs, Clock: clock.Now, Prefix: fmt.Sprintf("relow%d", prefixSeq.Add(1))})
+	ctx := context.Background()
+	limits := []weir.Limit{
+		{Rate: 4, Period: 10 * time.Second},
+		{Rate: 3, Period: 10 * time.Second, Burst: 4},
+		{Rate: 3, Period: 10 * time.Second, Burst: 8, MaxDelay: 7 * time.Second},
+	}
+	for _, a := range weir.Algorithms() {
+		for li, l := range limits {
+			l.Algorithm = a
+			if l.Validate() != nil {
+				continue
+			}
+			lo, ok := lowered(l)
+			if !ok {
+				t.Fatalf("%v: no lowered limit", l)
+			}
+			name := fmt.Sprintf("%s-%d", a, li)
+			key, twin, sink := "x-"+name, "twin-"+name, "sink-"+name
+			if slot(tagOf(key)) == slot(tagOf(sink)) {
+				t.Fatalf("%s: %q and %q share a slot", name, key, sink)
+			}
+			narrow := weir.Limit{Algorithm: a, Rate: 1, Period: 10 * time.Second}
+			clock.Set(storetest.Epoch)
+			for _, k := range []string{key, twin} {
+				if r, err := s.Take(ctx, k, l, 3); err != nil || !r.Allowed {
+					t.Fatalf("%s: 3 on %s: %+v %v", name, k, r, err)
+				}
+			}
+			if r, err := s.Take(ctx, sink, narrow, 1); err != nil || !r.Allowed {
+				t.Fatalf("%s: the sink's one: %+v %v", name, r, err)
+			}
+			clock.Advance(3741 * time.Millisecond)
+			reqs := []weir.Request{{Key: key, Limit: l, N: 1}, {Key: sink, Limit: narrow, N: 1}}
+			res := make([]weir.Result, 2)
+			if err := s.TakeAll(ctx, reqs, res); err != nil {
+				t.Fatal(err)
+			}
+			if !res[0].Allowed || res[0].Granted != 0 || res[1].Allowed {
+				t.Fatalf("%s: the sunk batch: %+v, want the first admissible with nothing granted, the sink rejected", name, res)
+			}
+			// Peeks, under the limit and the lowered one, then takes.
+			for _, step := range []struct {
+				d time.Duration
+				l weir.Limit
+				n int64
+			}{{0, l, 0}, {0, lo, 0}, {1259 * time.Millisecond, lo, 0}, {0, lo, 1}, {1666667 * time.Microsecond, lo, 1}, {2 * time.Second, lo, 2}, {time.Second, l, 2}} {
+				clock.Advance(step.d)
+				var got [2]weir.Result
+				for i, k := range []string{key, twin} {
+					r, err := s.Take(ctx, k, step.l, step.n)
+					if err != nil {
+						t.Fatal(err)
+					}
+					got[i] = r
+				}
+				if got[0] != got[1] {
+					t.Fatalf("%s at +%v, %d under %+v:\n after the refund %+v\n never batched    %+v",
+						name, clock.Now().Sub(storetest.Epoch), step.n, step.l, got[0], got[1])
+				}
 			}
 		}
 	}

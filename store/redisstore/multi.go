@@ -33,11 +33,14 @@ type group struct {
 
 // TakeAll implements weir.MultiStore: all the requests are admitted and
 // consume, or none consumes; a rejected request's penalty box still starts.
-// Keys in one batch must be distinct (per algorithm). See the package
-// documentation for batches whose keys span cluster slots.
+// Keys in one batch must be distinct (per algorithm). docs/internals.md
+// ("Batches: TakeAll") describes batches whose keys span cluster slots.
 func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
 	if len(results) < len(reqs) {
 		return fmt.Errorf("redisstore: %d results for %d requests", len(results), len(reqs))
+	}
+	if len(reqs) > 1 && !s.conn.connected.Load() {
+		return fmt.Errorf("%w: batch of %d: %w", weir.ErrStore, len(reqs), s.notConnectedError())
 	}
 	switch len(reqs) {
 	case 0:
@@ -51,26 +54,9 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 		results[0] = weir.ResultOf(d)
 		return nil
 	}
-	items := make([]item, len(reqs))
-	for i := range reqs {
-		r := &reqs[i]
-		c, err := s.compile(r.Limit)
-		if err != nil {
-			return err
-		}
-		n := r.N
-		if r.AtMost {
-			n = min(n, c.maxCost) // a partial grant may ask for more than fits
-		}
-		if err := weir.CheckCost(r.Key, n, c.maxCost); err != nil {
-			return err
-		}
-		for j := 0; j < i; j++ {
-			if reqs[j].Key == r.Key && items[j].c.p.Kind == c.p.Kind {
-				return fmt.Errorf("redisstore: key %s appears twice under %s in one batch", quoteKey(r.Key), c.algo)
-			}
-		}
-		items[i] = item{req: r, c: c, k: s.names(r.Key, c.algo), id: s.memberID(c, n, r.Lease), mode: modeOf(r), n: n}
+	items, err := s.batchItems(reqs)
+	if err != nil {
+		return err
 	}
 	groups := s.groupBySlot(items)
 	if len(groups) == 1 {
@@ -82,9 +68,40 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 		fill(results, g.idx, g.vals)
 		return nil
 	}
+	return s.takeAcrossSlots(ctx, items, groups, results)
+}
 
-	// Keys in several cluster slots: one all-or-nothing script per slot,
-	// all at once, then refunds if any slot did not admit.
+// batchItems compiles the requests of a batch, checks their costs and that
+// no key appears twice under one algorithm.
+func (s *Store) batchItems(reqs []weir.Request) ([]item, error) {
+	items := make([]item, len(reqs))
+	for i := range reqs {
+		r := &reqs[i]
+		c, err := s.compile(r.Limit)
+		if err != nil {
+			return nil, err
+		}
+		n := r.N
+		if r.AtMost {
+			n = min(n, c.maxCost) // a partial grant may ask for more than fits
+		}
+		if err := weir.CheckCost(r.Key, n, c.maxCost); err != nil {
+			return nil, err
+		}
+		for j := 0; j < i; j++ {
+			if reqs[j].Key == r.Key && items[j].c.p.Kind == c.p.Kind {
+				return nil, fmt.Errorf("redisstore: %s appears twice under %s in one batch", keyRef(r.Key), c.algo)
+			}
+		}
+		items[i] = item{req: r, c: c, k: s.names(r.Key, c.algo), id: s.memberID(c, n, r.Lease), mode: modeOf(r), n: n}
+	}
+	return items, nil
+}
+
+// takeAcrossSlots runs a batch whose keys lie in several cluster slots: one
+// all-or-nothing script per slot, all at once, then refunds if any slot did
+// not admit.
+func (s *Store) takeAcrossSlots(ctx context.Context, items []item, groups []group, results []weir.Result) error {
 	s.runGroups(ctx, items, groups, "take")
 	var firstErr error
 	allAdmitted := true
@@ -233,7 +250,7 @@ func batchError(what string, items []item, idx []int, err error) error {
 		if n > 0 {
 			b.WriteString(", ")
 		}
-		b.WriteString(quoteKey(items[i].req.Key))
+		b.WriteString(keyRef(items[i].req.Key))
 	}
-	return fmt.Errorf("%w: batch %s on keys %s: %w", weir.ErrStore, what, b.String(), err)
+	return fmt.Errorf("%w: batch %s on %s: %w", weir.ErrStore, what, b.String(), err)
 }

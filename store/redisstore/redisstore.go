@@ -2,151 +2,39 @@
 // limit through Redis 7 or Valkey, standalone, under Sentinel, or as a Redis
 // Cluster.
 //
-// # Model
+// Every decision is one Lua call that runs atomically inside Redis: it reads
+// the clock with Redis TIME, runs the same integer math as package
+// algorithm, writes the key's new state with a TTL, and returns the whole
+// Result in one reply. The clock is Redis's, so application servers whose
+// clocks disagree still decide alike. On Redis 7 and Valkey the Lua is one
+// Redis Functions library named by the hash of its code, loaded by New and
+// called with FCALL; elsewhere the same code runs by EVALSHA. Under load,
+// decisions that find Config.MaxInFlight calls out wait and leave together
+// in one call, each still exactly the decision it would get alone. Refusals
+// that ran nothing (TRYAGAIN, READONLY...) are retried until the deadline; a
+// timeout is never replayed, since the script may have run.
 //
-// Every decision is one Lua script that runs atomically inside Redis. It
-// reads the clock with Redis TIME, loads the key's state and penalty box,
-// runs the same integer math as package algorithm (the memory store's
-// reference implementation; the Lua mirrors it line for line and the
-// storetest suite checks that both agree to the microsecond), writes the
-// new state with a TTL, and returns everything the Result needs in one
-// reply. Because the clock is Redis's, application servers whose clocks
-// disagree still make identical decisions: the Go side never reads its own
-// clock to decide anything.
-//
-// The Lua lives in scripts/: a shared prelude, one file per algorithm, and
-// four drivers (take, the batch of independent takes that coalescing sends,
-// the multi-key take and refund of TakeAll, and lease release). On Redis 7 and Valkey they form one Redis Functions library,
-// "weir_<hash of the code>", which New loads on every primary with
-// FUNCTION LOAD and every decision calls with FCALL. Loading builds the
-// prelude's functions once, which makes a decision about 15% cheaper for
-// Redis than the same code sent as a script (docs/benchmarks.md). When a call finds the library
-// missing (a Redis restarted without persistence, FUNCTION FLUSH, a new
-// cluster node), nothing ran: the store loads it again, once however many
-// calls noticed, and repeats the call. Where FUNCTION LOAD is unknown
-// (Redis 6) or forbidden by the ACL, the store runs the same code as one
-// EVALSHA script per algorithm; on NOSCRIPT the call is repeated once with
-// EVAL, which also reloads the script. Scripting reports which form is in
-// use. Because the library's name carries its code's hash, weir versions
-// with different scripts can share a Redis during a rolling upgrade; an old
-// version's library stays until FUNCTION DELETE removes it.
-//
-// TRYAGAIN, CLUSTERDOWN, LOADING, READONLY
-// and MASTERDOWN replies, which Redis sends without running anything of the
-// script (slot migrations, failovers), are retried with a short backoff
-// until the call's deadline. Any other failure, in particular a timeout or
-// a broken connection, is returned as an error wrapping weir.ErrStore and
-// never replayed: the script may or may not have run, and replaying it
-// could consume twice.
-//
-// While a penalty box holds a key, a decision only reads the box and the
-// state (to report the later of the box's end and the algorithm's own
-// RetryAfter, exactly as package algorithm does); it writes nothing, beyond
-// dropping expired sliding-log entries and leases. A limit without Block
-// ignores any box on its key, as package algorithm does, and never reads it.
-//
-// # Coalescing
-//
-// On a standalone or Sentinel deployment the store keeps at most
-// Config.MaxInFlight decision calls (2 by default) out to Redis at a time.
-// A Take (or a TakeAll of one request) that finds one free sends its
-// decision at once, alone. One that finds them all busy joins a queue, and
-// when a call returns, everything queued then, up to Config.MaxBatch (64),
-// leaves together in one call of the batch function. Under light load
-// nothing waits and every decision goes alone; under load batches form by
-// themselves, and Redis does much less work per decision: one command to
-// read and answer, one clock reading and one copy of each limit's
-// constants per batch, instead of one per decision (docs/benchmarks.md
-// has the figures). The calls out never exceed MaxInFlight per Store, so a
-// fleet of weir instances cannot flood Redis with calls either.
-//
-// A batch is an atomic sequence of ordinary decisions: each is exactly the
-// decision it would get alone, made in queue order, and decisions on one key
-// see each other as consecutive calls do. Batching never changes a count.
-// One decision's failure (a key of the wrong type, say) fails that decision
-// only. A refusal that runs nothing (TRYAGAIN, LOADING, a missing library)
-// is retried for the whole batch, as for a single call; so is READONLY,
-// which a batch script running on a replica answers for the whole batch
-// (no decision there could write).
-//
-// Deadlines need no timer per call. A queued decision carries its own
-// deadline (the store's timeout from when it was made, or the caller's
-// deadline if sooner). The calls ahead of it were all sent before it came,
-// so they end before it must; a batch is sent with the earliest deadline of
-// its members; and a decision whose deadline passed while it waited is
-// failed without being sent. A caller whose context ends while it waits
-// leaves the queue, and its decision is never sent. One whose context ends
-// after its batch was sent gets the context's error, and as with any
-// timeout its decision may or may not have been made.
-//
-// A Redis Cluster gets no coalescing: one call cannot span two slots, and
-// keys are spread over all of them, so every decision is a call of its
-// own, as with MaxBatch 1.
-//
-// # Keys
-//
-// The state of key under an algorithm lives in "<prefix>:{<key>}:<algorithm>"
-// and its penalty box in "<prefix>:{<key>}:block". The braces make the key a
-// Redis Cluster hash tag, so both live in one slot and one script can touch
-// them. The key is escaped so that it can never contain a brace (\ → \\,
-// { → \[, } → \], a leading ~ → \~, the empty key → \e) and
-// an escaped key over 200 bytes is replaced by "~" and its SHA-256, so no
-// two keys ever share Redis keys. The penalty box is shared by all the
-// algorithms of one key (memstore keeps one per key and algorithm; a key
-// normally has one algorithm, so the difference only shows when one key is
-// limited under two algorithms with Block set).
-//
-// State per algorithm: fixed_window a string "<window>:<count>";
-// sliding_log a ZSET of one member per admitted event scored by its µs
-// timestamp; sliding_window a hash {w, cur, prev}; token_bucket a hash
-// {tokens, ts}; leaky_bucket a hash {level, ts}; gcra a string
-// "<tat_us>:<frac>"; concurrency a ZSET of lease slots scored by expiry µs
-// (a lease of weight n is n members). Every key written carries a PEXPIRE
-// equal to the Decision's ResetAfter (rounded up to the millisecond), the
-// penalty box one equal to Block, so nothing outlives the time it can
-// matter and an idle key costs nothing. The two ZSET algorithms cost one
-// member per event (sliding_log) or per slot (concurrency), in time and
-// memory, like the memory store's log: a single take of cost n writes n
-// members. Lease ids must be unique per key; weir.NewLeaseID's are.
-//
-// # Batches
-//
-// TakeAll is all or nothing. When every key of the batch hashes to one slot
-// (always, on a standalone or Sentinel deployment), one script checks every
-// request without writing, then takes them all or, if one is rejected,
-// consumes nothing and starts only the rejected requests' penalty boxes: the
-// exact semantics of memstore.TakeAll, atomically. On a cluster a batch that
-// spans slots cannot be one script. TakeAll then runs the all-or-nothing
-// script once per slot, all slots at once; if any slot rejects (or fails),
-// the slots that admitted are refunded: a refund script gives back exactly
-// what each request was granted and reports what a check would say now.
-// This is not atomic. Between a slot's take and its refund (one round trip,
-// plus the time the slowest slot takes to answer) other clients see that
-// slot's capacity as consumed and may be rejected by it; the batch itself
-// never over-admits. If a refund cannot be delivered (Redis unreachable, or
-// this process dies in that window) the capacity stays consumed until the
-// state expires, and TakeAll returns an error. When a slot's call fails with
-// a network error or timeout, that slot may or may not have consumed; the
-// others are refunded and the error is returned.
-//
-// # Failures
-//
-// Every call runs under Config.Timeout (or the caller's earlier deadline);
-// Timeout reports it, so that a caller (policy.Guard) need not add its own.
-// When Redis is unreachable the store returns an error wrapping
-// weir.ErrStore once the deadline passes and reconnects by itself when Redis
-// returns; there is nothing to restart.
+// New connects as a Config says (ParseURL builds one from a redis:// URL);
+// NewWithClient runs on a rueidis client of the caller's, which it never
+// closes. The Store implements weir.Store and weir.MultiStore; Client
+// lends its Redis client for other commands. docs/internals.md explains the scripts,
+// coalescing, the key layout, cluster batches, retries and reconnection;
+// docs/operations.md covers running Redis for weir.
 package redisstore
 
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -198,7 +86,7 @@ type Config struct {
 	// Decisions that come while all are out wait, and leave together in
 	// one call when one returns, up to MaxBatch of them: under load Redis
 	// then does much less work per decision, while under light load
-	// nothing waits. See "Coalescing" in the package documentation.
+	// nothing waits. See "Coalescing" in docs/internals.md.
 	MaxInFlight int
 	// MaxBatch is the most decisions one call carries (DefaultMaxBatch if
 	// zero; at most 1000). 1 turns coalescing off: every decision is a
@@ -213,19 +101,35 @@ type Config struct {
 	// their own clocks.
 	Clock func() time.Time
 
+	// Lazy makes New return a store even when no server answers: the store
+	// then connects in the background, retrying with a backoff of up to 5
+	// s, and until it has, every call fails at once with an error wrapping
+	// weir.ErrStore (Connected reports it). Setting up (the topology, the
+	// Functions library) happens on the first connection. Without Lazy,
+	// New fails when it cannot connect.
+	Lazy bool
+	// Logger, if set, receives the store's rare events: connected in the
+	// background, reconnecting after READONLY.
+	Logger *slog.Logger
+
 	// evalOnly, for tests only, makes the store run EVAL scripts, as it does
 	// on a Redis without Functions.
 	evalOnly bool
+	// dial, for tests only, replaces the dialer (to play a DNS name that
+	// moves to another server); client counts the clients the store made.
+	dial func(ctx context.Context, addr string, client int64) (net.Conn, error)
 }
 
 // Store is the Redis store. It implements weir.Store and weir.MultiStore
 // and is safe for concurrent use. Build it with New and Close it when done.
 type Store struct {
-	client  rueidis.Client
-	cluster bool
-	timeout time.Duration
-	prefix  string
-	clock   func() time.Time
+	client     *swapClient
+	conn       conn
+	cluster    bool // set before conn.connected, read after it
+	standalone bool // one address, not Sentinel nor a cluster: READONLY means a demoted primary
+	timeout    time.Duration
+	prefix     string
+	clock      func() time.Time
 
 	uidBase string        // random per store: member ids are uidBase + counter
 	uidSeq  atomic.Uint64 // counter of member ids
@@ -268,7 +172,8 @@ const maxBatchLimit = 1000
 const maxCachedLimits = 4096
 
 // New connects to Redis as cfg says and returns a Store. It fails if no
-// server can be reached before ctx is done.
+// server can be reached before ctx is done. The store owns its client:
+// Close closes it. NewWithClient builds a store on a client of yours.
 func New(ctx context.Context, cfg Config) (*Store, error) {
 	if len(cfg.Addrs) == 0 {
 		return nil, errors.New("redisstore: no address given")
@@ -278,18 +183,6 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 			return nil, fmt.Errorf("redisstore: address %q: want host:port", a)
 		}
 	}
-	if strings.ContainsAny(cfg.Prefix, "{}") {
-		return nil, fmt.Errorf("redisstore: prefix %q must not contain a brace", cfg.Prefix)
-	}
-	if cfg.Timeout < 0 {
-		return nil, fmt.Errorf("redisstore: negative timeout %v", cfg.Timeout)
-	}
-	if cfg.MaxBatch < 0 || cfg.MaxBatch > maxBatchLimit {
-		return nil, fmt.Errorf("redisstore: batch size %d out of range 1..%d", cfg.MaxBatch, maxBatchLimit)
-	}
-	if cfg.MaxInFlight < 0 {
-		return nil, fmt.Errorf("redisstore: negative calls in flight %d", cfg.MaxInFlight)
-	}
 	if cfg.DB < 0 {
 		return nil, fmt.Errorf("redisstore: negative database number %d", cfg.DB)
 	}
@@ -297,19 +190,10 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if clusterAsked && cfg.DB != 0 {
 		return nil, fmt.Errorf("redisstore: database %d requested, but a Redis Cluster only has database 0", cfg.DB)
 	}
-	s := &Store{timeout: cfg.Timeout, prefix: cfg.Prefix, clock: cfg.Clock}
-	if s.timeout == 0 {
-		s.timeout = DefaultTimeout
+	s, err := newStore(&cfg)
+	if err != nil {
+		return nil, err
 	}
-	if s.prefix == "" {
-		s.prefix = DefaultPrefix
-	}
-	var nonce [9]byte
-	_, _ = rand.Read(nonce[:])
-	s.uidBase = base64.RawURLEncoding.EncodeToString(nonce[:]) + "."
-	empty := map[weir.Limit]*compiled{}
-	s.limits.Store(&empty)
-
 	opt := rueidis.ClientOption{
 		InitAddress:  cfg.Addrs,
 		Username:     cfg.Username,
@@ -330,57 +214,102 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 			TopologyRefreshInterval: 5 * time.Second,
 		}
 	}
-	type made struct {
-		c   rueidis.Client
-		err error
-	}
-	done := make(chan made, 1)
-	go func() {
-		c, err := rueidis.NewClient(opt)
-		done <- made{c, err}
-	}()
-	var m made
-	select {
-	case m = <-done:
-	case <-ctx.Done():
-		go func() { // close the client if it turns up after all
-			if m := <-done; m.c != nil {
-				m.c.Close()
-			}
-		}()
-		return nil, fmt.Errorf("%w: connect to %s: %w", weir.ErrStore, strings.Join(cfg.Addrs, ","), ctx.Err())
-	}
-	if m.err != nil {
-		return nil, fmt.Errorf("%w: connect to %s: %w", weir.ErrStore, strings.Join(cfg.Addrs, ","), m.err)
-	}
-	s.client = m.c
-	s.cluster = m.c.Mode() == rueidis.ClientModeCluster
-	if clusterAsked && !s.cluster {
-		m.c.Close()
-		return nil, fmt.Errorf("redisstore: %d addresses given (%s) but they are not a Redis Cluster", len(cfg.Addrs), strings.Join(cfg.Addrs, ","))
-	}
-	if !s.cluster && cfg.MaxBatch != 1 {
-		s.coalesce = &coalescer{s: s, inFlight: cfg.MaxInFlight, maxBatch: cfg.MaxBatch}
-		if s.coalesce.inFlight == 0 {
-			s.coalesce.inFlight = DefaultMaxInFlight
+	s.conn = conn{opt: opt, dial: cfg.dial, addrs: strings.Join(cfg.Addrs, ","), clusterAsked: clusterAsked, log: cfg.Logger, stop: make(chan struct{})}
+	s.client = &swapClient{}
+	s.client.swap(closedClient())
+	if err := s.connect(ctx, &cfg); err != nil {
+		if !cfg.Lazy || !errors.Is(err, weir.ErrStore) {
+			return nil, err
 		}
-		if s.coalesce.maxBatch == 0 {
-			s.coalesce.maxBatch = DefaultMaxBatch
+		go s.connectLoop(cfg)
+	}
+	return s, nil
+}
+
+// NewWithClient returns a Store that sends its calls over client, a
+// rueidis client you made and own, as go-redis/redis_rate takes its
+// caller's client: one connection pool serves the limiter and the rest of
+// your program. NewWithClient loads the store's scripts over client before
+// it returns (within ctx). The store never closes client, nor replaces
+// it: Close only stops the store, whose calls then fail, and you close
+// client when everything using it is done. Following a primary that moves
+// is then client's job (use Sentinel or Cluster, or dial it again
+// yourself).
+//
+// Of cfg, only what does not say how to connect applies: Timeout, Prefix,
+// MaxInFlight, MaxBatch, Clock and Logger. Addrs, MasterName, the
+// credentials, DB, TLS and Lazy belong to client's own options; setting
+// any of them is an error. Give client DisableCache if it serves nothing
+// else: the store makes no cached calls.
+func NewWithClient(ctx context.Context, client rueidis.Client, cfg Config) (*Store, error) {
+	if client == nil {
+		return nil, errors.New("redisstore: NewWithClient with a nil client")
+	}
+	for _, f := range []struct {
+		name string
+		set  bool
+	}{
+		{"Addrs", len(cfg.Addrs) > 0}, {"MasterName", cfg.MasterName != ""},
+		{"Username", cfg.Username != ""}, {"Password", cfg.Password != ""},
+		{"SentinelUsername", cfg.SentinelUsername != ""}, {"SentinelPassword", cfg.SentinelPassword != ""},
+		{"DB", cfg.DB != 0}, {"TLS", cfg.TLS != nil}, {"Lazy", cfg.Lazy},
+	} {
+		if f.set {
+			return nil, fmt.Errorf("redisstore: NewWithClient: Config.%s is set, but the client says how to connect; set it in the client's options", f.name)
 		}
 	}
-	// Load the library now, so the first decisions need not. If this fails
-	// for a passing reason, the first FCALL that finds no library loads it.
-	s.functions.Store(!cfg.evalOnly)
-	if !cfg.evalOnly {
-		_ = s.loadLibrary(ctx) // on failure, the first FCALL that finds no library tries again
+	s, err := newStore(&cfg)
+	if err != nil {
+		return nil, err
 	}
+	addrs := make([]string, 0, len(client.Nodes()))
+	for a := range client.Nodes() {
+		addrs = append(addrs, a)
+	}
+	slices.Sort(addrs)
+	s.conn = conn{addrs: strings.Join(addrs, ","), log: cfg.Logger, stop: make(chan struct{}), borrowed: true}
+	s.client = &swapClient{}
+	s.client.swap(closedClient())
+	if err := s.setup(ctx, client, &cfg); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// newStore checks the settings of cfg that do not say how to connect and
+// returns a store with them, not yet connected.
+func newStore(cfg *Config) (*Store, error) {
+	if strings.ContainsAny(cfg.Prefix, "{}") {
+		return nil, fmt.Errorf("redisstore: prefix %q must not contain a brace", cfg.Prefix)
+	}
+	if cfg.Timeout < 0 {
+		return nil, fmt.Errorf("redisstore: negative timeout %v", cfg.Timeout)
+	}
+	if cfg.MaxBatch < 0 || cfg.MaxBatch > maxBatchLimit {
+		return nil, fmt.Errorf("redisstore: batch size %d out of range 1..%d", cfg.MaxBatch, maxBatchLimit)
+	}
+	if cfg.MaxInFlight < 0 {
+		return nil, fmt.Errorf("redisstore: negative calls in flight %d", cfg.MaxInFlight)
+	}
+	s := &Store{timeout: cfg.Timeout, prefix: cfg.Prefix, clock: cfg.Clock}
+	if s.timeout == 0 {
+		s.timeout = DefaultTimeout
+	}
+	if s.prefix == "" {
+		s.prefix = DefaultPrefix
+	}
+	var nonce [9]byte
+	_, _ = rand.Read(nonce[:])
+	s.uidBase = base64.RawURLEncoding.EncodeToString(nonce[:]) + "."
+	empty := map[weir.Limit]*compiled{}
+	s.limits.Store(&empty)
 	return s, nil
 }
 
 // Timeout returns the deadline the store gives each call (Config.Timeout,
 // or DefaultTimeout). Every call ends by it, or by the caller's deadline
 // if sooner, so a caller need not set a deadline of its own:
-// policy.Guard skips its timer for a store whose Timeout is no longer than
+// guard.Guard skips its timer for a store whose Timeout is no longer than
 // the Guard's.
 func (s *Store) Timeout() time.Duration { return s.timeout }
 
@@ -411,7 +340,10 @@ func (s *Store) loadLibrary(ctx context.Context) error {
 		case isRedis && noFunctions(re):
 			s.functions.Store(false)
 			return nil
-		case isRedis && strings.HasPrefix(re.Error(), "READONLY"):
+		case isRedis && isReadOnly(re):
+			if s.standalone {
+				s.readOnly() // a demoted primary without the library
+			}
 		default:
 			if firstErr == nil {
 				firstErr = fmt.Errorf("FUNCTION LOAD %s on %s: %w", lib.name, addr, err)
@@ -461,9 +393,21 @@ func functionMissing(e *rueidis.RedisError) bool {
 	return strings.Contains(e.Error(), "Function not found")
 }
 
-// Close closes the store's connections.
+// Close closes the store's connections. A store built by NewWithClient
+// leaves its client open (it is the caller's) and stops using it: the
+// store's calls fail from then on.
 func (s *Store) Close() error {
-	s.client.Close()
+	s.conn.mu.Lock()
+	defer s.conn.mu.Unlock()
+	if !s.conn.closed {
+		s.conn.closed = true
+		close(s.conn.stop)
+		if s.conn.borrowed {
+			s.client.swap(closedClient())
+		} else {
+			s.client.Close()
+		}
+	}
 	return nil
 }
 
@@ -538,6 +482,9 @@ func (s *Store) take(ctx context.Context, key string, l weir.Limit, n int64, mod
 	if err != nil {
 		return algorithm.Decision{}, 0, err
 	}
+	if !s.conn.connected.Load() {
+		return algorithm.Decision{}, 0, fmt.Errorf("%w: take %d from %s under %s %v: %w", weir.ErrStore, n, keyRef(key), c.algo, l, s.notConnectedError())
+	}
 	if mode == algorithm.AtMost {
 		n = min(n, c.maxCost) // a partial grant may ask for more than fits
 	}
@@ -549,7 +496,7 @@ func (s *Store) take(ctx context.Context, key string, l weir.Limit, n int64, mod
 	if s.coalesce != nil {
 		vals, err := s.takeCoalesced(ctx, c, k, n, mode, id)
 		if err != nil {
-			return algorithm.Decision{}, 0, fmt.Errorf("%w: take %d from key %s under %s %v: %w", weir.ErrStore, n, quoteKey(key), c.algo, l, err)
+			return algorithm.Decision{}, 0, fmt.Errorf("%w: take %d from %s under %s %v: %w", weir.ErrStore, n, keyRef(key), c.algo, l, err)
 		}
 		return decodeDecision(vals[:]), vals[8], nil
 	}
@@ -563,7 +510,7 @@ func (s *Store) take(ctx context.Context, key string, l weir.Limit, n int64, mod
 		err = fmt.Errorf("unexpected reply of %d values", len(vals))
 	}
 	if err != nil {
-		return algorithm.Decision{}, 0, fmt.Errorf("%w: take %d from key %s under %s %v: %w", weir.ErrStore, n, quoteKey(key), c.algo, l, err)
+		return algorithm.Decision{}, 0, fmt.Errorf("%w: take %d from %s under %s %v: %w", weir.ErrStore, n, keyRef(key), c.algo, l, err)
 	}
 	return decodeDecision(vals), vals[8], nil
 }
@@ -582,12 +529,23 @@ func decodeDecision(v []int64) algorithm.Decision {
 	}
 }
 
-// quoteKey quotes a key for an error message, shortened when long.
-func quoteKey(key string) string {
-	if len(key) > 100 {
-		return strconv.Quote(key[:100]) + fmt.Sprintf("… (%d bytes)", len(key))
+// keyRef names a key in an error message without its identity: a state
+// key is weir.Key's "rule:identity", and the identity may be an API key or
+// another secret that must not reach a log line. keyRef gives the rule (the
+// key's first part, shortened when long) and the first 8 bytes of the key's
+// SHA-256, as in `rule "login" key#3f2a…`: enough to tell keys apart and
+// to match a suspected key (hash it), never enough to read one.
+func keyRef(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	ref := "key#" + hex.EncodeToString(sum[:8])
+	rule, _, ok := strings.Cut(key, ":")
+	if !ok {
+		return ref // no rule part: the whole key may be the secret
 	}
-	return strconv.Quote(key)
+	if len(rule) > 64 {
+		rule = rule[:64] + "…"
+	}
+	return "rule " + strconv.Quote(rule) + " " + ref
 }
 
 // withDeadline applies the store's timeout unless ctx ends sooner.
@@ -616,12 +574,19 @@ func (s *Store) eval(ctx context.Context, r *routine, keys, args []string, dst [
 }
 
 // call runs r, as an FCALL of the library or by EVALSHA, under the store's
-// timeout and returns its reply, an array. See the package documentation
-// for what is retried; nothing that may have run is. A missing library or
+// timeout and returns its reply, an array. docs/internals.md ("Failures
+// and retries") says what is retried; nothing that may have run is. A missing library or
 // script ran nothing either: it is loaded (once) and the call sent again.
 func (s *Store) call(ctx context.Context, r *routine, keys, args []string) ([]rueidis.RedisMessage, error) {
+	if !s.conn.connected.Load() {
+		return nil, s.notConnectedError()
+	}
 	ctx, cancel := s.withDeadline(ctx)
 	defer cancel()
+	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+		// A batch whose earliest deadline passed on its way here.
+		return nil, notSent{fmt.Errorf("not sent: %w: the deadline passed before the call left for Redis", context.DeadlineExceeded)}
+	}
 	sendSource, reloaded := false, false
 	backoff := time.Millisecond
 	for {
@@ -638,9 +603,15 @@ func (s *Store) call(ctx context.Context, r *routine, keys, args []string) ([]ru
 		}
 		arr, err := s.client.Do(ctx, cmd).ToArray()
 		if err == nil {
+			if s.conn.roSince.Load() != 0 {
+				s.conn.roSince.Store(0)
+			}
 			return arr, nil
 		}
 		if re, ok := rueidis.IsRedisErr(err); ok {
+			if s.standalone && isReadOnly(re) {
+				s.readOnly()
+			}
 			switch {
 			case fn && functionMissing(re) && !reloaded:
 				reloaded = true
@@ -668,7 +639,13 @@ func (s *Store) call(ctx context.Context, r *routine, keys, args []string) ([]ru
 func (s *Store) retryable(ctx context.Context, err error, backoff *time.Duration) error {
 	re, ok := rueidis.IsRedisErr(err)
 	if !ok || !notRun(re) {
-		return err // network, timeout: the command may have run
+		// Network, timeout: the command may have run. A network error
+		// that came because the deadline passed (a dial or read cut short
+		// by it) is a timeout, and says so.
+		if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+			return fmt.Errorf("%w: %w", err, cerr)
+		}
+		return err
 	}
 	s.notRunRetries.Add(1)
 	t := time.NewTimer(*backoff)
@@ -677,6 +654,12 @@ func (s *Store) retryable(ctx context.Context, err error, backoff *time.Duration
 	case <-ctx.Done():
 		return fmt.Errorf("%w (last reply: %w)", ctx.Err(), err)
 	case <-t.C:
+		// The deadline may have passed all the same (both ready, or the
+		// context's own timer not run yet): then give up with the reply,
+		// not with a call that cannot leave.
+		if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+			return fmt.Errorf("%w (last reply: %w)", context.DeadlineExceeded, err)
+		}
 	}
 	*backoff = min(2**backoff, 16*time.Millisecond)
 	return nil
@@ -702,6 +685,9 @@ func (s *Store) Reset(ctx context.Context, key string, l weir.Limit) error {
 		return l.Validate()
 	}
 	k := s.names(key, kind.String())
+	if !s.conn.connected.Load() {
+		return fmt.Errorf("%w: reset %s under %s: %w", weir.ErrStore, keyRef(key), kind, s.notConnectedError())
+	}
 	ctx, cancel := s.withDeadline(ctx)
 	defer cancel()
 	backoff := time.Millisecond
@@ -711,7 +697,7 @@ func (s *Store) Reset(ctx context.Context, key string, l weir.Limit) error {
 			return nil
 		}
 		if err = s.retryable(ctx, err, &backoff); err != nil {
-			return fmt.Errorf("%w: reset key %s under %s: %w", weir.ErrStore, quoteKey(key), kind, err)
+			return fmt.Errorf("%w: reset %s under %s: %w", weir.ErrStore, keyRef(key), kind, err)
 		}
 	}
 }
@@ -730,7 +716,7 @@ func (s *Store) Release(ctx context.Context, key string, l weir.Limit, lease str
 	k := s.names(key, kind.String())
 	var buf [1]int64
 	if _, err := s.eval(ctx, &releaseRoutine, []string{k.state}, []string{lease}, buf[:0]); err != nil {
-		return fmt.Errorf("%w: release lease %q on key %s: %w", weir.ErrStore, lease, quoteKey(key), err)
+		return fmt.Errorf("%w: release lease %q on %s: %w", weir.ErrStore, lease, keyRef(key), err)
 	}
 	return nil
 }

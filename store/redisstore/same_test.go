@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -53,6 +55,25 @@ func diffLimits(a weir.Algorithm) []weir.Limit {
 	return ok
 }
 
+// bucketLimits are the bucketed sliding windows the differential test
+// draws from: bucket counts from 2 to 60, buckets of whole seconds and of
+// odd microseconds (7s/7, 3s/3, 10s/5), a penalty box, and a rate whose
+// tick is not 1µs.
+func bucketLimits() []weir.Limit {
+	ls := []weir.Limit{
+		{Rate: 4, Period: time.Minute, Buckets: 2},
+		{Rate: 7, Period: 3 * time.Second, Buckets: 3},
+		{Rate: 3, Period: 10 * time.Second, Block: 20 * time.Second, Buckets: 5},
+		{Rate: 1000, Period: 7 * time.Second, Buckets: 7},
+		{Rate: 10, Period: time.Minute, Buckets: 60},
+		{Rate: 999_983, Period: 86400 * time.Second, Buckets: 24},
+	}
+	for i := range ls {
+		ls[i].Algorithm = weir.SlidingWindow
+	}
+	return ls
+}
+
 // lowered returns l with a smaller quota and the same period: the one kind
 // of change to a live key's limit that both stores must handle alike. (A
 // raised limit or a new period is not: state written under the old limit
@@ -85,7 +106,45 @@ func lowered(l weir.Limit) (weir.Limit, bool) {
 // to the microsecond.
 func TestSameAsMemstore(t *testing.T) {
 	srv := redistest.Standalone(t)
-	sameAsMemstore(t, []string{srv.Addr}, 1500)
+	sameAsMemstore(t, []string{srv.Addr}, sameSteps(t, 1500))
+}
+
+// sameStepsEnv names the environment variable that sets the number of steps
+// of every differential run, for deeper runs than make test affords (say
+// WEIR_SAME_STEPS=20000 go test -run 'TestSameAsMemstore|TestCluster/SameAsMemstore'
+// ./store/redisstore; WEIR_SAME_SEED picks another workload). A failure
+// names the seed and the step.
+const sameStepsEnv = "WEIR_SAME_STEPS"
+
+// sameSeedEnv names the environment variable that picks another random
+// workload for the differential runs (a number; 99 by default).
+const sameSeedEnv = "WEIR_SAME_SEED"
+
+// sameSeed returns the differential runs' seed: 99 or $WEIR_SAME_SEED.
+func sameSeed(t *testing.T) uint64 {
+	v := os.Getenv(sameSeedEnv)
+	if v == "" {
+		return 99
+	}
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		t.Fatalf("%s=%q: want a non-negative integer", sameSeedEnv, v)
+	}
+	return n
+}
+
+// sameSteps returns the steps a differential run takes: def, or what
+// $WEIR_SAME_STEPS asks.
+func sameSteps(t *testing.T, def int) int {
+	v := os.Getenv(sameStepsEnv)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		t.Fatalf("%s=%q: want a positive number of steps", sameStepsEnv, v)
+	}
+	return n
 }
 
 // sameAsMemstore runs the differential workload against the Redis at addrs.
@@ -93,15 +152,26 @@ func TestSameAsMemstore(t *testing.T) {
 // its refunds must give memstore's results too.
 func sameAsMemstore(t *testing.T, addrs []string, steps int) {
 	ctx := context.Background()
-	for ai, a := range weir.Algorithms() {
-		t.Run(string(a), func(t *testing.T) {
+	type group struct {
+		name   string
+		a      weir.Algorithm
+		limits []weir.Limit
+	}
+	var groups []group
+	for _, a := range weir.Algorithms() {
+		groups = append(groups, group{string(a), a, diffLimits(a)})
+	}
+	groups = append(groups, group{"sliding_window_buckets", weir.SlidingWindow, append(bucketLimits(), diffLimits(weir.SlidingWindow)[0])})
+	for ai, gr := range groups {
+		a := gr.a
+		t.Run(gr.name, func(t *testing.T) {
 			clock := storetest.NewClock(storetest.Epoch)
 			rs := newTestStore(t, Config{Addrs: addrs, Clock: clock.Now, Prefix: fmt.Sprintf("same%d", prefixSeq.Add(1))})
 			ms := memstore.New(memstore.WithClock(clock.Now), memstore.WithShards(1<<14)) // see the TakeAll note below
 			// Redis first, right after the clock moves (see advance).
 			stores := [2]weir.MultiStore{rs, ms}
 			lims := [2]*weir.Limiter{weir.NewLimiter(rs), weir.NewLimiter(ms)}
-			limits := diffLimits(a)
+			limits := gr.limits
 			keys := []string{"k0", "k1", "k2", "k3"}
 			// Each key keeps one limit for a while and sometimes switches,
 			// so live state meets a changed limit (a lowered rate) too.
@@ -111,7 +181,13 @@ func sameAsMemstore(t *testing.T, addrs []string, steps int) {
 			}
 			type lease struct{ l [2]*weir.Lease }
 			var leases []lease
-			rng := rand.New(rand.NewPCG(uint64(ai), 99))
+			seed := sameSeed(t)
+			rng := rand.New(rand.NewPCG(uint64(ai), seed))
+			t.Cleanup(func() {
+				if t.Failed() {
+					t.Logf("replay with %s=%d %s=%d (the steps also add real time, so a failure may move by a few steps)", sameSeedEnv, seed, sameStepsEnv, steps)
+				}
+			})
 			// Test time never runs slower than real time, so Redis (which
 			// expires keys by its real clock) never forgets state that the
 			// test clock still considers live: every step adds the real
@@ -185,11 +261,6 @@ func sameAsMemstore(t *testing.T, addrs []string, steps int) {
 						n = maxCost + 1
 					case 2:
 						n = -1
-					}
-					if (a == weir.SlidingLog || a == weir.Concurrency) && n > 1000 {
-						// One ZSET member per event or slot: a cost of a
-						// million is a million members (see the package doc).
-						n = 1000
 					}
 					for i, s := range stores {
 						res[i], errs[i] = s.Take(ctx, k, l, n)

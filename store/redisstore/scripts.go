@@ -74,8 +74,9 @@ var lib struct {
 }
 
 var (
-	// takeRoutines[k] decides one request under algorithm k.
-	takeRoutines [len(kindNames)]routine
+	// takeRoutines[k] decides one request under algorithm k (index 0 is
+	// no algorithm).
+	takeRoutines []routine
 	// batchRoutine decides the independent requests of many callers.
 	batchRoutine routine
 	// multiRoutine decides a batch all or nothing, and refunds one.
@@ -84,15 +85,10 @@ var (
 	releaseRoutine routine
 )
 
-// kindNames indexes algorithm names by algorithm.Kind.
-var kindNames = [...]string{"", "fixed_window", "sliding_log", "sliding_window", "token_bucket", "leaky_bucket", "gcra", "concurrency"}
-
 func init() {
+	// Each algorithm's Lua file is named after it: scripts/<name>.lua.
 	all := []string{"prelude"}
 	for _, k := range algorithm.Kinds() {
-		if kindNames[k] != k.String() {
-			panic("redisstore: kindNames out of step with package algorithm")
-		}
 		all = append(all, k.String())
 	}
 	body := source(append(all, "take", "batch", "multi", "release")...)
@@ -105,16 +101,17 @@ func init() {
 	}
 	lib.src = "#!lua name=" + lib.name + "\n" + body + reg.String()
 
+	takeRoutines = make([]routine, len(all))
 	for _, k := range algorithm.Kinds() {
 		takeRoutines[k] = routine{fn: fn("take"), script: newScript("weir_take", "prelude", k.String(), "take")}
 	}
 	batchRoutine = routine{fn: fn("batch"), script: newScript("weir_batch", append(all, "batch")...)}
 	multiRoutine = routine{fn: fn("multi"), script: newScript("weir_multi", append(all, "multi")...)}
-	releaseRoutine = routine{fn: fn("release"), script: newScript("weir_release", "release")}
+	releaseRoutine = routine{fn: fn("release"), script: newScript("weir_release", "prelude", algorithm.Concurrency.String(), "release")}
 }
 
 // nLimitArgs is the number of ARGV values a compiled limit takes.
-const nLimitArgs = 13
+const nLimitArgs = 14
 
 // limitArgs renders p as the scripts' params() reads it. Every derived
 // constant is Compile's; the scripts never recompute one.
@@ -131,5 +128,6 @@ func limitArgs(p *algorithm.Params) [nLimitArgs]string {
 	return [nLimitArgs]string{
 		p.Kind.String(), f(p.Rate), f(p.Period), f(p.Burst), f(p.Block),
 		f(p.MaxDelay), f(p.DelayAfter), f(p.Cap), f(p.A), f(p.B), f(p.Tick), shaping, outlasts,
+		f(p.Buckets),
 	}
 }

@@ -45,3 +45,24 @@ func TestConformanceStandalone(t *testing.T) {
 	srv := redistest.Standalone(t)
 	storetest.Run(t, harness([]string{srv.Addr}))
 }
+
+// TestConformanceCallersClient runs the suite on stores built by
+// NewWithClient over one client of the test's, which every subtest's
+// store shares and none closes.
+func TestConformanceCallersClient(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c := callersClient(t, srv.Addr)
+	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		clock := storetest.NewClock(storetest.Epoch)
+		s, err := NewWithClient(context.Background(), c, Config{
+			Timeout: 5 * time.Second,
+			Clock:   clock.Now,
+			Prefix:  fmt.Sprintf("cc%d", prefixSeq.Add(1)),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return storetest.Harness{Store: s, Clock: clock, TTL: s.TTL, TTLSlack: time.Millisecond}
+	})
+}

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -59,21 +60,11 @@ func ParseURL(s string) (Config, error) {
 	// The authority ends at the first '/'; userinfo ends at the last '@' in it.
 	authority, path, _ := strings.Cut(rest, "/")
 	if i := strings.LastIndexByte(authority, '@'); i >= 0 {
-		info := authority[:i]
-		authority = authority[i+1:]
-		user, pass, hasPass := strings.Cut(info, ":")
-		if !hasPass {
-			// redis://secret@host: a lone value is the password, as
-			// redis-cli -u reads it (requirepass without ACL users).
-			user, pass = "", user
-		}
 		var err error
-		if cfg.Username, err = url.PathUnescape(user); err != nil {
-			return fail("user name: %v", err)
+		if cfg.Username, cfg.Password, err = userInfo(authority[:i]); err != nil {
+			return fail("%v", err)
 		}
-		if cfg.Password, err = url.PathUnescape(pass); err != nil {
-			return fail("the password has a bad %%-escape") // never echo it
-		}
+		authority = authority[i+1:]
 	}
 	if authority == "" {
 		return fail("no host")
@@ -97,33 +88,58 @@ func ParseURL(s string) (Config, error) {
 		host, _, _ := net.SplitHostPort(cfg.Addrs[0])
 		cfg.TLS.ServerName = host
 	}
+	var err error
+	if cfg.MasterName, cfg.DB, err = masterAndDB(path, sentinel); err != nil {
+		return fail("%v", err)
+	}
+	return cfg, nil
+}
+
+// userInfo reads the user name and password of a URL's "user:password"
+// (percent-encoded). Its errors never quote the password.
+func userInfo(info string) (user, pass string, err error) {
+	user, pass, hasPass := strings.Cut(info, ":")
+	if !hasPass {
+		// redis://secret@host: a lone value is the password, as
+		// redis-cli -u reads it (requirepass without ACL users).
+		user, pass = "", user
+	}
+	if user, err = url.PathUnescape(user); err != nil {
+		return "", "", fmt.Errorf("user name: %w", err)
+	}
+	if pass, err = url.PathUnescape(pass); err != nil {
+		return "", "", errors.New("the password has a bad %-escape") // never echo it
+	}
+	return user, pass, nil
+}
+
+// masterAndDB reads a URL's path (after the authority's '/'): the master
+// name first for a Sentinel URL, then an optional database number.
+func masterAndDB(path string, sentinel bool) (master string, db int, err error) {
 	segs := []string{}
 	if path != "" {
 		segs = strings.Split(path, "/")
 	}
 	if sentinel {
 		if len(segs) == 0 || segs[0] == "" {
-			return fail("no master name: want redis+sentinel://host:port,host:port/mastername[/db]")
+			return "", 0, errors.New("no master name: want redis+sentinel://host:port,host:port/mastername[/db]")
 		}
-		name, err := url.PathUnescape(segs[0])
-		if err != nil {
-			return fail("master name: %v", err)
+		if master, err = url.PathUnescape(segs[0]); err != nil {
+			return "", 0, fmt.Errorf("master name: %w", err)
 		}
-		cfg.MasterName = name
 		segs = segs[1:]
 	}
 	switch {
 	case len(segs) == 0 || len(segs) == 1 && segs[0] == "":
 	case len(segs) == 1:
-		db, err := strconv.Atoi(segs[0])
+		db, err = strconv.Atoi(segs[0])
 		if err != nil || db < 0 || segs[0][0] == '+' {
-			return fail("database %q is not a non-negative whole number", segs[0])
+			return "", 0, fmt.Errorf("database %q is not a non-negative whole number", segs[0])
 		}
-		cfg.DB = db
 	default:
-		return fail("unexpected path %q", "/"+path)
+		return "", 0, fmt.Errorf("unexpected path %q", "/"+path)
 	}
-	return cfg, nil
+	return master, db, nil
 }
 
 // hostPort checks one "host[:port]" and adds the default port if missing.

@@ -22,6 +22,7 @@ const state = {
   gone: new Map(), // "rule\nidentity" -> local ms: unblocked here, hide until the server agrees
   timer: 0,
   inflight: false,
+  again: false, // poll again at once (the token was just set, forgotten or refused)
   lastOk: 0,
 };
 
@@ -59,7 +60,20 @@ async function poll() {
   try {
     let snap;
     try {
-      const r = await fetch('v1/dashboard/snapshot', { cache: 'no-store', signal: ctrl.signal });
+      // With the admin token the snapshot shows identities; without it,
+      // tags that hide them.
+      const sent = state.token;
+      const headers = sent ? { Authorization: `Bearer ${sent}` } : {};
+      const r = await fetch('v1/dashboard/snapshot', { cache: 'no-store', signal: ctrl.signal, headers });
+      if (sent && (r.status === 401 || r.status === 429)) {
+        // Refused: forget the token and carry on read-only.
+        const body = await r.json().catch(() => ({}));
+        if (state.token === sent) writeToken('');
+        renderAdmin();
+        showAdminError(r.status === 401 ? 'The admin token was rejected. Enter it again.' : tooManyAttempts(r, body));
+        state.again = true;
+        return;
+      }
       if (!r.ok) throw new Error(`HTTP ${r.status}`);
       snap = await r.json();
     } catch (e) {
@@ -79,14 +93,24 @@ async function poll() {
   } finally {
     clearTimeout(abort);
     state.inflight = false;
-    state.timer = setTimeout(poll, POLL_MS);
+    state.timer = setTimeout(poll, state.again ? 0 : POLL_MS);
+    state.again = false;
   }
 }
 
 /** refreshSoon polls now instead of waiting for the next tick. */
 function refreshSoon() {
   if (!state.inflight) poll();
+  else state.again = true;
 }
+
+function tooManyAttempts(r, body) {
+  const after = Number(r.headers.get('Retry-After')) || 0;
+  return body.detail && !after ? body.detail : `Too many failed token attempts from this address${after ? `: try again in ${fmt.countdown(after * 1000)}` : ''}.`;
+}
+
+/** redacted reports whether the snapshot hides identities behind tags. */
+const redacted = (snap) => !!snap && snap.identities === 'redacted';
 
 function setConn(s, text) {
   $('conn').dataset.state = s;
@@ -277,6 +301,7 @@ function createRuleRow(r) {
     h('td', { class: 'mode', 'data-label': 'Mode' }),
     h('td', { class: 'num dec', 'data-label': 'Decisions (5 min)' }),
     h('td', { class: 'num pct', 'data-label': 'Limited' }),
+    h('td', { class: 'num near', 'data-label': 'Near limit (5 min)' }),
     h('td', { class: 'num lat', 'data-label': 'Store p50 / p99' }),
     h('td', { class: 'spark-cell', 'data-label': 'Last 60 s' }, sparkline(`decisions per second for ${r.name}`)),
   );
@@ -316,14 +341,21 @@ function updateRuleRow(tr, r, snap) {
   setText(c[7], fmt.pct(r.limited_pct));
   c[7].classList.toggle('hot', !r.shadow && r.limited_pct > 0);
   c[7].classList.toggle('shadowed', !!r.shadow && r.limited_pct > 0);
+  // Admitted decisions that left their key past near_limit of the limit.
+  const ratio = r.near_limit_ratio || 0;
+  setText(c[8], ratio > 0 ? fmt.count(r.near_limit || 0) : 'off');
+  c[8].title = ratio > 0
+    ? `admitted decisions in the last 5 min that left their key at or past ${Math.round(ratio * 1000) / 10}% of the limit`
+    : 'near_limit is off for this rule';
+  c[8].classList.toggle('warm', ratio > 0 && (r.near_limit || 0) > 0);
   const [p50, p99] = ruleLatency(r);
-  setText(c[8], `${fmt.ms(p50)} / ${fmt.ms(p99)}`);
+  setText(c[9], `${fmt.ms(p50)} / ${fmt.ms(p99)}`);
 
   const rs = snap.series?.rules?.[r.name];
   const limSrc = r.shadow ? rs?.shadow_limited : rs?.limited;
   const spark = r.spark || [];
   const lim = limSrc ? limSrc.slice(-spark.length || -60) : null;
-  drawSpark(c[9].firstChild, spark, lim,
+  drawSpark(c[10].firstChild, spark, lim,
     `${r.name}: ${fmt.rate(spark.length ? fmt.sum(spark) / spark.length : 0)} decisions per second over the last minute`);
 }
 
@@ -377,10 +409,12 @@ function renderAdmin() {
   $('token-form').hidden = mode !== 'readonly';
   $('admin-set').hidden = mode !== 'token';
   note.hidden = mode === 'token';
+  document.body.dataset.identities = state.snap?.identities || '';
+  const hidden = ' Identities are hidden: each shows as a tag (#…) that stays the same for the same identity.';
   if (mode === 'off') {
-    note.replaceChildren(h('strong', null, 'Read-only.'), ' The admin API is off on this instance: start weir with ', h('code', null, 'WEIR_ADMIN_TOKEN'), ' set to unblock from here.');
+    note.replaceChildren(h('strong', null, 'Read-only.'), ' The admin API is off on this instance: start weir with ', h('code', null, 'WEIR_ADMIN_TOKEN'), ' set to see identities and unblock from here.', hidden);
   } else if (mode === 'readonly') {
-    note.replaceChildren(h('strong', null, 'Read-only.'), ' Enter the admin token to unblock identities; it is kept for this tab only.');
+    note.replaceChildren(h('strong', null, 'Read-only.'), ' Enter the admin token to see identities and unblock them; it is kept for this tab only.', hidden);
   }
 }
 
@@ -388,7 +422,8 @@ function renderBlocked(snap) {
   renderAdmin();
   const list = visibleBlocked(snap).slice().sort((a, b) => b.blocked_until_ms - a.blocked_until_ms || a.identity.localeCompare(b.identity));
   const blocks = new Map((snap.rules || []).map((r) => [r.name, parseDuration(r.block)]));
-  const canAct = adminMode(snap) === 'token';
+  // A tag cannot be unblocked: wait for the snapshot that the token opens.
+  const canAct = adminMode(snap) === 'token' && !redacted(snap);
   $('blocked-empty').hidden = list.length > 0;
   setText($('blocked-count'), list.length
     ? `${list.length} identit${list.length === 1 ? 'y' : 'ies'} rejected until the block runs out`
@@ -510,11 +545,17 @@ $('token-form').addEventListener('submit', async (ev) => {
       input.select();
       return;
     }
+    if (r.status === 429) {
+      showAdminError(tooManyAttempts(r, await r.json().catch(() => ({}))));
+      input.select();
+      return;
+    }
   } catch { /* keep the token; the next Unblock will tell */ }
   input.value = '';
   writeToken(token);
   if (state.snap) renderBlocked(state.snap); else renderAdmin();
   $('token-forget').focus();
+  refreshSoon(); // the identities, at once
 });
 
 $('token-forget').addEventListener('click', () => {
@@ -522,6 +563,7 @@ $('token-forget').addEventListener('click', () => {
   $('admin-set').querySelector('.live')?.remove();
   if (state.snap) renderBlocked(state.snap); else renderAdmin();
   $('token-input').focus();
+  refreshSoon(); // back to tags
 });
 
 // ---------------------------------------------------------------- store
@@ -559,6 +601,12 @@ function renderStore(snap) {
   const fb = $('store-fallback');
   setText(fb, st.fallback ? `${st.fallback} (in use)` : 'none in use');
   fb.classList.toggle('warn', !!st.fallback);
+  // Decisions the fallback made are drawn with the others, as allowed or
+  // limited; here is how many, since start and over the series.
+  const recent = (snap.series?.total?.fallback || []).reduce((a, b) => a + b, 0);
+  const fd = $('store-fallback-decisions');
+  setText(fd, `${fmt.count(st.fallback_decisions_total ?? 0)} · ${fmt.count(recent)} in 5 min`);
+  fd.classList.toggle('warn', recent > 0);
 }
 
 // ---------------------------------------------------------------- fleet

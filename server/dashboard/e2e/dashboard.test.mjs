@@ -145,8 +145,12 @@ try {
   for (const want of ['sliding_log', '3/30m']) if (!loginRow.includes(want)) fail(`login row lacks ${want}: ${loginRow}`);
   if ((await rules.locator('tr[data-rule="search"] .badge.shadow').count()) !== 1) fail('search rule not marked shadow');
   if ((await rules.locator('svg.spark').count()) < 4) fail('sparklines missing');
+  // login is 3/30m: each client's third attempt leaves it at 100% of the
+  // limit, past the default near_limit of 80%, and is admitted.
+  await waitFor('a near-limit count for login', async () => /^[1-9]/.test(await rules.locator('tr[data-rule="login"] td.near').innerText()));
   const storeText = await page.locator('[data-testid="store-health"]').innerText();
   if (!/in-memory|memory/.test(storeText) || !/breaker closed/.test(storeText)) fail(`store-health: ${storeText}`);
+  if (!/Fallback decisions\s*0 · 0 in 5 min/.test(storeText)) fail(`store-health lacks the fallback decisions: ${storeText}`);
   log('rules and store health rendered');
 
   // The chart's data grows.
@@ -177,15 +181,27 @@ try {
   if (rejected.allowed) fail(`4th login check for ${TARGET} was allowed: ${JSON.stringify(rejected)}`);
   log('target rejected:', JSON.stringify(rejected));
 
-  const row = blocked.locator(`li[data-identity="${TARGET}"]`);
-  await row.waitFor({ state: 'visible', timeout: 20000 });
-  if ((await row.locator('button:visible').count()) !== 0) fail('Unblock offered without a token');
-  const c1 = await row.locator('.count').innerText();
+  // Without the token identities are hidden: TARGET and ATTACKER show as
+  // tags (#<16 hex>), in the penalty box and in top-limited alike.
+  const TAG = /^#[0-9a-f]{16}$/;
+  const loginRows = blocked.locator('li[data-rule="login"]');
+  await waitFor('TARGET and ATTACKER in the penalty box, as tags', async () => (await loginRows.count()) >= 2);
+  const tags = await loginRows.evaluateAll((els) => els.map((e) => e.dataset.identity));
+  if (!tags.every((t) => TAG.test(t))) fail(`penalty box without a token shows ${JSON.stringify(tags)}, want tags`);
+  const seen = () => page.evaluate(() => document.body.innerText + JSON.stringify(window.weirDashboard.snapshot));
+  for (const who of [TARGET, ATTACKER]) if ((await seen()).includes(who)) fail(`the page shows ${who} without a token`);
+  if ((await page.evaluate(() => document.body.dataset.identities)) !== 'redacted') fail('the snapshot is not marked redacted');
+  if (!(await page.locator('#admin-note').innerText()).includes('Identities are hidden')) fail('the note does not say identities are hidden');
+  const tagRow = loginRows.first();
+  if ((await tagRow.locator('button:visible').count()) !== 0) fail('Unblock offered without a token');
+  const c1 = await tagRow.locator('.count').innerText();
   if (!/^\d+m \d\ds$/.test(c1)) fail(`countdown looks wrong: ${c1}`);
-  await waitFor('the countdown to tick', async () => (await row.locator('.count').innerText()) !== c1, 10000);
-  await page.locator(`[data-testid="top-limited"] [data-rule="login"] li[data-identity="${TARGET}"]`)
-    .waitFor({ state: 'visible', timeout: 20000 });
-  log(`target in top-limited and in blocked-list (countdown ${c1})`);
+  await waitFor('the countdown to tick', async () => (await tagRow.locator('.count').innerText()) !== c1, 10000);
+  const topTags = await page.locator('[data-testid="top-limited"] [data-rule="login"] li').evaluateAll((els) => els.map((e) => e.dataset.identity));
+  if (!topTags.length || !topTags.every((t) => TAG.test(t)) || !topTags.some((t) => tags.includes(t))) {
+    fail(`top-limited without a token shows ${JSON.stringify(topTags)}; want the penalty box's tags ${JSON.stringify(tags)}`);
+  }
+  log(`without a token: ${tags.length} login tags in blocked-list, countdown ${c1}, no identity on the page`);
 
   // A wrong token is refused, the right one is kept for the tab.
   await page.getByLabel('Admin token').fill('not-the-token');
@@ -196,6 +212,14 @@ try {
   await page.locator('#admin-set').waitFor({ state: 'visible', timeout: 20000 });
   const stored = await page.evaluate(() => sessionStorage.getItem('weir.adminToken'));
   if (stored !== token) fail('token not kept in sessionStorage');
+
+  // With the token the snapshot shows identities.
+  const row = blocked.locator(`li[data-identity="${TARGET}"]`);
+  await row.waitFor({ state: 'visible', timeout: 20000 });
+  await page.locator(`[data-testid="top-limited"] [data-rule="login"] li[data-identity="${TARGET}"]`)
+    .waitFor({ state: 'visible', timeout: 20000 });
+  if ((await page.evaluate(() => document.body.dataset.identities)) !== 'full') fail('the snapshot with the token is not full');
+  log('with the token: target in top-limited and in blocked-list');
 
   // Unblock TARGET with the button; it leaves the list and stays gone.
   const unblock = page.getByRole('button', { name: `Unblock ${TARGET} from rule login` });

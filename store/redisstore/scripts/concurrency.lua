@@ -1,53 +1,185 @@
 -- concurrency: at most Rate slots held at once; each lease expires Period
--- after it was taken, so a crashed holder cannot leak a slot. A lease of
--- weight n is n ZSET members "<lease>#1".."<lease>#n" scored by its expiry
--- in µs; anonymous leases (plain Take) get a unique id from the Go side.
+-- after it was taken, so a crashed holder cannot leak a slot. Anonymous
+-- leases (plain Take) get a unique id from the Go side.
+--
+-- One ZSET holds, per lease of weight w, the member "<lease>#<w>w" scored
+-- by its expiry in µs, and for w > 1 the member "<lease>#w" scored -w, by
+-- which Release finds the weight; and "#t" scored minus the slots held in
+-- all (its running total). Negative scores never meet expiries. A lease of
+-- weight n therefore costs one or two members, not n; held slots are read
+-- from "#t", expiry removes each lease once, and Release removes a lease's
+-- whole weight.
+--
+-- A key written by a weir before weighted leases (one member "<lease>#<i>"
+-- per slot) has no "#t": the first call to find members without it counts
+-- them (an old member is one slot) and writes it. An older weir that runs
+-- on the same key removes the negative members; the same count restores
+-- them.
+
+local function lease_member(id, w)
+  return id .. '#' .. fmt(w) .. 'w'
+end
+
+local function lease_weight_member(id)
+  return id .. '#w'
+end
+
+-- lease_parse returns the id and weight of a lease member, weight 1 for a
+-- member of the old one-per-slot form.
+local function lease_parse(m)
+  local id, w = string.match(m, '^(.*)#(%d+)w$')
+  if id then
+    return id, tonumber(w)
+  end
+  return nil, 1
+end
+
+-- lease_set_total writes the running total of held slots.
+local function lease_set_total(key, total)
+  if total > 0 then
+    redis.call('ZADD', key, fmt(-total), '#t')
+  else
+    redis.call('ZREM', key, '#t')
+  end
+end
+
+-- lease_total returns the slots held by the key's members (expired ones
+-- not yet removed included). Without "#t" it counts them, one pass, and
+-- rewrites the weight members.
+local function lease_total(key)
+  local t = redis.call('ZSCORE', key, '#t')
+  if t then
+    return -tonumber(t)
+  end
+  if redis.call('EXISTS', key) == 0 then
+    return 0
+  end
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', '(0')
+  local total, off = 0, 0
+  while true do
+    local e = redis.call('ZRANGEBYSCORE', key, '(0', '+inf', 'LIMIT', off, 1000)
+    for i = 1, #e do
+      local id, w = lease_parse(e[i])
+      if id and w > 1 then
+        redis.call('ZADD', key, fmt(-w), lease_weight_member(id))
+      end
+      total = total + w
+    end
+    if #e < 1000 then
+      break
+    end
+    off = off + 1000
+  end
+  lease_set_total(key, total)
+  return total
+end
+
+-- lease_expiring returns the expiry of the first lease in expiry order
+-- by which need (1 <= need <= s.total) slots have expired. It reads leases
+-- from whichever end has less weight to cover: from the oldest until need
+-- slots, or from the newest while at most s.total - need slots lie after
+-- the lease. So a request for one slot, or for nearly all, reads few.
+local function lease_expiring(s, need)
+  local after = s.total - need -- slots that may lie after the answer
+  local off, acc, ans = 0, 0, nil
+  while true do
+    local e
+    if need <= after + 1 then
+      e = redis.call('ZRANGEBYSCORE', s.key, '(0', '+inf', 'WITHSCORES', 'LIMIT', off, 100)
+    else
+      e = redis.call('ZREVRANGEBYSCORE', s.key, '+inf', '(0', 'WITHSCORES', 'LIMIT', off, 100)
+    end
+    for i = 1, #e, 2 do
+      local _, w = lease_parse(e[i])
+      if need <= after + 1 then
+        acc = acc + w
+        if acc >= need then
+          return tonumber(e[i + 1])
+        end
+      else
+        if acc > after then
+          return ans
+        end
+        ans = tonumber(e[i + 1])
+        acc = acc + w
+      end
+    end
+    if #e < 200 then
+      return ans -- from the newest: the oldest lease; from the oldest: none
+    end
+    off = off + 100
+  end
+end
 
 ALG.concurrency = {
   load = function(s, p, now)
-    -- Drop expired leases: expiry <= now.
-    redis.call('ZREMRANGEBYSCORE', s.key, '-inf', fmt(now))
-    s.size = redis.call('ZCARD', s.key)
+    s.total = lease_total(s.key)
+    -- Drop expired leases (expiry <= now), each once, with their weights.
+    local gone = 0
+    while true do
+      local e = redis.call('ZRANGEBYSCORE', s.key, '(0', fmt(now), 'LIMIT', 0, 1000)
+      if #e == 0 then
+        break
+      end
+      for i = 1, #e do
+        local id, w = lease_parse(e[i])
+        if id and w > 1 then
+          redis.call('ZREM', s.key, lease_weight_member(id))
+        end
+        gone = gone + w
+      end
+      redis.call('ZREM', s.key, unpack(e))
+    end
+    if gone > 0 then
+      s.total = s.total - gone
+      lease_set_total(s.key, s.total)
+    end
   end,
 
   decide = function(p, s, now, cost, mode, apply)
     local d = decision(p)
-    local held = min(s.size, p.rate)
+    local held = min(s.total, p.rate)
     local g = grant(cost, p.rate - held, mode)
     if g == 0 then
-      -- Wait for the earliest leases to expire until cost fits: the
-      -- need-th slot in expiry order.
-      local need = held + cost - p.rate
-      local e = redis.call('ZRANGE', s.key, need - 1, need - 1, 'WITHSCORES')
-      d.retry = tonumber(e[2]) - now
+      -- Wait for the earliest leases to expire until cost fits: the first
+      -- lease (in expiry order) by which need slots have expired.
+      local t = lease_expiring(s, held + cost - p.rate)
+      if t then
+        d.retry = t - now
+      end
     elseif apply then
-      add_members(s.key, fmt(now + p.period), s.id, 1, g)
-      s.size = s.size + g
+      redis.call('ZADD', s.key, fmt(now + p.period), lease_member(s.id, g))
+      if g > 1 then
+        redis.call('ZADD', s.key, fmt(-g), lease_weight_member(s.id))
+      end
+      s.total = s.total + g
+      lease_set_total(s.key, s.total)
       held = held + g
       d.changed = true
     end
     d.granted, d.remaining = g, p.rate - held
-    if s.size > 0 then
-      -- The last lease to expire.
-      local e = redis.call('ZRANGE', s.key, -1, -1, 'WITHSCORES')
+    -- The last lease to expire.
+    local e = redis.call('ZRANGE', s.key, -1, -1, 'WITHSCORES')
+    if e[2] and tonumber(e[2]) > 0 then
       d.reset = tonumber(e[2]) - now
     end
-    d.allowed = d.granted > 0
     return d
   end,
 
-  save = function(s, ttl)
-    if ttl <= 0 then
-      redis.call('DEL', s.key)
-      return
-    end
-    redis.call('PEXPIRE', s.key, ms(ttl))
+  save = function(s, pttl)
+    redis.call('PEXPIRE', s.key, pttl) -- decide wrote the members
   end,
 
-  -- refund: release exactly the slots the take added.
+  -- refund: release exactly the lease the take added.
   refund = function(p, s, take_now, now, g)
-    remove_members(s.key, s.id, g)
-    s.size = redis.call('ZCARD', s.key)
+    if redis.call('ZREM', s.key, lease_member(s.id, g)) == 0 then
+      return false
+    end
+    if g > 1 then
+      redis.call('ZREM', s.key, lease_weight_member(s.id))
+    end
+    s.total = s.total - g
+    lease_set_total(s.key, s.total)
     return true
   end,
 }

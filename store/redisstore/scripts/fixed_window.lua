@@ -3,13 +3,7 @@
 
 ALG.fixed_window = {
   load = function(s, p, now)
-    s.window, s.count = 0, 0
-    local v = redis.call('GET', s.key)
-    if v then
-      local i = string.find(v, ':', 1, true)
-      s.window = tonumber(string.sub(v, 1, i - 1))
-      s.count = tonumber(string.sub(v, i + 1))
-    end
+    s.window, s.count = get_pair(s.key)
   end,
 
   decide = function(p, s, now, cost, mode, apply)
@@ -33,16 +27,11 @@ ALG.fixed_window = {
     if count > 0 then
       d.reset = fin
     end
-    d.allowed = d.granted > 0
     return d
   end,
 
-  save = function(s, ttl)
-    if ttl <= 0 then
-      redis.call('DEL', s.key)
-      return
-    end
-    redis.call('SET', s.key, fmt(s.window) .. ':' .. fmt(s.count), 'PX', ms(ttl))
+  save = function(s, pttl)
+    set_string(s.key, fmt(s.window) .. ':' .. fmt(s.count), pttl)
   end,
 
   -- refund: the g events counted at take_now leave the count, if that

@@ -22,13 +22,7 @@ end
 
 ALG.gcra = {
   load = function(s, p, now)
-    s.tat, s.frac = 0, 0
-    local v = redis.call('GET', s.key)
-    if v then
-      local i = string.find(v, ':', 1, true)
-      s.tat = tonumber(string.sub(v, 1, i - 1))
-      s.frac = tonumber(string.sub(v, i + 1))
-    end
+    s.tat, s.frac = get_pair(s.key)
   end,
 
   decide = function(p, s, now, cost, mode, apply)
@@ -47,16 +41,11 @@ ALG.gcra = {
     end
     d.granted, d.remaining = g, idiv(max(c - diff, 0), p.a)
     d.reset = ceil_div(diff, p.b) -- until TAT
-    d.allowed = d.granted > 0
     return d
   end,
 
-  save = function(s, ttl)
-    if ttl <= 0 then
-      redis.call('DEL', s.key)
-      return
-    end
-    redis.call('SET', s.key, fmt(s.tat) .. ':' .. fmt(s.frac), 'PX', ms(ttl))
+  save = function(s, pttl)
+    set_string(s.key, fmt(s.tat) .. ':' .. fmt(s.frac), pttl)
   end,
 
   -- refund: move TAT back by g cells, measured from now and floored at now

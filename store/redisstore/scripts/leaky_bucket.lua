@@ -6,11 +6,13 @@
 -- burst without nodelay, and its delay=N).
 -- State: a hash {level, ts}: the level at µs ts. No key = an empty bucket.
 
--- lb_level returns the level at now: the stored one minus el*B, floored at 0.
+-- lb_level returns the level at now: the stored one minus el*B, floored at
+-- 0, then capped at c (drain first, as algorithm.go: the level must not
+-- depend on when the state was last written).
 local function lb_level(p, s, now, c)
   local level = 0
   if s.ts ~= 0 then
-    level = min(s.level, c)
+    level = s.level
     local el = now - s.ts
     if el > 0 then
       -- Compare before multiplying: el*B only when it stays below level.
@@ -20,6 +22,7 @@ local function lb_level(p, s, now, c)
         level = level - el * p.b
       end
     end
+    level = min(level, c)
   end
   return level
 end
@@ -60,21 +63,18 @@ ALG.leaky_bucket = {
     end
     d.granted, d.remaining = g, idiv(max(room - level, 0), p.a)
     d.reset = ceil_div(level, p.b) -- until the bucket is empty
-    d.allowed = d.granted > 0
     return d
   end,
 
-  save = function(s, ttl)
-    if ttl <= 0 then
-      redis.call('DEL', s.key)
-      return
-    end
-    redis.call('HSET', s.key, 'level', fmt(s.level), 'ts', fmt(s.ts))
-    redis.call('PEXPIRE', s.key, ms(ttl))
+  save = function(s, pttl)
+    set_hash(s.key, pttl, 'level', fmt(s.level), 'ts', fmt(s.ts))
   end,
 
   -- refund: take g*A units out at now, floored at 0; draining is linear
   -- above 0, so this is the level the bucket would have without the take.
+  -- The take admitted, so the level it found was below c and uncapped:
+  -- the state written here drains exactly as the one before the take
+  -- would have, under this limit or a lowered one.
   refund = function(p, s, take_now, now, g)
     if s.ts == 0 then
       return false -- expired: the bucket is empty anyway

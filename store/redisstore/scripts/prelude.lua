@@ -2,9 +2,34 @@
 -- front of the algorithm files and one driver (take.lua or multi.lua), so
 -- each algorithm's math exists once and both drivers run it.
 --
--- The Go package algorithm is the reference: every function here mirrors a
--- Go function of the same name, line for line, and both stores must agree to
--- the microsecond.
+-- The Go package algorithm is the reference, and both stores must agree to
+-- the microsecond. The mirroring is function for function, with the same
+-- step order and (in Lua's spelling) the same names:
+--
+--   prelude.lua                       algorithm/algorithm.go
+--   take                              take (Take; with commit false, Check)
+--   decide                            decide (the table's function, then allowed)
+--   grant, ceil_div, decision(p)      grant, ceilDiv, Decision{Limit: p.Cap}
+--   <algorithm>.lua ALG.x.decide      <algorithm>.go: fixedWindow, slidingLog,
+--                                     slidingWindow (sw_buckets: slidingBuckets),
+--                                     tokenBucket, leakyBucket, gcra, concurrency
+--   helpers tb_tokens, lb_level,      tbTokens, lbLevel, gcraDiff, swCount
+--     gcra_diff, sw_count
+--   ALG.x.refund (multi.lua refund)   <algorithm>Refund (Refund)
+--
+-- What only the Lua has: load and save (each algorithm's Redis encoding;
+-- save below deletes a key whose state no longer matters), params (Go's
+-- Params arrive in ARGV, computed by Compile), and the drivers take.lua,
+-- batch.lua, multi.lua and release.lua. The sliding log and the
+-- concurrency leases live in ZSETs read by rank and score rather than in
+-- slices, and expire in load rather than as decide's first step. A refund
+-- finds the take's log member or lease by its call id; Go finds a named
+-- lease by its id too, but an anonymous one (a memstore Take) by its
+-- expiry, and a log's events by time, as it merges the calls of one
+-- microsecond into one entry. Where a
+-- Go sum could pass 2^53 only on the way to its result, the Lua orders it
+-- so that it never does (gcra's RetryAfter). algorithm/algorithm.go's
+-- package comment says the same from the Go side.
 --
 -- Numbers. A Lua 5.1 number is an IEEE double, which holds every integer
 -- below 2^53 exactly. Every value weir stores or computes is such an integer
@@ -101,7 +126,7 @@ local function grant(cost, avail, mode)
   return 0
 end
 
--- params reads one compiled limit from ARGV[i..i+12], in the order of
+-- params reads one compiled limit from ARGV[i..i+13], in the order of
 -- limitArgs in scripts.go. Every derived constant comes from Go's
 -- algorithm.Compile; the scripts never recompute one. (The drivers take
 -- KEYS and ARGV as arguments: a Redis function gets them that way, and an
@@ -123,6 +148,7 @@ local function params(ARGV, i)
     -- algorithm.Params.BoxOutlasts: a penalty box outlasts anything the
     -- (frozen) state could need, so a blocked check skips the state.
     outlasts = ARGV[i + 12] == '1',
+    buckets = tonumber(ARGV[i + 13]), -- sliding_window: 0, or its buckets
   }
 end
 
@@ -136,48 +162,54 @@ end
 
 -- ALG holds one table per algorithm, filled in by the algorithm files:
 --   load(s, p, now)       reads the key's state into s
---   decide(p, s, now, cost, mode, apply)  mirrors algorithm.decide
---   save(s, ttl)          writes s with a TTL of ttl µs (deletes it at 0)
---   refund(p, s, take_now, now, g)  gives back g events taken at take_now
+--   decide(p, s, now, cost, mode, apply)  mirrors the Go function of its
+--                         algorithm (fixedWindow, ...); decide below adds allowed
+--   save(s, pttl)         writes s with an expiry of pttl ms (see save below)
+--   refund(p, s, take_now, now, g)  mirrors the Go <algorithm>Refund: gives
+--                         back g events taken at take_now
 local ALG = {}
 
--- add_members ZADDs the members id#from..id#to with one score, in chunks
--- that stay clear of Lua's unpack limit.
-local function add_members(key, score, id, from, to)
-  local args = {}
-  for i = from, to do
-    args[#args + 1] = score
-    args[#args + 1] = id .. '#' .. fmt(i)
-    if #args >= 1000 then
-      redis.call('ZADD', key, unpack(args))
-      args = {}
-    end
-  end
-  if #args > 0 then
-    redis.call('ZADD', key, unpack(args))
-  end
+-- decide mirrors algorithm.decide: the algorithm's decide, then allowed,
+-- which every algorithm derives alike from what it granted.
+local function decide(alg, p, s, now, cost, mode, apply)
+  local d = alg.decide(p, s, now, cost, mode, apply)
+  d.allowed = d.granted > 0
+  return d
 end
 
--- remove_members ZREMs id#1, id#2, ... in chunks until a chunk finds fewer
--- members than it names: a lease's (or a take's) members are numbered from 1
--- without gaps and always expire together.
-local function remove_members(key, id, upto)
-  local i = 1
-  while upto == nil or i <= upto do
-    local hi = i + 99
-    if upto ~= nil then
-      hi = min(hi, upto)
-    end
-    local args = {}
-    for j = i, hi do
-      args[#args + 1] = id .. '#' .. fmt(j)
-    end
-    local removed = redis.call('ZREM', key, unpack(args))
-    if removed < #args then
-      return
-    end
-    i = hi + 1
+-- save writes s with a TTL of ttl µs, or deletes the key when nothing in
+-- it matters any more (ttl 0): the algorithm's save writes the state
+-- (through set_string or set_hash, or its own ZSET calls) and its expiry.
+-- get_pair reads what set_string wrote.
+local function save(alg, s, ttl)
+  if ttl <= 0 then
+    redis.call('DEL', s.key)
+    return
   end
+  alg.save(s, ms(ttl))
+end
+
+-- get_pair reads a string state "<x>:<y>" (fixed_window, gcra) as two
+-- numbers, 0 and 0 when the key is absent.
+local function get_pair(key)
+  local v = redis.call('GET', key)
+  if not v then
+    return 0, 0
+  end
+  local i = string.find(v, ':', 1, true)
+  return tonumber(string.sub(v, 1, i - 1)), tonumber(string.sub(v, i + 1))
+end
+
+-- set_string writes a string state with an expiry of pttl ms.
+local function set_string(key, v, pttl)
+  redis.call('SET', key, v, 'PX', pttl)
+end
+
+-- set_hash writes the fields of a hash state (name, value, ...) with an
+-- expiry of pttl ms.
+local function set_hash(key, pttl, ...)
+  redis.call('HSET', key, ...)
+  redis.call('PEXPIRE', key, pttl)
 end
 
 -- load reads a request's penalty box and state into a fresh s. A limit
@@ -221,7 +253,7 @@ local function take(alg, p, s, now, n, mode, commit)
       return d
     end
     -- Blocked: still ask the algorithm when it would admit, change nothing.
-    local d = alg.decide(p, s, now, cost, mode, false)
+    local d = decide(alg, p, s, now, cost, mode, false)
     d.allowed, d.granted, d.remaining, d.delay = false, 0, 0, 0
     d.retry = max(d.retry, left)
     d.reset = max(d.reset, left) -- nothing is usable before the box opens
@@ -229,7 +261,7 @@ local function take(alg, p, s, now, n, mode, commit)
     return d
   end
   commit = commit and not peek
-  local d = alg.decide(p, s, now, cost, mode, commit)
+  local d = decide(alg, p, s, now, cost, mode, commit)
   if peek then
     d.granted = 0
     d.delay = 0
@@ -249,7 +281,7 @@ end
 -- decision's ResetAfter, and a new penalty box with a TTL of Block.
 local function persist(alg, p, s, d)
   if d.changed then
-    alg.save(s, d.reset)
+    save(alg, s, d.reset)
   end
   if s.block_set then
     redis.call('SET', s.bkey, fmt(s.bu), 'PX', ms(p.block))

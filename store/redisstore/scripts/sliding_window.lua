@@ -2,10 +2,106 @@
 -- window's count is weighted by the part of it still inside the sliding
 -- window, in ticks of Tick µs: estimate = ceil(prev * (P - e) / P) + cur.
 -- State: a hash {w, cur, prev} with PEXPIRE when both counts are forgotten.
+--
+-- With buckets (p.buckets > 0) it mirrors algorithm.slidingBuckets: the
+-- period is split into p.buckets buckets, the estimate weighs only the
+-- oldest, and the state is {w, b}: w the newest bucket written, b the
+-- counts of buckets w-n .. w as a ring, "c0,c1,...,cn", bucket i's count
+-- at position i mod (n+1). It also writes cur and prev as 0, so that the
+-- plain window finds no count of its own in a bucketed state.
+
+-- sw_count mirrors slidingBuckets' count: bucket i's count, capped at the
+-- rate (a lowered limit), or 0 if the ring does not hold it.
+local function sw_count(p, s, valid, i)
+  if not valid or i > s.window or i < 0 then
+    return 0
+  end
+  return min(s.b[imod(i, p.buckets + 1) + 1], p.rate)
+end
+
+-- sw_buckets mirrors algorithm.slidingBuckets step for step.
+local function sw_buckets(p, s, now, cost, mode, apply)
+  local d = decision(p)
+  local nb = p.buckets
+  local ring = nb + 1
+  local bt = idiv(idiv(p.period, p.tick), nb) -- a bucket, in ticks (Compile made it whole)
+  local nt = idiv(now, p.tick)
+  local w = idiv(nt, bt)
+  local e = nt - w * bt
+  -- The ring holds buckets window-nb .. window; a state written under
+  -- another bucket count, or in the future, or too long ago, is empty.
+  local valid = #s.b == ring and s.window <= w and w - s.window <= nb
+  local old = sw_count(p, s, valid, w - nb)
+  local held = 0 -- buckets w-nb+1 .. w, wholly inside the trailing period
+  for i = w - nb + 1, w do
+    held = held + sw_count(p, s, valid, i)
+  end
+  -- old*(bt-e) <= Rate*bt <= Rate*Period/Tick < 2^53: Compile chose Tick.
+  local est = ceil_div(old * (bt - e), bt) + held
+  local g = grant(cost, max(p.rate - est, 0), mode)
+  if g == 0 then
+    -- In bucket w+m the estimate is ceil(c[w+m-nb](bt-e')/bt) + rest; the
+    -- request fits in the first bucket where k = Rate - cost - rest >= 0.
+    local rest = held
+    for m = 0, nb do
+      local o = sw_count(p, s, valid, w + m - nb)
+      if m > 0 then
+        rest = rest - o
+      end
+      local k = p.rate - cost - rest
+      if k >= 0 then
+        local at = (w + m) * bt -- in ticks
+        if o > 0 then
+          at = at + bt - idiv(k * bt, o)
+        end
+        d.retry = at * p.tick - now
+        break
+      end
+    end
+  elseif apply then
+    if #s.b ~= ring then
+      s.b = {}
+      for j = 1, ring do
+        s.b[j] = 0
+      end
+    end
+    -- Rewrite the ring as buckets w-nb .. w: each index has its own slot.
+    for i = max(w - nb, 0), w do
+      s.b[imod(i, ring) + 1] = sw_count(p, s, valid, i)
+    end
+    local j = imod(w, ring) + 1
+    s.b[j] = s.b[j] + g
+    s.window, s.count, s.prev = w, 0, 0
+    valid = true
+    est = est + g
+    d.changed = true
+  end
+  d.granted, d.remaining = g, max(p.rate - est, 0)
+  -- The newest bucket with a count leaves the trailing period nb+1
+  -- buckets after it began.
+  for i = w, w - nb, -1 do
+    if sw_count(p, s, valid, i) > 0 then
+      d.reset = (i + nb + 1) * bt * p.tick - now
+      break
+    end
+  end
+  return d
+end
 
 ALG.sliding_window = {
   load = function(s, p, now)
     s.window, s.count, s.prev = 0, 0, 0
+    if p.buckets > 0 then
+      s.bucketed, s.b = true, {}
+      local v = redis.call('HMGET', s.key, 'w', 'b')
+      if v[1] and v[2] then
+        s.window = tonumber(v[1])
+        for c in string.gmatch(v[2], '%d+') do
+          s.b[#s.b + 1] = tonumber(c)
+        end
+      end
+      return
+    end
     local v = redis.call('HMGET', s.key, 'w', 'cur', 'prev')
     if v[1] then
       s.window, s.count, s.prev = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
@@ -13,6 +109,9 @@ ALG.sliding_window = {
   end,
 
   decide = function(p, s, now, cost, mode, apply)
+    if p.buckets > 0 then
+      return sw_buckets(p, s, now, cost, mode, apply)
+    end
     local d = decision(p)
     local pt = idiv(p.period, p.tick) -- the period in ticks (Tick divides it)
     local nt = idiv(now, p.tick) -- now in ticks
@@ -56,23 +155,37 @@ ALG.sliding_window = {
     elseif prev > 0 then
       d.reset = (w + 1) * pt * p.tick - now
     end
-    d.allowed = d.granted > 0
     return d
   end,
 
-  save = function(s, ttl)
-    if ttl <= 0 then
-      redis.call('DEL', s.key)
+  save = function(s, pttl)
+    if s.bucketed then
+      local b = {}
+      for j = 1, #s.b do
+        b[j] = fmt(s.b[j])
+      end
+      set_hash(s.key, pttl, 'w', fmt(s.window), 'cur', '0', 'prev', '0', 'b', table.concat(b, ','))
       return
     end
-    redis.call('HSET', s.key, 'w', fmt(s.window), 'cur', fmt(s.count), 'prev', fmt(s.prev))
-    redis.call('PEXPIRE', s.key, ms(ttl))
+    set_hash(s.key, pttl, 'w', fmt(s.window), 'cur', fmt(s.count), 'prev', fmt(s.prev))
   end,
 
   -- refund: take the g events out of the counter that holds them now: cur
   -- if the take's window is still the stored one, prev if the stored window
   -- is the next one (its take moved the count into prev).
   refund = function(p, s, take_now, now, g)
+    if p.buckets > 0 then
+      -- The take's bucket, if the ring still holds it.
+      local tb = idiv(idiv(take_now, p.tick), idiv(idiv(p.period, p.tick), p.buckets))
+      if #s.b == p.buckets + 1 and tb <= s.window and tb >= s.window - p.buckets and tb >= 0 then
+        local j = imod(tb, p.buckets + 1) + 1
+        if s.b[j] > 0 then
+          s.b[j] = max(s.b[j] - g, 0)
+          return true
+        end
+      end
+      return false
+    end
     local tw = idiv(idiv(take_now, p.tick), idiv(p.period, p.tick))
     if s.window == tw and s.count > 0 then
       s.count = max(s.count - g, 0)

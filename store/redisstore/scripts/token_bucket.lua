@@ -1,9 +1,15 @@
 -- token_bucket: a bucket of Burst tokens refilled continuously at Rate per
 -- Period. In exact units: one event costs A, the bucket holds c = Burst*A
 -- and gains B per µs (A/B = Period/Rate, reduced by Compile).
--- State: a hash {tokens, ts}: the tokens at µs ts. No key = a full bucket.
+-- State: a hash {tokens, ts}: the bucket's content at µs ts, in units (an
+-- event is A of them, so tokens is Burst*A when full), which the code holds
+-- in s.level as algorithm.State.Level. No key = a full bucket. A stored
+-- content above c (the burst was lowered since) counts as c.
+-- refund undoes a take when a cluster batch that spans slots is refunded
+-- (multi.lua).
 
--- refilled returns the tokens at now: the stored ones plus el*B, capped at c.
+-- tb_tokens returns the content at now: the stored one plus el*B, capped
+-- at c, as token_bucket.go's tbTokens does.
 local function tb_tokens(p, s, now, c)
   local tokens = c
   if s.ts ~= 0 then
@@ -44,17 +50,11 @@ ALG.token_bucket = {
     end
     d.granted, d.remaining = g, idiv(tokens, p.a)
     d.reset = ceil_div(c - tokens, p.b) -- until the bucket is full
-    d.allowed = d.granted > 0
     return d
   end,
 
-  save = function(s, ttl)
-    if ttl <= 0 then
-      redis.call('DEL', s.key)
-      return
-    end
-    redis.call('HSET', s.key, 'tokens', fmt(s.level), 'ts', fmt(s.ts))
-    redis.call('PEXPIRE', s.key, ms(ttl))
+  save = function(s, pttl)
+    set_hash(s.key, pttl, 'tokens', fmt(s.level), 'ts', fmt(s.ts))
   end,
 
   -- refund: put g*A tokens back at now, capped at c. Refilling is linear

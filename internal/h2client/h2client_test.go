@@ -1,4 +1,4 @@
-package main
+package h2client
 
 import (
 	"bytes"
@@ -28,6 +28,9 @@ import (
 	"github.com/weir-dev/weir/store/memstore"
 )
 
+// testLimit is the test servers' limit: 5 per hour per descriptor value.
+var testLimit = weir.Limit{Algorithm: weir.FixedWindow, Rate: 5, Period: time.Hour}
+
 func wantRLSRequest(domain, key string) *rls.RateLimitRequest {
 	return &rls.RateLimitRequest{
 		Domain:      domain,
@@ -36,9 +39,9 @@ func wantRLSRequest(domain, key string) *rls.RateLimitRequest {
 	}
 }
 
-// TestLeanRequestEncoding: the hand-encoded request body is the gRPC
+// TestRequestEncoding: the hand-encoded request body is the gRPC
 // framing of exactly the RateLimitRequest grpc-go's client would send.
-func TestLeanRequestEncoding(t *testing.T) {
+func TestRequestEncoding(t *testing.T) {
 	keys := []string{"", "k1", "k99999", "abuser-7", "ключ-🔑-キー", strings.Repeat("x", 127), strings.Repeat("y", 128),
 		strings.Repeat("é", 300), strings.Repeat("z", 20000), strings.Repeat("w", 1<<21)}
 	for _, domain := range []string{"bench", "", "домен", strings.Repeat("d", 200)} {
@@ -64,9 +67,9 @@ func TestLeanRequestEncoding(t *testing.T) {
 	}
 }
 
-// TestLeanOverallCode: only the top-level overall_code decides, whatever
+// TestOverallCode: only the top-level overall_code decides, whatever
 // else the response holds.
-func TestLeanOverallCode(t *testing.T) {
+func TestOverallCode(t *testing.T) {
 	for _, code := range []rls.RateLimitResponse_Code{rls.RateLimitResponse_UNKNOWN, rls.RateLimitResponse_OK, rls.RateLimitResponse_OVER_LIMIT} {
 		other := rls.RateLimitResponse_OVER_LIMIT
 		if code == other {
@@ -133,7 +136,7 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rls.RateLimitReque
 	if s.fail != nil {
 		return nil, s.fail
 	}
-	r, err := s.lim.Allow(ctx, req.Descriptors[0].Entries[0].Value, benchLimit)
+	r, err := s.lim.Allow(ctx, req.Descriptors[0].Entries[0].Value, testLimit)
 	if err != nil {
 		return nil, err
 	}
@@ -186,21 +189,22 @@ func startRLS(t *testing.T, srv *rlsServer) (string, *grpc.Server, *countingList
 	return ln.Addr().String(), gs, cl
 }
 
-func leanCallersFor(t *testing.T, addr, domain string, concurrency, conns int) []caller {
+// callersFor returns the calls of conns clients that concurrency callers
+// will share as weir bench shares them: caller w uses client w % conns, so
+// a client is shared when more than one caller uses it.
+func callersFor(t *testing.T, addr, domain string, concurrency, conns int) []func(context.Context, string) (bool, error) {
 	t.Helper()
-	c := benchConfig{target: "grpc", grpcClient: "lean", addr: addr, domain: domain, concurrency: concurrency, conns: conns, keys: 1, abusiveKeys: 1, duration: time.Second, dist: "uniform"}
-	if err := c.validate(); err != nil {
-		t.Fatal(err)
+	out := make([]func(context.Context, string) (bool, error), conns)
+	for i := range out {
+		users := concurrency / conns
+		if i < concurrency%conns {
+			users++
+		}
+		cl := New(addr, domain, users > 1)
+		t.Cleanup(cl.Close)
+		out[i] = cl.ShouldRateLimit
 	}
-	callers, closeAll, err := c.callers()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(closeAll)
-	if len(callers) != c.conns {
-		t.Fatalf("%d callers for %d connections", len(callers), c.conns)
-	}
-	return callers
+	return out
 }
 
 func testCtx(t *testing.T) context.Context {
@@ -209,12 +213,12 @@ func testCtx(t *testing.T) context.Context {
 	return ctx
 }
 
-// TestLeanExactCounts: one caller on one connection (the synchronous path)
+// TestExactCounts: one caller on one connection (the synchronous path)
 // gets exactly the limiter's decisions, in order.
-func TestLeanExactCounts(t *testing.T) {
+func TestExactCounts(t *testing.T) {
 	srv := newRLSServer("bench")
 	addr, _, ln := startRLS(t, srv)
-	call := leanCallersFor(t, addr, "bench", 1, 1)[0]
+	call := callersFor(t, addr, "bench", 1, 1)[0]
 	ctx := testCtx(t)
 	for _, key := range []string{"alice", "ключ-🔑"} {
 		var got []bool
@@ -236,14 +240,14 @@ func TestLeanExactCounts(t *testing.T) {
 	}
 }
 
-// TestLeanMultiplexed: 16 callers on 2 connections have their calls in
+// TestMultiplexed: 16 callers on 2 connections have their calls in
 // flight at once on each connection, and every decision is counted.
-func TestLeanMultiplexed(t *testing.T) {
+func TestMultiplexed(t *testing.T) {
 	srv := newRLSServer("other-domain")
 	srv.delay = 2 * time.Millisecond
 	addr, _, ln := startRLS(t, srv)
 	const callers, conns, keys, perKey = 16, 2, 10, 16
-	cs := leanCallersFor(t, addr, "other-domain", callers, conns)
+	cs := callersFor(t, addr, "other-domain", callers, conns)
 	ctx := testCtx(t)
 	var allowed, limited atomic.Int64
 	var wg sync.WaitGroup
@@ -284,15 +288,15 @@ func TestLeanMultiplexed(t *testing.T) {
 	}
 }
 
-// TestLeanGRPCError: a gRPC error status, with a message that needs
+// TestGRPCError: a gRPC error status, with a message that needs
 // percent-encoding, fails the call with that status.
-func TestLeanGRPCError(t *testing.T) {
+func TestGRPCError(t *testing.T) {
 	srv := newRLSServer("bench")
 	srv.fail = status.Error(codes.Unavailable, "store down: ünïcode 100% \x01 gone")
 	addr, _, _ := startRLS(t, srv)
 	ctx := testCtx(t)
 	for _, n := range []int{1, 3} {
-		call := leanCallersFor(t, addr, "bench", n, 1)[0]
+		call := callersFor(t, addr, "bench", n, 1)[0]
 		for i := 0; i < 3; i++ {
 			_, err := call(ctx, "alice")
 			if status.Code(err) != codes.Unavailable || status.Convert(err).Message() != "store down: ünïcode 100% \x01 gone" ||
@@ -303,14 +307,14 @@ func TestLeanGRPCError(t *testing.T) {
 	}
 }
 
-// TestLeanFlowControl: far more data than the default 64 KiB windows in
+// TestFlowControl: far more data than the default 64 KiB windows in
 // both directions, on one connection: 5000 calls with 2 KB keys, answers
 // padded to 1 KB while the client advertises only the default connection
 // window (so it must top it up), and keys larger than a frame and than a
 // stream's window (so it must split and wait for WINDOW_UPDATEs).
-func TestLeanFlowControl(t *testing.T) {
-	defer func(s, c int64) { leanStreamWindow, leanConnWindow = s, c }(leanStreamWindow, leanConnWindow)
-	leanConnWindow = h2DefaultWindow
+func TestFlowControl(t *testing.T) {
+	defer func(s, c int64) { recvStreamWindow, recvConnWindow = s, c }(recvStreamWindow, recvConnWindow)
+	recvConnWindow = h2DefaultWindow
 	srv := newRLSServer("bench")
 	srv.pad = 1000
 	prefix := strings.Repeat("k", 2000)
@@ -318,11 +322,11 @@ func TestLeanFlowControl(t *testing.T) {
 	addr, _, ln := startRLS(t, srv)
 	ctx := testCtx(t)
 
-	cl := newLeanClient(addr, "bench", false)
-	defer cl.close()
+	cl := New(addr, "bench", false)
+	defer cl.Close()
 	allowed := 0
 	for i := 0; i < 5000; i++ {
-		ok, err := cl.call(ctx, fmt.Sprintf("%s-%d", prefix, i%1000))
+		ok, err := cl.ShouldRateLimit(ctx, fmt.Sprintf("%s-%d", prefix, i%1000))
 		if err != nil {
 			t.Fatalf("call %d: %v", i, err)
 		}
@@ -334,7 +338,7 @@ func TestLeanFlowControl(t *testing.T) {
 		t.Fatalf("%d of 5000 allowed (1000 keys × 5)", allowed)
 	}
 	for i := 0; i < 7; i++ {
-		ok, err := cl.call(ctx, prefix+strings.Repeat("🔑", 50_000)) // 200 KB
+		ok, err := cl.ShouldRateLimit(ctx, prefix+strings.Repeat("🔑", 50_000)) // 200 KB
 		if err != nil || ok != (i < 5) {
 			t.Fatalf("big key, call %d: %v, %v", i, ok, err)
 		}
@@ -345,8 +349,8 @@ func TestLeanFlowControl(t *testing.T) {
 	srv.check(t)
 
 	// Many callers on one connection compete for its send window.
-	shared := newLeanClient(addr, "bench", true)
-	defer shared.close()
+	shared := New(addr, "bench", true)
+	defer shared.Close()
 	var wg sync.WaitGroup
 	var got atomic.Int64
 	errc := make(chan error, 8)
@@ -355,7 +359,7 @@ func TestLeanFlowControl(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < 5; i++ {
-				ok, err := shared.call(ctx, fmt.Sprintf("%s-big-%d-%s", prefix, w, strings.Repeat("x", 100_000)))
+				ok, err := shared.ShouldRateLimit(ctx, fmt.Sprintf("%s-big-%d-%s", prefix, w, strings.Repeat("x", 100_000)))
 				if err != nil {
 					errc <- err
 					return
@@ -380,23 +384,23 @@ func TestLeanFlowControl(t *testing.T) {
 	}
 }
 
-// TestLeanStreamIDsRunOut: a connection whose stream IDs run out is
+// TestStreamIDsRunOut: a connection whose stream IDs run out is
 // replaced by a new one before the next call.
-func TestLeanStreamIDsRunOut(t *testing.T) {
+func TestStreamIDsRunOut(t *testing.T) {
 	srv := newRLSServer("bench")
 	addr, _, ln := startRLS(t, srv)
 	ctx := testCtx(t)
-	cl := newLeanClient(addr, "bench", false)
-	defer cl.close()
-	if _, err := cl.call(ctx, "a"); err != nil {
+	cl := New(addr, "bench", false)
+	defer cl.Close()
+	if _, err := cl.ShouldRateLimit(ctx, "a"); err != nil {
 		t.Fatal(err)
 	}
 	first := cl.cur
 	first.mu.Lock()
-	first.nextID = leanMaxStreamID - 2
+	first.nextID = maxStreamID - 2
 	first.mu.Unlock()
 	for i := 0; i < 4; i++ {
-		if _, err := cl.call(ctx, "a"); err != nil {
+		if _, err := cl.ShouldRateLimit(ctx, "a"); err != nil {
 			t.Fatalf("call %d: %v", i, err)
 		}
 		if i == 1 && cl.cur != first {
@@ -408,31 +412,31 @@ func TestLeanStreamIDsRunOut(t *testing.T) {
 	}
 }
 
-// TestLeanServerStops: when the server stops, gracefully (GOAWAY, then
+// TestServerStops: when the server stops, gracefully (GOAWAY, then
 // draining) or not, every caller, synchronous or multiplexed, gets errors
 // rather than hanging.
-func TestLeanServerStops(t *testing.T) {
+func TestServerStops(t *testing.T) {
 	for _, graceful := range []bool{true, false} {
 		t.Run(fmt.Sprint("graceful=", graceful), func(t *testing.T) {
 			srv := newRLSServer("bench")
 			srv.delay = 200 * time.Microsecond
 			addr, gs, _ := startRLS(t, srv)
 			ctx := testCtx(t)
-			sync1 := newLeanClient(addr, "bench", false)
-			sync2 := newLeanClient(addr, "bench", false)
-			shared := newLeanClient(addr, "bench", true)
-			defer sync1.close()
-			defer sync2.close()
-			defer shared.close()
+			sync1 := New(addr, "bench", false)
+			sync2 := New(addr, "bench", false)
+			shared := New(addr, "bench", true)
+			defer sync1.Close()
+			defer sync2.Close()
+			defer shared.Close()
 			var ok atomic.Int64
 			var wg sync.WaitGroup
 			errs := make([]error, 6)
-			for w, cl := range []*leanClient{sync1, sync2, shared, shared, shared, shared} {
+			for w, cl := range []*Client{sync1, sync2, shared, shared, shared, shared} {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
 					for {
-						if _, err := cl.call(ctx, fmt.Sprint("k", ok.Add(1)%50)); err != nil {
+						if _, err := cl.ShouldRateLimit(ctx, fmt.Sprint("k", ok.Add(1)%50)); err != nil {
 							errs[w] = err
 							return
 						}
@@ -470,25 +474,6 @@ func TestLeanServerStops(t *testing.T) {
 				t.Fatal("server still draining after 10s")
 			}
 		})
-	}
-}
-
-// TestBenchGRPCClients: weir bench --target grpc with either client.
-func TestBenchGRPCClients(t *testing.T) {
-	for _, client := range []string{"lean", "grpc-go"} {
-		for _, conns := range []string{"4", "2"} {
-			srv := newRLSServer("bench")
-			addr, _, _ := startRLS(t, srv)
-			s := benchJSON(t, "--target", "grpc", "--grpc-client", client, "--addr", addr, "--concurrency", "4", "--connections", conns,
-				"--requests", "600", "--keys", "20", "--abusive", "0")
-			if s.Total != 600 || s.Allowed != 100 || s.Limited != 500 || s.GRPCClient != client {
-				t.Fatalf("%s over %s connections: %+v; want 600 = 100 allowed (20 keys × 5) + 500 limited", client, conns, s)
-			}
-			srv.check(t)
-		}
-	}
-	if _, errs, code := runCLI(t, "bench", "--grpc-client", "grpc-java"); code != 2 || !strings.Contains(errs, `--grpc-client "grpc-java"`) {
-		t.Fatalf("exit %d: %s", code, errs)
 	}
 }
 
@@ -835,18 +820,18 @@ func (fc *fakeConn) ping(data [8]byte) error {
 	}
 }
 
-// TestLeanProtocol runs the lean client, synchronous and multiplexed,
+// TestProtocol runs the lean client, synchronous and multiplexed,
 // against the scripted server.
-func TestLeanProtocol(t *testing.T) {
+func TestProtocol(t *testing.T) {
 	for _, shared := range []bool{false, true} {
-		t.Run(fmt.Sprint("shared=", shared), func(t *testing.T) { testLeanProtocol(t, shared) })
+		t.Run(fmt.Sprint("shared=", shared), func(t *testing.T) { testProtocol(t, shared) })
 	}
 }
 
-func testLeanProtocol(t *testing.T, shared bool) {
+func testProtocol(t *testing.T, shared bool) {
 	ctx := testCtx(t)
 	// run makes n calls with 4 goroutines if shared, else one.
-	run := func(cl *leanClient, n int, key func(i int) string) (allowed int, errs []error) {
+	run := func(cl *Client, n int, key func(i int) string) (allowed int, errs []error) {
 		var mu sync.Mutex
 		var wg sync.WaitGroup
 		var next atomic.Int64
@@ -859,7 +844,7 @@ func testLeanProtocol(t *testing.T, shared bool) {
 			go func() {
 				defer wg.Done()
 				for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
-					ok, err := cl.call(ctx, key(i))
+					ok, err := cl.ShouldRateLimit(ctx, key(i))
 					mu.Lock()
 					if err != nil {
 						errs = append(errs, err)
@@ -918,8 +903,8 @@ func testLeanProtocol(t *testing.T, shared bool) {
 			}
 			return append(g, n)
 		}
-		cl := newLeanClient(h.ln.Addr().String(), "bench", shared)
-		defer cl.close()
+		cl := New(h.ln.Addr().String(), "bench", shared)
+		defer cl.Close()
 		// 40 × 20 KB > the 64 KiB connection window; each key > a frame.
 		allowed, errs := run(cl, 40, func(i int) string {
 			if i%4 == 0 {
@@ -940,8 +925,8 @@ func testLeanProtocol(t *testing.T, shared bool) {
 				fc.headers(id, true, ":status", "200", "content-type", "application/grpc", "grpc-status", "8", "grpc-message", "slow%20down%21")
 			})
 		})
-		cl := newLeanClient(h.ln.Addr().String(), "bench", shared)
-		defer cl.close()
+		cl := New(h.ln.Addr().String(), "bench", shared)
+		defer cl.Close()
 		_, errs := run(cl, 6, func(int) string { return "k" })
 		h.check()
 		if len(errs) != 6 {
@@ -963,8 +948,8 @@ func testLeanProtocol(t *testing.T, shared bool) {
 			}
 			byKey(fc, id, key)
 		})
-		cl := newLeanClient(h.ln.Addr().String(), "bench", shared)
-		defer cl.close()
+		cl := New(h.ln.Addr().String(), "bench", shared)
+		defer cl.Close()
 		allowed, errs := run(cl, 20, func(i int) string {
 			if i%2 == 0 {
 				return "refuse"
@@ -994,19 +979,19 @@ func testLeanProtocol(t *testing.T, shared bool) {
 			}
 			byKey(fc, id, key)
 		})
-		cl := newLeanClient(h.ln.Addr().String(), "bench", shared)
-		defer cl.close()
+		cl := New(h.ln.Addr().String(), "bench", shared)
+		defer cl.Close()
 		for i := 0; i < 2; i++ {
-			if ok, err := cl.call(ctx, "ok"); !ok || err != nil {
+			if ok, err := cl.ShouldRateLimit(ctx, "ok"); !ok || err != nil {
 				t.Fatalf("call %d: %v %v", i, ok, err)
 			}
 		}
-		_, err := cl.call(ctx, "ok")
+		_, err := cl.ShouldRateLimit(ctx, "ok")
 		if err == nil || !strings.Contains(err.Error(), "GOAWAY (ENHANCE_YOUR_CALM, last stream 3") || !strings.Contains(err.Error(), "calm down") {
 			t.Fatalf("err = %v, want the GOAWAY named", err)
 		}
 		// The next call goes to a new connection.
-		if ok, err := cl.call(ctx, "ok"); !ok || err != nil {
+		if ok, err := cl.ShouldRateLimit(ctx, "ok"); !ok || err != nil {
 			t.Fatalf("after GOAWAY: %v %v", ok, err)
 		}
 		if accepts, _ := h.counts(); accepts != 2 {
@@ -1022,12 +1007,12 @@ func testLeanProtocol(t *testing.T, shared bool) {
 			}
 			byKey(fc, id, key)
 		})
-		cl := newLeanClient(h.ln.Addr().String(), "bench", shared)
-		defer cl.close()
+		cl := New(h.ln.Addr().String(), "bench", shared)
+		defer cl.Close()
 		for i := 0; i < 2; i++ {
 			cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 			errc := make(chan error, 1)
-			go func() { _, err := cl.call(cctx, "hang"); errc <- err }()
+			go func() { _, err := cl.ShouldRateLimit(cctx, "hang"); errc <- err }()
 			select {
 			case err := <-errc:
 				if !errors.Is(err, context.DeadlineExceeded) {
@@ -1037,7 +1022,7 @@ func testLeanProtocol(t *testing.T, shared bool) {
 				t.Fatal("call still running 2s after its 100ms deadline")
 			}
 			cancel()
-			if ok, err := cl.call(ctx, "ok"); !ok || err != nil {
+			if ok, err := cl.ShouldRateLimit(ctx, "ok"); !ok || err != nil {
 				t.Fatalf("after a cancelled call: %v %v", ok, err)
 			}
 		}
@@ -1053,10 +1038,11 @@ func testLeanProtocol(t *testing.T, shared bool) {
 	})
 }
 
-// BenchmarkLeanCall: one synchronous call against grpc-go's server in the
+// BenchmarkCall: one synchronous call against grpc-go's server in the
 // same process (so the CPU time is both sides'; use -memprofile or
-// -cpuprofile with a focus on main. to see the client's).
-func BenchmarkLeanCall(b *testing.B) {
+// -cpuprofile with a focus on h2client. to see the client's;
+// BenchmarkH2Client measures the client alone).
+func BenchmarkCall(b *testing.B) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -1065,12 +1051,12 @@ func BenchmarkLeanCall(b *testing.B) {
 	rls.RegisterRateLimitServiceServer(gs, &okServer{})
 	go gs.Serve(ln)
 	defer gs.Stop()
-	cl := newLeanClient(ln.Addr().String(), "bench", false)
-	defer cl.close()
+	cl := New(ln.Addr().String(), "bench", false)
+	defer cl.Close()
 	ctx := context.Background()
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
-		if _, err := cl.call(ctx, "k12345"); err != nil {
+		if _, err := cl.ShouldRateLimit(ctx, "k12345"); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -1,16 +1,19 @@
-package httplimit
+package policy_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/httplimit"
 	"github.com/weir-dev/weir/policy"
 	"github.com/weir-dev/weir/store/memstore"
 )
@@ -69,10 +72,10 @@ allow: [192.0.2.200/32]
 deny: [203.0.113.0/24]
 `
 
-func TestFromPolicyMultiRule(t *testing.T) {
+func TestMiddlewareMultiRule(t *testing.T) {
 	c := newClock()
-	var decisions []Decision
-	h := FromPolicy(newPolicy(t, c, multiYAML), WithObserver(func(d Decision) { decisions = append(decisions, d) }))(hello)
+	var decisions []httplimit.Decision
+	h := policy.Middleware(newPolicy(t, c, multiYAML), httplimit.WithObserver(func(d httplimit.Decision) { decisions = append(decisions, d) }))(hello)
 	login := func() *httptest.ResponseRecorder {
 		return send(h, http.MethodPost, "/api/login", "192.0.2.1:1", "X-API-Key", "k1")
 	}
@@ -138,10 +141,10 @@ func TestFromPolicyMultiRule(t *testing.T) {
 	}
 }
 
-func TestFromPolicyLists(t *testing.T) {
+func TestMiddlewareLists(t *testing.T) {
 	c := newClock()
-	var decisions []Decision
-	h := FromPolicy(newPolicy(t, c, multiYAML), WithObserver(func(d Decision) { decisions = append(decisions, d) }))(hello)
+	var decisions []httplimit.Decision
+	h := policy.Middleware(newPolicy(t, c, multiYAML), httplimit.WithObserver(func(d httplimit.Decision) { decisions = append(decisions, d) }))(hello)
 
 	w := send(h, http.MethodPost, "/api/login", "203.0.113.5:1", "Accept", "application/json")
 	if w.Code != http.StatusForbidden {
@@ -150,7 +153,7 @@ func TestFromPolicyLists(t *testing.T) {
 	wantHeader(t, w, "RateLimit", "")
 	wantHeader(t, w, "Retry-After", "")
 	p := decodeProblem(t, w)
-	want := Problem{Type: "about:blank", Title: "Forbidden", Status: 403, Detail: "This client may not use this service.", Error: "forbidden"}
+	want := httplimit.Problem{Type: "about:blank", Title: "Forbidden", Status: 403, Detail: "This client may not use this service.", Error: "forbidden"}
 	if p != want {
 		t.Errorf("problem %+v\nwant    %+v", p, want)
 	}
@@ -170,9 +173,9 @@ func TestFromPolicyLists(t *testing.T) {
 	}
 }
 
-func TestFromPolicyMissingIdentity(t *testing.T) {
+func TestMiddlewareMissingIdentity(t *testing.T) {
 	c := newClock()
-	h := FromPolicy(newPolicy(t, c, `
+	h := policy.Middleware(newPolicy(t, c, `
 rules:
   - name: keyed
     identity: [header:X-API-Key]
@@ -192,20 +195,20 @@ rules:
 	}
 }
 
-func TestFromPolicyLegacyHeaders(t *testing.T) {
+func TestMiddlewareLegacyHeaders(t *testing.T) {
 	c := newClock()
 	yaml := "headers: { legacy: true }\nrules: [{ name: all, limit: 10/m, algorithm: fixed_window }]\n"
 	p := newPolicy(t, c, yaml)
-	w := send(FromPolicy(p)(hello), http.MethodGet, "/", "192.0.2.1:1")
+	w := send(policy.Middleware(p)(hello), http.MethodGet, "/", "192.0.2.1:1")
 	wantHeader(t, w, "X-RateLimit-Limit", "10")
 	wantHeader(t, w, "X-RateLimit-Remaining", "9")
 	wantHeader(t, w, "X-RateLimit-Reset", "60")
-	w = send(FromPolicy(p, WithLegacyHeaders(false))(hello), http.MethodGet, "/", "192.0.2.1:1")
+	w = send(policy.Middleware(p, httplimit.WithLegacyHeaders(false))(hello), http.MethodGet, "/", "192.0.2.1:1")
 	wantHeader(t, w, "X-RateLimit-Limit", "")
 	wantHeader(t, w, "RateLimit", `"all";r=8;t=60`)
 }
 
-func TestFromPolicyShaping(t *testing.T) {
+func TestMiddlewareShaping(t *testing.T) {
 	c := newClock()
 	p := newPolicy(t, c, `
 rules:
@@ -217,7 +220,7 @@ rules:
 `)
 	var s sleeper
 	var calls atomic.Int32
-	h := FromPolicy(p, WithSleep(s.sleep))(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { calls.Add(1) }))
+	h := policy.Middleware(p, httplimit.WithSleep(s.sleep))(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { calls.Add(1) }))
 	for i := 0; i < 4; i++ {
 		if w := send(h, http.MethodGet, "/", "192.0.2.1:1"); w.Code != 200 {
 			t.Fatalf("request %d: %d", i, w.Code)
@@ -238,15 +241,15 @@ rules:
 	w := httptest.NewRecorder()
 	before := calls.Load()
 	h.ServeHTTP(w, r)
-	if calls.Load() != before || w.Code != StatusClientClosedRequest {
+	if calls.Load() != before || w.Code != httplimit.StatusClientClosedRequest {
 		t.Errorf("client gone: handler ran %v, status %d", calls.Load() != before, w.Code)
 	}
 }
 
-func TestFromPolicyConcurrencyReleasesOnPanic(t *testing.T) {
+func TestMiddlewareConcurrencyReleasesOnPanic(t *testing.T) {
 	c := newClock()
 	p := newPolicy(t, c, "rules: [{ name: conc, limit: 1/m, algorithm: concurrency }]\n")
-	h := FromPolicy(p)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := policy.Middleware(p)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/panic" {
 			panic(http.ErrAbortHandler)
 		}
@@ -276,7 +279,7 @@ func TestFromPolicyConcurrencyReleasesOnPanic(t *testing.T) {
 
 type handlerKey struct{}
 
-func TestFromPolicyStoreErrors(t *testing.T) {
+func TestMiddlewareStoreErrors(t *testing.T) {
 	yaml := `
 rules:
   - name: strict
@@ -288,8 +291,8 @@ rules:
     limit: 10/m
     on_error: allow
 `
-	var decisions []Decision
-	h := FromPolicy(newPolicyOn(t, failingStore{}, yaml), WithObserver(func(d Decision) { decisions = append(decisions, d) }))(hello)
+	var decisions []httplimit.Decision
+	h := policy.Middleware(newPolicyOn(t, failingStore{}, yaml), httplimit.WithObserver(func(d httplimit.Decision) { decisions = append(decisions, d) }))(hello)
 	w := send(h, http.MethodGet, "/strict", "192.0.2.1:1")
 	if w.Code != http.StatusServiceUnavailable {
 		t.Fatalf("on_error deny: %d", w.Code)
@@ -309,14 +312,14 @@ rules:
 	}
 }
 
-func TestFromPolicyFunc(t *testing.T) {
+func TestMiddlewareFunc(t *testing.T) {
 	c := newClock()
 	var cur atomic.Pointer[policy.Policy]
-	h := FromPolicyFunc(cur.Load)(hello)
+	h := policy.MiddlewareFunc(cur.Load)(hello)
 	if w := do(h, "192.0.2.1:1"); w.Code != 200 || w.Header().Get("RateLimit") != "" {
 		t.Errorf("no policy yet: %d", w.Code)
 	}
-	if w := do(FromPolicyFunc(cur.Load, WithErrorPolicy(FailClosed))(hello), "192.0.2.1:1"); w.Code != 503 {
+	if w := do(policy.MiddlewareFunc(cur.Load, httplimit.WithErrorPolicy(httplimit.FailClosed))(hello), "192.0.2.1:1"); w.Code != 503 {
 		t.Errorf("no policy yet, fail closed: %d", w.Code)
 	}
 	cur.Store(newPolicy(t, c, "rules: [{ name: one, limit: 1/m, algorithm: fixed_window }]\n"))
@@ -330,10 +333,10 @@ func TestFromPolicyFunc(t *testing.T) {
 	}
 }
 
-func TestFromPolicyPanicsOnNil(t *testing.T) {
+func TestMiddlewarePanicsOnNil(t *testing.T) {
 	for name, f := range map[string]func(){
-		"FromPolicy":     func() { FromPolicy(nil) },
-		"FromPolicyFunc": func() { FromPolicyFunc(nil) },
+		"Middleware":     func() { policy.Middleware(nil) },
+		"MiddlewareFunc": func() { policy.MiddlewareFunc(nil) },
 	} {
 		func() {
 			defer func() {
@@ -346,9 +349,9 @@ func TestFromPolicyPanicsOnNil(t *testing.T) {
 	}
 }
 
-// BenchmarkFromPolicyAllowed measures the allowed path of FromPolicy with
+// BenchmarkMiddlewareAllowed measures the allowed path of Middleware with
 // two matching rules, headers included.
-func BenchmarkFromPolicyAllowed(b *testing.B) {
+func BenchmarkMiddlewareAllowed(b *testing.B) {
 	cfg, err := policy.Parse([]byte(`
 rules:
   - { name: api, match: { path: /api/ }, limit: 1000000000/s }
@@ -361,7 +364,7 @@ rules:
 	if err != nil {
 		b.Fatal(err)
 	}
-	h := FromPolicy(p)(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	h := policy.Middleware(p)(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	r, _ := http.NewRequest(http.MethodGet, "/api/x", nil)
 	r.RemoteAddr = "192.0.2.1:1234"
 	w := &discard{h: http.Header{}}
@@ -378,13 +381,88 @@ func TestStatusesOf(t *testing.T) {
 	r := httptest.NewRequest(http.MethodPost, "/api/login", nil)
 	r.RemoteAddr = "192.0.2.1:1"
 	v := p.Check(context.Background(), r) // no X-API-Key: api is skipped
-	st, limiting := StatusesOf(&v)
+	st, limiting := policy.StatusesOf(&v)
 	if len(st) != 2 || st[0].Rule != "login" || st[1].Rule != "probe" || !st[1].Shadow || limiting != 0 {
 		t.Fatalf("StatusesOf = %+v, %d", st, limiting)
 	}
 	h := http.Header{}
-	WriteHeaders(h, st, limiting, nil)
+	httplimit.WriteHeaders(h, st, limiting, nil)
 	if got := h.Get("RateLimit-Policy"); got != `"login";q=5;w=900, "probe";q=2;w=60` {
 		t.Errorf("RateLimit-Policy %q", got)
 	}
 }
+
+// The helpers below are httplimit's test helpers, which these tests used
+// when Middleware was httplimit.FromPolicy.
+
+// clock is a settable time source for memstore.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+// newClock starts at a whole number of hours since the epoch, so that
+// fixed windows start with it.
+func newClock() *clock { return &clock{t: time.Unix(1_699_999_200, 0)} }
+
+func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+
+func (c *clock) Advance(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
+
+var hello = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	_, _ = w.Write([]byte("hello"))
+})
+
+// do sends one request from remote (an "ip:port") through h.
+func do(h http.Handler, remote string, hdr ...string) *httptest.ResponseRecorder {
+	return send(h, http.MethodGet, "/", remote, hdr...)
+}
+
+func wantHeader(t *testing.T, w *httptest.ResponseRecorder, name, want string) {
+	t.Helper()
+	if got := w.Header().Get(name); got != want {
+		t.Errorf("%s = %q, want %q", name, got, want)
+	}
+}
+
+func decodeProblem(t *testing.T, w *httptest.ResponseRecorder) httplimit.Problem {
+	t.Helper()
+	if ct := w.Header().Get("Content-Type"); ct != httplimit.ProblemContentType {
+		t.Fatalf("Content-Type = %q, want %q", ct, httplimit.ProblemContentType)
+	}
+	var p httplimit.Problem
+	if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil {
+		t.Fatalf("body %q: %v", w.Body, err)
+	}
+	return p
+}
+
+// failingStore fails every call.
+type failingStore struct{}
+
+var errDown = errors.New("store down")
+
+func (failingStore) Take(context.Context, string, weir.Limit, int64) (weir.Result, error) {
+	return weir.Result{}, errDown
+}
+func (failingStore) Reset(context.Context, string, weir.Limit) error { return errDown }
+
+// sleeper records the delays asked for and answers them at once.
+type sleeper struct {
+	mu     sync.Mutex
+	delays []time.Duration
+}
+
+func (s *sleeper) sleep(ctx context.Context, d time.Duration) error {
+	s.mu.Lock()
+	s.delays = append(s.delays, d)
+	s.mu.Unlock()
+	return ctx.Err()
+}
+
+// discard is a ResponseWriter that keeps the headers only.
+type discard struct{ h http.Header }
+
+func (d *discard) Header() http.Header         { return d.h }
+func (d *discard) Write(p []byte) (int, error) { return len(p), nil }
+func (d *discard) WriteHeader(int)             {}

@@ -1,16 +1,18 @@
-package httplimit
+package policy
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"slices"
 	"time"
 
-	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/httplimit"
 )
 
-// FromPolicy returns middleware that applies the rules of p to every
-// request (see package policy for the pipeline):
+// Middleware returns net/http middleware that applies the rules of p to
+// every request, answering as httplimit's middleware does (the pipeline is
+// in the package documentation):
 //
 //   - a deny-listed client, or a request without the identity of a rule
 //     whose on_missing is deny, gets 403 and no rule is counted;
@@ -26,50 +28,60 @@ import (
 //   - a shaping leaky-bucket rule delays the request; concurrency rules
 //     hold their leases until the handler returns, even if it panics.
 //
-// Legacy X-RateLimit-* headers follow the policy's headers.legacy unless
-// WithLegacyHeaders says otherwise. WithKey, KeyByIP, WithName and
-// WithShadow do not apply: the rules say how to identify clients. FromPolicy
-// panics if p is nil.
-func FromPolicy(p *policy.Policy, opts ...Option) func(http.Handler) http.Handler {
+// The options are httplimit's. Legacy X-RateLimit-* headers follow the
+// policy's headers.legacy unless httplimit.WithLegacyHeaders says
+// otherwise. WithKey, KeyByIP, KeyByIPPrefix, WithClientIPHeader, WithName
+// and WithShadow do not apply: the rules and the policy's trusted_proxies
+// and client_ip_header say how to identify clients. Middleware panics if p
+// is nil.
+//
+// Middleware was httplimit.FromPolicy: it lives here so that httplimit,
+// for a single limit, does not depend on this package and its YAML.
+func Middleware(p *Policy, opts ...httplimit.Option) func(http.Handler) http.Handler {
 	if p == nil {
-		panic("httplimit: FromPolicy with a nil Policy")
+		panic("policy: Middleware with a nil Policy")
 	}
-	return FromPolicyFunc(func() *policy.Policy { return p }, opts...)
+	return MiddlewareFunc(func() *Policy { return p }, opts...)
 }
 
-// FromPolicyFunc is FromPolicy for a policy that changes: get is called
+// MiddlewareFunc is Middleware for a policy that changes: get is called
 // once per request, so a reloading holder can swap rule sets under running
 // middleware:
 //
 //	holder, err := policy.Watch(ctx, "weir.yaml", build, nil)
 //	...
-//	handler = httplimit.FromPolicyFunc(holder.Load)(handler)
+//	handler = policy.MiddlewareFunc(holder.Load)(handler)
 //
 // While get returns nil, requests pass unlimited, or get 503 under
-// WithErrorPolicy(FailClosed).
-func FromPolicyFunc(get func() *policy.Policy, opts ...Option) func(http.Handler) http.Handler {
+// httplimit.WithErrorPolicy(httplimit.FailClosed). MiddlewareFunc was
+// httplimit.FromPolicyFunc.
+func MiddlewareFunc(get func() *Policy, opts ...httplimit.Option) func(http.Handler) http.Handler {
 	if get == nil {
-		panic("httplimit: FromPolicyFunc with a nil getter")
+		panic("policy: MiddlewareFunc with a nil getter")
 	}
-	c := newConfig(opts)
+	resp := httplimit.NewResponder(opts...)
 	return func(next http.Handler) http.Handler {
-		return &ruled{c: c, get: get, next: next}
+		return &ruled{resp: resp, get: get, next: next}
 	}
 }
 
-// ruled is FromPolicy's handler.
+// errNoPolicy is the error of a 503 answered while MiddlewareFunc's getter
+// has no policy.
+var errNoPolicy = errors.New("policy: no policy loaded")
+
+// ruled is Middleware's handler.
 type ruled struct {
-	c    *config
-	get  func() *policy.Policy
+	resp *httplimit.Responder
+	get  func() *Policy
 	next http.Handler
 }
 
 func (m *ruled) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	c := m.c
+	resp := m.resp
 	p := m.get()
 	if p == nil {
-		if c.errorPolicy == FailClosed {
-			c.reject(w, r, Rejection{Status: http.StatusServiceUnavailable, Err: errNoPolicy})
+		if resp.ErrorPolicy() == httplimit.FailClosed {
+			resp.Reject(w, r, httplimit.Rejection{Status: http.StatusServiceUnavailable, Err: errNoPolicy})
 			return
 		}
 		m.next.ServeHTTP(w, r)
@@ -77,13 +89,14 @@ func (m *ruled) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx := r.Context()
 	var start time.Time
-	if c.observer != nil {
+	observing := resp.Observing()
+	if observing {
 		start = time.Now()
 	}
 	v := p.Check(ctx, r)
 	// Concurrency leases go back when the handler returns or panics.
 	defer v.Release(context.WithoutCancel(ctx))
-	if c.observer != nil {
+	if observing {
 		m.observe(r, &v, time.Since(start))
 	}
 
@@ -92,28 +105,28 @@ func (m *ruled) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.next.ServeHTTP(w, r)
 		return
 	case v.Denied:
-		rej := Rejection{Status: http.StatusForbidden}
+		rej := httplimit.Rejection{Status: http.StatusForbidden}
 		if rr, ok := v.Limited(); ok && rr.Denied {
 			rej.Rule = rr.Rule
 		}
-		c.reject(w, r, rej)
+		resp.Reject(w, r, rej)
 		return
 	}
 
-	var buf [4]Status
+	var buf [4]httplimit.Status
 	statuses, limiting := statusesOf(buf[:0], &v)
-	c.writeHeaders(w.Header(), statuses, limiting, p.Config().Headers.Legacy)
+	resp.WriteHeaders(w.Header(), statuses, limiting, p.Config().Headers.Legacy)
 
 	if !v.Allowed {
-		rej := Rejection{Status: http.StatusTooManyRequests, Statuses: slices.Clone(statuses)}
-		rej.RetryAfter, _ = RetryAfter(statuses)
+		rej := httplimit.Rejection{Status: http.StatusTooManyRequests, Statuses: slices.Clone(statuses)}
+		rej.RetryAfter, _ = httplimit.RetryAfter(statuses)
 		if rr, ok := v.Limited(); ok {
 			rej.Rule, rej.Result = rr.Rule, rr.Result
 			if rr.Err != nil {
 				rej.Status, rej.Err = http.StatusServiceUnavailable, rr.Err
 			}
 		}
-		c.reject(w, r, rej)
+		resp.Reject(w, r, rej)
 		return
 	}
 
@@ -124,8 +137,8 @@ func (m *ruled) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if delay > 0 {
-		if err := c.sleep(ctx, delay); err != nil {
-			w.WriteHeader(StatusClientClosedRequest)
+		if err := resp.Sleep(ctx, delay); err != nil {
+			w.WriteHeader(httplimit.StatusClientClosedRequest)
 			return
 		}
 	}
@@ -137,38 +150,37 @@ func (m *ruled) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // the service answers proxies' auth requests this way. Skipped and denied
 // rules, and rules let through only because the store failed under
 // on_error: allow, are left out. The limiting status is the verdict's
-// Limiting, or when no enforced rule applied, MostRestrictive of the
-// shadow ones.
-func StatusesOf(v *policy.Verdict) ([]Status, int) {
-	return statusesOf(make([]Status, 0, len(v.Results)), v)
+// Limiting, or when no enforced rule applied, httplimit.MostRestrictive
+// of the shadow ones. StatusesOf was httplimit.StatusesOf.
+func StatusesOf(v *Verdict) ([]httplimit.Status, int) {
+	return statusesOf(make([]httplimit.Status, 0, len(v.Results)), v)
 }
 
 // statusesOf is StatusesOf appending to buf. The middleware passes a
 // buffer on its stack.
-func statusesOf(buf []Status, v *policy.Verdict) ([]Status, int) {
+func statusesOf(buf []httplimit.Status, v *Verdict) ([]httplimit.Status, int) {
 	limiting := -1
 	for i := range v.Results {
 		rr := &v.Results[i]
-		if rr.Skipped || rr.Denied || (rr.Err != nil && rr.Fallback == policy.OnErrorAllow) {
+		if rr.Skipped || rr.Denied || (rr.Err != nil && rr.Fallback == OnErrorAllow) {
 			continue
 		}
 		if i == v.Limiting {
 			limiting = len(buf)
 		}
-		buf = append(buf, Status{Rule: rr.Rule, Limit: rr.Limit, Result: rr.Result, Shadow: rr.Shadow})
+		buf = append(buf, httplimit.Status{Rule: rr.Rule, Limit: rr.Limit, Result: rr.Result, Shadow: rr.Shadow})
 	}
 	if limiting < 0 {
-		limiting = MostRestrictive(buf)
+		limiting = httplimit.MostRestrictive(buf)
 	}
 	return buf, limiting
 }
 
 // observe reports the verdict to the observer: one Decision per rule, or
 // one for an allow- or deny-listed request.
-func (m *ruled) observe(r *http.Request, v *policy.Verdict, latency time.Duration) {
-	obs := m.c.observer
+func (m *ruled) observe(r *http.Request, v *Verdict, latency time.Duration) {
 	if len(v.Results) == 0 && (v.AllowListed || v.Denied) {
-		obs(Decision{Request: r, Allowed: v.Allowed, AllowListed: v.AllowListed, DenyListed: v.Denied, Latency: latency})
+		m.resp.Observe(httplimit.Decision{Request: r, Allowed: v.Allowed, AllowListed: v.AllowListed, DenyListed: v.Denied, Latency: latency})
 		return
 	}
 	for i := range v.Results {
@@ -176,7 +188,7 @@ func (m *ruled) observe(r *http.Request, v *policy.Verdict, latency time.Duratio
 		if rr.Skipped {
 			continue
 		}
-		obs(Decision{
+		m.resp.Observe(httplimit.Decision{
 			Request: r, Rule: rr.Rule, Tier: rr.Tier, Key: rr.Identity,
 			Allowed: rr.Result.Allowed && !rr.Denied, Shadow: rr.Shadow,
 			Result: rr.Result, Latency: latency, Err: rr.Err,

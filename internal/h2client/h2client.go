@@ -1,18 +1,19 @@
-package main
-
-// A lean gRPC client for one unary method, Envoy's
+// Package h2client is a lean gRPC client for one unary method, Envoy's
 // RateLimitService/ShouldRateLimit, over cleartext HTTP/2 (h2c with prior
-// knowledge, as grpc-go's insecure credentials). It exists so that
-// `weir bench --target grpc` measures weir rather than its own load
-// generator: grpc-go's client spends ~50 µs of CPU per call, which on a
-// small machine starves the server it shares the cores with. Like h2load,
-// this client does as little as the protocol allows: the HPACK block of
-// the request headers is encoded once per connection, the request body is
-// hand-encoded protobuf written into a reused buffer, only field 1 of the
-// response (overall_code) is decoded, with one caller per connection the
-// caller itself writes its request and reads the frames of the answer,
-// with no goroutine handoff, and the PING ACKs grpc-go's server asks for
-// about once a call ride in the next request's write.
+// knowledge, as grpc-go's insecure credentials). It is weir bench's default
+// gRPC client, so that `weir bench --target grpc` measures weir rather than
+// its own load generator. Per call it spends about a third of the CPU time
+// of net/http's own HTTP/2 (Go 1.24+ h2c) and of grpc-go's client
+// (BenchmarkH2Client; docs/benchmarks.md), which on a small machine would
+// starve the server it shares the cores with.
+//
+// Like h2load, the client does as little as the protocol allows: the
+// HPACK block of the request headers is encoded once per connection, the
+// request body is hand-encoded protobuf written into a reused buffer, only
+// field 1 of the response (overall_code) is decoded, with one caller per
+// connection the caller itself writes its request and reads the frames of
+// the answer, with no goroutine handoff, and the PING ACKs grpc-go's
+// server asks for about once a call ride in the next request's write.
 //
 // Framing and HPACK are golang.org/x/net/http2's Framer and hpack. The
 // client speaks correct HTTP/2: preface and SETTINGS (and ACKs the
@@ -21,6 +22,7 @@ package main
 // before they run out, flow control in both directions, and the server's
 // SETTINGS_MAX_FRAME_SIZE, SETTINGS_MAX_CONCURRENT_STREAMS,
 // SETTINGS_INITIAL_WINDOW_SIZE and SETTINGS_HEADER_TABLE_SIZE.
+package h2client
 
 import (
 	"bufio"
@@ -45,23 +47,23 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
-// The receive windows the lean client advertises: per stream through
+// The receive windows the client advertises: per stream through
 // SETTINGS_INITIAL_WINDOW_SIZE, per connection through a WINDOW_UPDATE
 // right after the preface. Variables so that tests can shrink them.
 var (
-	leanStreamWindow int64 = 1 << 20
-	leanConnWindow   int64 = 1 << 24
+	recvStreamWindow int64 = 1 << 20
+	recvConnWindow   int64 = 1 << 24
 )
 
 const (
-	// rlsPath is the one method the lean client calls.
+	// rlsPath is the one method the client calls.
 	rlsPath = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
-	// leanMaxStreamID is the largest stream ID HTTP/2 allows; a
+	// maxStreamID is the largest stream ID HTTP/2 allows; a
 	// connection whose next ID would pass it is replaced.
-	leanMaxStreamID = 1<<31 - 1
-	// leanMaxResponse bounds a response message, as grpc-go's default
+	maxStreamID = 1<<31 - 1
+	// maxResponse bounds a response message, as grpc-go's default
 	// max receive size does.
-	leanMaxResponse = 4 << 20
+	maxResponse = 4 << 20
 	// http2 defaults (RFC 9113 §6.5.2) that hold until the server's
 	// SETTINGS say otherwise.
 	h2DefaultWindow    = 65535
@@ -71,62 +73,45 @@ const (
 )
 
 var (
-	// errLeanUnusable: the connection takes no new streams (GOAWAY, a
+	// errUnusable: the connection takes no new streams (GOAWAY, a
 	// failure, or stream IDs used up) and the request was not sent, so it
 	// can go to a new connection.
-	errLeanUnusable = errors.New("connection takes no new streams")
-	errLeanClosed   = errors.New("lean gRPC client closed")
-	errLeanRetired  = errors.New("connection retired")
-	aLongTimeAgo    = time.Unix(1, 0)
+	errUnusable  = errors.New("connection takes no new streams")
+	errClosed    = errors.New("h2client: client closed")
+	errRetired   = errors.New("connection retired")
+	aLongTimeAgo = time.Unix(1, 0)
 )
 
-// leanCallers returns the lean client's callers for --target grpc, one per
-// --connections, and the function that closes them all. A connection used
-// by a single caller (the default, --connections = --concurrency) runs
-// synchronously; one shared by several callers multiplexes their streams.
-func (c benchConfig) leanCallers() ([]caller, func()) {
-	conns := max(c.conns, 1)
-	clients := make([]*leanClient, conns)
-	out := make([]caller, conns)
-	for i := range clients {
-		// bench hands worker w the caller w % len(callers).
-		users := c.concurrency / conns
-		if i < c.concurrency%conns {
-			users++
-		}
-		clients[i] = newLeanClient(c.addr, c.domain, users > 1)
-		out[i] = clients[i].call
-	}
-	return out, func() {
-		for _, cl := range clients {
-			cl.close()
-		}
-	}
-}
-
-// leanClient is one --connections slot of the lean client: it holds the
-// current HTTP/2 connection, dials it on first use and replaces it when it
-// stops taking new streams.
-type leanClient struct {
+// Client makes ShouldRateLimit calls to one address over one HTTP/2
+// connection at a time: it dials the connection on first use and replaces
+// it when it stops taking new streams. A Client made for one caller at a
+// time (shared false) runs each call synchronously on the caller's
+// goroutine; a shared one multiplexes its callers' streams, with a reader
+// goroutine per connection.
+type Client struct {
 	addr, domain string
 	shared       bool // several callers: multiplex them on one connection
 
 	callMu sync.Mutex // synchronous mode: one call at a time
 
 	mu     sync.Mutex // guards the fields below
-	cur    *leanConn
-	all    map[*leanConn]struct{} // every connection not yet closed
+	cur    *clientConn
+	all    map[*clientConn]struct{} // every connection not yet closed
 	closed bool
 }
 
-// newLeanClient returns a client for addr; shared says whether several
-// goroutines will call it at once.
-func newLeanClient(addr, domain string, shared bool) *leanClient {
-	return &leanClient{addr: addr, domain: domain, shared: shared, all: map[*leanConn]struct{}{}}
+// New returns a client for the gRPC server at addr (host:port) that asks
+// about descriptors in domain; shared says whether several goroutines will
+// call it at once. It dials nothing until the first call.
+func New(addr, domain string, shared bool) *Client {
+	return &Client{addr: addr, domain: domain, shared: shared, all: map[*clientConn]struct{}{}}
 }
 
-// call makes one ShouldRateLimit call for key; it is a caller.
-func (cl *leanClient) call(ctx context.Context, key string) (bool, error) {
+// ShouldRateLimit makes one call, for the descriptor [{client: key}] with
+// hits_addend 1, and reports whether it was allowed (an overall_code other
+// than OVER_LIMIT). A gRPC error status comes back as a
+// google.golang.org/grpc/status error.
+func (cl *Client) ShouldRateLimit(ctx context.Context, key string) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
@@ -135,7 +120,7 @@ func (cl *leanClient) call(ctx context.Context, key string) (bool, error) {
 		defer cl.callMu.Unlock()
 	}
 	for attempt := 0; ; attempt++ {
-		var cc *leanConn
+		var cc *clientConn
 		if !cl.shared {
 			cc = cl.cur // only this call changes it (close does not)
 		}
@@ -146,7 +131,7 @@ func (cl *leanClient) call(ctx context.Context, key string) (bool, error) {
 			}
 		}
 		allowed, err := cc.roundTrip(ctx, cl.domain, key)
-		if err == errLeanUnusable && attempt < 3 {
+		if err == errUnusable && attempt < 3 {
 			cl.drop(cc) // never sent: try a fresh connection
 			continue
 		}
@@ -155,11 +140,11 @@ func (cl *leanClient) call(ctx context.Context, key string) (bool, error) {
 }
 
 // conn returns a connection that takes new streams, dialling one if need be.
-func (cl *leanClient) conn(ctx context.Context) (*leanConn, error) {
+func (cl *Client) conn(ctx context.Context) (*clientConn, error) {
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
 	if cl.closed {
-		return nil, errLeanClosed
+		return nil, errClosed
 	}
 	if cc := cl.cur; cc != nil {
 		if cc.usable() {
@@ -177,7 +162,7 @@ func (cl *leanClient) conn(ctx context.Context) (*leanConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	cc := newLeanConn(nc, cl.addr, cl.shared)
+	cc := newClientConn(nc, cl.addr, cl.shared)
 	if err := cc.start(); err != nil {
 		nc.Close()
 		return nil, fmt.Errorf("h2 connection to %s: %w", cl.addr, err)
@@ -185,7 +170,7 @@ func (cl *leanClient) conn(ctx context.Context) (*leanConn, error) {
 	if cl.shared {
 		go cc.readLoop()
 	} else {
-		leanAcks.add(cc)
+		heldAcks.add(cc)
 	}
 	cl.cur = cc
 	cl.all[cc] = struct{}{}
@@ -194,7 +179,7 @@ func (cl *leanClient) conn(ctx context.Context) (*leanConn, error) {
 
 // drop replaces cc, which takes no new streams, if it is still the current
 // connection.
-func (cl *leanClient) drop(cc *leanConn) {
+func (cl *Client) drop(cc *clientConn) {
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
 	if cl.cur == cc {
@@ -203,8 +188,9 @@ func (cl *leanClient) drop(cc *leanConn) {
 	}
 }
 
-// close closes every connection; calls in flight fail.
-func (cl *leanClient) close() {
+// Close closes every connection; calls in flight fail, and later calls
+// fail at once.
+func (cl *Client) Close() {
 	cl.mu.Lock()
 	cl.closed = true
 	all := cl.all
@@ -215,16 +201,16 @@ func (cl *leanClient) close() {
 	}
 }
 
-// leanConn is one HTTP/2 connection of the lean client.
+// clientConn is one HTTP/2 connection of a Client.
 //
 // With one caller (synchronous mode) that caller writes its request and
 // then reads frames itself until its stream ends; nothing else runs but
-// leanAcks, now and then, to send a held-back PING ACK. With
+// heldAcks, now and then, to send a held-back PING ACK. With
 // several callers (shared mode) they write their requests under mu and a
 // reader goroutine reads every frame and hands each stream's outcome to
 // its caller through the stream's done channel; callers waiting for flow
 // control window or a free stream slot wait on the changed channel.
-type leanConn struct {
+type clientConn struct {
 	nc     net.Conn
 	br     *bufio.Reader
 	bw     *bufio.Writer
@@ -243,19 +229,19 @@ type leanConn struct {
 	goAway    error // the server's GOAWAY; no new streams
 	retired   bool  // replaced: close when the last stream ends
 	nextID    uint32
-	active    uint32                 // open streams
-	streams   map[uint32]*leanStream // shared mode
-	single    *leanStream            // synchronous mode: the open stream
-	syncSt    leanStream             // synchronous mode: reused for every call
-	scratch   []byte                 // synchronous mode: request body buffer
-	changed   chan struct{}          // shared mode: closed on a state change someone waits for
-	watched   context.Context        // synchronous mode: ctx whose end sets a past deadline on nc
+	active    uint32                   // open streams
+	streams   map[uint32]*clientStream // shared mode
+	single    *clientStream            // synchronous mode: the open stream
+	syncSt    clientStream             // synchronous mode: reused for every call
+	scratch   []byte                   // synchronous mode: request body buffer
+	changed   chan struct{}            // shared mode: closed on a state change someone waits for
+	watched   context.Context          // synchronous mode: ctx whose end sets a past deadline on nc
 	stopWatch func() bool
 
 	// Synchronous mode: a PING ACK waits in bw to go out with the next
-	// request, or with leanAcks if no request comes soon.
+	// request, or with heldAcks if no request comes soon.
 	flushPending bool
-	ackHeld      atomic.Bool // flushPending, for leanAcks to read without mu
+	ackHeld      atomic.Bool // flushPending, for heldAcks to read without mu
 
 	// What the server allows us.
 	connSendWin int64
@@ -278,20 +264,20 @@ type leanConn struct {
 	dec          *hpack.Decoder
 	hdrID        uint32 // stream of the header block being decoded
 	hdrEndStream bool
-	hf           leanHeaders
+	hf           respHeaders
 
 	// Counters, for tests.
 	windowWaits int
 }
 
-// leanHeaders holds the fields the client cares about from one header block.
-type leanHeaders struct {
+// respHeaders holds the fields the client cares about from one header block.
+type respHeaders struct {
 	status, contentType, grpcStatus, grpcMessage string
 	hasGRPCStatus                                bool
 }
 
-// leanStream is one call.
-type leanStream struct {
+// clientStream is one call.
+type clientStream struct {
 	id           uint32
 	sendWin      int64
 	recvd        int64
@@ -305,16 +291,16 @@ type leanStream struct {
 	err          error
 }
 
-// newLeanConn wraps nc; start sends the preface.
-func newLeanConn(nc net.Conn, addr string, shared bool) *leanConn {
-	c := &leanConn{
+// newClientConn wraps nc; start sends the preface.
+func newClientConn(nc net.Conn, addr string, shared bool) *clientConn {
+	c := &clientConn{
 		nc:           nc,
 		addr:         addr,
 		shared:       shared,
 		br:           bufio.NewReaderSize(nc, 32<<10),
 		bw:           bufio.NewWriterSize(nc, 32<<10),
-		streamWindow: min(max(leanStreamWindow, 1), h2MaxWindow),
-		connWindow:   min(max(leanConnWindow, h2DefaultWindow), h2MaxWindow),
+		streamWindow: min(max(recvStreamWindow, 1), h2MaxWindow),
+		connWindow:   min(max(recvConnWindow, h2DefaultWindow), h2MaxWindow),
 		nextID:       1,
 		connSendWin:  h2DefaultWindow,
 		peerInitWin:  h2DefaultWindow,
@@ -341,14 +327,14 @@ func newLeanConn(nc net.Conn, addr string, shared bool) *leanConn {
 	c.hdrCacheable = c.reqHdrSize <= c.enc.MaxDynamicTableSize()
 	c.recvAvail = c.connWindow
 	if shared {
-		c.streams = map[uint32]*leanStream{}
+		c.streams = map[uint32]*clientStream{}
 		c.readerDone = make(chan struct{})
 	}
 	return c
 }
 
 // start writes the client preface, our SETTINGS and the connection window.
-func (c *leanConn) start() error {
+func (c *clientConn) start() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.bw.WriteString(http2.ClientPreface)
@@ -363,14 +349,14 @@ func (c *leanConn) start() error {
 }
 
 // usable reports whether the connection takes new streams.
-func (c *leanConn) usable() bool {
+func (c *clientConn) usable() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.err == nil && c.goAway == nil && !c.retired && c.nextID <= leanMaxStreamID
+	return c.err == nil && c.goAway == nil && !c.retired && c.nextID <= maxStreamID
 }
 
 // dead reports whether the connection is closed.
-func (c *leanConn) dead() bool {
+func (c *clientConn) dead() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.err != nil
@@ -381,7 +367,7 @@ func (c *leanConn) dead() bool {
 // write. Watching costs nothing per call while ctx stays the same. It
 // reports false if an earlier ctx has ended, when the connection (its
 // deadline spent) must be replaced. Called with mu held.
-func (c *leanConn) watch(ctx context.Context) bool {
+func (c *clientConn) watch(ctx context.Context) bool {
 	if ctx == c.watched {
 		return true
 	}
@@ -397,19 +383,19 @@ func (c *leanConn) watch(ctx context.Context) bool {
 }
 
 // retire stops new streams; the connection closes once its last stream ends.
-func (c *leanConn) retire() {
+func (c *clientConn) retire() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.retired = true
 	if c.active == 0 {
-		c.fail(errLeanRetired)
+		c.fail(errRetired)
 	}
 }
 
 // close closes the connection, failing its calls, and waits for its reader.
-func (c *leanConn) close() {
+func (c *clientConn) close() {
 	c.mu.Lock()
-	c.fail(errLeanClosed)
+	c.fail(errClosed)
 	c.mu.Unlock()
 	if c.shared {
 		<-c.readerDone
@@ -417,19 +403,19 @@ func (c *leanConn) close() {
 }
 
 // readLoop is the shared mode's reader.
-func (c *leanConn) readLoop() {
+func (c *clientConn) readLoop() {
 	defer close(c.readerDone)
 	for !c.readOne(nil) {
 	}
 }
 
-// roundTrip makes one call on the connection. It returns errLeanUnusable,
+// roundTrip makes one call on the connection. It returns errUnusable,
 // having sent nothing, if the connection takes no new streams.
-func (c *leanConn) roundTrip(ctx context.Context, domain, key string) (bool, error) {
+func (c *clientConn) roundTrip(ctx context.Context, domain, key string) (bool, error) {
 	c.mu.Lock()
 	if !c.shared && !c.watch(ctx) {
 		c.mu.Unlock()
-		return false, errLeanUnusable
+		return false, errUnusable
 	}
 	st, err := c.open(ctx)
 	if err != nil {
@@ -474,10 +460,10 @@ func (c *leanConn) roundTrip(ctx context.Context, domain, key string) (bool, err
 // SETTINGS_MAX_CONCURRENT_STREAMS. Called with mu held; the caller must
 // write the stream's HEADERS before releasing it, so that stream IDs and
 // HPACK state reach the wire in order.
-func (c *leanConn) open(ctx context.Context) (*leanStream, error) {
+func (c *clientConn) open(ctx context.Context) (*clientStream, error) {
 	for {
-		if c.err != nil || c.goAway != nil || c.retired || c.nextID > leanMaxStreamID {
-			return nil, errLeanUnusable
+		if c.err != nil || c.goAway != nil || c.retired || c.nextID > maxStreamID {
+			return nil, errUnusable
 		}
 		if c.active < c.maxStreams {
 			break
@@ -486,13 +472,13 @@ func (c *leanConn) open(ctx context.Context) (*leanStream, error) {
 			return nil, err
 		}
 	}
-	var st *leanStream
+	var st *clientStream
 	if c.shared {
-		st = &leanStream{done: make(chan struct{})}
+		st = &clientStream{done: make(chan struct{})}
 		c.streams[c.nextID] = st
 	} else {
 		st = &c.syncSt
-		*st = leanStream{msg: st.msg[:0]}
+		*st = clientStream{msg: st.msg[:0]}
 		c.single = st
 	}
 	st.id = c.nextID
@@ -506,7 +492,7 @@ func (c *leanConn) open(ctx context.Context) (*leanStream, error) {
 // than the server's frame size) and the body in DATA frames within the
 // flow control windows, the last with END_STREAM. Called with mu held.
 // Failures finish the stream.
-func (c *leanConn) send(ctx context.Context, st *leanStream, body []byte) {
+func (c *clientConn) send(ctx context.Context, st *clientStream, body []byte) {
 	block := c.headerBlock()
 	for first := true; first || len(block) > 0; first = false {
 		n := min(len(block), c.maxFrame)
@@ -561,7 +547,7 @@ func (c *leanConn) send(ctx context.Context, st *leanStream, body []byte) {
 }
 
 // headerBlock returns the HPACK block of the request headers. Called with mu held.
-func (c *leanConn) headerBlock() []byte {
+func (c *clientConn) headerBlock() []byte {
 	if c.hdrCache != nil {
 		return c.hdrCache
 	}
@@ -584,7 +570,7 @@ func (c *leanConn) headerBlock() []byte {
 // signals or ctx ends. It flushes what is buffered first, since the server
 // may need it to grant what we wait for. Called with mu held, which it
 // releases meanwhile. It returns ctx's error or the connection's.
-func (c *leanConn) wait(ctx context.Context) error {
+func (c *clientConn) wait(ctx context.Context) error {
 	if c.flush(); c.err != nil {
 		return c.err
 	}
@@ -619,15 +605,15 @@ func (c *leanConn) wait(ctx context.Context) error {
 // request, in the same write, rather than in a write of its own: grpc-go's
 // server pings to estimate the bandwidth-delay product about once per
 // round trip, which with one call per round trip would double the writes.
-// leanAcks flushes it if no request follows within a few milliseconds.
+// heldAcks flushes it if no request follows within a few milliseconds.
 // Called with mu held, in synchronous mode.
-func (c *leanConn) deferFlush() {
+func (c *clientConn) deferFlush() {
 	c.flushPending = true
 	c.ackHeld.Store(true)
 }
 
 // flush writes out what bw holds. Called with mu held.
-func (c *leanConn) flush() {
+func (c *clientConn) flush() {
 	if c.flushPending {
 		c.flushPending = false
 		c.ackHeld.Store(false)
@@ -637,27 +623,27 @@ func (c *leanConn) flush() {
 	}
 }
 
-// leanAcks sends the PING ACKs that synchronous connections hold back for
-// their next request when none has come within leanAckDelay. One goroutine
+// heldAcks sends the PING ACKs that synchronous connections hold back for
+// their next request when none has come within ackDelay. One goroutine
 // for all of them, running while any is open: a timer per connection,
 // reset on every PING, costs more than the write it saves.
-var leanAcks leanAckFlusher
+var heldAcks ackFlusher
 
-const leanAckDelay = 2 * time.Millisecond
+const ackDelay = 2 * time.Millisecond
 
-// leanAckFlusher is the type of leanAcks.
-type leanAckFlusher struct {
+// ackFlusher is the type of heldAcks.
+type ackFlusher struct {
 	mu      sync.Mutex
-	conns   map[*leanConn]struct{} // open synchronous connections
+	conns   map[*clientConn]struct{} // open synchronous connections
 	running bool
 }
 
 // add registers a synchronous connection; fail unregisters it.
-func (f *leanAckFlusher) add(c *leanConn) {
+func (f *ackFlusher) add(c *clientConn) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.conns == nil {
-		f.conns = map[*leanConn]struct{}{}
+		f.conns = map[*clientConn]struct{}{}
 	}
 	f.conns[c] = struct{}{}
 	if !f.running {
@@ -666,16 +652,16 @@ func (f *leanAckFlusher) add(c *leanConn) {
 	}
 }
 
-func (f *leanAckFlusher) remove(c *leanConn) {
+func (f *ackFlusher) remove(c *clientConn) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.conns, c)
 }
 
-func (f *leanAckFlusher) run() {
-	var held []*leanConn
+func (f *ackFlusher) run() {
+	var held []*clientConn
 	for {
-		time.Sleep(leanAckDelay)
+		time.Sleep(ackDelay)
 		f.mu.Lock()
 		if len(f.conns) == 0 {
 			f.running = false
@@ -703,7 +689,7 @@ func (f *leanAckFlusher) run() {
 }
 
 // broadcast wakes the callers in wait. Called with mu held.
-func (c *leanConn) broadcast() {
+func (c *clientConn) broadcast() {
 	if c.changed != nil {
 		close(c.changed)
 		c.changed = nil
@@ -713,7 +699,7 @@ func (c *leanConn) broadcast() {
 // readOne reads and handles a frame, and any more that are already
 // buffered, until st (if not nil) finishes. It reports whether st has
 // finished or the connection has failed.
-func (c *leanConn) readOne(st *leanStream) bool {
+func (c *clientConn) readOne(st *clientStream) bool {
 	f, err := c.fr.ReadFrame()
 	c.mu.Lock()
 	for {
@@ -735,7 +721,7 @@ func (c *leanConn) readOne(st *leanStream) bool {
 
 // frameBuffered reports whether a whole frame waits in br, so that reading
 // it does not block.
-func (c *leanConn) frameBuffered() bool {
+func (c *clientConn) frameBuffered() bool {
 	n := c.br.Buffered()
 	if n < 9 {
 		return false
@@ -746,7 +732,7 @@ func (c *leanConn) frameBuffered() bool {
 
 // readError handles an error from reading or handling a frame: the end of
 // one stream for a StreamError, else of the connection. Called with mu held.
-func (c *leanConn) readError(err error) {
+func (c *clientConn) readError(err error) {
 	var se http2.StreamError
 	if errors.As(err, &se) {
 		// A malformed frame on one stream (e.g. a zero WINDOW_UPDATE).
@@ -763,12 +749,12 @@ func (c *leanConn) readError(err error) {
 
 // handle applies one frame. Called with mu held; an error is the
 // connection's end.
-func (c *leanConn) handle(f http2.Frame) error {
+func (c *clientConn) handle(f http2.Frame) error {
 	switch f := f.(type) {
 	case *http2.DataFrame:
 		return c.onData(f)
 	case *http2.HeadersFrame:
-		c.hdrID, c.hdrEndStream, c.hf = f.StreamID, f.StreamEnded(), leanHeaders{}
+		c.hdrID, c.hdrEndStream, c.hf = f.StreamID, f.StreamEnded(), respHeaders{}
 		if _, err := c.dec.Write(f.HeaderBlockFragment()); err != nil {
 			return fmt.Errorf("%w: %v", http2.ConnectionError(http2.ErrCodeCompression), err)
 		}
@@ -829,7 +815,7 @@ func (c *leanConn) handle(f http2.Frame) error {
 			msg = fmt.Sprintf(", %q", d)
 		}
 		c.goAway = fmt.Errorf("server sent GOAWAY (%v, last stream %d%s)", f.ErrCode, f.LastStreamID, msg)
-		c.each(func(st *leanStream) {
+		c.each(func(st *clientStream) {
 			if st.id > f.LastStreamID {
 				c.finish(st, false, c.goAway) // not processed
 			}
@@ -843,7 +829,7 @@ func (c *leanConn) handle(f http2.Frame) error {
 
 // onData accounts a DATA frame against the receive windows, topping up the
 // connection's, and adds its payload to the stream's response.
-func (c *leanConn) onData(f *http2.DataFrame) error {
+func (c *clientConn) onData(f *http2.DataFrame) error {
 	if n := int64(f.Length); n > 0 {
 		if c.recvAvail -= n; c.recvAvail < 0 {
 			return fmt.Errorf("%w: server overran the connection window", http2.ConnectionError(http2.ErrCodeFlowControl))
@@ -868,8 +854,8 @@ func (c *leanConn) onData(f *http2.DataFrame) error {
 		c.finishLocal(st, http2.ErrCodeFlowControl, errors.New("server overran the stream window"))
 	case !st.gotHeaders:
 		c.finishLocal(st, http2.ErrCodeProtocol, errors.New("DATA before the response HEADERS"))
-	case len(st.msg)+len(f.Data()) > leanMaxResponse:
-		c.finishLocal(st, http2.ErrCodeCancel, fmt.Errorf("response larger than %d bytes", leanMaxResponse))
+	case len(st.msg)+len(f.Data()) > maxResponse:
+		c.finishLocal(st, http2.ErrCodeCancel, fmt.Errorf("response larger than %d bytes", maxResponse))
 	default:
 		st.msg = append(st.msg, f.Data()...)
 		if f.StreamEnded() {
@@ -881,7 +867,7 @@ func (c *leanConn) onData(f *http2.DataFrame) error {
 }
 
 // onField is the HPACK decoder's emit function.
-func (c *leanConn) onField(f hpack.HeaderField) {
+func (c *clientConn) onField(f hpack.HeaderField) {
 	switch f.Name {
 	case ":status":
 		c.hf.status = f.Value
@@ -896,7 +882,7 @@ func (c *leanConn) onField(f hpack.HeaderField) {
 
 // endHeaders applies a complete header block: the response headers, the
 // trailers, or both at once (trailers-only).
-func (c *leanConn) endHeaders() error {
+func (c *clientConn) endHeaders() error {
 	if err := c.dec.Close(); err != nil {
 		return fmt.Errorf("%w: %v", http2.ConnectionError(http2.ErrCodeCompression), err)
 	}
@@ -915,7 +901,7 @@ func (c *leanConn) endHeaders() error {
 		}
 		if err != nil {
 			if h.hasGRPCStatus && h.grpcStatus != "0" {
-				_, gerr := leanResult(h, nil)
+				_, gerr := callResult(h, nil)
 				err = fmt.Errorf("%w (%v)", err, gerr)
 			}
 			if c.hdrEndStream {
@@ -935,7 +921,7 @@ func (c *leanConn) endHeaders() error {
 		return nil
 	}
 	st.remoteClosed = true
-	allowed, err := leanResult(h, st.msg)
+	allowed, err := callResult(h, st.msg)
 	c.finish(st, allowed, err)
 	return nil
 }
@@ -945,9 +931,9 @@ func isGRPCContentType(ct string) bool {
 	return ok && (rest == "" || rest[0] == '+' || rest[0] == ';')
 }
 
-// leanResult reads a call's outcome from its trailers and its gRPC-framed
+// callResult reads a call's outcome from its trailers and its gRPC-framed
 // response message.
-func leanResult(h *leanHeaders, msg []byte) (allowed bool, err error) {
+func callResult(h *respHeaders, msg []byte) (allowed bool, err error) {
 	if !h.hasGRPCStatus {
 		return false, errors.New("response without grpc-status")
 	}
@@ -1055,7 +1041,7 @@ func appendRLSRequest(b []byte, domain, key string) []byte {
 }
 
 // applySetting applies one of the server's SETTINGS.
-func (c *leanConn) applySetting(s http2.Setting) error {
+func (c *clientConn) applySetting(s http2.Setting) error {
 	if err := s.Valid(); err != nil {
 		return fmt.Errorf("%w: %v", err, s)
 	}
@@ -1064,7 +1050,7 @@ func (c *leanConn) applySetting(s http2.Setting) error {
 		delta := int64(s.Val) - c.peerInitWin
 		c.peerInitWin = int64(s.Val)
 		var err error
-		c.each(func(st *leanStream) {
+		c.each(func(st *clientStream) {
 			if st.sendWin += delta; st.sendWin > h2MaxWindow {
 				err = fmt.Errorf("%w: stream window over 2^31-1", http2.ConnectionError(http2.ErrCodeFlowControl))
 			}
@@ -1085,7 +1071,7 @@ func (c *leanConn) applySetting(s http2.Setting) error {
 }
 
 // lookup returns the open stream id, or nil. Called with mu held.
-func (c *leanConn) lookup(id uint32) *leanStream {
+func (c *clientConn) lookup(id uint32) *clientStream {
 	if c.shared {
 		return c.streams[id]
 	}
@@ -1096,7 +1082,7 @@ func (c *leanConn) lookup(id uint32) *leanStream {
 }
 
 // each calls fn for every open stream. Called with mu held.
-func (c *leanConn) each(fn func(*leanStream)) {
+func (c *clientConn) each(fn func(*clientStream)) {
 	if c.shared {
 		for _, st := range c.streams {
 			fn(st)
@@ -1107,7 +1093,7 @@ func (c *leanConn) each(fn func(*leanStream)) {
 }
 
 // finish ends st with its outcome. Called with mu held.
-func (c *leanConn) finish(st *leanStream, allowed bool, err error) {
+func (c *clientConn) finish(st *clientStream, allowed bool, err error) {
 	if st.finished {
 		return
 	}
@@ -1121,13 +1107,13 @@ func (c *leanConn) finish(st *leanStream, allowed bool, err error) {
 	c.active--
 	c.broadcast()
 	if c.retired && c.active == 0 {
-		c.fail(errLeanRetired)
+		c.fail(errRetired)
 	}
 }
 
 // finishLocal ends st on our side: it resets the stream unless the server
 // has already ended or reset it. Called with mu held.
-func (c *leanConn) finishLocal(st *leanStream, code http2.ErrCode, err error) {
+func (c *clientConn) finishLocal(st *clientStream, code http2.ErrCode, err error) {
 	if st.finished {
 		return
 	}
@@ -1144,7 +1130,7 @@ func (c *leanConn) finishLocal(st *leanStream, code http2.ErrCode, err error) {
 
 // fail closes the connection and ends its streams with err. Called with
 // mu held.
-func (c *leanConn) fail(err error) {
+func (c *clientConn) fail(err error) {
 	if c.err != nil {
 		return
 	}
@@ -1160,8 +1146,8 @@ func (c *leanConn) fail(err error) {
 		c.stopWatch()
 	}
 	if !c.shared {
-		leanAcks.remove(c)
+		heldAcks.remove(c)
 	}
-	c.each(func(st *leanStream) { c.finish(st, false, err) })
+	c.each(func(st *clientStream) { c.finish(st, false, err) })
 	c.broadcast()
 }

@@ -1,0 +1,66 @@
+package algorithm
+
+// gcra: the generic cell rate algorithm (redis-cell semantics). The state
+// is the theoretical arrival time TAT; a request fits while TAT − now
+// leaves room for its cells in a burst of c = Burst·A units. TAT is kept
+// as whole µs plus a fraction Frac in units of 1/B µs, so nothing is ever
+// rounded. Mirrors scripts/gcra.lua. State: TAT, Frac; TAT 0 is idle.
+
+// gcraDiff returns TAT − now in units of 1/B µs, in [0, c] (gcra_diff).
+// A TAT in the past leaves 0 (Frac < B), and never multiplies a long idle
+// time; one more than c/B µs ahead (after a lowered burst) reads as c.
+func gcraDiff(p *Params, s *State, now, c int64) int64 {
+	var diff int64
+	if s.TAT != 0 {
+		switch ahead := s.TAT - now; {
+		case ahead > c/p.B:
+			diff = c // guard before multiplying: ahead·B would pass c
+		case ahead >= 0:
+			diff = ahead*p.B + s.Frac
+		}
+	}
+	return diff
+}
+
+// gcra decides GCRA (ALG.gcra.decide).
+func gcra(p *Params, s *State, now, cost int64, mode Mode, apply bool) Decision {
+	d := Decision{Limit: p.Cap}
+	c := p.Burst * p.A
+	diff := gcraDiff(p, s, now, c)
+	g := grant(cost, max(c-diff, 0)/p.A, mode)
+	if g == 0 {
+		d.RetryAfter = ceilDiv(diff+cost*p.A-c, p.B)
+	} else if apply {
+		diff += g * p.A
+		s.TAT, s.Frac = now+diff/p.B, diff%p.B
+		d.Changed = true
+	}
+	d.Granted, d.Remaining = g, max(c-diff, 0)/p.A
+	d.ResetAfter = ceilDiv(diff, p.B) // until TAT
+	return d
+}
+
+// gcraRefund moves TAT back by g cells, measured from now and floored at
+// now (TAT advances linearly, so this is the TAT without the take).
+func gcraRefund(p *Params, s *State, takeNow, now, g int64, id string) bool {
+	if s.TAT == 0 {
+		return false
+	}
+	c := p.Burst * p.A
+	diff := max(gcraDiff(p, s, now, c)-g*p.A, 0)
+	s.TAT, s.Frac = now+diff/p.B, diff%p.B
+	return true
+}
+
+// gcraLife is how much longer the stored TAT lasts at now: after a lowered
+// burst it may lie further ahead than the burst reads.
+func gcraLife(p *Params, s *State, now int64) int64 {
+	if s.TAT == 0 {
+		return 0
+	}
+	l := s.TAT - now
+	if s.Frac > 0 {
+		l++
+	}
+	return l
+}

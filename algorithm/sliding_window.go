@@ -1,0 +1,183 @@
+package algorithm
+
+// sliding_window: Cloudflare's two-counter approximation. The previous
+// window's count is weighted by the part of it still inside the sliding
+// window, in ticks of Tick µs: estimate = ceil(prev × (P − e)/P) + cur.
+// With Buckets, the period is split into Buckets sub-windows and only the
+// oldest is weighted (slidingBuckets). Mirrors scripts/sliding_window.lua.
+// State: Window, Count (cur), Prev; with buckets, Window and the ring of
+// counts (bucketCounts).
+
+// slidingWindow decides a sliding window (ALG.sliding_window.decide).
+func slidingWindow(p *Params, s *State, now, cost int64, mode Mode, apply bool) Decision {
+	if p.Buckets > 0 {
+		return slidingBuckets(p, s, now, cost, mode, apply)
+	}
+	d := Decision{Limit: p.Cap}
+	pt := p.Period / p.Tick // the period in ticks (Tick divides it)
+	nt := now / p.Tick      // now in ticks
+	w := nt / pt            // the current window
+	e := nt - w*pt          // ticks elapsed in it
+	var cur, prev int64
+	switch s.Window {
+	case w:
+		cur, prev = s.Count, s.Prev
+	case w - 1:
+		prev = s.Count // the stored window is now the previous one
+	}
+	cur, prev = min(cur, p.Rate), min(prev, p.Rate)
+	// prev·(pt−e) ≤ Rate·pt < 2^53: Compile chose Tick to make it so.
+	weighted := ceilDiv(prev*(pt-e), pt)
+	est := weighted + cur
+	g := grant(cost, max(p.Rate-est, 0), mode)
+	if g == 0 {
+		var at int64 // the instant, in ticks, when the request fits
+		if k := p.Rate - cur - cost; k >= 0 {
+			// Same window: ceil(prev(P−e')/P) ≤ k ⇔ e' ≥ P − floor(kP/prev).
+			at = w*pt + pt - (k*pt)/prev
+		} else {
+			// Next window, where the current count becomes prev.
+			need := int64(0)
+			if cur > 0 {
+				need = max(pt-((p.Rate-cost)*pt)/cur, 0)
+			}
+			at = (w+1)*pt + need
+		}
+		d.RetryAfter = at*p.Tick - now
+	} else if apply {
+		cur += g
+		est += g
+		s.Window, s.Count, s.Prev = w, cur, prev
+		d.Changed = true
+	}
+	d.Granted, d.Remaining = g, max(p.Rate-est, 0)
+	switch {
+	case cur > 0:
+		d.ResetAfter = (w+2)*pt*p.Tick - now // cur weighs nothing two windows on
+	case prev > 0:
+		d.ResetAfter = (w+1)*pt*p.Tick - now
+	}
+	return d
+}
+
+// bucketCounts returns a bucketed sliding window's counts: a ring of
+// Buckets+1, the count of bucket i at i mod (Buckets+1), the newest bucket
+// being s.Window. They live in the slice that holds a sliding log's
+// timestamps: a State serves one algorithm, and sharing keeps every key's
+// State as small as it was before buckets.
+func (s *State) bucketCounts() *[]int64 { return &s.Log.ts }
+
+// swCount returns bucket i's count, capped at the rate (a lowered limit),
+// or 0 if the ring does not hold it (sw_count). valid says whether the
+// ring holds buckets s.Window−nb .. s.Window.
+func swCount(p *Params, s *State, valid bool, i int64) int64 {
+	if !valid || i > s.Window || i < 0 {
+		return 0
+	}
+	return min((*s.bucketCounts())[i%(p.Buckets+1)], p.Rate)
+}
+
+// slidingBuckets decides a sliding window of p.Buckets sub-windows
+// (buckets) of bt ticks each (sw_buckets). The trailing period holds the
+// current bucket w (e ticks of it elapsed), the nb−1 before it whole, and
+// the part of bucket w−nb still inside it, weighted as the plain sliding
+// window weighs its previous window:
+//
+//	estimate = ceil(c[w−nb] × (bt−e)/bt) + c[w−nb+1] + … + c[w]
+//
+// Only one bucket is estimated, so the error is at most one bucket's
+// count; with one bucket this is the plain sliding window.
+func slidingBuckets(p *Params, s *State, now, cost int64, mode Mode, apply bool) Decision {
+	d := Decision{Limit: p.Cap}
+	nb := p.Buckets
+	ring := nb + 1
+	bt := p.Period / p.Tick / nb // a bucket, in ticks (Compile made it whole)
+	nt := now / p.Tick
+	w := nt / bt
+	e := nt - w*bt
+	// The ring holds buckets Window−nb .. Window; a state written under
+	// another bucket count, or in the future, or too long ago, is empty.
+	counts := s.bucketCounts()
+	valid := int64(len(*counts)) == ring && s.Window <= w && w-s.Window <= nb
+	old := swCount(p, s, valid, w-nb)
+	var held int64 // buckets w−nb+1 .. w, wholly inside the trailing period
+	for i := w - nb + 1; i <= w; i++ {
+		held += swCount(p, s, valid, i)
+	}
+	// old·(bt−e) ≤ Rate·bt ≤ Rate·Period/Tick < 2^53: Compile chose Tick.
+	est := ceilDiv(old*(bt-e), bt) + held
+	g := grant(cost, max(p.Rate-est, 0), mode)
+	if g == 0 {
+		// In bucket w+m the estimate is ceil(c[w+m−nb] × (bt−e')/bt) plus
+		// rest, the counts of w+m−nb+1 .. w; it only falls. The request
+		// fits in the first bucket where k = Rate − cost − rest ≥ 0, at
+		// e' = bt − floor(k × bt / c[w+m−nb]). (At m = nb, rest is 0.)
+		rest := held
+		for m := int64(0); m <= nb; m++ {
+			o := swCount(p, s, valid, w+m-nb)
+			if m > 0 {
+				rest -= o
+			}
+			if k := p.Rate - cost - rest; k >= 0 {
+				at := (w + m) * bt // in ticks
+				if o > 0 {
+					at += bt - (k*bt)/o
+				}
+				d.RetryAfter = at*p.Tick - now
+				break
+			}
+		}
+	} else if apply {
+		if int64(len(*counts)) != ring {
+			*counts = make([]int64, ring)
+		}
+		c := *counts
+		// Rewrite the ring as buckets w−nb .. w: each index has its own
+		// slot. Counting bucket i before writing slot i reads the old ring.
+		for i := max(w-nb, 0); i <= w; i++ {
+			c[i%ring] = swCount(p, s, valid, i)
+		}
+		c[w%ring] += g
+		s.Window, s.Count, s.Prev = w, 0, 0
+		valid = true
+		est += g
+		d.Changed = true
+	}
+	d.Granted, d.Remaining = g, max(p.Rate-est, 0)
+	// The newest bucket with a count leaves the trailing period nb+1
+	// buckets after it began.
+	for i := w; i >= w-nb; i-- {
+		if swCount(p, s, valid, i) > 0 {
+			d.ResetAfter = (i+nb+1)*bt*p.Tick - now
+			break
+		}
+	}
+	return d
+}
+
+// slidingWindowRefund takes the g events out of the counter that holds
+// them now: cur if the take's window is still the stored one, prev if the
+// stored window is the next one (its take moved the count into prev);
+// with buckets, the take's bucket if the ring still holds it.
+func slidingWindowRefund(p *Params, s *State, takeNow, now, g int64, id string) bool {
+	if p.Buckets > 0 {
+		tb := takeNow / p.Tick / (p.Period / p.Tick / p.Buckets)
+		c := *s.bucketCounts()
+		if int64(len(c)) == p.Buckets+1 && tb <= s.Window && tb >= s.Window-p.Buckets && tb >= 0 {
+			if j := tb % (p.Buckets + 1); c[j] > 0 {
+				c[j] = max(c[j]-g, 0)
+				return true
+			}
+		}
+		return false
+	}
+	tw := takeNow / p.Tick / (p.Period / p.Tick)
+	if s.Window == tw && s.Count > 0 {
+		s.Count = max(s.Count-g, 0)
+		return true
+	} else if s.Window == tw+1 && s.Prev > 0 {
+		s.Prev = max(s.Prev-g, 0)
+		return true
+	}
+	return false
+}

@@ -1,0 +1,61 @@
+package algorithm
+
+// token_bucket: a bucket of Burst tokens refilled continuously at Rate per
+// Period. In exact units: one event costs A, the bucket holds c = Burst·A
+// and gains B per µs (A/B = Period/Rate, reduced by Compile). Mirrors
+// scripts/token_bucket.lua. State: Level (the tokens) at TS; TS 0 is a
+// full bucket.
+
+// tbTokens returns the tokens at now: the stored ones plus el·B, capped
+// at c (tb_tokens).
+func tbTokens(p *Params, s *State, now, c int64) int64 {
+	tokens := c
+	if s.TS != 0 {
+		tokens = min(s.Level, c)
+		if el := now - s.TS; el > 0 {
+			// Compare before multiplying: el·B only when it stays below c.
+			if el >= ceilDiv(c-tokens, p.B) {
+				tokens = c
+			} else {
+				tokens += el * p.B
+			}
+		}
+	}
+	return tokens
+}
+
+// tokenBucket decides a token bucket (ALG.token_bucket.decide).
+func tokenBucket(p *Params, s *State, now, cost int64, mode Mode, apply bool) Decision {
+	d := Decision{Limit: p.Cap}
+	c := p.Burst * p.A
+	tokens := tbTokens(p, s, now, c)
+	g := grant(cost, tokens/p.A, mode)
+	if g == 0 {
+		d.RetryAfter = ceilDiv(cost*p.A-tokens, p.B) // until cost·A tokens are in
+	} else if apply {
+		tokens -= g * p.A
+		s.Level, s.TS = tokens, now
+		d.Changed = true
+	}
+	d.Granted, d.Remaining = g, tokens/p.A
+	d.ResetAfter = ceilDiv(c-tokens, p.B) // until the bucket is full
+	return d
+}
+
+// tokenBucketRefund puts g·A tokens back at now, capped at c. Refilling is
+// linear below the cap, so this is the state the bucket would have without
+// the take: min(min(x − gA, c) + gA, c) = min(x, c).
+func tokenBucketRefund(p *Params, s *State, takeNow, now, g int64, id string) bool {
+	if s.TS == 0 {
+		return false // expired: the bucket is full anyway
+	}
+	c := p.Burst * p.A
+	tokens := tbTokens(p, s, now, c)
+	if tokens >= c-g*p.A {
+		tokens = c
+	} else {
+		tokens += g * p.A
+	}
+	s.Level, s.TS = tokens, max(now, s.TS)
+	return true
+}

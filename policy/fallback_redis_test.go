@@ -1,0 +1,52 @@
+package policy
+
+import (
+	"errors"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/internal/redistest"
+)
+
+// TestRedisInvalidProbeKeepsBreakerOpen: with Redis stopped, a CheckKey
+// with hits over the limit (which redisstore refuses before sending) is a
+// client error, and as the half-open probe it leaves the breaker as it was;
+// the next valid call probes the dead Redis and opens it again. Once Redis
+// is back, a valid probe closes it.
+func TestRedisInvalidProbeKeepsBreakerOpen(t *testing.T) {
+	srv := redistest.Standalone(t)
+	clock := newClock()
+	p := mustPolicy(t, "store: {breaker: {failures: 1, cooldown: 5s}}\nrules:\n  - {name: r, limit: 3/m}\n",
+		redisStore(t, []string{srv.Addr}, 500*time.Millisecond), WithClock(clock.Now), WithLogger(slog.New(&countingHandler{})))
+	if rr, err := p.CheckKey(ctx, "r", "k", 1); err != nil || rr.Err != nil {
+		t.Fatalf("Redis up: %+v %v", rr, err)
+	}
+	srv.Stop()
+	if rr, err := p.CheckKey(ctx, "r", "k", 1); err != nil || rr.Err == nil || rr.Fallback != OnErrorLocal || p.Guard().State() != BreakerOpen {
+		t.Fatalf("Redis down: %+v %v, breaker %v", rr, err, p.Guard().State())
+	}
+	clock.Advance(5 * time.Second)
+	if _, err := p.CheckKey(ctx, "r", "k", 4); !errors.Is(err, weir.ErrInvalidCost) {
+		t.Fatalf("hits over the limit: %v, want ErrInvalidCost", err)
+	}
+	if s := p.Guard().State(); s != BreakerHalfOpen {
+		t.Fatalf("after an invalid request as the probe: breaker %v, want half_open", s)
+	}
+	if rr, _ := p.CheckKey(ctx, "r", "k", 1); rr.Err == nil || p.Guard().State() != BreakerOpen {
+		t.Fatalf("the valid probe over a dead Redis: %+v, breaker %v; want an error and open", rr, p.Guard().State())
+	}
+	srv.Start()
+	for i := 0; ; i++ {
+		clock.Advance(5 * time.Second)
+		rr, err := p.CheckKey(ctx, "r", "k", 1)
+		if err == nil && rr.Err == nil && p.Guard().State() == BreakerClosed {
+			break
+		}
+		if i == 20 {
+			t.Fatalf("Redis back: %+v %v, breaker %v", rr, err, p.Guard().State())
+		}
+		time.Sleep(50 * time.Millisecond) // the client reconnects
+	}
+}

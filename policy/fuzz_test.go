@@ -1,0 +1,46 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http/httptest"
+	"testing"
+)
+
+// Any weir.yaml either parses into a Config that New accepts and that
+// decides a request, or gets a *ConfigError; nothing panics.
+func FuzzParseConfig(f *testing.F) {
+	for _, s := range []string{
+		"rules:\n  - name: login\n    match: {methods: [POST], path: /api/login}\n    identity: [ip]\n    limit: 5/15m\n    algorithm: sliding_log\n    block: 15m\n",
+		"trusted_proxies: [10.0.0.0/8]\nrules:\n  - name: api\n    match: {path: /api/}\n    identity: [header:X-API-Key]\n    tiers:\n      by: header:X-Plan\n      default: {limit: 100/m, algorithm: gcra, burst: 20}\n      pro: {limit: 5000/m}\n",
+		"store:\n  type: redis\n  redis: {addrs: [127.0.0.1:1]}\n  on_error: deny\nrules: []\n",
+		"allow: [127.0.0.1/32]\ndeny: [{identity: header:X-K, values: [a, b]}]\nrules: []\n",
+		"rules:\n  - name: a\n    limit: 1/s\n    identity: [ip/24/64, route, const:x]\n    algorithm: concurrency\n",
+		"rules: [{name: x, limit: 0/s}]\n", "rules: x", "", "---\n", "&a [*a]", "rules:\n  - &r {name: a, limit: 1/s}\n  - *r\n",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cfg, err := Parse(data, "fuzz.yaml")
+		if err != nil {
+			var ce *ConfigError
+			if !errors.As(err, &ce) {
+				t.Fatalf("Parse error %T %v is not a *ConfigError", err, err)
+			}
+			return
+		}
+		if cfg.Store.Type == StoreRedis {
+			return // New needs a Redis store; Parse's validation is what is fuzzed
+		}
+		p, err := New(cfg, nil, WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+		if err != nil {
+			t.Fatalf("Parse accepted the file but New refused it: %v\n%s", err, data)
+		}
+		req := httptest.NewRequest("POST", "/api/login", nil)
+		req.RemoteAddr = "192.0.2.1:1"
+		v := p.Check(context.Background(), req)
+		_ = v.Release(context.Background())
+	})
+}

@@ -1,0 +1,111 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+// fuzzServer is one Server for a whole fuzz run: building one per input
+// would make the fuzzer measure New instead of the handlers.
+func fuzzServer(f *testing.F) *Server {
+	f.Helper()
+	s, err := New(WithConfig(mustParse(f, testConfig)), WithLogger(quietLogger()), WithAdminToken(""))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { s.Close() })
+	return s
+}
+
+// Any body of POST /v1/check gets a JSON answer with a status the API
+// documents; nothing panics and nothing answers 5xx, since the store (in
+// memory) never fails.
+func FuzzCheckBody(f *testing.F) {
+	for _, s := range []string{
+		`{"rule":"login","key":"1.2.3.4"}`,
+		`{"rule":"api","key":"k","hits":3}`,
+		`{"rule":"api","key":"k","hits":0}`,
+		`{"rule":"tiered","key":"k","tier":"pro","hits":1}`,
+		`{"rule":"login","key":"::ffff:203.0.113.9","hits":1}`,
+		`{"rule":"nope","key":"k"}`,
+		`{"rule":"api","key":"k","hits":-1}`,
+		`{"rule":"api","key":"k","hits":9223372036854775807}`,
+		`{"rule":"api","key":"k","hits":1.5}`,
+		`{"domain":"d","descriptors":[{"entries":[{"key":"a","value":"b"}]}]}`,
+		`{"rule":"api","domain":"d"}`,
+		`{"rule":"api","key":"k"} {}`,
+		`{}`, `[]`, `null`, ``, `"x"`, `{"rule":`,
+	} {
+		f.Add([]byte(s))
+	}
+	s := fuzzServer(f)
+	h := s.Handler()
+	f.Fuzz(func(t *testing.T, body []byte) {
+		req := httptest.NewRequest(http.MethodPost, "/v1/check", bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		checkAnswer(t, rec, body)
+	})
+}
+
+// checkAnswer requires a JSON body and a status below 500.
+func checkAnswer(t *testing.T, rec *httptest.ResponseRecorder, input any) {
+	t.Helper()
+	if rec.Code >= 500 {
+		t.Fatalf("input %q: status %d: %s", input, rec.Code, rec.Body)
+	}
+	if ct := rec.Header().Get("Content-Type"); rec.Body.Len() > 0 && !strings.Contains(ct, "json") {
+		t.Fatalf("input %q: status %d with Content-Type %q", input, rec.Code, ct)
+	}
+	if rec.Body.Len() > 0 && !json.Valid(rec.Body.Bytes()) {
+		t.Fatalf("input %q: status %d, body is not JSON: %q", input, rec.Code, rec.Body)
+	}
+}
+
+// Any headers a proxy (trusted or not) forwards to GET /v1/auth get 200,
+// 400, 403 or 429; nothing panics and nothing answers 5xx.
+func FuzzAuthHeaders(f *testing.F) {
+	type seed struct{ peer, uri, method, host, fwdURI, fwdMethod, xff, realIP, apiKey string }
+	for _, s := range []seed{
+		{"10.0.0.1:1", "/api/login", "POST", "", "", "", "192.0.2.1", "", ""},
+		{"10.0.0.1:1", "", "", "", "/api/login", "POST", "", "192.0.2.1", ""},
+		{"10.0.0.1:1", "/robots.txt", "GET", "", "/api/login", "POST", "", "", ""},
+		{"192.0.2.9:1", "/api/x", "GET", "example.com", "", "", "1.1.1.1, 10.0.0.2", "", "k"},
+		{"10.0.0.1:1", "http://h/api/login?x=1", "post", "h:80", "", "", "garbage, 2001:db8::1", "::ffff:1.2.3.4", ""},
+		{"10.0.0.1:1", "*", "GET\x00", "", "", "", "", "", ""},
+		{"[2001:db8::1]:5", "/tiered", "GET", "", "", "", "", "", "key"},
+	} {
+		f.Add(s.peer, s.uri, s.method, s.host, s.fwdURI, s.fwdMethod, s.xff, s.realIP, s.apiKey)
+	}
+	s := fuzzServer(f)
+	h := s.Handler()
+	f.Fuzz(func(t *testing.T, peer, uri, method, host, fwdURI, fwdMethod, xff, realIP, apiKey string) {
+		req := httptest.NewRequest(http.MethodGet, "/v1/auth", nil)
+		req.RemoteAddr = peer
+		set := func(name, v string) {
+			if v != "" {
+				req.Header[name] = []string{v} // as a proxy would send it, unvalidated
+			}
+		}
+		set("X-Original-Uri", uri)
+		set("X-Original-Method", method)
+		set("X-Original-Host", host)
+		set("X-Forwarded-Uri", fwdURI)
+		set("X-Forwarded-Method", fwdMethod)
+		set("X-Forwarded-For", xff)
+		set("X-Real-Ip", realIP)
+		set("X-Api-Key", apiKey)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		switch rec.Code {
+		case http.StatusOK, http.StatusBadRequest, http.StatusForbidden, http.StatusTooManyRequests:
+		default:
+			t.Fatalf("status %d for %q: %s", rec.Code, []string{peer, uri, method, host, fwdURI, fwdMethod, xff, realIP, apiKey}, rec.Body)
+		}
+	})
+}
