@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -377,5 +378,32 @@ func TestRedisDown(t *testing.T) {
 			t.Fatalf("no recovery within 10s of the restart: %v", err)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// lateContext is a context whose deadline has passed but whose timer has
+// not yet marked it done: the moment in which a dial or read cut short by
+// the socket's own deadline returns.
+type lateContext struct{ context.Context }
+
+func (lateContext) Deadline() (time.Time, bool) { return time.Now().Add(-time.Millisecond), true }
+func (lateContext) Err() error                  { return nil }
+
+// TestRetryableLateDeadline: a network error that came because the
+// deadline passed reads as a timeout even before the context says so (CI
+// once saw "dial tcp: i/o timeout" without context.DeadlineExceeded).
+func TestRetryableLateDeadline(t *testing.T) {
+	s := &Store{}
+	netErr := &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("i/o timeout")}
+	backoff := time.Millisecond
+	err := s.retryable(lateContext{context.Background()}, netErr, &backoff)
+	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, netErr) {
+		t.Fatalf("retryable = %v, want the network error wrapped with context.DeadlineExceeded", err)
+	}
+	// Before the deadline the error is given back as it is.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	if err := s.retryable(ctx, netErr, &backoff); err != netErr {
+		t.Fatalf("retryable before the deadline = %v, want %v", err, netErr)
 	}
 }

@@ -642,8 +642,14 @@ func (s *Store) retryable(ctx context.Context, err error, backoff *time.Duration
 		// Network, timeout: the command may have run. A network error
 		// that came because the deadline passed (a dial or read cut short
 		// by it) is a timeout, and says so.
+		// The socket's own deadline (a dial, a read) can fire a moment
+		// before the context's timer marks the context done, so the
+		// clock is asked too.
 		if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
 			return fmt.Errorf("%w: %w", err, cerr)
+		}
+		if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) && !errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("%w: %w", err, context.DeadlineExceeded)
 		}
 		return err
 	}
