@@ -48,12 +48,20 @@ const (
 	FieldMaxDelay
 	FieldDelayAfter
 	FieldBuckets
+	// FieldLease is a rule's lease (weir.yaml's lease: N): an instance
+	// takes up to N units at once from the shared store and spends them
+	// locally (package store/lease). It is not part of a limit, so
+	// Compile never sees it; the table only says which algorithms accept
+	// it: those whose count changes only by the window or bucket an event
+	// falls in, so that an event spent later in the same window counts
+	// exactly as it did when its unit was taken.
+	FieldLease
 )
 
 // String returns the field's name as a configuration key, such as
 // "max_delay", or the names of a set joined by "+".
 func (f Field) String() string {
-	names := [...]string{"algorithm", "rate", "period", "burst", "block", "max_delay", "delay_after", "buckets"}
+	names := [...]string{"algorithm", "rate", "period", "burst", "block", "max_delay", "delay_after", "buckets", "lease"}
 	var b strings.Builder
 	for i, n := range names {
 		if f&(1<<i) != 0 {
@@ -116,7 +124,7 @@ var specs [Concurrency + 1]Spec
 func init() {
 	specs = [...]Spec{
 		FixedWindow: {
-			Kind: FixedWindow, Name: NameFixedWindow, Takes: FieldBlock, Supports: every,
+			Kind: FixedWindow, Name: NameFixedWindow, Takes: FieldBlock | FieldLease, Supports: every,
 			decide: fixedWindow, refund: fixedWindowRefund,
 		},
 		SlidingLog: {
@@ -124,7 +132,7 @@ func init() {
 			decide: slidingLog, refund: slidingLogRefund, compile: compileSlidingLog,
 		},
 		SlidingWindow: {
-			Kind: SlidingWindow, Name: NameSlidingWindow, Takes: FieldBlock | FieldBuckets, Supports: every,
+			Kind: SlidingWindow, Name: NameSlidingWindow, Takes: FieldBlock | FieldBuckets | FieldLease, Supports: every,
 			decide: slidingWindow, refund: slidingWindowRefund, compile: compileSlidingWindow,
 		},
 		TokenBucket: {
