@@ -15,6 +15,7 @@ import (
 	"github.com/weir-dev/weir/clientip"
 	"github.com/weir-dev/weir/internal/yamlnode"
 	"github.com/weir-dev/weir/store/guard"
+	"github.com/weir-dev/weir/store/lease"
 )
 
 // Failure policies: what a rule does while the store is failing.
@@ -63,7 +64,8 @@ type compiled struct {
 	allowVals, denyVals []valueSet
 	rules               []*rule
 	byName              map[string]*rule
-	instances           int
+	instances           int  // the static count, or auto's floor
+	auto                bool // instances: auto
 	defaultOnError      string
 	nearLimit           float64 // the global near_limit; 0 off
 }
@@ -90,6 +92,7 @@ type rule struct {
 	shadow    bool
 	onError   string
 	nearLimit float64 // 0: off
+	lease     int64   // units taken at once (store/lease); 0: off
 	info      RuleInfo
 
 	// fixedID and fixedKey are the identity and key of a rule counting by
@@ -120,6 +123,12 @@ func check(cfg *Config, rep reporter) *compiled {
 	checkStore(cfg, rep)
 	if cfg.Instances < 0 {
 		rep.addAt("instances", fmt.Sprintf("instances must be at least 1, got %d", cfg.Instances))
+	}
+	if cfg.InstancesFloor < 0 {
+		rep.addAt("instances_floor", fmt.Sprintf("instances_floor must be at least 1, got %d", cfg.InstancesFloor))
+	}
+	if cfg.InstancesAuto {
+		c.auto, c.instances = true, max(cfg.InstancesFloor, 1)
 	}
 	c.nearLimit = checkNearLimit("near_limit", cfg.NearLimit, DefaultNearLimit, rep)
 	c.defaultOnError = cfg.Store.OnError
@@ -329,12 +338,48 @@ func checkRule(rc *RuleConfig, rp string, c *compiled, cfg *Config, rep reporter
 	ok = r.checkIdentities(rc, rp, rep) && ok
 	ok = r.checkFailure(rc, rp, c, rep) && ok
 	ok = r.checkLimits(rc, rp, rep) && ok
+	ok = ok && r.checkLease(rc, rp, rep)
 	if !ok {
 		return nil
 	}
 	r.fixKey()
 	r.info = ruleInfo(rc, r, rp)
 	return r
+}
+
+// checkLease checks the rule's lease against every tier's limit: an
+// algorithm that takes it (the algorithm table's FieldLease), no block,
+// and no more than the rate.
+func (r *rule) checkLease(rc *RuleConfig, rp string, rep reporter) bool {
+	if rc.Lease == 0 {
+		return true
+	}
+	at := rp + ".lease"
+	if rc.Lease < 0 {
+		rep.addAt(at, fmt.Sprintf("lease must be at least 1 (or 0 for none), got %d", rc.Lease))
+		return false
+	}
+	for _, t := range r.tiers {
+		l := t.limit
+		of := ""
+		if len(r.tiers) > 1 || r.tierBy != nil {
+			of = " of tier " + quote(t.name)
+		}
+		switch {
+		case !lease.Supports(l.Algorithm):
+			rep.addAt(at, fmt.Sprintf("lease %d: a lease applies only to %s, not %s%s (a bucket refills with time, so a unit spent later than it was taken could add to a later burst)",
+				rc.Lease, algorithm.JoinNames(algorithm.Taking(algorithm.FieldLease), "and"), l.Algorithm, of))
+		case l.Block != 0:
+			rep.addAt(at, fmt.Sprintf("lease %d and block %v%s do not combine: units leased before a rejection would still be spent while the penalty box holds the key", rc.Lease, l.Block, of))
+		case rc.Lease > l.Rate:
+			rep.addAt(at, fmt.Sprintf("lease %d is over the limit's rate %d%s; a lease takes part of the limit", rc.Lease, l.Rate, of))
+		default:
+			continue
+		}
+		return false
+	}
+	r.lease = rc.Lease
+	return true
 }
 
 // checkRuleName reports a rule name that is missing, too long or holds

@@ -44,6 +44,17 @@ type Config struct {
 	// the store; the local fallback enforces each limit divided by it,
 	// rounded up. 0 means 1.
 	Instances int
+	// InstancesAuto (the file's instances: auto) takes the instance count
+	// from the fleet registry weir serve keeps in Redis instead of
+	// Instances: every instance that reported within the last seconds
+	// (docs/operations.md gives the reaction times), never fewer than
+	// InstancesFloor. A Policy gets the live count through WithInstances;
+	// without it (a library, or no Redis) the floor is the count.
+	InstancesAuto bool
+	// InstancesFloor is the least instance count instances: auto uses
+	// (0 means 1), so that a fleet still learning of its members, or an
+	// unreadable registry, never makes each instance's share too large.
+	InstancesFloor int
 	// Rules are the rate-limit rules, in the order they are evaluated.
 	Rules []RuleConfig
 	// Allow and Deny list the CIDRs (or bare addresses) of clients that are
@@ -100,6 +111,10 @@ type RedisConfig struct {
 	// cluster hash tag).
 	Prefix string
 }
+
+// InstancesAuto, as instances, takes the instance count from the fleet
+// registry (Config.InstancesAuto).
+const InstancesAuto = "auto"
 
 // MaxRedisPrefix is the longest store.redis.prefix.
 const MaxRedisPrefix = 64
@@ -230,6 +245,12 @@ type RuleConfig struct {
 	NearLimit string
 	// OnError overrides the global failure policy for this rule.
 	OnError string
+	// Lease lets an instance take up to this many units of the limit at
+	// once from the store and spend them locally (package store/lease):
+	// one store call per Lease decisions on a hot key. Only fixed_window
+	// and sliding_window accept it, without block; 0 (the default) is
+	// off. docs/algorithms.md states what it costs in under-admission.
+	Lease int64
 }
 
 // MatchConfig selects the requests a rule applies to. Empty fields match

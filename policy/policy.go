@@ -16,6 +16,7 @@ import (
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/httplimit"
 	"github.com/weir-dev/weir/store/guard"
+	"github.com/weir-dev/weir/store/lease"
 	"github.com/weir-dev/weir/store/memstore"
 )
 
@@ -32,6 +33,8 @@ type Policy struct {
 	log      *slog.Logger
 	now      func() time.Time
 	infos    []RuleInfo
+	leases   *lease.Table
+	fleet    func() int // instances: auto's live count; nil: the floor
 }
 
 // An Option configures New.
@@ -42,7 +45,20 @@ type options struct {
 	log      *slog.Logger
 	now      func() time.Time
 	guard    guard.Config
+	leases   *lease.Table
+	fleet    func() int
 }
+
+// WithLeases sets the table of leased budgets (rules with lease: N). Share
+// one across reloads, as weir serve does, so that leases held and their
+// counters survive a reload; without it New makes a table of its own.
+func WithLeases(t *lease.Table) Option { return func(o *options) { o.leases = t } }
+
+// WithInstances sets where instances: auto reads the fleet's size: f
+// returns how many instances are up now (weir serve counts its fleet
+// registry in Redis). The policy never uses fewer than instances_floor.
+// Without instances: auto in the config, f is ignored.
+func WithInstances(f func() int) Option { return func(o *options) { o.fleet = f } }
 
 // WithObserver reports every decision: each RuleResult that Check or
 // CheckKey produces (shadow, skipped and fallback ones included) with the
@@ -117,12 +133,28 @@ func New(cfg *Config, store weir.Store, opts ...Option) (*Policy, error) {
 		}
 		g = guard.New(store, gc)
 	}
-	p := &Policy{cfg: cfg, c: c, guard: g, observer: o.observer, log: o.log, now: o.now}
+	p := &Policy{cfg: cfg, c: c, guard: g, observer: o.observer, log: o.log, now: o.now, leases: o.leases, fleet: o.fleet}
+	if p.leases == nil {
+		p.leases = lease.New(lease.Config{Now: o.now})
+	}
 	for _, r := range c.rules {
 		p.infos = append(p.infos, r.info)
 	}
 	return p, nil
 }
+
+// Instances returns the instance count the policy divides by: the
+// static instances, or under instances: auto the fleet's live count, never
+// below instances_floor.
+func (p *Policy) Instances() int {
+	if p.c.auto && p.fleet != nil {
+		return max(p.fleet(), p.c.instances)
+	}
+	return p.c.instances
+}
+
+// Leases returns the table of leased budgets the policy spends from.
+func (p *Policy) Leases() *lease.Table { return p.leases }
 
 // Config returns the config the policy was built from. It must not be
 // modified.
@@ -179,10 +211,13 @@ type RuleInfo struct {
 	Block     string `json:"block,omitempty"`
 	Shadow    bool   `json:"shadow"`
 	// NearLimit is the rule's near_limit share (0.8 for 80%), 0 when off.
-	NearLimit float64    `json:"near_limit"`
-	OnError   string     `json:"on_error"`
-	TierBy    string     `json:"tier_by,omitempty"`
-	Tiers     []TierInfo `json:"tiers,omitempty"`
+	NearLimit float64 `json:"near_limit"`
+	OnError   string  `json:"on_error"`
+	// Lease is the rule's lease: units an instance takes from the store
+	// at once and spends locally; 0 for none.
+	Lease  int64      `json:"lease,omitempty"`
+	TierBy string     `json:"tier_by,omitempty"`
+	Tiers  []TierInfo `json:"tiers,omitempty"`
 
 	path string
 }
@@ -217,6 +252,7 @@ func ruleInfo(rc *RuleConfig, r *rule, path string) RuleInfo {
 		Shadow:    r.shadow,
 		NearLimit: r.nearLimit,
 		OnError:   r.onError,
+		Lease:     r.lease,
 		path:      path,
 	}
 	for _, m := range rc.Match.Methods {
@@ -647,14 +683,82 @@ func putScratch(s *scratch, n int) {
 // the store, all or nothing, applying on_error on failure. It returns the
 // store latency.
 func (p *Policy) decide(ctx context.Context, res []RuleResult, idx []int, verdict *Verdict) time.Duration {
-	g := p.guard
 	start := time.Now()
+	if p.guard.Multi() {
+		var lBuf, rBuf [maxScratch]int
+		leased, rest := lBuf[:0], rBuf[:0]
+		for _, j := range idx {
+			if p.c.byName[res[j].Rule].lease > 0 {
+				leased = append(leased, j)
+			} else {
+				rest = append(rest, j)
+			}
+		}
+		if len(leased) > 0 {
+			p.decideLeased(ctx, res, leased, rest, verdict)
+			return time.Since(start)
+		}
+	}
+	p.decideStore(ctx, res, idx, 1, verdict)
+	return time.Since(start)
+}
+
+// decideLeased decides the leased rules at leased from this instance's
+// leases, then the rules at rest from the store, all or nothing: after a
+// leased rule's rejection the others only peek, and when the others reject
+// the leased rules give their units back to their leases.
+func (p *Policy) decideLeased(ctx context.Context, res []RuleResult, leased, rest []int, verdict *Verdict) {
+	var tBuf [maxScratch]lease.Ticket
+	tickets := tBuf[:0]
+	rejected := false
+	for _, j := range leased {
+		if rejected {
+			p.decideStore(ctx, res, []int{j}, 0, verdict)
+			continue
+		}
+		r := p.c.byName[res[j].Rule]
+		size := lease.Size(r.lease, res[j].Limit, p.Instances())
+		out, tk, err := p.leases.TakeTicket(ctx, p.guard, res[j].Key, res[j].Limit, 1, size)
+		if err != nil {
+			p.fallback(ctx, res, []int{j}, err, verdict)
+		} else {
+			res[j].Result = out
+		}
+		tickets = append(tickets, tk)
+		rejected = !res[j].Result.Allowed
+	}
+	if len(rest) == 0 {
+		return
+	}
+	n := int64(1)
+	if rejected {
+		n = 0
+	}
+	p.decideStore(ctx, res, rest, n, verdict)
+	if rejected {
+		return
+	}
+	for _, j := range rest {
+		if !res[j].Result.Allowed {
+			for _, tk := range tickets {
+				p.leases.Give(tk)
+			}
+			return
+		}
+	}
+}
+
+// decideStore takes n (1, or 0 to peek) for each rule at idx from the
+// store, all or nothing, applying on_error on failure. A peek's result
+// reads as admitted: it says what the rule would have done.
+func (p *Policy) decideStore(ctx context.Context, res []RuleResult, idx []int, n int64, verdict *Verdict) {
+	g := p.guard
 	var err error
 	if g.Multi() {
 		reqs, out, s := getScratch(len(idx))
 		for i, j := range idx {
-			reqs[i] = weir.Request{Key: res[j].Key, Limit: res[j].Limit, N: 1}
-			if res[j].Limit.Algorithm == weir.Concurrency {
+			reqs[i] = weir.Request{Key: res[j].Key, Limit: res[j].Limit, N: n}
+			if n > 0 && res[j].Limit.Algorithm == weir.Concurrency {
 				reqs[i].Lease = weir.NewLeaseID()
 			}
 		}
@@ -662,6 +766,9 @@ func (p *Policy) decide(ctx context.Context, res []RuleResult, idx []int, verdic
 		if err == nil {
 			for i, j := range idx {
 				res[j].Result = out[i]
+				if n == 0 {
+					res[j].Result.Allowed = true
+				}
 				if reqs[i].Lease != "" && out[i].Allowed && out[i].Granted > 0 {
 					verdict.leases = append(verdict.leases, heldLease{g, reqs[i].Key, reqs[i].Limit, reqs[i].Lease})
 				}
@@ -672,9 +779,9 @@ func (p *Policy) decide(ctx context.Context, res []RuleResult, idx []int, verdic
 		// Without a MultiStore the rules are taken one by one; after a
 		// rejection the rest only peek, so they consume nothing, but the
 		// rules before it have consumed.
-		rejected := false
+		rejected := n == 0
 		for _, j := range idx {
-			n := int64(1)
+			n := n
 			if rejected {
 				n = 0
 			}
@@ -689,11 +796,9 @@ func (p *Policy) decide(ctx context.Context, res []RuleResult, idx []int, verdic
 			rejected = rejected || !r.Allowed
 		}
 	}
-	lat := time.Since(start)
 	if err != nil {
 		p.fallback(ctx, res, idx, err, verdict)
 	}
-	return lat
 }
 
 // fallback applies each rule's on_error to a failed store call, through
@@ -730,11 +835,11 @@ func (p *Policy) fallback(ctx context.Context, res []RuleResult, idx []int, err 
 				reqs[i].Lease = weir.NewLeaseID()
 			}
 		}
-		_ = g.Fallback(ctx, mode, reqs, out, p.c.instances) // the modes are checked at New
+		_ = g.Fallback(ctx, mode, reqs, out, p.Instances()) // the modes are checked at New
 		for i, j := range sel {
 			res[j].Result = out[i]
 			if reqs[i].Lease != "" && out[i].Allowed && out[i].Granted > 0 {
-				verdict.leases = append(verdict.leases, heldLease{g.Local(), reqs[i].Key, guard.LocalLimit(reqs[i].Limit, p.c.instances), reqs[i].Lease})
+				verdict.leases = append(verdict.leases, heldLease{g.Local(), reqs[i].Key, guard.LocalLimit(reqs[i].Limit, p.Instances()), reqs[i].Lease})
 			}
 		}
 		putScratch(s, len(sel))
@@ -770,7 +875,12 @@ func (p *Policy) CheckKeyTier(ctx context.Context, rule, tierName, key string, h
 	t := r.pick(tierName)
 	rr := RuleResult{Rule: r.name, Identity: key, Key: weir.Key(r.name, key), Limit: t.limit, Tier: t.name, Shadow: r.shadow, NearLimit: r.nearLimit}
 	start := time.Now()
-	res, err := p.guard.Take(ctx, rr.Key, t.limit, hits)
+	var res weir.Result
+	if r.lease > 0 && p.guard.Multi() {
+		res, err = p.leases.Take(ctx, p.guard, rr.Key, t.limit, hits, lease.Size(r.lease, t.limit, p.Instances()))
+	} else {
+		res, err = p.guard.Take(ctx, rr.Key, t.limit, hits)
+	}
 	lat := time.Since(start)
 	switch {
 	case err == nil:
@@ -781,7 +891,7 @@ func (p *Policy) CheckKeyTier(ctx context.Context, rule, tierName, key string, h
 		rr.Err, rr.Fallback = err, r.onError
 		reqs := [1]weir.Request{{Key: rr.Key, Limit: t.limit, N: hits}}
 		var out [1]weir.Result
-		_ = p.guard.Fallback(ctx, r.onError, reqs[:], out[:], p.c.instances) // the modes are checked at New
+		_ = p.guard.Fallback(ctx, r.onError, reqs[:], out[:], p.Instances()) // the modes are checked at New
 		rr.Result = out[0]
 	}
 	if p.observer != nil {
@@ -856,6 +966,7 @@ func (p *Policy) Reset(ctx context.Context, rule, key string) error {
 	var errs []error
 	for _, sk := range keys {
 		for _, t := range r.tiers {
+			p.leases.Forget(sk, t.limit)
 			if err := p.guard.Reset(ctx, sk, t.limit); err != nil {
 				errs = append(errs, err)
 			}

@@ -288,7 +288,14 @@ func (w *walker) config(n *yaml.Node, c *Config) {
 		}},
 		{"shadow", func(p string, v *yaml.Node) { c.Shadow = w.boolean(p, v) }},
 		{"near_limit", func(p string, v *yaml.Node) { c.NearLimit = w.str(p, v) }},
-		{"instances", func(p string, v *yaml.Node) { c.Instances = int(w.integer(p, v, 1)) }},
+		{"instances", func(p string, v *yaml.Node) {
+			if v.Kind == yaml.ScalarNode && v.Value == InstancesAuto {
+				c.InstancesAuto = true
+				return
+			}
+			c.Instances = int(w.integer(p, v, 1))
+		}},
+		{"instances_floor", func(p string, v *yaml.Node) { c.InstancesFloor = int(w.integer(p, v, 1)) }},
 		{"rules", func(p string, v *yaml.Node) { w.rules(p, v, c) }},
 		{"allow", func(p string, v *yaml.Node) { c.Allow, c.AllowValues = w.list(p, v) }},
 		{"deny", func(p string, v *yaml.Node) { c.Deny, c.DenyValues = w.list(p, v) }},
@@ -408,6 +415,7 @@ func (w *walker) rule(path string, n *yaml.Node, r *RuleConfig) {
 		{"shadow", func(p string, v *yaml.Node) { r.Shadow = w.boolean(p, v) }},
 		{"near_limit", func(p string, v *yaml.Node) { r.NearLimit = w.str(p, v) }},
 		{"on_error", func(p string, v *yaml.Node) { r.OnError = w.str(p, v) }},
+		{"lease", func(p string, v *yaml.Node) { r.Lease = w.integer(p, v, 1) }},
 	}, nil)
 }
 

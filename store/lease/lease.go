@@ -116,14 +116,67 @@ func Size(n int64, l weir.Limit, instances int) int64 {
 // lease cannot cover n. n == 0 peeks at the store. A store error is
 // returned as it is (the caller's on_error applies); nothing was spent.
 func (t *Table) Take(ctx context.Context, st weir.MultiStore, key string, l weir.Limit, n, size int64) (weir.Result, error) {
+	r, _, err := t.TakeTicket(ctx, st, key, l, n, size)
+	return r, err
+}
+
+// A Ticket stands for the units of one admission from a lease, so that a
+// caller whose request is refused by another limit can Give them back.
+// The zero Ticket (a decision the store made directly) gives nothing.
+type Ticket struct {
+	e       *entry
+	n       int64
+	expires time.Time
+}
+
+// TakeTicket is Take, with a Ticket for the units it admitted from the
+// lease.
+func (t *Table) TakeTicket(ctx context.Context, st weir.MultiStore, key string, l weir.Limit, n, size int64) (weir.Result, Ticket, error) {
 	if n <= 0 || n > l.Rate || size < 1 || !Supports(l.Algorithm) {
-		return st.Take(ctx, key, l, n) // peeks, invalid costs and limits: the store answers
+		r, err := st.Take(ctx, key, l, n) // peeks, invalid costs and limits: the store answers
+		return r, Ticket{}, err
 	}
 	e := t.entry(key, l)
 	if e == nil {
 		t.bypassed.Add(1)
-		return st.Take(ctx, key, l, n)
+		r, err := st.Take(ctx, key, l, n)
+		return r, Ticket{}, err
 	}
+	r, exp, err := t.take(ctx, st, e, key, l, n, size)
+	if err != nil || !r.Allowed {
+		return r, Ticket{}, err
+	}
+	return r, Ticket{e: e, n: n, expires: exp}, nil
+}
+
+// Give returns the units of tk to the lease they came from, unless their
+// window has ended (they lapse) or the lease now holds units of a later
+// window (they lapse too: a unit is only ever spent in its own window).
+func (t *Table) Give(tk Ticket) {
+	e := tk.e
+	if e == nil || tk.n <= 0 {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := t.now()
+	t.lapse(e, now)
+	t.spent.Add(-tk.n)
+	switch {
+	case !now.Before(tk.expires):
+		t.lapsed.Add(tk.n)
+	case e.units == 0:
+		e.units, e.expires = tk.n, tk.expires
+	case e.expires.Equal(tk.expires):
+		e.units += tk.n
+	default:
+		t.lapsed.Add(tk.n)
+	}
+}
+
+// take is TakeTicket on e; it also returns when the units it admitted
+// lapse.
+func (t *Table) take(ctx context.Context, st weir.MultiStore, e *entry, key string, l weir.Limit, n, size int64) (weir.Result, time.Time, error) {
 	for {
 		e.mu.Lock()
 		now := t.now()
@@ -131,14 +184,14 @@ func (t *Table) Take(ctx context.Context, st weir.MultiStore, key string, l weir
 		if e.units >= n {
 			e.units -= n
 			t.spent.Add(n)
-			r := e.result(now, n)
+			r, exp := e.result(now, n), e.expires
 			e.mu.Unlock()
-			return r, nil
+			return r, exp, nil
 		}
 		if now.Before(e.deniedUntil) {
 			r := e.denied(now)
 			e.mu.Unlock()
-			return r, nil
+			return r, time.Time{}, nil
 		}
 		if ch := e.wait; ch != nil {
 			// Another caller is taking a lease for this key: wait for it.
@@ -147,26 +200,26 @@ func (t *Table) Take(ctx context.Context, st weir.MultiStore, key string, l weir
 			case <-ch:
 				continue
 			case <-ctx.Done():
-				return weir.Result{}, ctx.Err()
+				return weir.Result{}, time.Time{}, ctx.Err()
 			}
 		}
 		ch := make(chan struct{})
 		e.wait = ch
 		have := e.units
 		e.mu.Unlock()
-		r, err := t.refill(ctx, st, e, key, l, n, have, max(size, n)-have)
+		r, exp, err := t.refill(ctx, st, e, key, l, n, max(size, n)-have)
 		e.mu.Lock()
 		e.wait = nil
 		close(ch)
 		e.mu.Unlock()
-		return r, err
+		return r, exp, err
 	}
 }
 
 // refill takes up to c units from the store for e, then admits n from
-// them if it can. e.wait is set, so no other caller changes e.units
-// downwards meanwhile... except a lapse, which refill checks again.
-func (t *Table) refill(ctx context.Context, st weir.MultiStore, e *entry, key string, l weir.Limit, n, have, c int64) (weir.Result, error) {
+// them if it can. e.wait is set, so no other caller refills meanwhile;
+// callers may still spend units e held before, and lapse them.
+func (t *Table) refill(ctx context.Context, st weir.MultiStore, e *entry, key string, l weir.Limit, n, c int64) (weir.Result, time.Time, error) {
 	sent := t.now()
 	var out [1]weir.Result
 	err := st.TakeAll(ctx, []weir.Request{{Key: key, Limit: l, N: c, AtMost: true}}, out[:])
@@ -174,7 +227,7 @@ func (t *Table) refill(ctx context.Context, st weir.MultiStore, e *entry, key st
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if err != nil {
-		return weir.Result{}, err
+		return weir.Result{}, time.Time{}, err
 	}
 	r := out[0]
 	now := t.now()
@@ -183,7 +236,7 @@ func (t *Table) refill(ctx context.Context, st weir.MultiStore, e *entry, key st
 	if r.Granted <= 0 {
 		t.empty.Add(1)
 		e.deniedUntil = sent.Add(r.RetryAfter)
-		return e.denied(now), nil
+		return e.denied(now), time.Time{}, nil
 	}
 	t.taken.Add(r.Granted)
 	exp := sent.Add(lifetime(l, r))
@@ -200,11 +253,11 @@ func (t *Table) refill(ctx context.Context, st weir.MultiStore, e *entry, key st
 		// reject this one as the store would have.
 		res := e.denied(now)
 		res.RetryAfter = max(exp.Sub(now), 0)
-		return res, nil
+		return res, time.Time{}, nil
 	}
 	e.units -= n
 	t.spent.Add(n)
-	return e.result(now, n), nil
+	return e.result(now, n), e.expires, nil
 }
 
 // lifetime is how long after the store decided the units stay in their

@@ -243,3 +243,31 @@ func TestPassThrough(t *testing.T) {
 		t.Error("Size")
 	}
 }
+
+// TestGive: units given back are spent again in their own window, and
+// lapse once it has ended.
+func TestGive(t *testing.T) {
+	c := newClock()
+	st := &counting{MultiStore: memstore.New(memstore.WithClock(c.now))}
+	tb := lease.New(lease.Config{Now: c.now})
+	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 10, Period: time.Minute}
+	ctx := context.Background()
+	var tks []lease.Ticket
+	for range 10 {
+		r, tk, err := tb.TakeTicket(ctx, st, "k", l, 1, 10)
+		if err != nil || !r.Allowed {
+			t.Fatal(r, err)
+		}
+		tks = append(tks, tk)
+	}
+	tb.Give(tks[0])
+	if r, _ := tb.Take(ctx, st, "k", l, 1, 10); !r.Allowed || st.calls.Load() != 1 {
+		t.Fatalf("a given-back unit: %+v after %d calls, want admitted from the lease", r, st.calls.Load())
+	}
+	c.add(time.Minute)
+	tb.Give(tks[1]) // its window is over: it lapses
+	if s := tb.Stats(); s.Spent != 9 || s.Lapsed != 1 {
+		t.Errorf("stats %+v, want 9 spent and 1 lapsed", s)
+	}
+	tb.Give(lease.Ticket{}) // the zero Ticket gives nothing
+}
