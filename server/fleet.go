@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -51,7 +52,17 @@ type fleet struct {
 	s       *Server
 	mu      sync.Mutex
 	remotes map[string]*remote
+	// live is how many instances had a report in Redis at the last
+	// collection, this one included; 0 before the first (instances: auto
+	// then uses its floor).
+	live atomic.Int64
 }
+
+// count returns the fleet's size as the last collection found it, for
+// instances: auto: every instance whose report (TTL fleetTTL) was in
+// Redis, this one included. 0 until a collection has succeeded; when one
+// fails the last count stays.
+func (f *fleet) count() int { return int(f.live.Load()) }
 
 func newFleet(s *Server) *fleet { return &fleet{s: s, remotes: make(map[string]*remote)} }
 
@@ -147,6 +158,7 @@ func (f *fleet) collect(ctx context.Context) error {
 		r.present = found[id] // a withdrawn or expired report: the instance is gone
 	}
 	f.mu.Unlock()
+	f.live.Store(int64(1 + len(found)))
 	f.expire(f.s.now())
 	return nil
 }

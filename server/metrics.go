@@ -8,6 +8,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/weir-dev/weir/store/lease"
 )
 
 // Values of the result label of weir_decisions_total.
@@ -82,6 +84,34 @@ func newMetrics(breaker func() float64) *metrics {
 	m.reloads.WithLabelValues("success")
 	m.reloads.WithLabelValues("failure")
 	return m
+}
+
+// leases registers the leased budgets' metrics, read from t when scraped,
+// and the instance count in use. The labels are fixed sets.
+func (m *metrics) leases(t *lease.Table, instances func() int) {
+	calls := func(empty bool) func() float64 {
+		return func() float64 {
+			st := t.Stats()
+			if empty {
+				return float64(st.Empty)
+			}
+			return float64(st.Calls - st.Empty)
+		}
+	}
+	units := func(get func(lease.Stats) int64) func() float64 {
+		return func() float64 { return float64(get(t.Stats())) }
+	}
+	const callsHelp = "Store calls that asked for a lease (rules with lease: N), by result: granted (units debited) or empty (nothing left; the refusal is remembered until the store's retry time)."
+	const unitsHelp = "Leased units by event: taken (debited in the store), spent (admitted from a lease), lapsed (their window or bucket ended unspent, or a reset dropped them)."
+	m.reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "weir_lease_calls_total", Help: callsHelp, ConstLabels: prometheus.Labels{"result": "granted"}}, calls(false)),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "weir_lease_calls_total", Help: callsHelp, ConstLabels: prometheus.Labels{"result": "empty"}}, calls(true)),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "weir_lease_units_total", Help: unitsHelp, ConstLabels: prometheus.Labels{"event": "taken"}}, units(func(s lease.Stats) int64 { return s.Taken })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "weir_lease_units_total", Help: unitsHelp, ConstLabels: prometheus.Labels{"event": "spent"}}, units(func(s lease.Stats) int64 { return s.Spent })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "weir_lease_units_total", Help: unitsHelp, ConstLabels: prometheus.Labels{"event": "lapsed"}}, units(func(s lease.Stats) int64 { return s.Lapsed })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "weir_lease_keys", Help: "Keys this instance holds a lease or a remembered refusal for (at most 10,000; beyond, keys are decided without a lease)."}, func() float64 { return float64(t.Stats().Entries) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "weir_instances", Help: "The instance count on_error: local and leases divide by: instances, or with instances: auto the fleet registry's live count, at least instances_floor."}, func() float64 { return float64(instances()) }),
+	)
 }
 
 // decision counts one decision.

@@ -167,11 +167,12 @@ func (s *Server) envoyDecider(ctx context.Context, reqs []weir.Request, res []we
 		if !errors.Is(err, weir.ErrStore) || ctx.Err() != nil {
 			return err
 		}
+		p := s.holder.Load()
 		if cfg == nil {
-			cfg = s.holder.Load().Config()
+			cfg = p.Config()
 		}
 		mode := envoyOnError(cfg)
-		if err := s.guard.Fallback(ctx, mode, reqs[i:i+1], res[i:i+1], cfg.Instances); err != nil {
+		if err := s.guard.Fallback(ctx, mode, reqs[i:i+1], res[i:i+1], p.Instances()); err != nil {
 			return err
 		}
 		fallback[i] = mode

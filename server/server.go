@@ -59,6 +59,7 @@ import (
 	"github.com/weir-dev/weir/policy"
 	"github.com/weir-dev/weir/server/envoyrls"
 	"github.com/weir-dev/weir/store/guard"
+	"github.com/weir-dev/weir/store/lease"
 )
 
 // Version is reported by the dashboard snapshot unless WithVersion says
@@ -257,6 +258,7 @@ type Server struct {
 	tops    *topSet
 	blocked *blockedIndex
 	fleet   *fleet
+	leases  *lease.Table // leased budgets (lease: N), shared by every policy
 	rules   *ruleSync
 
 	healthy      atomic.Bool
@@ -345,6 +347,8 @@ func (s *Server) init() error {
 	s.tops = newTopSet(topK)
 	s.blocked = newBlockedIndex(s.rdb, s.keys.blocked, s.log, s.now)
 	s.fleet = newFleet(s)
+	s.leases = lease.New(lease.Config{Now: s.now})
+	s.metrics.leases(s.leases, s.instances)
 	s.rules = newRuleSync(s)
 
 	s.initAdminToken(cfg)
@@ -521,7 +525,20 @@ func (s *Server) build(cfg *policy.Config) (*policy.Policy, error) {
 	if err != nil {
 		return nil, err
 	}
-	return policy.New(eff, s.guard, policy.WithObserver(s.observe), policy.WithLogger(s.log))
+	return policy.New(eff, s.guard, policy.WithObserver(s.observe), policy.WithLogger(s.log),
+		policy.WithLeases(s.leases), policy.WithInstances(s.fleet.count))
+}
+
+// instances is the instance count the policy in force divides by (0
+// before there is one).
+func (s *Server) instances() int {
+	if s.holder == nil {
+		return 0
+	}
+	if p := s.holder.Load(); p != nil {
+		return p.Instances()
+	}
+	return 0
 }
 
 // onSwap is told about every reload of the config file.

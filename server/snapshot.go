@@ -55,6 +55,22 @@ type SnapshotStore struct {
 	// FallbackDecisionsTotal counts the decisions this instance's on_error
 	// fallback made since it started (weir_fallback_decisions_total summed).
 	FallbackDecisionsTotal uint64 `json:"fallback_decisions_total"`
+	// Instances is the instance count on_error: local and leases divide
+	// by (instances, or the fleet's live count under instances: auto).
+	Instances int `json:"instances"`
+	// Leases sums this instance's leased units since it started.
+	Leases SnapshotLeases `json:"leases"`
+}
+
+// SnapshotLeases is this instance's leased budgets (rules with lease: N):
+// units debited in the store, admitted from leases and lapsed unspent,
+// the store calls that took them, and the keys held now.
+type SnapshotLeases struct {
+	Taken  int64 `json:"taken"`
+	Spent  int64 `json:"spent"`
+	Lapsed int64 `json:"lapsed"`
+	Calls  int64 `json:"calls"`
+	Keys   int   `json:"keys"`
 }
 
 // SnapshotSeries holds per-second decision counts, oldest first: the
@@ -90,6 +106,9 @@ type SnapshotRule struct {
 	Shadow    bool           `json:"shadow"`
 	Block     string         `json:"block"`
 	Tiers     []SnapshotTier `json:"tiers"`
+	// Lease is the rule's lease: units each instance takes from the
+	// store at once and spends locally; 0 for none.
+	Lease int64 `json:"lease,omitempty"`
 	// Decisions over the series (five minutes), fleet-wide, and the share
 	// of them limited, in percent.
 	Decisions  int64   `json:"decisions"`
@@ -133,6 +152,8 @@ func (s *Server) snapshot(r *http.Request) Snapshot {
 			Breaker:                s.guard.State().String(),
 			ErrorsTotal:            s.metrics.errorsTotal.Load(),
 			FallbackDecisionsTotal: s.metrics.fallbackSum.Load(),
+			Instances:              s.instances(),
+			Leases:                 s.leaseSnapshot(),
 		},
 	}
 	if snap.Store.Nodes == nil {
@@ -217,6 +238,7 @@ func policyRule(ri policy.RuleInfo) SnapshotRule {
 		// NearLimitRatio is the rule's near_limit.
 		NearLimitRatio: ri.NearLimit,
 		Tiers:          []SnapshotTier{},
+		Lease:          ri.Lease,
 	}
 	if sr.Identity == "" {
 		sr.Identity = "ip"
@@ -310,4 +332,10 @@ func shortDuration(s string) string {
 		out = strings.TrimSuffix(out, "0m")
 	}
 	return out
+}
+
+// leaseSnapshot reads the lease table's counters.
+func (s *Server) leaseSnapshot() SnapshotLeases {
+	st := s.leases.Stats()
+	return SnapshotLeases{Taken: st.Taken, Spent: st.Spent, Lapsed: st.Lapsed, Calls: st.Calls, Keys: st.Entries}
 }

@@ -321,6 +321,7 @@ function updateRuleRow(tr, r, snap) {
   const tiers = r.tiers || [];
   const extra = [];
   if (r.block) extra.push(`block ${r.block}`);
+  if (r.lease) extra.push(`lease ${r.lease}`);
   if (tiers.length) extra.push(`${tiers.length} tier${tiers.length > 1 ? 's' : ''}: ${tiers.map((t) => `${t.name} ${t.limit}`).join(', ')}`);
   const limitKey = `${r.limit}|${extra.join('|')}`;
   if (c[3].dataset.v !== limitKey) {
@@ -606,6 +607,9 @@ function renderStore(snap) {
   const recent = (snap.series?.total?.fallback || []).reduce((a, b) => a + b, 0);
   const fd = $('store-fallback-decisions');
   setText(fd, `${fmt.count(st.fallback_decisions_total ?? 0)} · ${fmt.count(recent)} in 5 min`);
+  setText($('store-instances'), st.instances ? String(st.instances) : '–');
+  const ls = st.leases || {};
+  setText($('store-leases'), ls.taken ? `${fmt.count(ls.spent)} of ${fmt.count(ls.taken)} spent · ${fmt.count(ls.lapsed)} lapsed · ${fmt.count(ls.calls)} calls` : 'none');
   fd.classList.toggle('warn', recent > 0);
 }
 
