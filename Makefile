@@ -8,7 +8,7 @@ export WEIR_DEPS_EXTRA ?= nginx caddy chromium
 # Modules of their own (peer libraries stay out of weir's go.mod).
 NESTED     := bench examples/gin examples/echo
 
-.PHONY: all build test deps vet lint unit nested tidy bench bench-redis bench-serve bench-window fuzz same-long fmt clean
+.PHONY: all build test deps vet lint unit nested tidy bench bench-redis bench-serve bench-lease bench-window fuzz same-long fmt clean
 
 all: build
 
@@ -60,6 +60,11 @@ bench-window:
 # weir serve on Redis under weir bench over gRPC (STORE=memory for no Redis).
 bench-serve:
 	./bench/serve/run.sh
+
+# One hot key at 10,000/s with lease: 100 and without: Redis time per
+# decision (INFO commandstats); the hot-key part of issue 14's flood figures.
+bench-lease:
+	./bench/lease/run.sh
 
 # The Redis differential test, long: memstore and redisstore (standalone and
 # a cluster, whose cross-slot batches refund) through SAME_STEPS random steps
