@@ -62,7 +62,7 @@ scripts_calls() {
 		END { print s + 0 }'
 }
 
-# run <limit> <lease>: prints "decisions/s admitted usec/decision calls"
+# run <limit> <lease>: prints "decisions/s|admitted|refused|usec/decision|calls|decisions/call"
 run() {
 	cli FLUSHALL >/dev/null
 	cli CONFIG RESETSTAT >/dev/null
@@ -74,17 +74,17 @@ run() {
 	read -r _ _ dec _ adm _ errs _ pers _ _ _ _ _ _ <<<"$out"
 	[ "$errs" = 0 ] || echo "run.sh: $errs store errors" >&2
 	awk -v d="$dec" -v a="$adm" -v u="$usec" -v c="$calls" -v p="$pers" \
-		'BEGIN { printf "%.0f|%d|%.3f|%d|%.1f\n", p, a, u / d, c, d / (c ? c : 1) }'
+		'BEGIN { printf "%.0f|%d|%d|%.3f|%d|%.1f\n", p, a, d - a, u / d, c, d / (c ? c : 1) }'
 }
 
 echo "Machine: $(nproc) cores, $(redis-server --version | cut -d' ' -f3), $(go version | cut -d' ' -f3); one key, $RATE decisions/s offered by 64 goroutines for ${SECS}s per run, fixed_window"
 echo
-echo "| limit | lease | decisions/s | admitted | Redis µs per decision | script calls | decisions per call | Redis time, no lease / lease |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+echo "| limit | lease | decisions/s | admitted | refused | Redis µs per decision | script calls | decisions per call | Redis time, no lease / lease |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
 for limit in "$LIMIT_UNDER" "$LIMIT_OVER"; do
-	IFS='|' read -r p0 a0 u0 c0 r0 <<<"$(run "$limit" 0)"
-	IFS='|' read -r p1 a1 u1 c1 r1 <<<"$(run "$limit" "$LEASE")"
+	IFS='|' read -r p0 a0 f0 u0 c0 r0 <<<"$(run "$limit" 0)"
+	IFS='|' read -r p1 a1 f1 u1 c1 r1 <<<"$(run "$limit" "$LEASE")"
 	ratio=$(awk -v x="$u0" -v y="$u1" 'BEGIN { if (y > 0) printf "%.0f×", x / y; else print "∞" }')
-	echo "| $limit/s | none | $p0 | $a0 | $u0 | $c0 | $r0 | |"
-	echo "| $limit/s | $LEASE | $p1 | $a1 | $u1 | $c1 | $r1 | $ratio |"
+	echo "| $limit/s | none | $p0 | $a0 | $f0 | $u0 | $c0 | $r0 | |"
+	echo "| $limit/s | $LEASE | $p1 | $a1 | $f1 | $u1 | $c1 | $r1 | $ratio |"
 done

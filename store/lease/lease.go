@@ -177,7 +177,7 @@ func (t *Table) Give(tk Ticket) {
 // take is TakeTicket on e; it also returns when the units it admitted
 // lapse.
 func (t *Table) take(ctx context.Context, st weir.MultiStore, e *entry, key string, l weir.Limit, n, size int64) (weir.Result, time.Time, error) {
-	for {
+	for tries := 0; ; tries++ {
 		e.mu.Lock()
 		now := t.now()
 		t.lapse(e, now)
@@ -207,11 +207,14 @@ func (t *Table) take(ctx context.Context, st weir.MultiStore, e *entry, key stri
 		e.wait = ch
 		have := e.units
 		e.mu.Unlock()
-		r, exp, err := t.refill(ctx, st, e, key, l, n, max(size, n)-have)
+		r, exp, late, err := t.refill(ctx, st, e, key, l, n, max(size, n)-have)
 		e.mu.Lock()
 		e.wait = nil
 		close(ch)
 		e.mu.Unlock()
+		if late && tries < 2 {
+			continue // the window ended while the call was out: ask in the new one
+		}
 		return r, exp, err
 	}
 }
@@ -219,27 +222,30 @@ func (t *Table) take(ctx context.Context, st weir.MultiStore, e *entry, key stri
 // refill takes up to c units from the store for e, then admits n from
 // them if it can. e.wait is set, so no other caller refills meanwhile;
 // callers may still spend units e held before, and lapse them.
-func (t *Table) refill(ctx context.Context, st weir.MultiStore, e *entry, key string, l weir.Limit, n, c int64) (weir.Result, time.Time, error) {
+//
+// late reports that the units came but their window ended while the call
+// was out, so they lapsed at once: the caller should ask again.
+func (t *Table) refill(ctx context.Context, st weir.MultiStore, e *entry, key string, l weir.Limit, n, c int64) (r weir.Result, exp time.Time, late bool, err error) {
 	sent := t.now()
 	var out [1]weir.Result
-	err := st.TakeAll(ctx, []weir.Request{{Key: key, Limit: l, N: c, AtMost: true}}, out[:])
+	err = st.TakeAll(ctx, []weir.Request{{Key: key, Limit: l, N: c, AtMost: true}}, out[:])
 	t.calls.Add(1)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if err != nil {
-		return weir.Result{}, time.Time{}, err
+		return weir.Result{}, time.Time{}, false, err
 	}
-	r := out[0]
+	r = out[0]
 	now := t.now()
 	t.lapse(e, now)
 	e.limit, e.remote, e.resetAt = r.Limit, max(r.Remaining, 0), sent.Add(r.ResetAfter)
 	if r.Granted <= 0 {
 		t.empty.Add(1)
 		e.deniedUntil = sent.Add(r.RetryAfter)
-		return e.denied(now), time.Time{}, nil
+		return e.denied(now), time.Time{}, false, nil
 	}
 	t.taken.Add(r.Granted)
-	exp := sent.Add(lifetime(l, r))
+	exp = sent.Add(lifetime(l, r))
 	if e.units > 0 && e.expires.Before(exp) {
 		exp = e.expires // older units keep their own, earlier end
 	}
@@ -247,17 +253,18 @@ func (t *Table) refill(ctx context.Context, st weir.MultiStore, e *entry, key st
 	e.expires = exp
 	if !now.Before(exp) {
 		t.lapse(e, now) // the window ended while the call was out
+		late = true
 	}
 	if e.units < n {
 		// Part of a larger request: keep the units for smaller ones, and
 		// reject this one as the store would have.
 		res := e.denied(now)
 		res.RetryAfter = max(exp.Sub(now), 0)
-		return res, time.Time{}, nil
+		return res, time.Time{}, late, nil
 	}
 	e.units -= n
 	t.spent.Add(n)
-	return e.result(now, n), e.expires, nil
+	return e.result(now, n), e.expires, false, nil
 }
 
 // lifetime is how long after the store decided the units stay in their

@@ -271,3 +271,37 @@ func TestGive(t *testing.T) {
 	}
 	tb.Give(lease.Ticket{}) // the zero Ticket gives nothing
 }
+
+// slow advances the clock while a call is out, once.
+type slow struct {
+	weir.MultiStore
+	c     *clock
+	delay time.Duration
+	calls atomic.Int64
+}
+
+func (s *slow) TakeAll(ctx context.Context, reqs []weir.Request, out []weir.Result) error {
+	err := s.MultiStore.TakeAll(ctx, reqs, out)
+	if s.calls.Add(1) == 1 {
+		s.c.add(s.delay)
+	}
+	return err
+}
+
+// TestLateLease: when the window ends while the lease call is out, the
+// units lapse at once and the request asks again in the new window,
+// instead of being refused under a limit that was never reached.
+func TestLateLease(t *testing.T) {
+	c := newClock()
+	c.add(time.Minute - time.Millisecond)
+	st := &slow{MultiStore: memstore.New(memstore.WithClock(c.now)), c: c, delay: 2 * time.Millisecond}
+	tb := lease.New(lease.Config{Now: c.now})
+	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 100, Period: time.Minute}
+	r, err := tb.Take(context.Background(), st, "k", l, 1, 10)
+	if err != nil || !r.Allowed || st.calls.Load() != 2 {
+		t.Fatalf("%+v %v after %d calls, want admitted from a second lease", r, err, st.calls.Load())
+	}
+	if s := tb.Stats(); s.Lapsed != 10 || s.Taken != 20 || s.Spent != 1 {
+		t.Errorf("stats %+v, want the late 10 lapsed, 20 taken, 1 spent", s)
+	}
+}
