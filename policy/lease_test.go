@@ -168,3 +168,26 @@ rules:
 		t.Errorf("local share %d", got)
 	}
 }
+
+// TestInstancesAutoFallback: while the store fails, on_error: local
+// enforces the limit divided by the live count.
+func TestInstancesAutoFallback(t *testing.T) {
+	clock := newClock()
+	store := newFakeStore(clock)
+	p := mustPolicy(t, `
+instances: auto
+store: {on_error: local}
+rules:
+  - {name: g, identity: const:all, limit: 8/m, algorithm: fixed_window}
+`, store, WithClock(clock.Now), WithInstances(func() int { return 4 }))
+	store.Down.Store(true)
+	admitted := 0
+	for range 5 {
+		if v := p.Check(ctx, req("GET", "/")); v.Allowed {
+			admitted++
+		}
+	}
+	if admitted != 2 {
+		t.Errorf("local fallback under 4 live instances admitted %d of 8/m, want 2", admitted)
+	}
+}

@@ -150,8 +150,8 @@ func (t *Table) TakeTicket(ctx context.Context, st weir.MultiStore, key string, 
 }
 
 // Give returns the units of tk to the lease they came from, unless their
-// window has ended (they lapse) or the lease now holds units of a later
-// window (they lapse too: a unit is only ever spent in its own window).
+// window has ended (they lapse) or the lease now holds units that last
+// longer (they lapse too: a unit is only ever spent in its own window).
 func (t *Table) Give(tk Ticket) {
 	e := tk.e
 	if e == nil || tk.n <= 0 {
@@ -167,8 +167,8 @@ func (t *Table) Give(tk Ticket) {
 		t.lapsed.Add(tk.n)
 	case e.units == 0:
 		e.units, e.expires = tk.n, tk.expires
-	case e.expires.Equal(tk.expires):
-		e.units += tk.n
+	case !e.expires.After(tk.expires):
+		e.units += tk.n // the lease's units end no later than these
 	default:
 		t.lapsed.Add(tk.n)
 	}
