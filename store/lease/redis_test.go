@@ -265,3 +265,95 @@ func TestLeaseSentinelAndCluster(t *testing.T) {
 		})
 	}
 }
+
+// TestLeaseClusterMigration: leases on a hot key while its slot moves
+// between Cluster nodes twice under load (MOVED, ASK, TRYAGAIN). Redis's
+// count must cover every unit admitted (nothing spent undebited), and
+// exceed it only by the units still held and what failed calls may have
+// taken.
+func TestLeaseClusterMigration(t *testing.T) {
+	if os.Getenv(childEnv) != "" {
+		t.Skip("running as a hammer child")
+	}
+	c := redistest.Cluster(t)
+	cfg := redisstore.Config{Addrs: c.Addrs, Timeout: 5 * time.Second, Prefix: "mig"}
+	const size = 10
+	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 1_000_000, Period: 24 * time.Hour}
+	v, err := c.Nodes[0].Do("CLUSTER", "KEYSLOT", "hot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	slot := int(v.(int64))
+	stop := make(chan struct{})
+	var admitted, failed atomic.Int64
+	var wg sync.WaitGroup
+	tables := make([]*lease.Table, 4)
+	for i := range tables {
+		s, err := redisstore.New(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		tables[i] = lease.New(lease.Config{})
+		for range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					r, err := tables[i].Take(context.Background(), s, "hot", l, 1, size)
+					if err != nil {
+						failed.Add(1)
+						continue
+					}
+					admitted.Add(r.Granted)
+					time.Sleep(100 * time.Microsecond)
+				}
+			}()
+		}
+	}
+	from := c.NodeForSlot(slot)
+	to := c.Nodes[0]
+	if to == from {
+		to = c.Nodes[1]
+	}
+	time.Sleep(50 * time.Millisecond)
+	for i := range 2 {
+		if err := c.MigrateSlot(slot, from, to); err != nil {
+			close(stop)
+			wg.Wait()
+			t.Fatalf("migration %d: %v", i, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+		from, to = to, from
+	}
+	close(stop)
+	wg.Wait()
+	var held, calls int64
+	for _, tb := range tables {
+		s := tb.Stats()
+		held += s.Taken - s.Spent - s.Lapsed
+		calls += s.Calls
+	}
+	s, err := redisstore.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	r, err := s.Take(context.Background(), "hot", l, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := l.Rate - r.Remaining
+	t.Logf("slot %d moved twice under load: %d admitted, %d held, %d debited in Redis, %d lease calls, %d failed", slot, admitted.Load(), held, used, calls, failed.Load())
+	if admitted.Load() == 0 || calls < 10 {
+		t.Fatalf("no load: %d admitted in %d calls", admitted.Load(), calls)
+	}
+	if used < admitted.Load()+held || used > admitted.Load()+held+failed.Load()*size {
+		t.Errorf("Redis debited %d for %d admitted + %d held (%d failed calls of up to %d)", used, admitted.Load(), held, failed.Load(), size)
+	}
+}
