@@ -37,6 +37,7 @@ func envName(flagName string) string {
 type serveFlags struct {
 	config, envoyConfig, http, grpc, redis string
 	adminTokenEnv, instanceID              string
+	tlsCert, tlsKey, tlsClientCA           string
 	logLevel, logFormat                    string
 	pprof                                  string
 	shutdownTimeout, shutdownDelay         time.Duration
@@ -51,6 +52,9 @@ func newServeFlagSet(stderr io.Writer) (*flag.FlagSet, *serveFlags) {
 	fs.StringVar(&f.http, "http", "", `HTTP listen address for the API, /v1/auth, metrics and the dashboard (default: server.http in the config, else ":8080")`)
 	fs.StringVar(&f.grpc, "grpc", "", `gRPC listen address for Envoy's rate limit service and gRPC health, or "off" (default: server.grpc in the config, else ":8081")`)
 	fs.StringVar(&f.redis, "redis", "", "keep state in Redis at this URL instead of what the config says (its store.redis prefix and tuning stay): redis://[user:pass@]host:port/db, rediss://..., redis+sentinel://host:port,host:port/master, or host:port,host:port,... for a cluster")
+	fs.StringVar(&f.tlsCert, "tls-cert", "", "PEM certificate (chain) for the HTTP and gRPC listeners, which then speak TLS only; re-read when the file changes (default: server.tls.cert in the config)")
+	fs.StringVar(&f.tlsKey, "tls-key", "", "PEM private key of --tls-cert, re-read with it (default: server.tls.key in the config)")
+	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "PEM CA bundle: require client certificates that chain to it (mutual TLS) on both listeners (default: server.tls.client_ca in the config)")
 	fs.StringVar(&f.adminTokenEnv, "admin-token-env", "", "name of the environment variable holding the admin API's bearer token (default: server.admin_token_env in the config, else WEIR_ADMIN_TOKEN); without a token the admin API is off")
 	fs.StringVar(&f.instanceID, "instance-id", "", "this instance's name in the dashboard's fleet view (default: hostname-pid)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -93,6 +97,7 @@ Examples:
   weir serve
   weir serve --config weir.yaml --redis redis://127.0.0.1:6379
   WEIR_ADMIN_TOKEN=s3cret weir serve --config weir.yaml --envoy-config /etc/ratelimit/config
+  weir serve --tls-cert /etc/weir/tls.crt --tls-key /etc/weir/tls.key --tls-client-ca /etc/weir/ca.crt
 `)
 	}
 	return fs, f
@@ -227,6 +232,9 @@ func serverOptions(f *serveFlags, log *slog.Logger, lookup func(string) (string,
 			opts = append(opts, o.opt(o.value))
 		}
 	}
+	if f.tlsCert != "" || f.tlsKey != "" || f.tlsClientCA != "" {
+		opts = append(opts, server.WithTLS(f.tlsCert, f.tlsKey, f.tlsClientCA))
+	}
 	return opts
 }
 
@@ -271,9 +279,14 @@ func announce(stdout io.Writer, log *slog.Logger, srv *server.Server, hl, gl net
 	if gl != nil {
 		grpcDesc = "gRPC " + displayAddr(gl.Addr().String(), false)
 	}
-	fmt.Fprintf(stdout, "weir: serving on http://%s (dashboard), %s, store %s\n",
-		displayAddr(hl.Addr().String(), true), grpcDesc, srv.StoreDescription())
-	log.Info("weir serve started", "http", hl.Addr().String(), "grpc", grpcDesc, "store", srv.StoreDescription(),
+	scheme := "http"
+	tlsOn, mutual := srv.TLS()
+	if tlsOn {
+		scheme = "https"
+	}
+	fmt.Fprintf(stdout, "weir: serving on %s://%s (dashboard), %s, store %s\n",
+		scheme, displayAddr(hl.Addr().String(), true), grpcDesc, srv.StoreDescription())
+	log.Info("weir serve started", "http", hl.Addr().String(), "grpc", grpcDesc, "tls", tlsOn, "mutual_tls", mutual, "store", srv.StoreDescription(),
 		"admin_api", srv.AdminEnabled(), "instance", srv.InstanceID(), "rules", len(srv.Policy().Rules()))
 }
 

@@ -19,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/weir-dev/weir/internal/certtest"
 )
 
 // syncBuffer is a bytes.Buffer safe for a writer and a reader at once.
@@ -69,7 +71,7 @@ func TestServeHelpDocumentsEveryFlag(t *testing.T) {
 	}
 }
 
-var servingLine = regexp.MustCompile(`^weir: serving on http://(\S+) \(dashboard\), (gRPC \S+|gRPC off), store (.+)\n$`)
+var servingLine = regexp.MustCompile(`^weir: serving on https?://(\S+) \(dashboard\), (gRPC \S+|gRPC off), store (.+)\n$`)
 
 // startServe runs serve in-process with the given environment and waits
 // for its one line on stdout.
@@ -115,6 +117,9 @@ func startServe(t *testing.T, env map[string]string, args ...string) (base strin
 		return code
 	}
 	t.Cleanup(func() { stop() })
+	if strings.HasPrefix(line[0], "weir: serving on https://") {
+		return "https://" + line[1], line, stop
+	}
 	return "http://" + line[1], line, stop
 }
 
@@ -387,5 +392,39 @@ func TestServeSIGTERMDrains(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("did not exit after the in-flight request finished")
+	}
+}
+
+// TestServeTLSFromEnvironment: WEIR_TLS_CERT, WEIR_TLS_KEY and
+// WEIR_TLS_CLIENT_CA serve HTTPS with mutual TLS; the serving line says
+// https.
+func TestServeTLSFromEnvironment(t *testing.T) {
+	pki := certtest.New(t)
+	env := map[string]string{
+		"WEIR_HTTP": "127.0.0.1:0", "WEIR_GRPC": "off", "WEIR_LOG_LEVEL": "error",
+		"WEIR_TLS_CERT": pki.Cert, "WEIR_TLS_KEY": pki.Key, "WEIR_TLS_CLIENT_CA": pki.CA,
+	}
+	base, _, stop := startServe(t, env)
+	if !strings.HasPrefix(base, "https://") {
+		t.Fatalf("base %s: want https", base)
+	}
+	for _, withCert := range []bool{true, false} {
+		tr := &http.Transport{TLSClientConfig: pki.ClientConfig(withCert)}
+		resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Get(base + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+		}
+		tr.CloseIdleConnections()
+		if withCert != (err == nil && resp.StatusCode == 200) {
+			t.Errorf("client certificate %v: %v", withCert, err)
+		}
+	}
+	if code := stop(); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	// A key without its certificate is refused at start.
+	_, errs, code := runCLI(t, "serve", "--tls-key", pki.Key, "--http", "127.0.0.1:0", "--grpc", "off")
+	if code == 0 || !strings.Contains(errs, "certificate") {
+		t.Fatalf("--tls-key alone: exit %d, %s", code, errs)
 	}
 }
