@@ -61,6 +61,7 @@ import (
 	"github.com/weir-dev/weir/policy"
 	"github.com/weir-dev/weir/server/envoyrls"
 	"github.com/weir-dev/weir/store/guard"
+	"github.com/weir-dev/weir/weirotel"
 )
 
 // Version is reported by the dashboard snapshot unless WithVersion says
@@ -105,6 +106,7 @@ type options struct {
 	httpAddr        *string
 	grpcAddr        *string
 	tls             *policy.ServerTLSConfig
+	tracing         *weirotel.Tracing
 	shutdownTimeout time.Duration
 	shutdownDelay   time.Duration
 	now             func() time.Time
@@ -343,7 +345,7 @@ func (s *Server) init() error {
 		}
 		return 0
 	}))
-	s.guard = guard.New(s.store, guard.Config{
+	s.guard = guard.New(s.o.tracing.Store(s.store), guard.Config{
 		Timeout: cfg.Store.Timeout,
 		Breaker: cfg.Store.Breaker,
 		Logger:  s.log,
@@ -703,6 +705,9 @@ func (s *Server) Serve(ctx context.Context, hl, gl net.Listener) error {
 	var hlth *health.Server
 	if gl != nil {
 		gopts := grpcOptions()
+		if s.o.tracing != nil {
+			gopts = append(gopts, grpc.ChainUnaryInterceptor(s.traceGRPC))
+		}
 		if s.tls != nil {
 			gopts = append(gopts, grpc.Creds(credentials.NewTLS(s.grpcTLS())))
 		}

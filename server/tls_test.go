@@ -22,8 +22,8 @@ import (
 	"github.com/weir-dev/weir/store/redisstore"
 )
 
-// serveTLS serves s over TLS on HTTP and gRPC loopback listeners.
-func serveTLS(t *testing.T, s *Server) (httpAddr, grpcAddr string) {
+// serveListeners serves s on HTTP and gRPC loopback listeners (TLS if s has a certificate).
+func serveListeners(t *testing.T, s *Server) (httpAddr, grpcAddr string) {
 	t.Helper()
 	hl, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -73,7 +73,7 @@ func TestTLSListeners(t *testing.T) {
 	if on, mutual := s.TLS(); !on || mutual {
 		t.Fatalf("TLS() = %v, %v; want on, not mutual", on, mutual)
 	}
-	ha, ga := serveTLS(t, s)
+	ha, ga := serveListeners(t, s)
 	base := "https://" + ha
 
 	code, serial1, proto, err := tlsGet(pki.ClientConfig(false), base+"/healthz")
@@ -139,7 +139,7 @@ func TestMutualTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	ha, ga := serveTLS(t, s)
+	ha, ga := serveListeners(t, s)
 	base := "https://" + ha
 	if _, _, _, err := tlsGet(pki.ClientConfig(false), base+"/healthz"); err == nil {
 		t.Fatal("HTTP: a client without a certificate was served")

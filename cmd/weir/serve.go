@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir/server"
+	"github.com/weir-dev/weir/weirotel"
 )
 
 func init() {
@@ -89,6 +90,11 @@ Every flag can also be set by an environment variable: WEIR_ and the flag's
 name in capitals with '-' as '_' (--redis is WEIR_REDIS). A flag on the
 command line wins over its variable.
 
+Traces: OpenTelemetry, off unless the standard OTEL_* variables ask for it
+(OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_PROTOCOL http/protobuf or
+grpc, OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER, ...): a span per check, a
+child span per store call, W3C trace context from the callers.
+
 Flags:
 `)
 		fs.PrintDefaults()
@@ -147,7 +153,25 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, lookup 
 		// shrinks and requests regrow) for a few MB. GOGC still wins.
 		debug.SetGCPercent(400)
 	}
-	srv, err := server.New(serverOptions(f, log, lookup)...)
+	opts := serverOptions(f, log, lookup)
+	tracing, err := weirotel.FromEnv(ctx, lookup)
+	if err != nil {
+		fmt.Fprintln(stderr, "weir serve:", err)
+		return 1
+	}
+	if tracing != nil {
+		opts = append(opts, server.WithTracing(tracing))
+		defer func() {
+			// Flush the last spans, briefly: the process is leaving.
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := tracing.Shutdown(sctx); err != nil {
+				log.Warn("weir serve: flushing traces", "err", err)
+			}
+		}()
+		log.Info("weir serve: tracing to OpenTelemetry (OTEL_* environment)")
+	}
+	srv, err := server.New(opts...)
 	if err != nil {
 		fmt.Fprintln(stderr, "weir serve:", err)
 		return 1

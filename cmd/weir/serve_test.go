@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir/internal/certtest"
+	"github.com/weir-dev/weir/internal/otlptest"
 )
 
 // syncBuffer is a bytes.Buffer safe for a writer and a reader at once.
@@ -426,5 +427,41 @@ func TestServeTLSFromEnvironment(t *testing.T) {
 	_, errs, code := runCLI(t, "serve", "--tls-key", pki.Key, "--http", "127.0.0.1:0", "--grpc", "off")
 	if code == 0 || !strings.Contains(errs, "certificate") {
 		t.Fatalf("--tls-key alone: exit %d, %s", code, errs)
+	}
+}
+
+// TestServeTracesFromOTELEnvironment: weir serve exports a span per check
+// to the OTLP endpoint that OTEL_EXPORTER_OTLP_ENDPOINT names, a child of
+// the caller's traceparent, and flushes on exit.
+func TestServeTracesFromOTELEnvironment(t *testing.T) {
+	rc := otlptest.NewHTTP(t)
+	env := map[string]string{
+		"WEIR_HTTP": "127.0.0.1:0", "WEIR_GRPC": "off", "WEIR_LOG_LEVEL": "error",
+		"OTEL_EXPORTER_OTLP_ENDPOINT": rc.Endpoint,
+		"OTEL_BSP_SCHEDULE_DELAY":     "3600000", // only the flush on exit sends
+	}
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+	base, _, stop := startServe(t, env)
+	req, _ := http.NewRequest("POST", base+"/v1/check", strings.NewReader(`{"rule":"login","key":"203.0.113.9","hits":1}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("check: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	if code := stop(); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	var found bool
+	for _, sp := range rc.Spans() {
+		if sp.Name == "weir.check" && sp.TraceID == "0af7651916cd43dd8448eb211c80319c" && sp.Parent == "b7ad6b7169203331" && sp.Attrs["weir.rule"] == "login" && sp.Service == "weir" {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("no weir.check span under the caller's trace after exit: %+v", rc.Spans())
 	}
 }
