@@ -31,7 +31,9 @@ func (s *Server) observe(ctx context.Context, rr policy.RuleResult, lat time.Dur
 	if rr.Skipped {
 		return
 	}
-	weirotel.CheckFrom(ctx).Decision(rr.Rule, rr.Tier, rr.Result.Allowed && !rr.Denied, rr.Shadow, rr.Fallback, rr.Err)
+	if s.o.tracing != nil {
+		weirotel.CheckFrom(ctx).Decision(rr.Rule, rr.Tier, rr.Result.Allowed && !rr.Denied, rr.Shadow, rr.Fallback, rr.Err)
+	}
 	failed := storeFailed(ctx, rr.Err)
 	if !rr.Denied && rr.Result.Allowed && rr.Result.Granted == 0 {
 		// A peek, or a rule that did not consume because another
@@ -199,7 +201,7 @@ func envoyOnError(cfg *policy.Config) string {
 // from the request. Envoy rules are near their limit by the config's global
 // near_limit.
 func (s *Server) envoyObserve(ctx context.Context, d envoyrls.Decision) {
-	if d.Outcome != envoyrls.NoLimit {
+	if s.o.tracing != nil && d.Outcome != envoyrls.NoLimit {
 		weirotel.CheckFrom(ctx).Decision(d.Rule, "", d.Outcome != envoyrls.Limited,
 			d.Outcome == envoyrls.ShadowLimited, d.Fallback, d.Err)
 	}

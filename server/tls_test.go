@@ -235,6 +235,29 @@ func TestRedisTLS(t *testing.T) {
 			if admitted != 3 {
 				t.Fatalf("admitted %d of 8 under a limit of 3", admitted)
 			}
+			if topo != "standalone" {
+				return
+			}
+			// Without the client certificate, or trusting another CA, the
+			// store cannot connect: the settings are what made it work.
+			for name, mod := range map[string]func(r *policy.RedisConfig){
+				"no client certificate": func(r *policy.RedisConfig) { r.TLSCert, r.TLSKey = "", "" },
+				"another CA":            func(r *policy.RedisConfig) { r.TLSCA = certtest.New(t).CA },
+			} {
+				sc := cfg.Store
+				mod(&sc.Redis)
+				rc, err := redisConfig(sc)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				rs, err := redisstore.New(ctx, rc)
+				cancel()
+				if err == nil {
+					rs.Close()
+					t.Errorf("%s: the store connected", name)
+				}
+			}
 		})
 	}
 }
