@@ -22,19 +22,21 @@ func (discard) Shutdown(context.Context) error                             { ret
 
 // BenchmarkMiddleware measures what tracing adds to a decision through
 // httplimit.New on the memory store: off, and on with every request
-// sampled and batched to an exporter that drops the spans.
+// sampled and batched to an exporter that drops the spans, and on with
+// none sampled.
 //
 //	go test -run '^$' -bench BenchmarkMiddleware -benchmem ./weirotel/
 func BenchmarkMiddleware(b *testing.B) {
-	for _, traced := range []bool{false, true} {
-		name := "off"
-		if traced {
-			name = "sampled"
-		}
-		b.Run(name, func(b *testing.B) {
+	for _, mode := range []string{"off", "sampled", "unsampled"} {
+		traced := mode != "off"
+		b.Run(mode, func(b *testing.B) {
 			var tr *weirotel.Tracing
 			if traced {
-				tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(discard{}))
+				sampler := sdktrace.AlwaysSample()
+				if mode == "unsampled" {
+					sampler = sdktrace.NeverSample()
+				}
+				tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(discard{}), sdktrace.WithSampler(sampler))
 				defer tp.Shutdown(context.Background())
 				tr = weirotel.New(tp, nil)
 			}

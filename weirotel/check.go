@@ -36,7 +36,8 @@ func CheckFrom(ctx context.Context) *Check {
 // StartCheck starts a check's span, named name, as a child of the trace
 // context in carrier (nil: of ctx's span), and returns the context the
 // decisions should run under, which carries the Check (CheckFrom) and
-// makes store calls its children.
+// makes store calls its children. The Check is nil when the span is not
+// sampled.
 func (t *Tracing) StartCheck(ctx context.Context, name string, carrier propagation.TextMapCarrier, attrs ...attribute.KeyValue) (context.Context, *Check) {
 	if t == nil {
 		return ctx, nil
@@ -45,6 +46,11 @@ func (t *Tracing) StartCheck(ctx context.Context, name string, carrier propagati
 		ctx = t.propagator.Extract(ctx, carrier)
 	}
 	ctx, span := t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(attrs...))
+	if !span.IsRecording() {
+		// Not sampled: the context still carries the span, for
+		// propagation, but there is nothing to record.
+		return ctx, nil
+	}
 	c := &Check{span: span, allowed: true}
 	return context.WithValue(ctx, checkKey{}, c), c
 }

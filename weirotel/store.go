@@ -15,7 +15,8 @@ import (
 // (a check's): "weir.store.take", "weir.store.reset" and, when s is a
 // weir.MultiStore (as the wrapper then is), "weir.store.take_all" and
 // "weir.store.release". Spans carry the hits asked and the answer, never
-// the key (an identity). A nil *Tracing returns s itself.
+// the key (an identity). A call under a span the sampler dropped makes
+// none. A nil *Tracing returns s itself.
 func (t *Tracing) Store(s weir.Store) weir.Store {
 	if t == nil {
 		return s
@@ -32,6 +33,13 @@ type tracedStore struct {
 	t *Tracing
 }
 
+// unsampled reports whether ctx's span is one the sampler dropped: its
+// store calls then make no spans either.
+func unsampled(ctx context.Context) bool {
+	sc := trace.SpanContextFromContext(ctx)
+	return sc.IsValid() && !sc.IsSampled()
+}
+
 func (ts *tracedStore) start(ctx context.Context, name string, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
 	return ts.t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
 }
@@ -46,6 +54,9 @@ func end(span trace.Span, err error) {
 
 // Take implements weir.Store.
 func (ts *tracedStore) Take(ctx context.Context, key string, l weir.Limit, n int64) (weir.Result, error) {
+	if unsampled(ctx) {
+		return ts.s.Take(ctx, key, l, n)
+	}
 	ctx, span := ts.start(ctx, "weir.store.take", AttrHits.Int64(n))
 	res, err := ts.s.Take(ctx, key, l, n)
 	if err == nil {
@@ -57,6 +68,9 @@ func (ts *tracedStore) Take(ctx context.Context, key string, l weir.Limit, n int
 
 // Reset implements weir.Store.
 func (ts *tracedStore) Reset(ctx context.Context, key string, l weir.Limit) error {
+	if unsampled(ctx) {
+		return ts.s.Reset(ctx, key, l)
+	}
 	ctx, span := ts.start(ctx, "weir.store.reset")
 	err := ts.s.Reset(ctx, key, l)
 	end(span, err)
@@ -82,6 +96,9 @@ type tracedMulti struct {
 
 // TakeAll implements weir.MultiStore.
 func (tm *tracedMulti) TakeAll(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
+	if unsampled(ctx) {
+		return tm.m.TakeAll(ctx, reqs, results)
+	}
 	ctx, span := tm.start(ctx, "weir.store.take_all", AttrRequests.Int(len(reqs)))
 	err := tm.m.TakeAll(ctx, reqs, results)
 	end(span, err)
@@ -90,6 +107,9 @@ func (tm *tracedMulti) TakeAll(ctx context.Context, reqs []weir.Request, results
 
 // Release implements weir.MultiStore.
 func (tm *tracedMulti) Release(ctx context.Context, key string, l weir.Limit, lease string) error {
+	if unsampled(ctx) {
+		return tm.m.Release(ctx, key, l, lease)
+	}
 	ctx, span := tm.start(ctx, "weir.store.release")
 	err := tm.m.Release(ctx, key, l, lease)
 	end(span, err)

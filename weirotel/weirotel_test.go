@@ -167,3 +167,21 @@ func ExampleTracing_Middleware() {
 	// weir.store.take 4bf92f3577b34da6a3ce929d0e0e4736
 	// weir.check 4bf92f3577b34da6a3ce929d0e0e4736
 }
+
+// TestUnsampled: a request the sampler drops records no span, neither the
+// check nor its store call, and is still decided.
+func TestUnsampled(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tr := weirotel.New(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithSampler(sdktrace.NeverSample())), nil)
+	lim := weir.NewLimiter(tr.Store(memstore.New()))
+	h := httplimit.New(lim, weir.PerMinute(weir.SlidingLog, 1), httplimit.WithTracer(tr.Middleware()))(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	codes := []int{}
+	for range 2 {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+		codes = append(codes, w.Code)
+	}
+	if len(rec.Started()) != 0 || codes[0] != 200 || codes[1] != 429 {
+		t.Fatalf("spans %d, codes %v", len(rec.Started()), codes)
+	}
+}
