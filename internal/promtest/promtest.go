@@ -6,6 +6,7 @@ package promtest
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -121,17 +122,12 @@ type Prometheus struct {
 
 // Start runs Prometheus scraping target (host:port, /metrics) every
 // second with the rule files ruleFiles, evaluated every second, and stops
-// it when t ends.
+// it when t ends. If another process takes its port first, it tries again
+// on another.
 func Start(t testing.TB, target string, ruleFiles ...string) *Prometheus {
 	t.Helper()
 	bin := Require(t, "prometheus")
 	dir := t.TempDir()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
 	var rf strings.Builder
 	for _, f := range ruleFiles {
 		rf.WriteString("  - " + strconv.Quote(f) + "\n")
@@ -149,16 +145,37 @@ rule_files:
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	logf, err := os.Create(filepath.Join(dir, "prometheus.log"))
-	if err != nil {
-		t.Fatal(err)
+	for attempt := 0; ; attempt++ {
+		p, log, err := start(t, bin, cfgPath, filepath.Join(dir, fmt.Sprintf("data%d", attempt)))
+		if err == nil {
+			return p
+		}
+		if attempt < 3 && strings.Contains(log, "address already in use") {
+			continue
+		}
+		t.Fatalf("promtest: %v\n%s", err, log)
 	}
-	cmd := exec.Command(bin, "--config.file="+cfgPath, "--storage.tsdb.path="+filepath.Join(dir, "data"),
-		"--web.listen-address="+addr)
+}
+
+// start runs one Prometheus on a free port and waits until it is ready;
+// on failure it returns its log.
+func start(t testing.TB, bin, cfgPath, dataDir string) (*Prometheus, string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, "", err
+	}
+	addr := l.Addr().String()
+	l.Close()
+	logf, err := os.Create(dataDir + ".log")
+	if err != nil {
+		return nil, "", err
+	}
+	cmd := exec.Command(bin, "--config.file="+cfgPath, "--storage.tsdb.path="+dataDir, "--web.listen-address="+addr)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = sysProcAttr()
 	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+		logf.Close()
+		return nil, "", err
 	}
 	done := make(chan struct{})
 	go func() { cmd.Wait(); close(done) }()
@@ -174,18 +191,18 @@ rule_files:
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
-				return p
+				return p, "", nil
 			}
 		}
 		select {
 		case <-done:
 			log, _ := os.ReadFile(logf.Name())
-			t.Fatalf("promtest: prometheus exited:\n%s", log)
+			return nil, string(log), errors.New("prometheus exited")
 		default:
 		}
 		if time.Now().After(deadline) {
 			log, _ := os.ReadFile(logf.Name())
-			t.Fatalf("promtest: prometheus not ready after 60s:\n%s", log)
+			return nil, string(log), errors.New("prometheus not ready after 60s")
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

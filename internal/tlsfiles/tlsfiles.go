@@ -1,7 +1,7 @@
 // Package tlsfiles serves TLS certificates from PEM files that are replaced
 // while the process runs, as cert-manager and similar tools do: the files
 // are stat'ed on every handshake and read again when their modification
-// time or size changed. A half-written rotation (a new certificate with
+// time, size or inode changed. A half-written rotation (a new certificate with
 // the old key) is not taken: the previous pair stays in use until both
 // files agree.
 package tlsfiles
@@ -33,6 +33,7 @@ type Source struct {
 type stamp struct {
 	mod  time.Time
 	size int64
+	ino  uint64
 }
 
 func stat(path string) (stamp, error) {
@@ -40,7 +41,7 @@ func stat(path string) (stamp, error) {
 	if err != nil {
 		return stamp{}, err
 	}
-	return stamp{fi.ModTime(), fi.Size()}, nil
+	return stamp{fi.ModTime(), fi.Size(), inode(fi)}, nil
 }
 
 // New reads the files: certPath and keyPath (both or neither) and caPath
