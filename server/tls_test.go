@@ -8,6 +8,7 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -169,6 +170,28 @@ func TestMutualTLS(t *testing.T) {
 		if withCert != (err == nil) {
 			t.Errorf("gRPC with client certificate %v: err %v", withCert, err)
 		}
+	}
+
+	// The client CA file is re-read too: once it holds another CA, that
+	// CA's clients get in and the old CA's do not.
+	other := certtest.New(t)
+	ca, err := os.ReadFile(other.CA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(pki.CA+".new", ca, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(pki.CA+".new", pki.CA); err != nil {
+		t.Fatal(err)
+	}
+	newClient := pki.ClientConfig(false) // trusts the server's CA
+	newClient.Certificates = other.ClientConfig(true).Certificates
+	if code, _, _, err := tlsGet(newClient, base+"/healthz"); err != nil || code != 200 {
+		t.Errorf("a client of the new CA: %d %v", code, err)
+	}
+	if _, _, _, err := tlsGet(pki.ClientConfig(true), base+"/healthz"); err == nil {
+		t.Error("a client of the replaced CA was still served")
 	}
 }
 
