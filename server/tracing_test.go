@@ -16,6 +16,9 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/weir-dev/weir/internal/otlptest"
+	"github.com/weir-dev/weir/internal/redistest"
+	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/store/redisstore"
 	"github.com/weir-dev/weir/weirotel"
 )
 
@@ -55,10 +58,12 @@ func tracingFromEnv(t *testing.T, rc *otlptest.Receiver, protocol string) *weiro
 // TestTracingOTLP: with OTEL_* set, every check is a span, a child of the
 // caller's W3C trace context, carrying the rule, tier, allowed and
 // fallback; each store call is a child span of its check. Over OTLP/HTTP
-// and OTLP/gRPC, to a receiver in the test.
+// and OTLP/gRPC, to a receiver in the test, on the memory store and on
+// Redis.
 func TestTracingOTLP(t *testing.T) {
-	for _, protocol := range []string{"http/protobuf", "grpc"} {
-		t.Run(protocol, func(t *testing.T) {
+	for _, run := range []struct{ protocol, store string }{{"http/protobuf", "memory"}, {"grpc", "memory"}, {"http/protobuf", "redis"}} {
+		protocol := run.protocol
+		t.Run(protocol+"/"+run.store, func(t *testing.T) {
 			var rc *otlptest.Receiver
 			if protocol == "grpc" {
 				rc = otlptest.NewGRPC(t)
@@ -68,11 +73,19 @@ func TestTracingOTLP(t *testing.T) {
 			tr := tracingFromEnv(t, rc, protocol)
 			dir := t.TempDir()
 			os.WriteFile(filepath.Join(dir, "rl.yaml"), []byte("domain: rl\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1}\n"), 0o644)
-			s, err := New(WithConfig(mustParse(t, testConfig)), WithEnvoyConfigDir(dir), WithLogger(quietLogger()), WithAdminToken(""), WithTracing(tr))
+			cfg := mustParse(t, testConfig)
+			if run.store == "redis" {
+				cfg.Store.Type = policy.StoreRedis
+				cfg.Store.Redis.Addrs = []string{redistest.Standalone(t).Addr}
+			}
+			s, err := New(WithConfig(cfg), WithEnvoyConfigDir(dir), WithLogger(quietLogger()), WithAdminToken(""), WithTracing(tr))
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer s.Close()
+			if rs, ok := s.store.(*redisstore.Store); ok {
+				eventually(t, 20*time.Second, "Redis to connect", rs.Connected)
+			}
 			haddr, gaddr := serveListeners(t, s)
 			ts := "http://" + haddr
 
