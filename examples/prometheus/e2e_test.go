@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weir-dev/weir/internal/certtest"
 	"github.com/weir-dev/weir/internal/promtest"
 	"github.com/weir-dev/weir/policy"
 	"github.com/weir-dev/weir/server"
@@ -72,11 +73,12 @@ func testRules(t *testing.T) []string {
 	return out
 }
 
-// TestPrometheusE2E starts weir serve and a real Prometheus (Debian's)
-// scraping it with the example rules, drives traffic that a rule mostly
-// limits, and waits for WeirHighLimitedShare to fire for that rule, and
-// only for it; the store alerts stay quiet, every rule evaluates without
-// error, and every dashboard query evaluates, those over decisions with data.
+// TestPrometheusE2E starts weir serve, with mutual TLS, and a real
+// Prometheus (Debian's) scraping it over HTTPS with a client certificate
+// and the example rules, drives traffic that a rule mostly limits, and
+// waits for WeirHighLimitedShare to fire for that rule, and only for it;
+// the store alerts stay quiet, every rule evaluates without error, and
+// every dashboard query evaluates, those over decisions with data.
 func TestPrometheusE2E(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts Prometheus")
@@ -86,7 +88,8 @@ func TestPrometheusE2E(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.New(server.WithConfig(cfg), server.WithAdminToken(""),
+	pki := certtest.New(t)
+	srv, err := server.New(server.WithConfig(cfg), server.WithAdminToken(""), server.WithTLS(pki.Cert, pki.Key, pki.CA),
 		server.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
 	if err != nil {
 		t.Fatal(err)
@@ -100,9 +103,10 @@ func TestPrometheusE2E(t *testing.T) {
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ctx, hl, nil) }()
 	defer func() { cancel(); <-served }()
-	base := "http://" + hl.Addr().String()
+	base := "https://" + hl.Addr().String()
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: pki.ClientConfig(true)}, Timeout: 10 * time.Second}
 
-	prom := promtest.Start(t, hl.Addr().String(), testRules(t)...)
+	prom := promtest.Start(t, promtest.Target{Addr: hl.Addr().String(), CA: pki.CA, Cert: pki.ClientCert, Key: pki.ClientKey}, testRules(t)...)
 
 	// Traffic until the test ends: "api" admits 5 a minute of ~20 a
 	// second, "quiet" admits all.
@@ -121,7 +125,7 @@ func TestPrometheusE2E(t *testing.T) {
 			}
 			for _, rule := range []string{"api", "quiet"} {
 				body, _ := json.Marshal(map[string]any{"rule": rule, "key": "client-1", "hits": 1})
-				resp, err := http.Post(base+"/v1/check", "application/json", bytes.NewReader(body))
+				resp, err := client.Post(base+"/v1/check", "application/json", bytes.NewReader(body))
 				if err == nil {
 					io.Copy(io.Discard, resp.Body)
 					resp.Body.Close()

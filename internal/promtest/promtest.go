@@ -120,11 +120,17 @@ type Prometheus struct {
 	URL string
 }
 
-// Start runs Prometheus scraping target (host:port, /metrics) every
-// second with the rule files ruleFiles, evaluated every second, and stops
-// it when t ends. If another process takes its port first, it tries again
-// on another.
-func Start(t testing.TB, target string, ruleFiles ...string) *Prometheus {
+// Target is what Prometheus scrapes: /metrics at Addr (host:port), over
+// HTTPS when CA is set, presenting Cert and Key if set (mutual TLS).
+type Target struct {
+	Addr          string
+	CA, Cert, Key string
+}
+
+// Start runs Prometheus scraping target every second with the rule files
+// ruleFiles, evaluated every second, and stops it when t ends. If another
+// process takes its port first, it tries again on another.
+func Start(t testing.TB, target Target, ruleFiles ...string) *Prometheus {
 	t.Helper()
 	bin := Require(t, "prometheus")
 	dir := t.TempDir()
@@ -132,15 +138,22 @@ func Start(t testing.TB, target string, ruleFiles ...string) *Prometheus {
 	for _, f := range ruleFiles {
 		rf.WriteString("  - " + strconv.Quote(f) + "\n")
 	}
+	tlsCfg := ""
+	if target.CA != "" {
+		tlsCfg = fmt.Sprintf("    scheme: https\n    tls_config:\n      ca_file: %q\n", target.CA)
+		if target.Cert != "" {
+			tlsCfg += fmt.Sprintf("      cert_file: %q\n      key_file: %q\n", target.Cert, target.Key)
+		}
+	}
 	cfg := fmt.Sprintf(`global:
   scrape_interval: 1s
   evaluation_interval: 1s
 rule_files:
 %sscrape_configs:
   - job_name: weir
-    static_configs:
+%s    static_configs:
       - targets: [%q]
-`, rf.String(), target)
+`, rf.String(), tlsCfg, target.Addr)
 	cfgPath := filepath.Join(dir, "prometheus.yml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
