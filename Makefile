@@ -3,12 +3,12 @@ GO         ?= go
 GOBIN      := $(shell $(GO) env GOPATH)/bin
 STATICCHECK := $(GOBIN)/staticcheck
 # Peers the end-to-end tests drive; deps.sh installs what is missing.
-export WEIR_DEPS_EXTRA ?= nginx caddy chromium
+export WEIR_DEPS_EXTRA ?= nginx caddy chromium prometheus
 
 # Modules of their own (peer libraries stay out of weir's go.mod).
 NESTED     := bench examples/gin examples/echo
 
-.PHONY: all build test deps vet lint unit nested tidy bench bench-redis bench-serve bench-lease bench-window fuzz same-long fmt clean
+.PHONY: all build test deps vet lint unit nested promtool-test tidy bench bench-redis bench-serve bench-lease bench-window fuzz same-long fmt clean
 
 all: build
 
@@ -39,8 +39,15 @@ nested: deps
 tidy:
 	@set -e; for m in $(NESTED); do (cd $$m && $(GO) mod tidy); done
 
+# The example alerting and recording rules: syntax, then promtool's unit
+# tests (every alert firing and not firing). Debian's prometheus package
+# brings promtool (deps.sh).
+promtool-test: deps
+	promtool check rules examples/prometheus/recording.yml examples/prometheus/alerts.yml
+	cd examples/prometheus && promtool test rules tests.yml
+
 # The one command that runs every test: vet, staticcheck, then the race-enabled suite.
-test: deps vet lint unit nested
+test: deps vet lint unit nested promtool-test
 
 # Benchmarks: never part of `make test`; figures go to docs/benchmarks.md.
 bench:

@@ -98,6 +98,9 @@ type Decision struct {
 	Latency time.Duration
 	// Err is the store or key error, if any; the error policy then decided.
 	Err error
+	// Fallback names the on_error fallback that decided while the store
+	// failed (policy.Middleware only): "allow", "deny" or "local".
+	Fallback string
 }
 
 // Option configures the middleware.
@@ -113,6 +116,7 @@ type config struct {
 	legacy      *bool
 	onRejected  func(http.ResponseWriter, *http.Request, Rejection)
 	observer    func(Decision)
+	tracer      Tracer
 	errorPolicy ErrorPolicy
 	sleep       func(context.Context, time.Duration) error
 	shadow      bool
@@ -203,6 +207,23 @@ func OnRejected(fn func(w http.ResponseWriter, r *http.Request, rej Rejection)) 
 // logs. fn runs on the request's goroutine before the handler, so it must
 // be quick.
 func WithObserver(fn func(Decision)) Option { return func(c *config) { c.observer = fn } }
+
+// A Tracer traces the rate-limit decisions of each request. Package
+// weirotel implements one with OpenTelemetry (a span per request's check,
+// with W3C trace context from its headers); httplimit itself depends on no
+// tracing library.
+//
+// StartCheck runs before a request's first decision. Its context is the one
+// the decisions run under, so that the store calls of a traced store
+// (weirotel.Store) become children of the check; end is called once, after
+// the last decision, with the request's decisions in order (none when the
+// request was not limited at all). The handler gets the original request.
+type Tracer interface {
+	StartCheck(r *http.Request) (ctx context.Context, end func([]Decision))
+}
+
+// WithTracer traces every request's decisions with t.
+func WithTracer(t Tracer) Option { return func(c *config) { c.tracer = t } }
 
 // WithErrorPolicy says what New does with a request when the store fails,
 // and what policy.MiddlewareFunc does while its getter returns nil. The
@@ -295,6 +316,18 @@ type single struct {
 
 func (s *single) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	c := s.c
+	if c.tracer == nil {
+		s.serve(w, r, r.Context(), nil)
+		return
+	}
+	ctx, end := c.tracer.StartCheck(r)
+	s.serve(w, r, ctx, end)
+}
+
+// serve is ServeHTTP with the context the decision runs under and, when
+// tracing, the function that ends the check's trace.
+func (s *single) serve(w http.ResponseWriter, r *http.Request, ctx context.Context, end func([]Decision)) {
+	c := s.c
 	var id, key string
 	var err error
 	if c.byIP {
@@ -303,18 +336,24 @@ func (s *single) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		id, err = c.key(r)
 		if err != nil {
 			if errors.Is(err, ErrNoLimit) {
+				if end != nil {
+					end(nil)
+				}
 				s.next.ServeHTTP(w, r)
 				return
 			}
-			c.observe(Decision{Request: r, Rule: c.name, Err: err})
+			d := Decision{Request: r, Rule: c.name, Err: err}
+			if end != nil {
+				end([]Decision{d})
+			}
+			c.observe(d)
 			c.reject(w, r, Rejection{Status: http.StatusBadRequest, Rule: c.name, Err: err})
 			return
 		}
 		key = weir.Key(c.name, id)
 	}
-	ctx := r.Context()
 	var start time.Time
-	if c.observer != nil {
+	if c.observer != nil || end != nil {
 		start = time.Now()
 	}
 	var (
@@ -327,8 +366,13 @@ func (s *single) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		res, err = s.lim.Allow(ctx, key, s.limit)
 	}
 	d := Decision{Request: r, Rule: c.name, Key: id, Allowed: err == nil && res.Allowed, Shadow: c.shadow, Result: res, Err: err}
-	if c.observer != nil {
+	if c.observer != nil || end != nil {
 		d.Latency = time.Since(start)
+	}
+	if end != nil {
+		end([]Decision{d})
+	}
+	if c.observer != nil {
 		c.observer(d)
 	}
 	if err != nil {

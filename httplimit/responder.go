@@ -44,6 +44,16 @@ func (r *Responder) Observing() bool { return r.c.observer != nil }
 // Observe reports d to WithObserver's observer, if any.
 func (r *Responder) Observe(d Decision) { r.c.observe(d) }
 
+// StartTrace starts the trace of a request's check with WithTracer's
+// Tracer: the decisions run under ctx, and end gets them afterwards. It
+// returns nil for end (and the request's context) without a Tracer.
+func (r *Responder) StartTrace(req *http.Request) (ctx context.Context, end func([]Decision)) {
+	if r.c.tracer == nil {
+		return req.Context(), nil
+	}
+	return r.c.tracer.StartCheck(req)
+}
+
 // Sleep holds a shaped request for d, or until ctx is done, when it
 // returns ctx's error (WithSleep replaces the timer). The middleware then
 // answers StatusClientClosedRequest without calling the handler.

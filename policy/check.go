@@ -154,6 +154,16 @@ func check(cfg *Config, rep reporter) *compiled {
 			rep.addAt(s.path, fmt.Sprintf("%s %s must be host:port or :port, such as :8080%s", lastName(s.path), quote(s.v), or))
 		}
 	}
+	if t := cfg.Server.TLS; (t.Cert == "") != (t.Key == "") || (t.ClientCA != "" && t.Cert == "") {
+		at := "server.tls.cert"
+		if t.Cert == "" {
+			at = "server.tls.key"
+			if t.Key == "" {
+				at = "server.tls.client_ca"
+			}
+		}
+		rep.keyAt(at, "server.tls needs cert and key together (and client_ca only with them)")
+	}
 	prefixes := func(path string, list []string) []netip.Prefix {
 		out := make([]netip.Prefix, 0, len(list))
 		for i, s := range list {
@@ -253,6 +263,13 @@ func checkStore(cfg *Config, rep reporter) {
 	}
 	if r.Password != "" && r.PasswordEnv != "" {
 		rep.keyAt("store.redis.password_env", "password and password_env are exclusive; use one")
+	}
+	if (r.TLSCert == "") != (r.TLSKey == "") {
+		at := "store.redis.tls_cert"
+		if r.TLSCert == "" {
+			at = "store.redis.tls_key"
+		}
+		rep.keyAt(at, "tls_cert and tls_key go together: set both or neither")
 	}
 	if r.DB < 0 {
 		rep.addAt("store.redis.db", fmt.Sprintf("db must be at least 0, got %d", r.DB))

@@ -95,7 +95,16 @@ type RedisConfig struct {
 	Password    string `json:"-"`
 	PasswordEnv string
 	TLS         bool
-	DB          int
+	// TLSCA, TLSCert and TLSKey are PEM files: the CA that the servers'
+	// certificates must chain to (default: the system's roots), and a
+	// client certificate and key for servers that require one
+	// (tls-auth-clients). Any of them turns TLS on. The client
+	// certificate is re-read when its files change.
+	TLSCA, TLSCert, TLSKey string
+	// TLSServerName is the name the servers' certificates must carry
+	// (default: the host dialled).
+	TLSServerName string
+	DB            int
 	// MaxInFlight and MaxBatch tune how the store coalesces decisions on
 	// a standalone or Sentinel Redis: at most MaxInFlight calls out at
 	// once, and decisions that come meanwhile leave together, up to
@@ -128,6 +137,12 @@ func (r RedisConfig) PasswordValue() string {
 	return r.Password
 }
 
+// TLSOn reports whether connections to Redis use TLS: tls, or any of the
+// TLS files or the server name, is set.
+func (r RedisConfig) TLSOn() bool {
+	return r.TLS || r.TLSCA != "" || r.TLSCert != "" || r.TLSKey != "" || r.TLSServerName != ""
+}
+
 // String renders r with the password redacted.
 func (r RedisConfig) String() string {
 	pw := ""
@@ -156,7 +171,7 @@ func (r RedisConfig) LogValue() slog.Value {
 	if r.PasswordEnv != "" {
 		attrs = append(attrs, slog.String("password_env", r.PasswordEnv))
 	}
-	attrs = append(attrs, slog.Bool("tls", r.TLS), slog.Int("db", r.DB))
+	attrs = append(attrs, slog.Bool("tls", r.TLSOn()), slog.Int("db", r.DB))
 	if r.MaxInFlight != 0 {
 		attrs = append(attrs, slog.Int("max_in_flight", r.MaxInFlight))
 	}
@@ -179,10 +194,22 @@ type ServerConfig struct {
 	// AdminTokenEnv names the environment variable holding the admin API's
 	// bearer token; without it the admin API is off.
 	AdminTokenEnv string
+	// TLS, when its Cert and Key are set, makes the HTTP and gRPC
+	// listeners speak TLS only.
+	TLS ServerTLSConfig
 	// AuthHeaders names the header family that describes the original
 	// request on GET /v1/auth: AuthHeadersAuto (or empty, the default),
 	// AuthHeadersOriginal or AuthHeadersForwarded.
 	AuthHeaders string
+}
+
+// ServerTLSConfig is server.tls: PEM files for weir serve's listeners,
+// re-read when they change (no restart when cert-manager rotates them).
+type ServerTLSConfig struct {
+	Cert, Key string
+	// ClientCA, when set, turns on mutual TLS: clients must present a
+	// certificate that chains to it.
+	ClientCA string
 }
 
 // Header families of GET /v1/auth (ServerConfig.AuthHeaders).

@@ -87,17 +87,23 @@ func (m *ruled) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.next.ServeHTTP(w, r)
 		return
 	}
-	ctx := r.Context()
+	ctx, end := resp.StartTrace(r)
 	var start time.Time
 	observing := resp.Observing()
-	if observing {
+	if observing || end != nil {
 		start = time.Now()
 	}
 	v := p.Check(ctx, r)
 	// Concurrency leases go back when the handler returns or panics.
 	defer v.Release(context.WithoutCancel(ctx))
-	if observing {
-		m.observe(r, &v, time.Since(start))
+	if observing || end != nil {
+		ds := decisionsOf(r, &v, time.Since(start))
+		if end != nil {
+			end(ds)
+		}
+		for _, d := range ds {
+			resp.Observe(d)
+		}
 	}
 
 	switch {
@@ -176,22 +182,23 @@ func statusesOf(buf []httplimit.Status, v *Verdict) ([]httplimit.Status, int) {
 	return buf, limiting
 }
 
-// observe reports the verdict to the observer: one Decision per rule, or
-// one for an allow- or deny-listed request.
-func (m *ruled) observe(r *http.Request, v *Verdict, latency time.Duration) {
+// decisionsOf is the verdict as the observer and the tracer see it: one
+// Decision per rule, or one for an allow- or deny-listed request.
+func decisionsOf(r *http.Request, v *Verdict, latency time.Duration) []httplimit.Decision {
 	if len(v.Results) == 0 && (v.AllowListed || v.Denied) {
-		m.resp.Observe(httplimit.Decision{Request: r, Allowed: v.Allowed, AllowListed: v.AllowListed, DenyListed: v.Denied, Latency: latency})
-		return
+		return []httplimit.Decision{{Request: r, Allowed: v.Allowed, AllowListed: v.AllowListed, DenyListed: v.Denied, Latency: latency}}
 	}
+	ds := make([]httplimit.Decision, 0, len(v.Results))
 	for i := range v.Results {
 		rr := &v.Results[i]
 		if rr.Skipped {
 			continue
 		}
-		m.resp.Observe(httplimit.Decision{
+		ds = append(ds, httplimit.Decision{
 			Request: r, Rule: rr.Rule, Tier: rr.Tier, Key: rr.Identity,
 			Allowed: rr.Result.Allowed && !rr.Denied, Shadow: rr.Shadow,
-			Result: rr.Result, Latency: latency, Err: rr.Err,
+			Result: rr.Result, Latency: latency, Err: rr.Err, Fallback: rr.Fallback,
 		})
 	}
+	return ds
 }

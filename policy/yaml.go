@@ -276,6 +276,14 @@ func (w *walker) config(n *yaml.Node, c *Config) {
 				{"http", func(p string, v *yaml.Node) { c.Server.HTTP = w.str(p, v) }},
 				{"grpc", func(p string, v *yaml.Node) { c.Server.GRPC = w.str(p, v) }},
 				{"admin_token_env", func(p string, v *yaml.Node) { c.Server.AdminTokenEnv = w.str(p, v) }},
+				{"tls", func(p string, v *yaml.Node) {
+					t := &c.Server.TLS
+					w.mapping(v, p, "server.tls", []field{
+						{"cert", func(p string, v *yaml.Node) { t.Cert = w.str(p, v) }},
+						{"key", func(p string, v *yaml.Node) { t.Key = w.str(p, v) }},
+						{"client_ca", func(p string, v *yaml.Node) { t.ClientCA = w.str(p, v) }},
+					}, nil)
+				}},
 				{"auth_headers", func(p string, v *yaml.Node) { c.Server.AuthHeaders = w.str(p, v) }},
 			}, nil)
 		}},
@@ -314,6 +322,10 @@ func (w *walker) store(path string, n *yaml.Node, s *StoreConfig) {
 				{"password", func(p string, v *yaml.Node) { r.Password = w.str(p, v) }},
 				{"password_env", func(p string, v *yaml.Node) { r.PasswordEnv = w.str(p, v) }},
 				{"tls", func(p string, v *yaml.Node) { r.TLS = w.boolean(p, v) }},
+				{"tls_ca", func(p string, v *yaml.Node) { r.TLSCA = w.str(p, v) }},
+				{"tls_cert", func(p string, v *yaml.Node) { r.TLSCert = w.str(p, v) }},
+				{"tls_key", func(p string, v *yaml.Node) { r.TLSKey = w.str(p, v) }},
+				{"tls_server_name", func(p string, v *yaml.Node) { r.TLSServerName = w.str(p, v) }},
 				{"db", func(p string, v *yaml.Node) { r.DB = int(w.integer(p, v, 0)) }},
 				{"max_in_flight", func(p string, v *yaml.Node) { r.MaxInFlight = int(w.integer(p, v, 1)) }},
 				{"max_batch", func(p string, v *yaml.Node) { r.MaxBatch = int(w.integer(p, v, 1)) }},

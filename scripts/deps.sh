@@ -10,6 +10,8 @@ for extra in ${WEIR_DEPS_EXTRA:-}; do
   case "$extra" in
     nginx) command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_apt+=(nginx) ;;
     caddy) command -v caddy >/dev/null 2>&1 || need_apt+=(caddy) ;;
+    # promtool (make promtool-test) and the Prometheus end-to-end test.
+    prometheus) command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus) ;;
     chromium)
       [ -x /usr/bin/chromium ] || need_apt+=(chromium)
       # The dashboard's browser test drives Chromium with playwright-core.
@@ -26,7 +28,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
-  # A package install may start a system redis on 6379; tests never use it.
+  # A package install may start a system redis on 6379 (or Prometheus on
+  # 9090); tests never use them.
 fi
 
 GOBIN="$(go env GOPATH)/bin"

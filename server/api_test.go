@@ -303,7 +303,7 @@ func TestRedisURLKeepsTuning(t *testing.T) {
 	if len(r.Addrs) != 1 || r.Addrs[0] != "h:7" || r.DB != 2 || r.Username != "u" || r.MaxInFlight != 3 || r.MaxBatch != 9 {
 		t.Fatalf("after --redis: %v", r)
 	}
-	if rc := redisConfig(cfg.Store); rc.MaxInFlight != 3 || rc.MaxBatch != 9 || rc.Timeout != policy.DefaultTimeout || rc.Prefix != "blue" {
+	if rc, _ := redisConfig(cfg.Store); rc.MaxInFlight != 3 || rc.MaxBatch != 9 || rc.Timeout != policy.DefaultTimeout || rc.Prefix != "blue" {
 		t.Fatalf("store config: in flight %d, batch %d, timeout %v, prefix %q", rc.MaxInFlight, rc.MaxBatch, rc.Timeout, rc.Prefix)
 	}
 }

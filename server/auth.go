@@ -9,6 +9,7 @@ import (
 	"github.com/weir-dev/weir/clientip"
 	"github.com/weir-dev/weir/httplimit"
 	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/weirotel"
 )
 
 // handleAuth serves GET /v1/auth, the endpoint of nginx auth_request,
@@ -67,6 +68,7 @@ func (s *Server) handleAuth(w http.ResponseWriter, r *http.Request) {
 	v := p.Check(r.Context(), orig)
 	if v.Denied && len(v.Results) == 0 {
 		s.metrics.decision(ruleDenyList, resultDenied)
+		weirotel.CheckFrom(r.Context()).Denied()
 	}
 	if v.AllowListed {
 		s.metrics.decision(ruleAllowList, resultAllowed)

@@ -11,6 +11,7 @@ import (
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/policy"
 	"github.com/weir-dev/weir/server/envoyrls"
+	"github.com/weir-dev/weir/weirotel"
 )
 
 // topK is how many identities each rule's hot-key sketch monitors.
@@ -29,6 +30,9 @@ type fallbackSeen struct {
 func (s *Server) observe(ctx context.Context, rr policy.RuleResult, lat time.Duration) {
 	if rr.Skipped {
 		return
+	}
+	if s.o.tracing != nil {
+		weirotel.CheckFrom(ctx).Decision(rr.Rule, rr.Tier, rr.Result.Allowed && !rr.Denied, rr.Shadow, rr.Fallback, rr.Err)
 	}
 	failed := storeFailed(ctx, rr.Err)
 	if !rr.Denied && rr.Result.Allowed && rr.Result.Granted == 0 {
@@ -197,7 +201,11 @@ func envoyOnError(cfg *policy.Config) string {
 // descriptor path from the config ("domain.key_value.key"), never a value
 // from the request. Envoy rules are near their limit by the config's global
 // near_limit.
-func (s *Server) envoyObserve(_ context.Context, d envoyrls.Decision) {
+func (s *Server) envoyObserve(ctx context.Context, d envoyrls.Decision) {
+	if s.o.tracing != nil && d.Outcome != envoyrls.NoLimit {
+		weirotel.CheckFrom(ctx).Decision(d.Rule, "", d.Outcome != envoyrls.Limited,
+			d.Outcome == envoyrls.ShadowLimited, d.Fallback, d.Err)
+	}
 	var result string
 	var outcome int
 	switch d.Outcome {

@@ -33,9 +33,9 @@ func (m methods) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // routes builds the HTTP handler.
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/v1/check", methods{http.MethodPost: s.handleCheck})
+	mux.Handle("/v1/check", methods{http.MethodPost: s.traced("weir.check", s.handleCheck)})
 	// Any method: nginx's auth subrequest has the original request's.
-	mux.HandleFunc("/v1/auth", s.handleAuth)
+	mux.HandleFunc("/v1/auth", s.traced("weir.auth", s.handleAuth))
 	mux.Handle("/v1/state", methods{http.MethodGet: s.admin(s.handleStateGet), http.MethodDelete: s.admin(s.handleStateDelete)})
 	mux.Handle("/v1/blocked", methods{http.MethodGet: s.admin(s.handleBlockedGet), http.MethodDelete: s.admin(s.handleBlockedDelete)})
 	mux.Handle("/v1/rules", methods{

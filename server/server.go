@@ -53,13 +53,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/rueidis"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/internal/tlsfiles"
 	"github.com/weir-dev/weir/policy"
 	"github.com/weir-dev/weir/server/envoyrls"
 	"github.com/weir-dev/weir/store/guard"
 	"github.com/weir-dev/weir/store/lease"
+	"github.com/weir-dev/weir/weirotel"
 )
 
 // Version is reported by the dashboard snapshot unless WithVersion says
@@ -103,6 +106,8 @@ type options struct {
 	version         string
 	httpAddr        *string
 	grpcAddr        *string
+	tls             *policy.ServerTLSConfig
+	tracing         *weirotel.Tracing
 	shutdownTimeout time.Duration
 	shutdownDelay   time.Duration
 	now             func() time.Time
@@ -248,6 +253,8 @@ type Server struct {
 	envoy    *envoyrls.Service
 	envoyDir string
 
+	tls *tlsfiles.Source // the listeners' certificate; nil for plaintext
+
 	adminToken string
 	adminEnv   string
 	auth       *adminAuth
@@ -323,6 +330,9 @@ func (s *Server) init() error {
 	}
 	s.base.Store(cfg)
 	s.keys = keysFor(cfg.Store.Redis.Prefix)
+	if err := s.initTLS(cfg); err != nil {
+		return err
+	}
 
 	if err := s.openStore(cfg); err != nil {
 		return err
@@ -337,7 +347,7 @@ func (s *Server) init() error {
 		}
 		return 0
 	}))
-	s.guard = guard.New(s.store, guard.Config{
+	s.guard = guard.New(s.o.tracing.Store(s.store), guard.Config{
 		Timeout: cfg.Store.Timeout,
 		Breaker: cfg.Store.Breaker,
 		Logger:  s.log,
@@ -705,10 +715,20 @@ func (s *Server) Serve(ctx context.Context, hl, gl net.Listener) error {
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
+	if s.tls != nil {
+		hs.TLSConfig = s.httpTLS()
+	}
 	var gs *grpc.Server
 	var hlth *health.Server
 	if gl != nil {
-		gs = grpc.NewServer(grpcOptions()...)
+		gopts := grpcOptions()
+		if s.o.tracing != nil {
+			gopts = append(gopts, grpc.ChainUnaryInterceptor(s.traceGRPC))
+		}
+		if s.tls != nil {
+			gopts = append(gopts, grpc.Creds(credentials.NewTLS(s.grpcTLS())))
+		}
+		gs = grpc.NewServer(gopts...)
 		hlth = envoyrls.RegisterGRPC(gs, s.envoy)
 	}
 	s.mu.Lock()
@@ -717,7 +737,11 @@ func (s *Server) Serve(ctx context.Context, hl, gl net.Listener) error {
 
 	errc := make(chan error, 2)
 	go func() {
-		if err := hs.Serve(hl); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		serve := hs.Serve
+		if s.tls != nil {
+			serve = func(l net.Listener) error { return hs.ServeTLS(l, "", "") }
+		}
+		if err := serve(hl); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			errc <- fmt.Errorf("server: HTTP: %w", err)
 		}
 	}()

@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"crypto/tls"
 	"fmt"
 	"sort"
 	"strings"
@@ -11,6 +10,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/internal/tlsfiles"
 	"github.com/weir-dev/weir/policy"
 	"github.com/weir-dev/weir/store/memstore"
 	"github.com/weir-dev/weir/store/redisstore"
@@ -77,10 +77,15 @@ func applyRedisURL(cfg *policy.Config, url string) error {
 		Password:   rc.Password,
 		TLS:        rc.TLS != nil,
 		DB:         rc.DB,
-		// The URL says where Redis is; the config's tuning stays.
-		MaxInFlight: cfg.Store.Redis.MaxInFlight,
-		MaxBatch:    cfg.Store.Redis.MaxBatch,
-		Prefix:      cfg.Store.Redis.Prefix,
+		// The URL says where Redis is; the config's tuning and TLS
+		// files stay.
+		TLSCA:         cfg.Store.Redis.TLSCA,
+		TLSCert:       cfg.Store.Redis.TLSCert,
+		TLSKey:        cfg.Store.Redis.TLSKey,
+		TLSServerName: cfg.Store.Redis.TLSServerName,
+		MaxInFlight:   cfg.Store.Redis.MaxInFlight,
+		MaxBatch:      cfg.Store.Redis.MaxBatch,
+		Prefix:        cfg.Store.Redis.Prefix,
 	}
 	return nil
 }
@@ -105,8 +110,9 @@ func redactURL(msg, rawURL string) string {
 	return msg
 }
 
-// redisConfig converts the config's store section for redisstore.
-func redisConfig(sc policy.StoreConfig) redisstore.Config {
+// redisConfig converts the config's store section for redisstore; its
+// error names a TLS file that cannot be read.
+func redisConfig(sc policy.StoreConfig) (redisstore.Config, error) {
 	r := sc.Redis
 	rc := redisstore.Config{
 		Addrs:       r.Addrs,
@@ -122,10 +128,14 @@ func redisConfig(sc policy.StoreConfig) redisstore.Config {
 	if rc.Timeout <= 0 {
 		rc.Timeout = policy.DefaultTimeout // the guard's, so that the store keeps it
 	}
-	if r.TLS {
-		rc.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
+	if r.TLSOn() {
+		src, err := tlsfiles.New(r.TLSCert, r.TLSKey, r.TLSCA)
+		if err != nil {
+			return rc, fmt.Errorf("server: store.redis: %w", err)
+		}
+		rc.TLS = src.ClientConfig(r.TLSServerName)
 	}
-	return rc
+	return rc, nil
 }
 
 // openStore sets s.store, s.rdb and s.info from the options and cfg. A
@@ -154,7 +164,10 @@ func (s *Server) openStore(cfg *policy.Config) error {
 		s.setInfo(storeInfo{Type: policy.StoreMemory, Topology: "memory"})
 		return nil
 	}
-	rc := redisConfig(cfg.Store)
+	rc, err := redisConfig(cfg.Store)
+	if err != nil {
+		return err
+	}
 	// Lazy: with Redis down at start, serve anyway. Decisions fail fast
 	// (on_error decides), /healthz/store says down, and the store connects
 	// and sets up in the background when Redis answers.

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir/server"
+	"github.com/weir-dev/weir/weirotel"
 )
 
 func init() {
@@ -37,6 +38,7 @@ func envName(flagName string) string {
 type serveFlags struct {
 	config, envoyConfig, http, grpc, redis string
 	adminTokenEnv, instanceID              string
+	tlsCert, tlsKey, tlsClientCA           string
 	logLevel, logFormat                    string
 	pprof                                  string
 	shutdownTimeout, shutdownDelay         time.Duration
@@ -51,6 +53,9 @@ func newServeFlagSet(stderr io.Writer) (*flag.FlagSet, *serveFlags) {
 	fs.StringVar(&f.http, "http", "", `HTTP listen address for the API, /v1/auth, metrics and the dashboard (default: server.http in the config, else ":8080")`)
 	fs.StringVar(&f.grpc, "grpc", "", `gRPC listen address for Envoy's rate limit service and gRPC health, or "off" (default: server.grpc in the config, else ":8081")`)
 	fs.StringVar(&f.redis, "redis", "", "keep state in Redis at this URL instead of what the config says (its store.redis prefix and tuning stay): redis://[user:pass@]host:port/db, rediss://..., redis+sentinel://host:port,host:port/master, or host:port,host:port,... for a cluster")
+	fs.StringVar(&f.tlsCert, "tls-cert", "", "PEM certificate (chain) for the HTTP and gRPC listeners, which then speak TLS only; re-read when the file changes (default: server.tls.cert in the config)")
+	fs.StringVar(&f.tlsKey, "tls-key", "", "PEM private key of --tls-cert, re-read with it (default: server.tls.key in the config)")
+	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "PEM CA bundle: require client certificates that chain to it (mutual TLS) on both listeners (default: server.tls.client_ca in the config)")
 	fs.StringVar(&f.adminTokenEnv, "admin-token-env", "", "name of the environment variable holding the admin API's bearer token (default: server.admin_token_env in the config, else WEIR_ADMIN_TOKEN); without a token the admin API is off")
 	fs.StringVar(&f.instanceID, "instance-id", "", "this instance's name in the dashboard's fleet view (default: hostname-pid)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -85,6 +90,11 @@ Every flag can also be set by an environment variable: WEIR_ and the flag's
 name in capitals with '-' as '_' (--redis is WEIR_REDIS). A flag on the
 command line wins over its variable.
 
+Traces: OpenTelemetry, off unless the standard OTEL_* variables ask for it
+(OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_PROTOCOL http/protobuf or
+grpc, OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER, ...): a span per check, a
+child span per store call, W3C trace context from the callers.
+
 Flags:
 `)
 		fs.PrintDefaults()
@@ -93,6 +103,7 @@ Examples:
   weir serve
   weir serve --config weir.yaml --redis redis://127.0.0.1:6379
   WEIR_ADMIN_TOKEN=s3cret weir serve --config weir.yaml --envoy-config /etc/ratelimit/config
+  weir serve --tls-cert /etc/weir/tls.crt --tls-key /etc/weir/tls.key --tls-client-ca /etc/weir/ca.crt
 `)
 	}
 	return fs, f
@@ -142,7 +153,25 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, lookup 
 		// shrinks and requests regrow) for a few MB. GOGC still wins.
 		debug.SetGCPercent(400)
 	}
-	srv, err := server.New(serverOptions(f, log, lookup)...)
+	opts := serverOptions(f, log, lookup)
+	tracing, err := weirotel.FromEnv(ctx, lookup)
+	if err != nil {
+		fmt.Fprintln(stderr, "weir serve:", err)
+		return 1
+	}
+	if tracing != nil {
+		opts = append(opts, server.WithTracing(tracing))
+		defer func() {
+			// Flush the last spans, briefly: the process is leaving.
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := tracing.Shutdown(sctx); err != nil {
+				log.Warn("weir serve: flushing traces", "err", err)
+			}
+		}()
+		log.Info("weir serve: tracing to OpenTelemetry (OTEL_* environment)")
+	}
+	srv, err := server.New(opts...)
 	if err != nil {
 		fmt.Fprintln(stderr, "weir serve:", err)
 		return 1
@@ -227,6 +256,9 @@ func serverOptions(f *serveFlags, log *slog.Logger, lookup func(string) (string,
 			opts = append(opts, o.opt(o.value))
 		}
 	}
+	if f.tlsCert != "" || f.tlsKey != "" || f.tlsClientCA != "" {
+		opts = append(opts, server.WithTLS(f.tlsCert, f.tlsKey, f.tlsClientCA))
+	}
 	return opts
 }
 
@@ -271,9 +303,14 @@ func announce(stdout io.Writer, log *slog.Logger, srv *server.Server, hl, gl net
 	if gl != nil {
 		grpcDesc = "gRPC " + displayAddr(gl.Addr().String(), false)
 	}
-	fmt.Fprintf(stdout, "weir: serving on http://%s (dashboard), %s, store %s\n",
-		displayAddr(hl.Addr().String(), true), grpcDesc, srv.StoreDescription())
-	log.Info("weir serve started", "http", hl.Addr().String(), "grpc", grpcDesc, "store", srv.StoreDescription(),
+	scheme := "http"
+	tlsOn, mutual := srv.TLS()
+	if tlsOn {
+		scheme = "https"
+	}
+	fmt.Fprintf(stdout, "weir: serving on %s://%s (dashboard), %s, store %s\n",
+		scheme, displayAddr(hl.Addr().String(), true), grpcDesc, srv.StoreDescription())
+	log.Info("weir serve started", "http", hl.Addr().String(), "grpc", grpcDesc, "tls", tlsOn, "mutual_tls", mutual, "store", srv.StoreDescription(),
 		"admin_api", srv.AdminEnabled(), "instance", srv.InstanceID(), "rules", len(srv.Policy().Rules()))
 }
 

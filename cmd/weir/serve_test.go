@@ -19,6 +19,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/weir-dev/weir/internal/certtest"
+	"github.com/weir-dev/weir/internal/otlptest"
 )
 
 // syncBuffer is a bytes.Buffer safe for a writer and a reader at once.
@@ -69,7 +72,7 @@ func TestServeHelpDocumentsEveryFlag(t *testing.T) {
 	}
 }
 
-var servingLine = regexp.MustCompile(`^weir: serving on http://(\S+) \(dashboard\), (gRPC \S+|gRPC off), store (.+)\n$`)
+var servingLine = regexp.MustCompile(`^weir: serving on https?://(\S+) \(dashboard\), (gRPC \S+|gRPC off), store (.+)\n$`)
 
 // startServe runs serve in-process with the given environment and waits
 // for its one line on stdout.
@@ -115,6 +118,9 @@ func startServe(t *testing.T, env map[string]string, args ...string) (base strin
 		return code
 	}
 	t.Cleanup(func() { stop() })
+	if strings.HasPrefix(line[0], "weir: serving on https://") {
+		return "https://" + line[1], line, stop
+	}
 	return "http://" + line[1], line, stop
 }
 
@@ -387,5 +393,75 @@ func TestServeSIGTERMDrains(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("did not exit after the in-flight request finished")
+	}
+}
+
+// TestServeTLSFromEnvironment: WEIR_TLS_CERT, WEIR_TLS_KEY and
+// WEIR_TLS_CLIENT_CA serve HTTPS with mutual TLS; the serving line says
+// https.
+func TestServeTLSFromEnvironment(t *testing.T) {
+	pki := certtest.New(t)
+	env := map[string]string{
+		"WEIR_HTTP": "127.0.0.1:0", "WEIR_GRPC": "off", "WEIR_LOG_LEVEL": "error",
+		"WEIR_TLS_CERT": pki.Cert, "WEIR_TLS_KEY": pki.Key, "WEIR_TLS_CLIENT_CA": pki.CA,
+	}
+	base, _, stop := startServe(t, env)
+	if !strings.HasPrefix(base, "https://") {
+		t.Fatalf("base %s: want https", base)
+	}
+	for _, withCert := range []bool{true, false} {
+		tr := &http.Transport{TLSClientConfig: pki.ClientConfig(withCert)}
+		resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Get(base + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+		}
+		tr.CloseIdleConnections()
+		if withCert != (err == nil && resp.StatusCode == 200) {
+			t.Errorf("client certificate %v: %v", withCert, err)
+		}
+	}
+	if code := stop(); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	// A key without its certificate is refused at start.
+	_, errs, code := runCLI(t, "serve", "--tls-key", pki.Key, "--http", "127.0.0.1:0", "--grpc", "off")
+	if code == 0 || !strings.Contains(errs, "certificate") {
+		t.Fatalf("--tls-key alone: exit %d, %s", code, errs)
+	}
+}
+
+// TestServeTracesFromOTELEnvironment: weir serve exports a span per check
+// to the OTLP endpoint that OTEL_EXPORTER_OTLP_ENDPOINT names, a child of
+// the caller's traceparent, and flushes on exit.
+func TestServeTracesFromOTELEnvironment(t *testing.T) {
+	rc := otlptest.NewHTTP(t)
+	env := map[string]string{
+		"WEIR_HTTP": "127.0.0.1:0", "WEIR_GRPC": "off", "WEIR_LOG_LEVEL": "error",
+		"OTEL_EXPORTER_OTLP_ENDPOINT": rc.Endpoint,
+		"OTEL_BSP_SCHEDULE_DELAY":     "3600000", // only the flush on exit sends
+	}
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+	base, _, stop := startServe(t, env)
+	req, _ := http.NewRequest("POST", base+"/v1/check", strings.NewReader(`{"rule":"login","key":"203.0.113.9","hits":1}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("check: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	if code := stop(); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	var found bool
+	for _, sp := range rc.Spans() {
+		if sp.Name == "weir.check" && sp.TraceID == "0af7651916cd43dd8448eb211c80319c" && sp.Parent == "b7ad6b7169203331" && sp.Attrs["weir.rule"] == "login" && sp.Service == "weir" {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("no weir.check span under the caller's trace after exit: %+v", rc.Spans())
 	}
 }

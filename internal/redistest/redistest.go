@@ -24,6 +24,7 @@
 package redistest
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -142,6 +143,8 @@ type Server struct {
 
 	connMu sync.Mutex
 	conn   *respConn
+
+	tls *tls.Config // the helper's own connections use TLS with this, if set
 }
 
 // argsFunc builds the redis-server arguments for a server on port with its
@@ -168,6 +171,13 @@ func baseArgs(port int, dir string) []string {
 // binding), it retries on new ports. Failure is fatal.
 func newServer(t testing.TB, name string, bus bool, build argsFunc) *Server {
 	t.Helper()
+	return newServerTLS(t, name, bus, build, nil)
+}
+
+// newServerTLS is newServer for a server that speaks TLS only: the
+// helper's own connections (readiness, Do) use clientTLS.
+func newServerTLS(t testing.TB, name string, bus bool, build argsFunc, clientTLS *tls.Config) *Server {
+	t.Helper()
 	bin := requireRedis(t)
 	var lastErr error
 	for range startRetries {
@@ -189,6 +199,7 @@ func newServer(t testing.TB, name string, bus bool, build argsFunc) *Server {
 			args:    args,
 			logPath: filepath.Join(dir, "redis.log"),
 			outPath: filepath.Join(dir, "stdout.log"),
+			tls:     clientTLS,
 		}
 		t.Cleanup(s.cleanup)
 		lastErr = s.start()
@@ -284,7 +295,7 @@ func (s *Server) waitReady() error {
 			return fmt.Errorf("process exited: %v", s.cmd.ProcessState)
 		default:
 		}
-		c, err := dialRESP(s.Addr, time.Second)
+		c, err := dialRESP(s.Addr, time.Second, s.tls)
 		if err == nil {
 			var v any
 			v, err = c.do(2*time.Second, "PING")
@@ -367,7 +378,7 @@ func (s *Server) Do(args ...string) (any, error) {
 	s.connMu.Lock()
 	defer s.connMu.Unlock()
 	if s.conn == nil {
-		c, err := dialRESP(s.Addr, dialTimeout)
+		c, err := dialRESP(s.Addr, dialTimeout, s.tls)
 		if err != nil {
 			return nil, err
 		}

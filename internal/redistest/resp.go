@@ -2,6 +2,7 @@ package redistest
 
 import (
 	"bufio"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -33,8 +34,15 @@ type respConn struct {
 	w *bufio.Writer
 }
 
-func dialRESP(addr string, timeout time.Duration) (*respConn, error) {
-	c, err := net.DialTimeout("tcp", addr, timeout)
+func dialRESP(addr string, timeout time.Duration, tlsCfg *tls.Config) (*respConn, error) {
+	var c net.Conn
+	var err error
+	if tlsCfg != nil {
+		d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: timeout}, Config: tlsCfg}
+		c, err = d.Dial("tcp", addr)
+	} else {
+		c, err = net.DialTimeout("tcp", addr, timeout)
+	}
 	if err != nil {
 		return nil, err
 	}

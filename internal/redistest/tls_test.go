@@ -1,0 +1,60 @@
+package redistest_test
+
+import (
+	"crypto/tls"
+	"errors"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/weir-dev/weir/internal/certtest"
+	"github.com/weir-dev/weir/internal/redistest"
+)
+
+// TestStandaloneTLS: the TLS server answers over TLS with a client
+// certificate, and refuses plaintext and certificate-less clients.
+func TestStandaloneTLS(t *testing.T) {
+	pki := certtest.New(t)
+	s := redistest.StandaloneTLS(t, redistest.TLS{CA: pki.CA, Cert: pki.Cert, Key: pki.Key, AuthClients: true, Client: pki.ClientConfig(true)})
+	if v, err := s.Do("SET", "k", "v"); err != nil || v != "OK" {
+		t.Fatalf("SET over TLS: %v %v", v, err)
+	}
+	// Without a client certificate the handshake (or the first read) fails.
+	c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", s.Addr, pki.ClientConfig(false))
+	if err == nil {
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		_, err = c.Write([]byte("PING\r\n"))
+		if err == nil {
+			_, err = c.Read(make([]byte, 16))
+		}
+		c.Close()
+	}
+	if err == nil {
+		t.Fatal("a client without a certificate was served")
+	}
+	// Plaintext gets no PONG.
+	pc, err := net.DialTimeout("tcp", s.Addr, 5*time.Second)
+	if err == nil {
+		pc.SetDeadline(time.Now().Add(5 * time.Second))
+		pc.Write([]byte("PING\r\n"))
+		buf := make([]byte, 16)
+		n, _ := pc.Read(buf)
+		pc.Close()
+		if string(buf[:n]) == "+PONG\r\n" {
+			t.Fatal("the TLS port answered plaintext")
+		}
+	} else if !errors.Is(err, net.ErrClosed) {
+		t.Logf("plaintext dial: %v", err)
+	}
+}
+
+// TestSentinelTLS: a whole Sentinel group over TLS converges and reports
+// its master.
+func TestSentinelTLS(t *testing.T) {
+	pki := certtest.New(t)
+	g := redistest.SentinelTLS(t, redistest.TLS{CA: pki.CA, Cert: pki.Cert, Key: pki.Key, AuthClients: true, Client: pki.ClientConfig(true)})
+	addr, err := g.MasterAddr()
+	if err != nil || addr != g.Primary.Addr {
+		t.Fatalf("MasterAddr = %q, %v; want %s", addr, err, g.Primary.Addr)
+	}
+}
