@@ -74,6 +74,17 @@ type Limit struct {
 	// 1/Buckets, at the cost of one counter per bucket. 0 keeps the plain
 	// two-counter window. The period must split into whole microseconds.
 	Buckets int64
+
+	// Escalate makes the penalty box grow for repeat offenders: the
+	// boxes of the second, third... rejection that starts one within
+	// ForgetAfter of the end of the last box, each longer than the one
+	// before; the last repeats. Zeros end the list. Block is the first
+	// box: block: [1m, 10m, 1h] in weir.yaml is Block 1m and Escalate
+	// {10m, 1h}. Resetting the key forgets the history.
+	Escalate [algorithm.MaxBlockSteps - 1]time.Duration
+	// ForgetAfter is how long after a box ends the history of an
+	// escalating penalty lasts; it is needed with Escalate, and only then.
+	ForgetAfter time.Duration
 }
 
 // PerSecond returns a limit of rate events per second with algorithm a.
@@ -131,15 +142,21 @@ func (l Limit) Compile() (algorithm.Params, error) {
 				Reason: fmt.Sprintf("%s %v is not a whole number of microseconds", d.name, d.v)}
 		}
 	}
+	cfg, lerr := l.penaltyConfig()
+	if lerr != nil {
+		return algorithm.Params{}, lerr
+	}
 	p, err := algorithm.Compile(algorithm.Config{
-		Kind:       k,
-		Rate:       l.Rate,
-		Period:     l.Period.Microseconds(),
-		Burst:      l.Burst,
-		Block:      l.Block.Microseconds(),
-		MaxDelay:   l.MaxDelay.Microseconds(),
-		DelayAfter: l.DelayAfter,
-		Buckets:    l.Buckets,
+		Kind:        k,
+		Escalate:    cfg.Escalate,
+		ForgetAfter: cfg.ForgetAfter,
+		Rate:        l.Rate,
+		Period:      l.Period.Microseconds(),
+		Burst:       l.Burst,
+		Block:       l.Block.Microseconds(),
+		MaxDelay:    l.MaxDelay.Microseconds(),
+		DelayAfter:  l.DelayAfter,
+		Buckets:     l.Buckets,
 	})
 	if err != nil {
 		le := &LimitError{Input: l.String(), Reason: err.Error(), Err: err}
@@ -150,6 +167,24 @@ func (l Limit) Compile() (algorithm.Params, error) {
 		return p, le
 	}
 	return p, nil
+}
+
+// penaltyConfig converts the escalating penalty's durations to µs.
+func (l Limit) penaltyConfig() (algorithm.Config, *LimitError) {
+	var c algorithm.Config
+	for i, d := range l.Escalate {
+		if d%time.Microsecond != 0 {
+			return c, &LimitError{Input: l.String(), Field: algorithm.FieldBlock.String(),
+				Reason: fmt.Sprintf("block %v is not a whole number of microseconds", d)}
+		}
+		c.Escalate[i] = d.Microseconds()
+	}
+	if l.ForgetAfter%time.Microsecond != 0 {
+		return c, &LimitError{Input: l.String(), Field: algorithm.FieldForgetAfter.String(),
+			Reason: fmt.Sprintf("forget_after %v is not a whole number of microseconds", l.ForgetAfter)}
+	}
+	c.ForgetAfter = l.ForgetAfter.Microseconds()
+	return c, nil
 }
 
 // Validate reports whether l can be used, with an error naming the bad value.

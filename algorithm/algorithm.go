@@ -96,6 +96,14 @@ type Config struct {
 	MaxDelay   int64 // leaky bucket: µs of shaping delay allowed; 0 = policing
 	DelayAfter int64 // leaky bucket shaping: events admitted at once before delays begin; 0 means 1
 	Buckets    int64 // sliding window: sub-windows counted apart, MinBuckets..MaxBuckets; 0 = two windows
+
+	// Escalate lists, in µs, the penalty boxes of the second, third...
+	// rejection that starts a box within ForgetAfter of the last box's
+	// end; the last one repeats. Zeros end the list (penalty.go).
+	Escalate [MaxBlockSteps - 1]int64
+	// ForgetAfter is how long after a box ends the penalty history lasts,
+	// µs; it needs Escalate.
+	ForgetAfter int64
 }
 
 // Params is a compiled Config: validated, with the derived constants the
@@ -184,6 +192,10 @@ type State struct {
 	Held   int64   // concurrency: the sum of the Leases' weights
 	// BlockedUntil is the end of the penalty box, µs epoch; 0 = none.
 	BlockedUntil int64
+	// Strikes counts the boxes of an escalating penalty's history, and
+	// LastBox is the end of the last one (kept after it lapses, so that
+	// the history is forgotten ForgetAfter later); see penalty.go.
+	Strikes, LastBox int64
 }
 
 // Take decides a request of cost n at time now (µs) against s, updating s
@@ -218,14 +230,14 @@ func take(p *Params, s *State, now, n int64, mode Mode, commit bool) Decision {
 		left := s.BlockedUntil - now
 		if p.BoxOutlasts() {
 			// The box's end is later than anything the frozen state needs.
-			return Decision{Limit: p.Cap, RetryAfter: left, ResetAfter: left, BlockedUntil: s.BlockedUntil, TTL: max(left, life(p, s, now))}
+			return Decision{Limit: p.Cap, RetryAfter: left, ResetAfter: left, BlockedUntil: s.BlockedUntil, TTL: max(left, life(p, s, now), historyLife(p, s, now))}
 		}
 		d := decide(p, s, now, cost, mode, false)
 		d.Allowed, d.Granted, d.Remaining, d.Delay = false, 0, 0, 0
 		d.RetryAfter = max(d.RetryAfter, left)
 		d.ResetAfter = max(d.ResetAfter, left) // nothing is usable before the box opens
 		d.BlockedUntil = s.BlockedUntil
-		d.TTL = max(d.ResetAfter, life(p, s, now))
+		d.TTL = max(d.ResetAfter, life(p, s, now), historyLife(p, s, now))
 		return d
 	}
 	commit = commit && !peek
@@ -239,9 +251,9 @@ func take(p *Params, s *State, now, n int64, mode Mode, commit bool) Decision {
 		d.Delay = 0
 	}
 	if !d.Allowed && commit && p.Block > 0 {
-		s.BlockedUntil = now + p.Block
+		box := startBox(p, s, now)
 		d.BlockedUntil = s.BlockedUntil
-		d.RetryAfter = max(d.RetryAfter, p.Block)
+		d.RetryAfter = max(d.RetryAfter, box)
 		d.Remaining = 0
 		d.Changed = true
 	}
@@ -252,6 +264,7 @@ func take(p *Params, s *State, now, n int64, mode Mode, commit bool) Decision {
 	if s.BlockedUntil > now {
 		d.TTL = max(d.TTL, s.BlockedUntil-now)
 	}
+	d.TTL = max(d.TTL, historyLife(p, s, now))
 	return d
 }
 

@@ -48,12 +48,15 @@ const (
 	FieldMaxDelay
 	FieldDelayAfter
 	FieldBuckets
+	// FieldForgetAfter: how long an escalating penalty's history lasts
+	// (penalty.go).
+	FieldForgetAfter
 )
 
 // String returns the field's name as a configuration key, such as
 // "max_delay", or the names of a set joined by "+".
 func (f Field) String() string {
-	names := [...]string{"algorithm", "rate", "period", "burst", "block", "max_delay", "delay_after", "buckets"}
+	names := [...]string{"algorithm", "rate", "period", "burst", "block", "max_delay", "delay_after", "buckets", "forget_after"}
 	var b strings.Builder
 	for i, n := range names {
 		if f&(1<<i) != 0 {
@@ -116,32 +119,32 @@ var specs [Concurrency + 1]Spec
 func init() {
 	specs = [...]Spec{
 		FixedWindow: {
-			Kind: FixedWindow, Name: NameFixedWindow, Takes: FieldBlock, Supports: every,
+			Kind: FixedWindow, Name: NameFixedWindow, Takes: FieldBlock | FieldForgetAfter, Supports: every,
 			decide: fixedWindow, refund: fixedWindowRefund,
 		},
 		SlidingLog: {
-			Kind: SlidingLog, Name: NameSlidingLog, Takes: FieldBlock, Supports: every,
+			Kind: SlidingLog, Name: NameSlidingLog, Takes: FieldBlock | FieldForgetAfter, Supports: every,
 			decide: slidingLog, refund: slidingLogRefund, compile: compileSlidingLog,
 		},
 		SlidingWindow: {
-			Kind: SlidingWindow, Name: NameSlidingWindow, Takes: FieldBlock | FieldBuckets, Supports: every,
+			Kind: SlidingWindow, Name: NameSlidingWindow, Takes: FieldBlock | FieldForgetAfter | FieldBuckets, Supports: every,
 			decide: slidingWindow, refund: slidingWindowRefund, compile: compileSlidingWindow,
 		},
 		TokenBucket: {
-			Kind: TokenBucket, Name: NameTokenBucket, Takes: FieldBurst | FieldBlock, Supports: every, Bucket: true,
+			Kind: TokenBucket, Name: NameTokenBucket, Takes: FieldBurst | FieldBlock | FieldForgetAfter, Supports: every, Bucket: true,
 			decide: tokenBucket, refund: tokenBucketRefund, compile: compileBucket,
 		},
 		LeakyBucket: {
-			Kind: LeakyBucket, Name: NameLeakyBucket, Takes: FieldBurst | FieldBlock | FieldMaxDelay | FieldDelayAfter,
+			Kind: LeakyBucket, Name: NameLeakyBucket, Takes: FieldBurst | FieldBlock | FieldForgetAfter | FieldMaxDelay | FieldDelayAfter,
 			Supports: every | FeatureShaping, Bucket: true,
 			decide: leakyBucket, refund: leakyBucketRefund, compile: compileLeakyBucket, life: leakyBucketLife,
 		},
 		GCRA: {
-			Kind: GCRA, Name: NameGCRA, Takes: FieldBurst | FieldBlock, Supports: every, Bucket: true,
+			Kind: GCRA, Name: NameGCRA, Takes: FieldBurst | FieldBlock | FieldForgetAfter, Supports: every, Bucket: true,
 			decide: gcra, refund: gcraRefund, compile: compileBucket, life: gcraLife,
 		},
 		Concurrency: {
-			Kind: Concurrency, Name: NameConcurrency, Takes: FieldBlock, Supports: every | FeatureLeases,
+			Kind: Concurrency, Name: NameConcurrency, Takes: FieldBlock | FieldForgetAfter, Supports: every | FeatureLeases,
 			decide: concurrency, refund: concurrencyRefund,
 		},
 	}
@@ -301,6 +304,8 @@ func (c *Config) value(f Field) int64 {
 		return c.DelayAfter
 	case FieldBuckets:
 		return c.Buckets
+	case FieldForgetAfter:
+		return c.ForgetAfter
 	}
 	return int64(c.Kind)
 }
@@ -358,6 +363,9 @@ func Compile(c Config) (Params, error) {
 	}
 	p.Cap = c.Rate
 	p.MaxWait = c.Period
+	if err := compilePenalty(&p); err != nil {
+		return p, err
+	}
 	if spec.compile != nil {
 		if err := spec.compile(&p); err != nil {
 			return p, err

@@ -456,7 +456,7 @@ func (r *rule) checkLimits(rc *RuleConfig, rp string, rep reporter) bool {
 		if rc.Limit == "" {
 			rep.addAt(rp, fmt.Sprintf("rule %s needs a limit (such as limit: 100/m) or tiers", quote(rc.Name)))
 			ok = false
-		} else if t, tok := checkLimit(rp, limitSpec{rc.Limit, rc.Algorithm, rc.Burst, rc.Block, rc.MaxDelay, rc.DelayAfter, rc.Buckets}, rep); tok {
+		} else if t, tok := checkLimit(rp, limitSpec{rc.Limit, rc.Algorithm, rc.Burst, rc.Block, rc.MaxDelay, rc.DelayAfter, rc.Buckets, rc.BlockList, rc.ForgetAfter}, rep); tok {
 			t.name = "default"
 			r.tiers = []*tier{t}
 		} else {
@@ -533,6 +533,8 @@ type limitSpec struct {
 	block, maxDelay  time.Duration
 	delayAfter       int64
 	buckets          int64
+	blocks           []time.Duration // block as a list: escalating boxes
+	forgetAfter      time.Duration
 }
 
 // checkLimit validates one limit at path (a rule or a tier). It gathers
@@ -574,6 +576,9 @@ func checkLimit(path string, s limitSpec, rep reporter) (*tier, bool) {
 		return nil, false
 	}
 	l.Block, l.MaxDelay, l.DelayAfter = s.block, s.maxDelay, s.delayAfter
+	if !s.applyPenalty(path, &l, rep) {
+		return nil, false
+	}
 	if _, err := l.Compile(); err != nil {
 		limitProblem(path, s, l, err, rep)
 		return nil, false
@@ -592,6 +597,8 @@ func limitProblem(path string, s limitSpec, l weir.Limit, err error, rep reporte
 	}
 	if key := fe.Field.String(); s.given(fe.Field) {
 		at = path + "." + key
+	} else if fe.Field == algorithm.FieldForgetAfter && fe.Problem == algorithm.NeedsOther {
+		at = path + ".block" // a block list without forget_after
 	}
 	kind := fe.Kind.String()
 	switch f, pr := fe.Field, fe.Problem; {
@@ -626,8 +633,39 @@ func (s limitSpec) given(f algorithm.Field) bool {
 		return s.delayAfter != 0
 	case algorithm.FieldBuckets:
 		return s.buckets != 0
+	case algorithm.FieldForgetAfter:
+		return s.forgetAfter != 0
 	}
 	return false
+}
+
+// applyPenalty sets l's escalating penalty from a block list and
+// forget_after, reporting a list that is too long or does not grow at the
+// entry at fault.
+func (s limitSpec) applyPenalty(path string, l *weir.Limit, rep reporter) bool {
+	l.ForgetAfter = s.forgetAfter
+	if len(s.blocks) == 0 {
+		return true
+	}
+	bp := path + ".block"
+	if len(s.blocks) > algorithm.MaxBlockSteps {
+		rep.addAt(bp, fmt.Sprintf("block lists %d boxes; at most %d", len(s.blocks), algorithm.MaxBlockSteps))
+		return false
+	}
+	for i, b := range s.blocks {
+		switch {
+		case b <= 0:
+			rep.addAt(index(bp, i), fmt.Sprintf("block box %v must be positive", b))
+			return false
+		case i > 0 && b <= s.blocks[i-1]:
+			rep.addAt(index(bp, i), fmt.Sprintf("block list must grow, shortest first: %v comes after %v", b, s.blocks[i-1]))
+			return false
+		case i > 0:
+			l.Escalate[i-1] = b
+		}
+	}
+	l.Block = s.blocks[0]
+	return true
 }
 
 // limitMessage words a weir limit error without the package prefix.
@@ -670,12 +708,12 @@ func checkTiers(rp string, rc *RuleConfig, r *rule, rep reporter) bool {
 			ok = false
 			continue
 		}
-		spec := limitSpec{tc.Limit, tc.Algorithm, tc.Burst, tc.Block, tc.MaxDelay, tc.DelayAfter, tc.Buckets}
+		spec := limitSpec{tc.Limit, tc.Algorithm, tc.Burst, tc.Block, tc.MaxDelay, tc.DelayAfter, tc.Buckets, nil, 0}
 		if spec.algorithm == "" {
 			spec.algorithm = rc.Algorithm
 		}
 		if spec.block == 0 {
-			spec.block = rc.Block
+			spec.block, spec.blocks, spec.forgetAfter = rc.Block, rc.BlockList, rc.ForgetAfter
 		}
 		if spec.maxDelay == 0 && spec.delayAfter == 0 {
 			spec.maxDelay, spec.delayAfter = rc.MaxDelay, rc.DelayAfter

@@ -213,6 +213,13 @@ type RuleConfig struct {
 	// Block is the penalty box: after a rejection the identity stays
 	// rejected this long.
 	Block time.Duration
+	// BlockList is block written as a list, [1m, 10m, 1h]: escalating
+	// penalty boxes (weir.Limit.Escalate), Block being the first; nil
+	// for a single box.
+	BlockList []time.Duration
+	// ForgetAfter is how long after a box ends an escalating penalty's
+	// history lasts (weir.Limit.ForgetAfter).
+	ForgetAfter time.Duration
 	// MaxDelay and DelayAfter make a leaky_bucket shape instead of police
 	// (weir.Limit's fields of the same names).
 	MaxDelay   time.Duration
@@ -253,7 +260,8 @@ type TiersConfig struct {
 	Tiers []TierConfig // in file order; one is named "default"
 }
 
-// TierConfig is one tier. Algorithm and Block default to the rule's.
+// TierConfig is one tier. Algorithm and Block default to the rule's (a
+// rule's block list and forget_after too, when the tier sets no block).
 type TierConfig struct {
 	Name       string
 	Limit      string

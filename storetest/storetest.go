@@ -115,6 +115,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 				{"ResetAfterExact", true, (*tester).resetAfterExact},
 				{"AtMost", false, (*tester).atMost},
 				{"PenaltyBox", true, (*tester).penaltyBox},
+				{"EscalatingPenalty", true, (*tester).escalatingPenalty},
 				{"Reset", false, (*tester).reset},
 				{"BadInput", false, (*tester).badInput},
 				{"KeyIsolation", false, (*tester).keyIsolation},

@@ -258,7 +258,14 @@ func (s *Store) entryOf(e *entry, l weir.Limit) (_ *entry, fresh bool, err error
 // costs a few integer compares.
 func sameLimit(l, m *weir.Limit) bool {
 	return l.Rate == m.Rate && l.Period == m.Period && l.Burst == m.Burst && l.Block == m.Block &&
-		l.MaxDelay == m.MaxDelay && l.DelayAfter == m.DelayAfter && l.Buckets == m.Buckets && l.Algorithm == m.Algorithm
+		l.MaxDelay == m.MaxDelay && l.DelayAfter == m.DelayAfter && l.Buckets == m.Buckets && l.Algorithm == m.Algorithm &&
+		sameExtras(l, m)
+}
+
+// sameExtras compares the settings of escalating penalties, calendar
+// quotas and warm-up, which most limits leave zero.
+func sameExtras(l, m *weir.Limit) bool {
+	return l.Escalate == m.Escalate && l.ForgetAfter == m.ForgetAfter
 }
 
 func kindOf(l weir.Limit) (algorithm.Kind, error) {

@@ -27,6 +27,8 @@ func diffLimits(a weir.Algorithm) []weir.Limit {
 		{Rate: 5, Period: 1234567 * time.Microsecond},
 		{Rate: 1000, Period: 7 * time.Second},
 		{Rate: 999_983, Period: 86400 * time.Second},
+		// An escalating penalty, with boxes shorter and longer than the state.
+		{Rate: 3, Period: 10 * time.Second, Block: 2 * time.Second, Escalate: [7]time.Duration{5 * time.Second, 30 * time.Second}, ForgetAfter: 40 * time.Second},
 	}
 	switch a {
 	case weir.TokenBucket, weir.GCRA, weir.LeakyBucket:

@@ -111,7 +111,7 @@ func init() {
 }
 
 // nLimitArgs is the number of ARGV values a compiled limit takes.
-const nLimitArgs = 14
+const nLimitArgs = 15
 
 // limitArgs renders p as the scripts' params() reads it. Every derived
 // constant is Compile's; the scripts never recompute one.
@@ -128,6 +128,27 @@ func limitArgs(p *algorithm.Params) [nLimitArgs]string {
 	return [nLimitArgs]string{
 		p.Kind.String(), f(p.Rate), f(p.Period), f(p.Burst), f(p.Block),
 		f(p.MaxDelay), f(p.DelayAfter), f(p.Cap), f(p.A), f(p.B), f(p.Tick), shaping, outlasts,
-		f(p.Buckets),
+		f(p.Buckets), extArgs(p),
 	}
+}
+
+// extArgs renders the settings most limits leave unset, as one ARGV value
+// that prelude.lua's params_ext reads: ';'-separated "<letter>=<values>",
+// the values ','-separated integers; "" when none is set.
+//
+//	e=<forget_after>,<box 2>,<box 3>...   an escalating penalty
+func extArgs(p *algorithm.Params) string {
+	var b strings.Builder
+	if p.Escalating() {
+		b.WriteString("e=")
+		b.WriteString(strconv.FormatInt(p.ForgetAfter, 10))
+		for _, box := range p.Escalate {
+			if box == 0 {
+				break
+			}
+			b.WriteByte(',')
+			b.WriteString(strconv.FormatInt(box, 10))
+		}
+	}
+	return b.String()
 }
