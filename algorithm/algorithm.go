@@ -69,6 +69,8 @@
 // whose state would need larger integers; the error says which value to change.
 package algorithm
 
+import "time"
+
 // MaxExact is the largest integer every store can represent exactly (2^53,
 // the limit of a Lua number).
 const MaxExact = 1 << 53
@@ -104,6 +106,13 @@ type Config struct {
 	// ForgetAfter is how long after a box ends the penalty history lasts,
 	// µs; it needs Escalate.
 	ForgetAfter int64
+
+	// Calendar makes a fixed window's windows calendar days, weeks or
+	// months in Location (nil: UTC), starting ResetAt µs after local
+	// midnight (calendar.go). Period is then the unit's nominal length.
+	Calendar CalendarUnit
+	Location *time.Location
+	ResetAt  int64
 }
 
 // Params is a compiled Config: validated, with the derived constants the

@@ -51,12 +51,18 @@ const (
 	// FieldForgetAfter: how long an escalating penalty's history lasts
 	// (penalty.go).
 	FieldForgetAfter
+	// FieldCalendar, FieldTimezone, FieldResetAt: calendar windows
+	// (calendar.go): the unit (a limit per day, week or month), the time
+	// zone and the time of day a window starts.
+	FieldCalendar
+	FieldTimezone
+	FieldResetAt
 )
 
 // String returns the field's name as a configuration key, such as
 // "max_delay", or the names of a set joined by "+".
 func (f Field) String() string {
-	names := [...]string{"algorithm", "rate", "period", "burst", "block", "max_delay", "delay_after", "buckets", "forget_after"}
+	names := [...]string{"algorithm", "rate", "period", "burst", "block", "max_delay", "delay_after", "buckets", "forget_after", "calendar", "timezone", "reset_at"}
 	var b strings.Builder
 	for i, n := range names {
 		if f&(1<<i) != 0 {
@@ -119,7 +125,7 @@ var specs [Concurrency + 1]Spec
 func init() {
 	specs = [...]Spec{
 		FixedWindow: {
-			Kind: FixedWindow, Name: NameFixedWindow, Takes: FieldBlock | FieldForgetAfter, Supports: every,
+			Kind: FixedWindow, Name: NameFixedWindow, Takes: FieldBlock | FieldForgetAfter | FieldCalendar | FieldTimezone | FieldResetAt, Supports: every,
 			decide: fixedWindow, refund: fixedWindowRefund,
 		},
 		SlidingLog: {
@@ -271,6 +277,9 @@ var optional = [...]struct {
 	{FieldBlock, "block applies"},
 	{FieldMaxDelay | FieldDelayAfter, "max delay and delay-after apply"},
 	{FieldBuckets, "buckets apply"},
+	{FieldCalendar, "calendar periods (/day with a time zone, /week, /month) apply"},
+	{FieldTimezone, "timezone applies"},
+	{FieldResetAt, "reset_at applies"},
 }
 
 // given returns the optional settings c sets.
@@ -279,12 +288,20 @@ func (c *Config) given() Field {
 	for _, o := range [...]struct {
 		f Field
 		v int64
-	}{{FieldBurst, c.Burst}, {FieldBlock, c.Block}, {FieldMaxDelay, c.MaxDelay}, {FieldDelayAfter, c.DelayAfter}, {FieldBuckets, c.Buckets}} {
+	}{{FieldBurst, c.Burst}, {FieldBlock, c.Block}, {FieldMaxDelay, c.MaxDelay}, {FieldDelayAfter, c.DelayAfter}, {FieldBuckets, c.Buckets},
+		{FieldCalendar, int64(c.Calendar)}, {FieldTimezone, boolInt(c.Location != nil)}, {FieldResetAt, c.ResetAt}} {
 		if o.v != 0 {
 			f |= o.f
 		}
 	}
 	return f
+}
+
+func boolInt(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // value returns c's value of the one field f.
@@ -306,6 +323,10 @@ func (c *Config) value(f Field) int64 {
 		return c.Buckets
 	case FieldForgetAfter:
 		return c.ForgetAfter
+	case FieldCalendar:
+		return int64(c.Calendar)
+	case FieldResetAt:
+		return c.ResetAt
 	}
 	return int64(c.Kind)
 }
@@ -364,6 +385,9 @@ func Compile(c Config) (Params, error) {
 	p.Cap = c.Rate
 	p.MaxWait = c.Period
 	if err := compilePenalty(&p); err != nil {
+		return p, err
+	}
+	if err := compileCalendar(&p); err != nil {
 		return p, err
 	}
 	if spec.compile != nil {

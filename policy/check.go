@@ -456,7 +456,7 @@ func (r *rule) checkLimits(rc *RuleConfig, rp string, rep reporter) bool {
 		if rc.Limit == "" {
 			rep.addAt(rp, fmt.Sprintf("rule %s needs a limit (such as limit: 100/m) or tiers", quote(rc.Name)))
 			ok = false
-		} else if t, tok := checkLimit(rp, limitSpec{rc.Limit, rc.Algorithm, rc.Burst, rc.Block, rc.MaxDelay, rc.DelayAfter, rc.Buckets, rc.BlockList, rc.ForgetAfter}, rep); tok {
+		} else if t, tok := checkLimit(rp, limitSpec{rc.Limit, rc.Algorithm, rc.Burst, rc.Block, rc.MaxDelay, rc.DelayAfter, rc.Buckets, rc.BlockList, rc.ForgetAfter, rc.Timezone, rc.ResetAt}, rep); tok {
 			t.name = "default"
 			r.tiers = []*tier{t}
 		} else {
@@ -535,6 +535,8 @@ type limitSpec struct {
 	buckets          int64
 	blocks           []time.Duration // block as a list: escalating boxes
 	forgetAfter      time.Duration
+	timezone         string // a calendar window's zone and start of day
+	resetAt          string
 }
 
 // checkLimit validates one limit at path (a rule or a tier). It gathers
@@ -549,6 +551,9 @@ func checkLimit(path string, s limitSpec, rep reporter) (*tier, bool) {
 		ok = false
 	}
 	l.Algorithm = weir.GCRA
+	if !s.applyCalendar(path, &l, rep) {
+		return nil, false
+	}
 	if s.algorithm != "" {
 		l.Algorithm = weir.Algorithm(s.algorithm)
 		if _, known := l.Algorithm.Kind(); !known {
@@ -592,6 +597,10 @@ func limitProblem(path string, s limitSpec, l weir.Limit, err error, rep reporte
 	at := path + ".limit"
 	var fe *algorithm.FieldError
 	if !errors.As(err, &fe) {
+		var le *weir.LimitError
+		if errors.As(err, &le) && le.Field == algorithm.FieldTimezone.String() && s.timezone != "" {
+			at = path + ".timezone"
+		}
 		rep.addAt(at, limitMessage(err))
 		return
 	}
@@ -599,6 +608,8 @@ func limitProblem(path string, s limitSpec, l weir.Limit, err error, rep reporte
 		at = path + "." + key
 	} else if fe.Field == algorithm.FieldForgetAfter && fe.Problem == algorithm.NeedsOther {
 		at = path + ".block" // a block list without forget_after
+	} else if fe.Field == algorithm.FieldCalendar && s.algorithm != "" {
+		at = path + ".algorithm" // a calendar limit on an algorithm without windows
 	}
 	kind := fe.Kind.String()
 	switch f, pr := fe.Field, fe.Problem; {
@@ -635,8 +646,45 @@ func (s limitSpec) given(f algorithm.Field) bool {
 		return s.buckets != 0
 	case algorithm.FieldForgetAfter:
 		return s.forgetAfter != 0
+	case algorithm.FieldTimezone:
+		return s.timezone != ""
+	case algorithm.FieldResetAt:
+		return s.resetAt != ""
 	}
 	return false
+}
+
+// applyCalendar sets l's calendar window from timezone and reset_at: a
+// limit per day with either becomes a calendar day, and a calendar limit
+// without an algorithm counts in a fixed_window, the one algorithm whose
+// windows have an end.
+func (s limitSpec) applyCalendar(path string, l *weir.Limit, rep reporter) bool {
+	if s.resetAt != "" {
+		d, ok := parseTimeOfDay(s.resetAt)
+		if !ok {
+			rep.addAt(path+".reset_at", fmt.Sprintf("reset_at %s is not a time of day such as \"02:00\" or \"23:30:15\"", quote(s.resetAt)))
+			return false
+		}
+		l.ResetAt = d
+	}
+	l.Timezone = s.timezone
+	if l.Calendar == 0 && l.Period == 24*time.Hour && (s.timezone != "" || s.resetAt != "") {
+		l.Calendar = weir.CalendarDay
+	}
+	if l.Calendar != 0 && s.algorithm == "" {
+		l.Algorithm = weir.FixedWindow
+	}
+	return true
+}
+
+// parseTimeOfDay reads "HH:MM" or "HH:MM:SS", 00:00 to 23:59:59.
+func parseTimeOfDay(v string) (time.Duration, bool) {
+	for _, layout := range []string{"15:04", "15:04:05"} {
+		if t, err := time.Parse(layout, v); err == nil {
+			return time.Duration(t.Hour())*time.Hour + time.Duration(t.Minute())*time.Minute + time.Duration(t.Second())*time.Second, true
+		}
+	}
+	return 0, false
 }
 
 // applyPenalty sets l's escalating penalty from a block list and
@@ -708,7 +756,7 @@ func checkTiers(rp string, rc *RuleConfig, r *rule, rep reporter) bool {
 			ok = false
 			continue
 		}
-		spec := limitSpec{tc.Limit, tc.Algorithm, tc.Burst, tc.Block, tc.MaxDelay, tc.DelayAfter, tc.Buckets, nil, 0}
+		spec := limitSpec{tc.Limit, tc.Algorithm, tc.Burst, tc.Block, tc.MaxDelay, tc.DelayAfter, tc.Buckets, nil, 0, rc.Timezone, rc.ResetAt}
 		if spec.algorithm == "" {
 			spec.algorithm = rc.Algorithm
 		}

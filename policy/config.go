@@ -220,6 +220,12 @@ type RuleConfig struct {
 	// ForgetAfter is how long after a box ends an escalating penalty's
 	// history lasts (weir.Limit.ForgetAfter).
 	ForgetAfter time.Duration
+	// Timezone and ResetAt place a calendar limit's windows (10000/month,
+	// /week, or /day with either set): an IANA zone name ("" is UTC) and
+	// the local time of day a window starts, "HH:MM" or "HH:MM:SS". Tiers
+	// inherit them.
+	Timezone string
+	ResetAt  string
 	// MaxDelay and DelayAfter make a leaky_bucket shape instead of police
 	// (weir.Limit's fields of the same names).
 	MaxDelay   time.Duration

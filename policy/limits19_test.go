@@ -26,6 +26,16 @@ func TestIssue19BadInput(t *testing.T) {
 			[]string{`4:12: invalid limit "5/m": a block list of several boxes needs forget_after: how long after a box its history lasts`}},
 		{"forget_after without a list", "rules:\n  - name: r\n    limit: 5/m\n    block: 1m\n    forget_after: 1h\n",
 			[]string{`5:19: invalid limit "5/m": forget_after needs a block list of several boxes, such as [1m, 10m, 1h]`}},
+		{"unknown time zone", "rules:\n  - name: r\n    limit: 10000/month\n    timezone: Mars/Olympus\n",
+			[]string{`4:15: invalid limit "10000/month": unknown time zone "Mars/Olympus" (want an IANA name such as UTC or Asia/Shanghai)`}},
+		{"month on gcra", "rules:\n  - name: r\n    limit: 10000/month\n    algorithm: gcra\n",
+			[]string{`4:16: invalid limit "10000/month": calendar periods (/day with a time zone, /week, /month) apply to fixed_window, not gcra`}},
+		{"week on a sliding window", "rules:\n  - {name: r, limit: 5/week, algorithm: sliding_window}\n",
+			[]string{`2:41: invalid limit "5/week": calendar periods (/day with a time zone, /week, /month) apply to fixed_window, not sliding_window`}},
+		{"bad reset_at", "rules:\n  - name: r\n    limit: 100/day\n    reset_at: \"25:00\"\n",
+			[]string{`4:15: reset_at "25:00" is not a time of day such as "02:00" or "23:30:15"`}},
+		{"timezone on an hourly limit", "rules:\n  - name: r\n    limit: 100/h\n    algorithm: fixed_window\n    timezone: Asia/Shanghai\n",
+			[]string{`5:15: invalid limit "100/h": timezone and reset_at apply to calendar windows: a limit per day, week or month`}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg, err := Parse([]byte(c.doc), "w.yaml")
@@ -84,4 +94,37 @@ func TestEscalatingBlockFromYAML(t *testing.T) {
 		t.Fatal(err)
 	}
 	offend(time.Minute)
+}
+
+// TestCalendarFromYAML: limit: N/day with timezone and reset_at is a
+// calendar day counted in a fixed_window, ResetAfter running to the next
+// 02:00 in Shanghai.
+func TestCalendarFromYAML(t *testing.T) {
+	cfg, err := Parse([]byte("rules:\n  - name: quota\n    identity: header:X-Key\n    limit: 2/day\n    timezone: Asia/Shanghai\n    reset_at: \"02:00\"\n"), "w.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 2030-01-01 17:00Z is 01:00 in Shanghai: the day ends at 18:00Z.
+	clock := storetest.NewClock(time.Date(2030, 1, 1, 17, 0, 0, 0, time.UTC))
+	p, err := New(cfg, memstore.New(memstore.WithClock(clock.Now)), WithClock(clock.Now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, _ := p.Limit("quota", ""); l.Algorithm != "fixed_window" || l.Calendar != 1 || l.ResetAt != 2*time.Hour {
+		t.Fatalf("limit %+v", l)
+	}
+	ctx := context.Background()
+	for i, want := range []bool{true, true, false} {
+		rr, err := p.CheckKey(ctx, "quota", "k", 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rr.Result.Allowed != want || rr.Result.ResetAfter != time.Hour {
+			t.Fatalf("take %d: %+v", i, rr.Result)
+		}
+	}
+	clock.Advance(time.Hour)
+	if rr, _ := p.CheckKey(ctx, "quota", "k", 1); !rr.Result.Allowed || rr.Result.ResetAfter != 24*time.Hour {
+		t.Fatalf("the next day: %+v", rr.Result)
+	}
 }

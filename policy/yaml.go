@@ -423,6 +423,8 @@ func (w *walker) rule(path string, n *yaml.Node, r *RuleConfig) {
 		{"burst", func(p string, v *yaml.Node) { r.Burst = w.integer(p, v, 1) }},
 		{"block", func(p string, v *yaml.Node) { r.Block, r.BlockList = w.blocks(p, v) }},
 		{"forget_after", func(p string, v *yaml.Node) { r.ForgetAfter = w.duration(p, v) }},
+		{"timezone", func(p string, v *yaml.Node) { r.Timezone = w.str(p, v) }},
+		{"reset_at", func(p string, v *yaml.Node) { r.ResetAt = w.str(p, v) }},
 		{"max_delay", func(p string, v *yaml.Node) { r.MaxDelay = w.duration(p, v) }},
 		{"delay_after", func(p string, v *yaml.Node) { r.DelayAfter = w.integer(p, v, 1) }},
 		{"buckets", func(p string, v *yaml.Node) { r.Buckets = w.integer(p, v, 1) }},

@@ -145,6 +145,13 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		}
 		(&tester{T: t, h: h, algo: weir.Concurrency, lim: weir.NewLimiter(h.Store), prefix: t.Name() + "/"}).leases()
 	})
+	t.Run("fixed_window/Calendar", func(t *testing.T) {
+		h := newHarness(t)
+		if h.Clock == nil {
+			t.Skip("needs a controllable clock")
+		}
+		(&tester{T: t, h: h, algo: weir.FixedWindow, lim: weir.NewLimiter(h.Store), prefix: t.Name() + "/"}).calendar()
+	})
 	t.Run("leaky_bucket/Shaping", func(t *testing.T) {
 		h := newHarness(t)
 		if h.Clock == nil {

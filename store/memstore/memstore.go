@@ -265,7 +265,8 @@ func sameLimit(l, m *weir.Limit) bool {
 // sameExtras compares the settings of escalating penalties, calendar
 // quotas and warm-up, which most limits leave zero.
 func sameExtras(l, m *weir.Limit) bool {
-	return l.Escalate == m.Escalate && l.ForgetAfter == m.ForgetAfter
+	return l.Escalate == m.Escalate && l.ForgetAfter == m.ForgetAfter &&
+		l.Calendar == m.Calendar && l.Timezone == m.Timezone && l.ResetAt == m.ResetAt
 }
 
 func kindOf(l weir.Limit) (algorithm.Kind, error) {

@@ -160,6 +160,7 @@ type compiled struct {
 	maxCost int64
 	algo    string // the algorithm name, the state key's suffix
 	args    [nLimitArgs]string
+	cal     calCache // a calendar limit's ARGV of the current window (calendar.go)
 }
 
 // maxBatchLimit bounds Config.MaxBatch: a call's keys and arguments stay
@@ -503,7 +504,7 @@ func (s *Store) take(ctx context.Context, key string, l weir.Limit, n int64, mod
 	keys := [2]string{k.state, k.block}
 	var args [4 + nLimitArgs]string
 	args[0], args[1], args[2], args[3] = s.nowArg(), strconv.FormatInt(n, 10), modeArg(mode), id
-	copy(args[4:], c.args[:])
+	copy(args[4:], s.argsOf(c)[:])
 	var buf [9]int64
 	vals, err := s.eval(ctx, &takeRoutines[c.p.Kind], keys[:], args[:], buf[:0])
 	if err == nil && len(vals) != 9 {

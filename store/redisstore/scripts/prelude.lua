@@ -131,8 +131,9 @@ end
 local NLIMIT = 15
 
 -- params_ext reads the last value of a compiled limit (scripts.go's
--- extArgs): the settings most limits leave unset, "" for none. It sets
--- p.forget and p.esc (an escalating penalty).
+-- extArgs and calendar.go): the settings most limits leave unset, "" for
+-- none. It sets p.forget and p.esc (an escalating penalty) and p.cal (a
+-- calendar window's bounds, see fw_window).
 local function params_ext(p, ext)
   p.forget = 0
   if ext == '' then
@@ -147,6 +148,8 @@ local function params_ext(p, ext)
     if key == 'e' then
       p.forget = vals[1]
       p.esc = vals -- vals[2..] are the boxes after the first
+    elseif key == 'c' then
+      p.cal = vals
     end
   end
 end
@@ -177,6 +180,25 @@ local function params(ARGV, i)
   }
   params_ext(p, ARGV[i + 14])
   return p
+end
+
+-- fw_window mirrors algorithm.fwWindow: the fixed window now falls in and
+-- its end, in µs. A plain window is identified by its epoch-aligned index;
+-- a calendar window by its start, found among the bounds the store sent
+-- (the window its clock fell in, the one before and the two after).
+local function fw_window(p, now)
+  if not p.cal then
+    local w = idiv(now, p.period)
+    return w, (w + 1) * p.period
+  end
+  local b = p.cal
+  for i = 1, #b - 1 do
+    if b[i] <= now and now < b[i + 1] then
+      return b[i], b[i + 1]
+    end
+  end
+  error('weir: the calendar window bounds sent (' .. fmt(b[1]) .. ' to ' .. fmt(b[#b]) ..
+    ') do not hold the Redis clock ' .. fmt(now) .. ': instance and Redis clocks disagree by more than a window')
 end
 
 -- decision is algorithm.Decision's zero value for p.
