@@ -100,6 +100,13 @@ type Limit struct {
 	// ResetAt is the time of day, after local midnight, at which a
 	// calendar window starts: 2*time.Hour for "02:00".
 	ResetAt time.Duration
+
+	// Warmup is a TokenBucket's or GCRA's cold start (Sentinel's): after
+	// the key has been idle (its bucket full), the rate starts at a third
+	// of the limit and rises to the full limit over Warmup, in 10 equal
+	// steps, the bucket's capacity with it. docs/algorithms.md draws the
+	// curve. At most a day, in whole steps of 10µs.
+	Warmup time.Duration
 }
 
 // The calendar units of Limit.Calendar.
@@ -182,6 +189,7 @@ func (l Limit) Compile() (algorithm.Params, error) {
 		Calendar:    cfg.Calendar,
 		Location:    cfg.Location,
 		ResetAt:     cfg.ResetAt,
+		Warmup:      l.Warmup.Microseconds(),
 		Rate:        l.Rate,
 		Period:      period.Microseconds(),
 		Burst:       l.Burst,
@@ -227,6 +235,10 @@ func (l Limit) calendarConfig(c *algorithm.Config) *LimitError {
 			Reason: fmt.Sprintf("reset_at %v is not a whole number of microseconds", l.ResetAt)}
 	}
 	c.ResetAt = l.ResetAt.Microseconds()
+	if l.Warmup%time.Microsecond != 0 {
+		return &LimitError{Input: l.String(), Field: algorithm.FieldWarmup.String(),
+			Reason: fmt.Sprintf("warmup %v is not a whole number of microseconds", l.Warmup)}
+	}
 	if l.Timezone == "" {
 		return nil
 	}

@@ -113,6 +113,11 @@ type Config struct {
 	Calendar CalendarUnit
 	Location *time.Location
 	ResetAt  int64
+
+	// Warmup is a token bucket's or GCRA's cold start, µs: after a key has
+	// been idle its rate starts at a third and rises to the full rate over
+	// Warmup (warmup.go); 0 = none.
+	Warmup int64
 }
 
 // Params is a compiled Config: validated, with the derived constants the
@@ -205,6 +210,8 @@ type State struct {
 	// LastBox is the end of the last one (kept after it lapses, so that
 	// the history is forgotten ForgetAfter later); see penalty.go.
 	Strikes, LastBox int64
+	// WarmStart is when a warm-up began (warmup.go), µs epoch.
+	WarmStart int64
 }
 
 // Take decides a request of cost n at time now (µs) against s, updating s
@@ -253,7 +260,12 @@ func take(p *Params, s *State, now, n int64, mode Mode, commit bool) Decision {
 	// decide, written out: the Decision comes back from the table's
 	// function once, instead of being copied again through decide.
 	sp := &specs[p.Kind]
-	d := sp.decide(p, s, now, cost, mode, commit)
+	var d Decision
+	if p.Warmup > 0 {
+		d = warmBucket(p, s, now, cost, mode, commit)
+	} else {
+		d = sp.decide(p, s, now, cost, mode, commit)
+	}
 	d.Allowed = d.Granted > 0
 	if peek {
 		d.Granted = 0
@@ -304,6 +316,11 @@ func grant(cost, avail int64, mode Mode) int64 {
 // decide runs p's algorithm from the table: it decides a request of cost
 // at now against s, and when apply, consumes what it grants.
 func decide(p *Params, s *State, now, cost int64, mode Mode, apply bool) Decision {
+	if p.Warmup > 0 {
+		d := warmBucket(p, s, now, cost, mode, apply)
+		d.Allowed = d.Granted > 0
+		return d
+	}
 	d := specs[p.Kind].decide(p, s, now, cost, mode, apply)
 	d.Allowed = d.Granted > 0
 	return d
@@ -319,6 +336,9 @@ func decide(p *Params, s *State, now, cost int64, mode Mode, apply bool) Decisio
 func Refund(p *Params, s *State, takeNow, now, g int64, id string) bool {
 	if g <= 0 {
 		return false
+	}
+	if p.Warmup > 0 {
+		return warmRefund(p, s, takeNow, now, g, id)
 	}
 	return specs[p.Kind].refund(p, s, takeNow, now, g, id)
 }

@@ -57,12 +57,14 @@ const (
 	FieldCalendar
 	FieldTimezone
 	FieldResetAt
+	// FieldWarmup: a bucket's cold start (warmup.go).
+	FieldWarmup
 )
 
 // String returns the field's name as a configuration key, such as
 // "max_delay", or the names of a set joined by "+".
 func (f Field) String() string {
-	names := [...]string{"algorithm", "rate", "period", "burst", "block", "max_delay", "delay_after", "buckets", "forget_after", "calendar", "timezone", "reset_at"}
+	names := [...]string{"algorithm", "rate", "period", "burst", "block", "max_delay", "delay_after", "buckets", "forget_after", "calendar", "timezone", "reset_at", "warmup"}
 	var b strings.Builder
 	for i, n := range names {
 		if f&(1<<i) != 0 {
@@ -137,7 +139,7 @@ func init() {
 			decide: slidingWindow, refund: slidingWindowRefund, compile: compileSlidingWindow,
 		},
 		TokenBucket: {
-			Kind: TokenBucket, Name: NameTokenBucket, Takes: FieldBurst | FieldBlock | FieldForgetAfter, Supports: every, Bucket: true,
+			Kind: TokenBucket, Name: NameTokenBucket, Takes: FieldBurst | FieldBlock | FieldForgetAfter | FieldWarmup, Supports: every, Bucket: true,
 			decide: tokenBucket, refund: tokenBucketRefund, compile: compileBucket,
 		},
 		LeakyBucket: {
@@ -146,7 +148,7 @@ func init() {
 			decide: leakyBucket, refund: leakyBucketRefund, compile: compileLeakyBucket, life: leakyBucketLife,
 		},
 		GCRA: {
-			Kind: GCRA, Name: NameGCRA, Takes: FieldBurst | FieldBlock | FieldForgetAfter, Supports: every, Bucket: true,
+			Kind: GCRA, Name: NameGCRA, Takes: FieldBurst | FieldBlock | FieldForgetAfter | FieldWarmup, Supports: every, Bucket: true,
 			decide: gcra, refund: gcraRefund, compile: compileBucket, life: gcraLife,
 		},
 		Concurrency: {
@@ -280,6 +282,7 @@ var optional = [...]struct {
 	{FieldCalendar, "calendar periods (/day with a time zone, /week, /month) apply"},
 	{FieldTimezone, "timezone applies"},
 	{FieldResetAt, "reset_at applies"},
+	{FieldWarmup, "warmup applies"},
 }
 
 // given returns the optional settings c sets.
@@ -289,7 +292,7 @@ func (c *Config) given() Field {
 		f Field
 		v int64
 	}{{FieldBurst, c.Burst}, {FieldBlock, c.Block}, {FieldMaxDelay, c.MaxDelay}, {FieldDelayAfter, c.DelayAfter}, {FieldBuckets, c.Buckets},
-		{FieldCalendar, int64(c.Calendar)}, {FieldTimezone, boolInt(c.Location != nil)}, {FieldResetAt, c.ResetAt}} {
+		{FieldCalendar, int64(c.Calendar)}, {FieldTimezone, boolInt(c.Location != nil)}, {FieldResetAt, c.ResetAt}, {FieldWarmup, c.Warmup}} {
 		if o.v != 0 {
 			f |= o.f
 		}
@@ -327,6 +330,8 @@ func (c *Config) value(f Field) int64 {
 		return int64(c.Calendar)
 	case FieldResetAt:
 		return c.ResetAt
+	case FieldWarmup:
+		return c.Warmup
 	}
 	return int64(c.Kind)
 }
@@ -394,6 +399,9 @@ func Compile(c Config) (Params, error) {
 		if err := spec.compile(&p); err != nil {
 			return p, err
 		}
+	}
+	if err := compileWarmup(&p); err != nil {
+		return p, err
 	}
 	return p, nil
 }

@@ -456,7 +456,7 @@ func (r *rule) checkLimits(rc *RuleConfig, rp string, rep reporter) bool {
 		if rc.Limit == "" {
 			rep.addAt(rp, fmt.Sprintf("rule %s needs a limit (such as limit: 100/m) or tiers", quote(rc.Name)))
 			ok = false
-		} else if t, tok := checkLimit(rp, limitSpec{rc.Limit, rc.Algorithm, rc.Burst, rc.Block, rc.MaxDelay, rc.DelayAfter, rc.Buckets, rc.BlockList, rc.ForgetAfter, rc.Timezone, rc.ResetAt}, rep); tok {
+		} else if t, tok := checkLimit(rp, limitSpec{rc.Limit, rc.Algorithm, rc.Burst, rc.Block, rc.MaxDelay, rc.DelayAfter, rc.Buckets, rc.BlockList, rc.ForgetAfter, rc.Timezone, rc.ResetAt, rc.Warmup}, rep); tok {
 			t.name = "default"
 			r.tiers = []*tier{t}
 		} else {
@@ -537,6 +537,7 @@ type limitSpec struct {
 	forgetAfter      time.Duration
 	timezone         string // a calendar window's zone and start of day
 	resetAt          string
+	warmup           time.Duration
 }
 
 // checkLimit validates one limit at path (a rule or a tier). It gathers
@@ -584,6 +585,7 @@ func checkLimit(path string, s limitSpec, rep reporter) (*tier, bool) {
 	if !s.applyPenalty(path, &l, rep) {
 		return nil, false
 	}
+	l.Warmup = s.warmup
 	if _, err := l.Compile(); err != nil {
 		limitProblem(path, s, l, err, rep)
 		return nil, false
@@ -613,6 +615,8 @@ func limitProblem(path string, s limitSpec, l weir.Limit, err error, rep reporte
 	}
 	kind := fe.Kind.String()
 	switch f, pr := fe.Field, fe.Problem; {
+	case f == algorithm.FieldWarmup && pr == algorithm.Invalid && fe.Value > algorithm.MaxWarmup:
+		rep.addAt(at, fmt.Sprintf("warmup %v is longer than a day: a key idle that long goes cold again long before it warms up", time.Duration(fe.Value)*time.Microsecond))
 	case f == algorithm.FieldBurst && pr == algorithm.NotTaken:
 		rep.addAt(at, fmt.Sprintf("burst applies only to %s, not %s", algorithm.JoinNames(algorithm.Taking(f), "and"), kind))
 	case (f == algorithm.FieldMaxDelay || f == algorithm.FieldDelayAfter) && pr == algorithm.NotTaken:
@@ -650,6 +654,8 @@ func (s limitSpec) given(f algorithm.Field) bool {
 		return s.timezone != ""
 	case algorithm.FieldResetAt:
 		return s.resetAt != ""
+	case algorithm.FieldWarmup:
+		return s.warmup != 0
 	}
 	return false
 }
@@ -756,7 +762,7 @@ func checkTiers(rp string, rc *RuleConfig, r *rule, rep reporter) bool {
 			ok = false
 			continue
 		}
-		spec := limitSpec{tc.Limit, tc.Algorithm, tc.Burst, tc.Block, tc.MaxDelay, tc.DelayAfter, tc.Buckets, nil, 0, rc.Timezone, rc.ResetAt}
+		spec := limitSpec{tc.Limit, tc.Algorithm, tc.Burst, tc.Block, tc.MaxDelay, tc.DelayAfter, tc.Buckets, nil, 0, rc.Timezone, rc.ResetAt, rc.Warmup}
 		if spec.algorithm == "" {
 			spec.algorithm = rc.Algorithm
 		}

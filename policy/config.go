@@ -226,6 +226,9 @@ type RuleConfig struct {
 	// inherit them.
 	Timezone string
 	ResetAt  string
+	// Warmup is a token_bucket's or gcra's cold start
+	// (weir.Limit.Warmup); tiers inherit it.
+	Warmup time.Duration
 	// MaxDelay and DelayAfter make a leaky_bucket shape instead of police
 	// (weir.Limit's fields of the same names).
 	MaxDelay   time.Duration

@@ -3,6 +3,7 @@ package policy
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"reflect"
 	"testing"
 	"time"
@@ -36,6 +37,10 @@ func TestIssue19BadInput(t *testing.T) {
 			[]string{`4:15: reset_at "25:00" is not a time of day such as "02:00" or "23:30:15"`}},
 		{"timezone on an hourly limit", "rules:\n  - name: r\n    limit: 100/h\n    algorithm: fixed_window\n    timezone: Asia/Shanghai\n",
 			[]string{`5:15: invalid limit "100/h": timezone and reset_at apply to calendar windows: a limit per day, week or month`}},
+		{"warmup too long", "rules:\n  - name: r\n    limit: 100/s\n    algorithm: token_bucket\n    warmup: 48h\n",
+			[]string{`5:13: warmup 48h0m0s is longer than a day: a key idle that long goes cold again long before it warms up`}},
+		{"warmup on a window", "rules:\n  - name: r\n    limit: 100/s\n    algorithm: fixed_window\n    warmup: 10m\n",
+			[]string{`5:13: invalid limit "100/s": warmup applies to token_bucket and gcra, not fixed_window`}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg, err := Parse([]byte(c.doc), "w.yaml")
@@ -126,5 +131,35 @@ func TestCalendarFromYAML(t *testing.T) {
 	clock.Advance(time.Hour)
 	if rr, _ := p.CheckKey(ctx, "quota", "k", 1); !rr.Result.Allowed || rr.Result.ResetAfter != 24*time.Hour {
 		t.Fatalf("the next day: %+v", rr.Result)
+	}
+}
+
+// TestReloadKeepsRulesOnIssue19BadInput: a reload that brings any of the
+// bad inputs above is refused, each problem named, and the rules in force
+// stay.
+func TestReloadKeepsRulesOnIssue19BadInput(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "weir.yaml")
+	write(t, path, "rules:\n  - {name: a, limit: 10000/month, timezone: Asia/Shanghai, reset_at: \"02:00\"}\n")
+	w := startWatch(t, path)
+	before := w.h.Load()
+	write(t, path, `rules:
+  - {name: a, limit: 10000/month, timezone: Mars/Olympus}
+  - {name: b, limit: 10/month, algorithm: gcra}
+  - {name: c, limit: 5/m, block: [], algorithm: sliding_log}
+  - {name: d, limit: 5/m, block: [1h, 10m], forget_after: 24h}
+  - {name: e, limit: 5/s, algorithm: gcra, warmup: 72h}
+`)
+	err := w.h.Reload()
+	var ce *ConfigError
+	if !errors.As(err, &ce) || len(ce.Problems) != 5 {
+		t.Fatalf("reload: %v; want 5 problems", err)
+	}
+	for i, p := range ce.Problems {
+		if p.Line != i+2 || p.Column == 0 {
+			t.Errorf("problem %d at %d:%d, want line %d: %s", i, p.Line, p.Column, i+2, p.Message)
+		}
+	}
+	if w.h.Load() != before {
+		t.Fatal("a bad reload replaced the rules")
 	}
 }

@@ -425,6 +425,7 @@ func (w *walker) rule(path string, n *yaml.Node, r *RuleConfig) {
 		{"forget_after", func(p string, v *yaml.Node) { r.ForgetAfter = w.duration(p, v) }},
 		{"timezone", func(p string, v *yaml.Node) { r.Timezone = w.str(p, v) }},
 		{"reset_at", func(p string, v *yaml.Node) { r.ResetAt = w.str(p, v) }},
+		{"warmup", func(p string, v *yaml.Node) { r.Warmup = w.duration(p, v) }},
 		{"max_delay", func(p string, v *yaml.Node) { r.MaxDelay = w.duration(p, v) }},
 		{"delay_after", func(p string, v *yaml.Node) { r.DelayAfter = w.integer(p, v, 1) }},
 		{"buckets", func(p string, v *yaml.Node) { r.Buckets = w.integer(p, v, 1) }},

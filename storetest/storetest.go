@@ -145,6 +145,16 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		}
 		(&tester{T: t, h: h, algo: weir.Concurrency, lim: weir.NewLimiter(h.Store), prefix: t.Name() + "/"}).leases()
 	})
+	for _, a := range []weir.Algorithm{weir.TokenBucket, weir.GCRA} {
+		t.Run(string(a)+"/Warmup", func(t *testing.T) {
+			h := newHarness(t)
+			if h.Clock == nil {
+				t.Skip("needs a controllable clock")
+			}
+			h.Clock.Set(Epoch)
+			(&tester{T: t, h: h, algo: a, lim: weir.NewLimiter(h.Store), prefix: t.Name() + "/"}).warmup()
+		})
+	}
 	t.Run("fixed_window/Calendar", func(t *testing.T) {
 		h := newHarness(t)
 		if h.Clock == nil {

@@ -422,6 +422,7 @@ func (s *Store) compile(l weir.Limit) (*compiled, error) {
 		return nil, err
 	}
 	c := &compiled{p: p, maxCost: p.MaxCost(), algo: p.Kind.String(), args: limitArgs(&p)}
+	c.algo = stateAlgo(p.Kind, l)
 	s.limitsMu.Lock()
 	defer s.limitsMu.Unlock()
 	old := *s.limits.Load()
@@ -691,7 +692,7 @@ func (s *Store) Reset(ctx context.Context, key string, l weir.Limit) error {
 	if !ok {
 		return l.Validate()
 	}
-	k := s.names(key, kind.String())
+	k := s.names(key, stateAlgo(kind, l))
 	if !s.conn.connected.Load() {
 		return fmt.Errorf("%w: reset %s under %s: %w", weir.ErrStore, keyRef(key), kind, s.notConnectedError())
 	}
@@ -737,7 +738,7 @@ func (s *Store) TTL(key string, l weir.Limit) (time.Duration, bool) {
 	if !ok {
 		return 0, false
 	}
-	k := s.names(key, kind.String())
+	k := s.names(key, stateAlgo(kind, l))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*s.timeout)
 	defer cancel()
 	var ttl time.Duration
@@ -754,4 +755,14 @@ func (s *Store) TTL(key string, l weir.Limit) (time.Duration, bool) {
 		ttl = max(ttl, time.Duration(v)*time.Millisecond)
 	}
 	return ttl, found
+}
+
+// stateAlgo names l's state key's algorithm: its own, with "+warmup" for a
+// warm-up, which counts in other units and so keeps a state of its own
+// (warmup.lua).
+func stateAlgo(k algorithm.Kind, l weir.Limit) string {
+	if l.Warmup > 0 {
+		return k.String() + "+warmup"
+	}
+	return k.String()
 }

@@ -39,6 +39,12 @@ func diffLimits(a weir.Algorithm) []weir.Limit {
 			weir.Limit{Rate: 1, Period: 97 * time.Second, Burst: 4},
 		)
 	}
+	if a == weir.TokenBucket || a == weir.GCRA {
+		ls = append(ls, // warm-ups: steps of 2s and of 300ms
+			weir.Limit{Rate: 3, Period: 10 * time.Second, Burst: 5, Warmup: 20 * time.Second},
+			weir.Limit{Rate: 1000, Period: 7 * time.Second, Burst: 9, Warmup: 3 * time.Second, Block: 2 * time.Second},
+		)
+	}
 	if a == weir.LeakyBucket {
 		ls = append(ls,
 			weir.Limit{Rate: 4, Period: time.Minute, MaxDelay: 30 * time.Second},

@@ -135,7 +135,7 @@ local NLIMIT = 15
 -- none. It sets p.forget and p.esc (an escalating penalty) and p.cal (a
 -- calendar window's bounds, see fw_window).
 local function params_ext(p, ext)
-  p.forget = 0
+  p.forget, p.warm = 0, 0
   if ext == '' then
     return
   end
@@ -150,6 +150,8 @@ local function params_ext(p, ext)
       p.esc = vals -- vals[2..] are the boxes after the first
     elseif key == 'c' then
       p.cal = vals
+    elseif key == 'w' then
+      p.warm, p.wstep = vals[1], vals[2] -- warmup.lua
     end
   end
 end
