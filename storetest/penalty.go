@@ -16,6 +16,10 @@ func (t *tester) escalatingPenalty() {
 	l.Block = 3 * time.Minute
 	l.Escalate[0], l.Escalate[1] = 10*time.Minute, time.Hour
 	l.ForgetAfter = 24 * time.Hour
+	// Every instant below lies half a minute from the base limit's window
+	// boundaries: a Redis store keeps a fixed window's state for the rest
+	// of its window in real time, which must outlast the test's calls.
+	t.advance(30 * time.Second)
 	// offend uses up the limit (which has recovered since the last box)
 	// and is rejected once; the box must be want long.
 	offend := func(what string, want time.Duration) time.Time {
