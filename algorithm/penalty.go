@@ -46,7 +46,9 @@ func (p *Params) steps() int64 {
 // s.BlockedUntil and returns the box's length.
 func startBox(p *Params, s *State, now int64) int64 {
 	if !p.Escalating() {
-		s.BlockedUntil = now + p.Block
+		// A plain box forgets any history an escalating limit left on the
+		// key, as the Redis store overwrites the box key.
+		s.BlockedUntil, s.Strikes, s.LastBox = now+p.Block, 0, 0
 		return p.Block
 	}
 	strikes := s.Strikes
