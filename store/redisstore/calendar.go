@@ -37,7 +37,10 @@ func (s *Store) argsOf(c *compiled) *[nLimitArgs]string {
 		return &c.args
 	}
 	now := time.Now()
-	if s.clock != nil {
+	switch {
+	case s.boundsClock != nil:
+		now = s.boundsClock()
+	case s.clock != nil:
 		now = s.clock()
 	}
 	us := now.UnixMicro()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -94,5 +95,35 @@ func TestCalendarSameAsMemstore(t *testing.T) {
 				t.Fatalf("the run must exhaust the first window (%v) and admit after its end %v (%v)", rejectedBefore, firstEnd, admittedAfter)
 			}
 		})
+	}
+}
+
+// TestCalendarReadsRedisClock: the window is picked by Redis's own clock
+// among the bounds sent; an instance clock a day behind still gets the
+// right window, and one further off than the bounds reach is refused with
+// an error that says so, never a wrong decision.
+func TestCalendarReadsRedisClock(t *testing.T) {
+	srv := redistest.Standalone(t)
+	ctx := context.Background()
+	rs := newTestStore(t, Config{Addrs: []string{srv.Addr}, Prefix: "calclock"}) // Redis TIME
+	day := weir.Limit{Algorithm: weir.FixedWindow, Rate: 5, Calendar: weir.CalendarDay, Timezone: "UTC"}
+	rs.boundsClock = func() time.Time { return time.Now().Add(-25 * time.Hour) }
+	before := time.Now()
+	r, err := rs.Take(ctx, "k", day, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := time.Now()
+	// Redis (on this machine) read its clock between before and after; its
+	// day ends at the next UTC midnight. (The instance's would have ended a
+	// day earlier.)
+	midnight := before.UTC().Truncate(24 * time.Hour).Add(24 * time.Hour)
+	if !r.Allowed || (after.Before(midnight) && (r.ResetAfter < midnight.Sub(after.Add(time.Microsecond)) || r.ResetAfter > midnight.Sub(before.Truncate(time.Microsecond)))) {
+		t.Fatalf("got %+v, want ResetAfter to %v, the UTC midnight after Redis's clock", r, midnight)
+	}
+	rs.boundsClock = func() time.Time { return time.Now().Add(-4 * 24 * time.Hour) }
+	rs.Reset(ctx, "other", day)
+	if _, err := rs.Take(ctx, "other", day, 1); err == nil || !strings.Contains(err.Error(), "clocks disagree") {
+		t.Fatalf("bounds four days off: %v, want the script to refuse", err)
 	}
 }

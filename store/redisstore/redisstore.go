@@ -130,6 +130,10 @@ type Store struct {
 	timeout    time.Duration
 	prefix     string
 	clock      func() time.Time
+	// boundsClock, for tests, replaces the clock by which argsOf picks a
+	// calendar limit's window bounds (calendar.go), without changing the
+	// clock the scripts read.
+	boundsClock func() time.Time
 
 	uidBase string        // random per store: member ids are uidBase + counter
 	uidSeq  atomic.Uint64 // counter of member ids
