@@ -163,3 +163,30 @@ func TestReloadKeepsRulesOnIssue19BadInput(t *testing.T) {
 		t.Fatal("a bad reload replaced the rules")
 	}
 }
+
+// TestRuleInfoIssue19: GET /v1/rules shows the block list, forget_after,
+// the calendar's zone and start, and the warm-up.
+func TestRuleInfoIssue19(t *testing.T) {
+	cfg, err := Parse([]byte(`rules:
+  - {name: a, limit: 5/m, algorithm: sliding_log, block: [1m, 10m, 1h], forget_after: 24h}
+  - {name: b, limit: 100/month, timezone: Asia/Shanghai, reset_at: "02:00"}
+  - {name: c, limit: 10/s, algorithm: gcra, warmup: 10m}
+`), "w.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(cfg, memstore.New())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := p.Rules()
+	if got := rs[0]; !reflect.DeepEqual(got.Blocks, []string{"1m0s", "10m0s", "1h0m0s"}) || got.ForgetAfter != "24h0m0s" || got.Block != "1m0s" {
+		t.Errorf("a: %+v", got)
+	}
+	if got := rs[1]; got.Timezone != "Asia/Shanghai" || got.ResetAt != "02:00:00" || got.Algorithm != "fixed_window" || got.Limit != "100/month" {
+		t.Errorf("b: %+v", got)
+	}
+	if got := rs[2]; got.Warmup != "10m0s" || got.Blocks != nil || got.Timezone != "" {
+		t.Errorf("c: %+v", got)
+	}
+}
