@@ -80,7 +80,9 @@ type Limit struct {
 	// ForgetAfter of the end of the last box, each longer than the one
 	// before; the last repeats. Zeros end the list. Block is the first
 	// box: block: [1m, 10m, 1h] in weir.yaml is Block 1m and Escalate
-	// {10m, 1h}. Resetting the key forgets the history.
+	// {10m, 1h}. Resetting the key forgets the history. (An array, not a
+	// slice, so that a Limit stays comparable: stores key their caches by
+	// it.)
 	Escalate [algorithm.MaxBlockSteps - 1]time.Duration
 	// ForgetAfter is how long after a box ends the history of an
 	// escalating penalty lasts; it is needed with Escalate, and only then.
