@@ -12,7 +12,7 @@ import (
 // FuzzParseLimit: any input either parses into a valid, round-tripping
 // limit or fails with an ErrInvalidLimit that quotes it; it never panics.
 func FuzzParseLimit(f *testing.F) {
-	for _, s := range []string{"100/s", "5/15m", "1000/h burst 50", "10/d", "0/m", "5/", "x/y", "9/1h30m", "3/250ms burst 2", "1/-1s", "5/99999999999999d"} {
+	for _, s := range []string{"100/s", "5/15m", "1000/h burst 50", "10/d", "0/m", "5/", "x/y", "9/1h30m", "3/250ms burst 2", "1/-1s", "5/99999999999999d", "10000/month", "500/week"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {

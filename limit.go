@@ -74,7 +74,49 @@ type Limit struct {
 	// 1/Buckets, at the cost of one counter per bucket. 0 keeps the plain
 	// two-counter window. The period must split into whole microseconds.
 	Buckets int64
+
+	// Escalate makes the penalty box grow for repeat offenders: the
+	// boxes of the second, third... rejection that starts one within
+	// ForgetAfter of the end of the last box, each longer than the one
+	// before; the last repeats. Zeros end the list. Block is the first
+	// box: block: [1m, 10m, 1h] in weir.yaml is Block 1m and Escalate
+	// {10m, 1h}. Resetting the key forgets the history. (An array, not a
+	// slice, so that a Limit stays comparable: stores key their caches by
+	// it.)
+	Escalate [algorithm.MaxBlockSteps - 1]time.Duration
+	// ForgetAfter is how long after a box ends the history of an
+	// escalating penalty lasts; it is needed with Escalate, and only then.
+	ForgetAfter time.Duration
+
+	// Calendar makes a FixedWindow count calendar days, weeks (from
+	// Monday) or months: "10000/month" in ParseLimit's syntax. Period is
+	// then the unit's nominal length (24h, 7 days, 31 days; 0 is read as
+	// it), which the RateLimit-Policy header reports, while ResetAfter and
+	// RetryAfter run exactly to the window's end: months have their real
+	// lengths, and a day with a daylight-saving change lasts 23 or 25
+	// hours.
+	Calendar algorithm.CalendarUnit
+	// Timezone is the IANA name of the calendar's time zone, such as
+	// "Asia/Shanghai"; "" means UTC.
+	Timezone string
+	// ResetAt is the time of day, after local midnight, at which a
+	// calendar window starts: 2*time.Hour for "02:00".
+	ResetAt time.Duration
+
+	// Warmup is a TokenBucket's or GCRA's cold start (Sentinel's): after
+	// the key has been idle (its bucket full), the rate starts at a third
+	// of the limit and rises to the full limit over Warmup, in 10 equal
+	// steps, the bucket's capacity with it. docs/algorithms.md draws the
+	// curve. At most a day, in whole steps of 10µs.
+	Warmup time.Duration
 }
+
+// The calendar units of Limit.Calendar.
+const (
+	CalendarDay   = algorithm.CalendarDay
+	CalendarWeek  = algorithm.CalendarWeek
+	CalendarMonth = algorithm.CalendarMonth
+)
 
 // PerSecond returns a limit of rate events per second with algorithm a.
 func PerSecond(a Algorithm, rate int64) Limit {
@@ -131,15 +173,32 @@ func (l Limit) Compile() (algorithm.Params, error) {
 				Reason: fmt.Sprintf("%s %v is not a whole number of microseconds", d.name, d.v)}
 		}
 	}
+	cfg, lerr := l.penaltyConfig()
+	if lerr == nil {
+		lerr = l.calendarConfig(&cfg)
+	}
+	if lerr != nil {
+		return algorithm.Params{}, lerr
+	}
+	period := l.Period
+	if period == 0 && l.Calendar != 0 {
+		period = time.Duration(l.Calendar.Nominal()) * time.Microsecond
+	}
 	p, err := algorithm.Compile(algorithm.Config{
-		Kind:       k,
-		Rate:       l.Rate,
-		Period:     l.Period.Microseconds(),
-		Burst:      l.Burst,
-		Block:      l.Block.Microseconds(),
-		MaxDelay:   l.MaxDelay.Microseconds(),
-		DelayAfter: l.DelayAfter,
-		Buckets:    l.Buckets,
+		Kind:        k,
+		Escalate:    cfg.Escalate,
+		ForgetAfter: cfg.ForgetAfter,
+		Calendar:    cfg.Calendar,
+		Location:    cfg.Location,
+		ResetAt:     cfg.ResetAt,
+		Warmup:      l.Warmup.Microseconds(),
+		Rate:        l.Rate,
+		Period:      period.Microseconds(),
+		Burst:       l.Burst,
+		Block:       l.Block.Microseconds(),
+		MaxDelay:    l.MaxDelay.Microseconds(),
+		DelayAfter:  l.DelayAfter,
+		Buckets:     l.Buckets,
 	})
 	if err != nil {
 		le := &LimitError{Input: l.String(), Reason: err.Error(), Err: err}
@@ -150,6 +209,48 @@ func (l Limit) Compile() (algorithm.Params, error) {
 		return p, le
 	}
 	return p, nil
+}
+
+// penaltyConfig converts the escalating penalty's durations to µs.
+func (l Limit) penaltyConfig() (algorithm.Config, *LimitError) {
+	var c algorithm.Config
+	for i, d := range l.Escalate {
+		if d%time.Microsecond != 0 {
+			return c, &LimitError{Input: l.String(), Field: algorithm.FieldBlock.String(),
+				Reason: fmt.Sprintf("block %v is not a whole number of microseconds", d)}
+		}
+		c.Escalate[i] = d.Microseconds()
+	}
+	if l.ForgetAfter%time.Microsecond != 0 {
+		return c, &LimitError{Input: l.String(), Field: algorithm.FieldForgetAfter.String(),
+			Reason: fmt.Sprintf("forget_after %v is not a whole number of microseconds", l.ForgetAfter)}
+	}
+	c.ForgetAfter = l.ForgetAfter.Microseconds()
+	return c, nil
+}
+
+// calendarConfig loads the calendar's time zone into c.
+func (l Limit) calendarConfig(c *algorithm.Config) *LimitError {
+	c.Calendar = l.Calendar
+	if l.ResetAt%time.Microsecond != 0 {
+		return &LimitError{Input: l.String(), Field: algorithm.FieldResetAt.String(),
+			Reason: fmt.Sprintf("reset_at %v is not a whole number of microseconds", l.ResetAt)}
+	}
+	c.ResetAt = l.ResetAt.Microseconds()
+	if l.Warmup%time.Microsecond != 0 {
+		return &LimitError{Input: l.String(), Field: algorithm.FieldWarmup.String(),
+			Reason: fmt.Sprintf("warmup %v is not a whole number of microseconds", l.Warmup)}
+	}
+	if l.Timezone == "" {
+		return nil
+	}
+	loc, err := time.LoadLocation(l.Timezone)
+	if err != nil || l.Timezone == "Local" {
+		return &LimitError{Input: l.String(), Field: algorithm.FieldTimezone.String(),
+			Reason: fmt.Sprintf("unknown time zone %q (want an IANA name such as UTC or Asia/Shanghai)", l.Timezone)}
+	}
+	c.Location = loc
+	return nil
 }
 
 // Validate reports whether l can be used, with an error naming the bad value.
@@ -164,7 +265,11 @@ func (l Limit) String() string {
 	var b strings.Builder
 	b.WriteString(strconv.FormatInt(l.Rate, 10))
 	b.WriteByte('/')
-	b.WriteString(formatPeriod(l.Period))
+	if l.Calendar != 0 {
+		b.WriteString(l.Calendar.String())
+	} else {
+		b.WriteString(formatPeriod(l.Period))
+	}
 	if l.Burst != 0 {
 		b.WriteString(" burst ")
 		b.WriteString(strconv.FormatInt(l.Burst, 10))
@@ -196,8 +301,10 @@ func formatPeriod(d time.Duration) string {
 // "100/s", "100/m", "5/15m", "1000/h", "20/30s", "10/d", "1000/h burst 50",
 // "100/m buckets 6" (a sliding window's sub-windows). A bare
 // unit (s, m, h, d) means one of it; a period may also be any Go duration
-// ("90m", "1h30m") or a number of days ("7d"). The algorithm is left empty
-// (GCRA) for the caller to set. Bad input gets an error quoting it.
+// ("90m", "1h30m") or a number of days ("7d"). "week" and "month" are
+// calendar windows ("10000/month", Limit.Calendar), which only the fixed
+// window counts. The algorithm is left empty (GCRA) for the caller to set.
+// Bad input gets an error quoting it.
 func ParseLimit(s string) (Limit, error) {
 	fail := func(reason string, args ...any) (Limit, error) {
 		return Limit{}, &LimitError{Input: s, Reason: fmt.Sprintf(reason, args...)}
@@ -220,11 +327,22 @@ func ParseLimit(s string) (Limit, error) {
 	if rate >= algorithm.MaxExact {
 		return fail("rate %d is too large (the maximum is 2^53−1)", rate)
 	}
-	period, err := parsePeriod(periodStr)
-	if err != nil {
-		return fail("%v", err)
+	var l Limit
+	switch periodStr {
+	case "week", "month":
+		// Calendar windows: weeks from Monday, months of their real length.
+		l.Calendar = CalendarWeek
+		if periodStr == "month" {
+			l.Calendar = CalendarMonth
+		}
+		l.Rate, l.Period = rate, time.Duration(l.Calendar.Nominal())*time.Microsecond
+	default:
+		period, err := parsePeriod(periodStr)
+		if err != nil {
+			return fail("%v", err)
+		}
+		l.Rate, l.Period = rate, period
 	}
-	l := Limit{Rate: rate, Period: period}
 	rest := fields[1:]
 	for len(rest) > 0 {
 		if len(rest) < 2 || (rest[0] != "burst" && rest[0] != "buckets") {

@@ -123,3 +123,26 @@ func TestLimitPeriodBound(t *testing.T) {
 		t.Fatalf("an 11-year period: %v", err)
 	}
 }
+
+func TestParseCalendarLimit(t *testing.T) {
+	for in, want := range map[string]weir.Limit{
+		"10000/month": {Rate: 10000, Period: 31 * 24 * time.Hour, Calendar: weir.CalendarMonth},
+		"500/week":    {Rate: 500, Period: 7 * 24 * time.Hour, Calendar: weir.CalendarWeek},
+		"10/day":      {Rate: 10, Period: 24 * time.Hour},
+	} {
+		l, err := weir.ParseLimit(in)
+		if err != nil || l != want || l.String() != strings.Replace(in, "/day", "/d", 1) {
+			t.Errorf("ParseLimit(%q) = %+v (%q), %v; want %+v", in, l, l.String(), err, want)
+		}
+	}
+	l, _ := weir.ParseLimit("10/month")
+	l.Algorithm = weir.GCRA
+	if err := l.Validate(); err == nil || !strings.Contains(err.Error(), "apply to fixed_window, not gcra") {
+		t.Errorf("10/month on gcra: %v", err)
+	}
+	l.Algorithm, l.Timezone = weir.FixedWindow, "Nowhere/Else"
+	var le *weir.LimitError
+	if err := l.Validate(); !errors.As(err, &le) || le.Field != "timezone" {
+		t.Errorf("unknown zone: %v", err)
+	}
+}

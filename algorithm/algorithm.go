@@ -69,6 +69,8 @@
 // whose state would need larger integers; the error says which value to change.
 package algorithm
 
+import "time"
+
 // MaxExact is the largest integer every store can represent exactly (2^53,
 // the limit of a Lua number).
 const MaxExact = 1 << 53
@@ -96,6 +98,26 @@ type Config struct {
 	MaxDelay   int64 // leaky bucket: µs of shaping delay allowed; 0 = policing
 	DelayAfter int64 // leaky bucket shaping: events admitted at once before delays begin; 0 means 1
 	Buckets    int64 // sliding window: sub-windows counted apart, MinBuckets..MaxBuckets; 0 = two windows
+
+	// Escalate lists, in µs, the penalty boxes of the second, third...
+	// rejection that starts a box within ForgetAfter of the last box's
+	// end; the last one repeats. Zeros end the list (penalty.go).
+	Escalate [MaxBlockSteps - 1]int64
+	// ForgetAfter is how long after a box ends the penalty history lasts,
+	// µs; it needs Escalate.
+	ForgetAfter int64
+
+	// Calendar makes a fixed window's windows calendar days, weeks or
+	// months in Location (nil: UTC), starting ResetAt µs after local
+	// midnight (calendar.go). Period is then the unit's nominal length.
+	Calendar CalendarUnit
+	Location *time.Location
+	ResetAt  int64
+
+	// Warmup is a token bucket's or GCRA's cold start, µs: after a key has
+	// been idle its rate starts at a third and rises to the full rate over
+	// Warmup (warmup.go); 0 = none.
+	Warmup int64
 }
 
 // Params is a compiled Config: validated, with the derived constants the
@@ -184,6 +206,12 @@ type State struct {
 	Held   int64   // concurrency: the sum of the Leases' weights
 	// BlockedUntil is the end of the penalty box, µs epoch; 0 = none.
 	BlockedUntil int64
+	// Strikes counts the boxes of an escalating penalty's history, and
+	// LastBox is the end of the last one (kept after it lapses, so that
+	// the history is forgotten ForgetAfter later); see penalty.go.
+	Strikes, LastBox int64
+	// WarmStart is when a warm-up began (warmup.go), µs epoch.
+	WarmStart int64
 }
 
 // Take decides a request of cost n at time now (µs) against s, updating s
@@ -218,30 +246,35 @@ func take(p *Params, s *State, now, n int64, mode Mode, commit bool) Decision {
 		left := s.BlockedUntil - now
 		if p.BoxOutlasts() {
 			// The box's end is later than anything the frozen state needs.
-			return Decision{Limit: p.Cap, RetryAfter: left, ResetAfter: left, BlockedUntil: s.BlockedUntil, TTL: max(left, life(p, s, now))}
+			return Decision{Limit: p.Cap, RetryAfter: left, ResetAfter: left, BlockedUntil: s.BlockedUntil, TTL: max(left, life(p, s, now), historyLife(p, s, now))}
 		}
 		d := decide(p, s, now, cost, mode, false)
 		d.Allowed, d.Granted, d.Remaining, d.Delay = false, 0, 0, 0
 		d.RetryAfter = max(d.RetryAfter, left)
 		d.ResetAfter = max(d.ResetAfter, left) // nothing is usable before the box opens
 		d.BlockedUntil = s.BlockedUntil
-		d.TTL = max(d.ResetAfter, life(p, s, now))
+		d.TTL = max(d.ResetAfter, life(p, s, now), historyLife(p, s, now))
 		return d
 	}
 	commit = commit && !peek
 	// decide, written out: the Decision comes back from the table's
 	// function once, instead of being copied again through decide.
 	sp := &specs[p.Kind]
-	d := sp.decide(p, s, now, cost, mode, commit)
+	var d Decision
+	if p.Warmup > 0 {
+		d = warmBucket(p, s, now, cost, mode, commit)
+	} else {
+		d = sp.decide(p, s, now, cost, mode, commit)
+	}
 	d.Allowed = d.Granted > 0
 	if peek {
 		d.Granted = 0
 		d.Delay = 0
 	}
 	if !d.Allowed && commit && p.Block > 0 {
-		s.BlockedUntil = now + p.Block
+		box := startBox(p, s, now)
 		d.BlockedUntil = s.BlockedUntil
-		d.RetryAfter = max(d.RetryAfter, p.Block)
+		d.RetryAfter = max(d.RetryAfter, box)
 		d.Remaining = 0
 		d.Changed = true
 	}
@@ -252,6 +285,7 @@ func take(p *Params, s *State, now, n int64, mode Mode, commit bool) Decision {
 	if s.BlockedUntil > now {
 		d.TTL = max(d.TTL, s.BlockedUntil-now)
 	}
+	d.TTL = max(d.TTL, historyLife(p, s, now))
 	return d
 }
 
@@ -282,6 +316,11 @@ func grant(cost, avail int64, mode Mode) int64 {
 // decide runs p's algorithm from the table: it decides a request of cost
 // at now against s, and when apply, consumes what it grants.
 func decide(p *Params, s *State, now, cost int64, mode Mode, apply bool) Decision {
+	if p.Warmup > 0 {
+		d := warmBucket(p, s, now, cost, mode, apply)
+		d.Allowed = d.Granted > 0
+		return d
+	}
 	d := specs[p.Kind].decide(p, s, now, cost, mode, apply)
 	d.Allowed = d.Granted > 0
 	return d
@@ -297,6 +336,9 @@ func decide(p *Params, s *State, now, cost int64, mode Mode, apply bool) Decisio
 func Refund(p *Params, s *State, takeNow, now, g int64, id string) bool {
 	if g <= 0 {
 		return false
+	}
+	if p.Warmup > 0 {
+		return warmRefund(p, s, takeNow, now, g, id)
 	}
 	return specs[p.Kind].refund(p, s, takeNow, now, g, id)
 }

@@ -56,12 +56,23 @@ const (
 	// falls in, so that an event spent later in the same window counts
 	// exactly as it did when its unit was taken.
 	FieldLease
+	// FieldForgetAfter: how long an escalating penalty's history lasts
+	// (penalty.go).
+	FieldForgetAfter
+	// FieldCalendar, FieldTimezone, FieldResetAt: calendar windows
+	// (calendar.go): the unit (a limit per day, week or month), the time
+	// zone and the time of day a window starts.
+	FieldCalendar
+	FieldTimezone
+	FieldResetAt
+	// FieldWarmup: a bucket's cold start (warmup.go).
+	FieldWarmup
 )
 
 // String returns the field's name as a configuration key, such as
 // "max_delay", or the names of a set joined by "+".
 func (f Field) String() string {
-	names := [...]string{"algorithm", "rate", "period", "burst", "block", "max_delay", "delay_after", "buckets", "lease"}
+	names := [...]string{"algorithm", "rate", "period", "burst", "block", "max_delay", "delay_after", "buckets", "lease", "forget_after", "calendar", "timezone", "reset_at", "warmup"}
 	var b strings.Builder
 	for i, n := range names {
 		if f&(1<<i) != 0 {
@@ -124,32 +135,32 @@ var specs [Concurrency + 1]Spec
 func init() {
 	specs = [...]Spec{
 		FixedWindow: {
-			Kind: FixedWindow, Name: NameFixedWindow, Takes: FieldBlock | FieldLease, Supports: every,
+			Kind: FixedWindow, Name: NameFixedWindow, Takes: FieldBlock | FieldLease | FieldForgetAfter | FieldCalendar | FieldTimezone | FieldResetAt, Supports: every,
 			decide: fixedWindow, refund: fixedWindowRefund,
 		},
 		SlidingLog: {
-			Kind: SlidingLog, Name: NameSlidingLog, Takes: FieldBlock, Supports: every,
+			Kind: SlidingLog, Name: NameSlidingLog, Takes: FieldBlock | FieldForgetAfter, Supports: every,
 			decide: slidingLog, refund: slidingLogRefund, compile: compileSlidingLog,
 		},
 		SlidingWindow: {
-			Kind: SlidingWindow, Name: NameSlidingWindow, Takes: FieldBlock | FieldBuckets | FieldLease, Supports: every,
+			Kind: SlidingWindow, Name: NameSlidingWindow, Takes: FieldBlock | FieldForgetAfter | FieldBuckets | FieldLease, Supports: every,
 			decide: slidingWindow, refund: slidingWindowRefund, compile: compileSlidingWindow,
 		},
 		TokenBucket: {
-			Kind: TokenBucket, Name: NameTokenBucket, Takes: FieldBurst | FieldBlock, Supports: every, Bucket: true,
+			Kind: TokenBucket, Name: NameTokenBucket, Takes: FieldBurst | FieldBlock | FieldForgetAfter | FieldWarmup, Supports: every, Bucket: true,
 			decide: tokenBucket, refund: tokenBucketRefund, compile: compileBucket,
 		},
 		LeakyBucket: {
-			Kind: LeakyBucket, Name: NameLeakyBucket, Takes: FieldBurst | FieldBlock | FieldMaxDelay | FieldDelayAfter,
+			Kind: LeakyBucket, Name: NameLeakyBucket, Takes: FieldBurst | FieldBlock | FieldForgetAfter | FieldMaxDelay | FieldDelayAfter,
 			Supports: every | FeatureShaping, Bucket: true,
 			decide: leakyBucket, refund: leakyBucketRefund, compile: compileLeakyBucket, life: leakyBucketLife,
 		},
 		GCRA: {
-			Kind: GCRA, Name: NameGCRA, Takes: FieldBurst | FieldBlock, Supports: every, Bucket: true,
+			Kind: GCRA, Name: NameGCRA, Takes: FieldBurst | FieldBlock | FieldForgetAfter | FieldWarmup, Supports: every, Bucket: true,
 			decide: gcra, refund: gcraRefund, compile: compileBucket, life: gcraLife,
 		},
 		Concurrency: {
-			Kind: Concurrency, Name: NameConcurrency, Takes: FieldBlock, Supports: every | FeatureLeases,
+			Kind: Concurrency, Name: NameConcurrency, Takes: FieldBlock | FieldForgetAfter, Supports: every | FeatureLeases,
 			decide: concurrency, refund: concurrencyRefund,
 		},
 	}
@@ -276,6 +287,10 @@ var optional = [...]struct {
 	{FieldBlock, "block applies"},
 	{FieldMaxDelay | FieldDelayAfter, "max delay and delay-after apply"},
 	{FieldBuckets, "buckets apply"},
+	{FieldCalendar, "calendar periods (/day with a time zone, /week, /month) apply"},
+	{FieldTimezone, "timezone applies"},
+	{FieldResetAt, "reset_at applies"},
+	{FieldWarmup, "warmup applies"},
 }
 
 // given returns the optional settings c sets.
@@ -284,12 +299,20 @@ func (c *Config) given() Field {
 	for _, o := range [...]struct {
 		f Field
 		v int64
-	}{{FieldBurst, c.Burst}, {FieldBlock, c.Block}, {FieldMaxDelay, c.MaxDelay}, {FieldDelayAfter, c.DelayAfter}, {FieldBuckets, c.Buckets}} {
+	}{{FieldBurst, c.Burst}, {FieldBlock, c.Block}, {FieldMaxDelay, c.MaxDelay}, {FieldDelayAfter, c.DelayAfter}, {FieldBuckets, c.Buckets},
+		{FieldCalendar, int64(c.Calendar)}, {FieldTimezone, boolInt(c.Location != nil)}, {FieldResetAt, c.ResetAt}, {FieldWarmup, c.Warmup}} {
 		if o.v != 0 {
 			f |= o.f
 		}
 	}
 	return f
+}
+
+func boolInt(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // value returns c's value of the one field f.
@@ -309,6 +332,14 @@ func (c *Config) value(f Field) int64 {
 		return c.DelayAfter
 	case FieldBuckets:
 		return c.Buckets
+	case FieldForgetAfter:
+		return c.ForgetAfter
+	case FieldCalendar:
+		return int64(c.Calendar)
+	case FieldResetAt:
+		return c.ResetAt
+	case FieldWarmup:
+		return c.Warmup
 	}
 	return int64(c.Kind)
 }
@@ -366,10 +397,19 @@ func Compile(c Config) (Params, error) {
 	}
 	p.Cap = c.Rate
 	p.MaxWait = c.Period
+	if err := compilePenalty(&p); err != nil {
+		return p, err
+	}
+	if err := compileCalendar(&p); err != nil {
+		return p, err
+	}
 	if spec.compile != nil {
 		if err := spec.compile(&p); err != nil {
 			return p, err
 		}
+	}
+	if err := compileWarmup(&p); err != nil {
+		return p, err
 	}
 	return p, nil
 }

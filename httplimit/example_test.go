@@ -1,6 +1,8 @@
 package httplimit_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -61,4 +63,21 @@ func ExampleKeyByIPPrefix() {
 	// 2001:db8:1:100::1 200
 	// 2001:db8:1:1ff::2 429
 	// 2001:db8:2::1 200
+}
+
+// A client that paces itself by the rate-limit headers of the servers it
+// calls: every goroutine using client shares one budget per host.
+func ExampleNewTransport() {
+	client := &http.Client{Transport: httplimit.NewTransport(http.DefaultTransport)}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://api.example.com/v1/items", nil)
+	resp, err := client.Do(req)
+	if errors.Is(err, httplimit.ErrPaced) {
+		// the budget is spent until after the deadline; nothing was sent
+		return
+	}
+	if err == nil {
+		resp.Body.Close()
+	}
 }

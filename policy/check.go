@@ -518,7 +518,7 @@ func (r *rule) checkLimits(rc *RuleConfig, rp string, rep reporter) bool {
 		if rc.Limit == "" {
 			rep.addAt(rp, fmt.Sprintf("rule %s needs a limit (such as limit: 100/m) or tiers", quote(rc.Name)))
 			ok = false
-		} else if t, tok := checkLimit(rp, limitSpec{rc.Limit, rc.Algorithm, rc.Burst, rc.Block, rc.MaxDelay, rc.DelayAfter, rc.Buckets}, rep); tok {
+		} else if t, tok := checkLimit(rp, limitSpec{rc.Limit, rc.Algorithm, rc.Burst, rc.Block, rc.MaxDelay, rc.DelayAfter, rc.Buckets, rc.BlockList, rc.ForgetAfter, rc.Timezone, rc.ResetAt, rc.Warmup}, rep); tok {
 			t.name = "default"
 			r.tiers = []*tier{t}
 		} else {
@@ -595,6 +595,11 @@ type limitSpec struct {
 	block, maxDelay  time.Duration
 	delayAfter       int64
 	buckets          int64
+	blocks           []time.Duration // block as a list: escalating boxes
+	forgetAfter      time.Duration
+	timezone         string // a calendar window's zone and start of day
+	resetAt          string
+	warmup           time.Duration
 }
 
 // checkLimit validates one limit at path (a rule or a tier). It gathers
@@ -609,6 +614,9 @@ func checkLimit(path string, s limitSpec, rep reporter) (*tier, bool) {
 		ok = false
 	}
 	l.Algorithm = weir.GCRA
+	if !s.applyCalendar(path, &l, rep) {
+		return nil, false
+	}
 	if s.algorithm != "" {
 		l.Algorithm = weir.Algorithm(s.algorithm)
 		if _, known := l.Algorithm.Kind(); !known {
@@ -636,6 +644,10 @@ func checkLimit(path string, s limitSpec, rep reporter) (*tier, bool) {
 		return nil, false
 	}
 	l.Block, l.MaxDelay, l.DelayAfter = s.block, s.maxDelay, s.delayAfter
+	if !s.applyPenalty(path, &l, rep) {
+		return nil, false
+	}
+	l.Warmup = s.warmup
 	if _, err := l.Compile(); err != nil {
 		limitProblem(path, s, l, err, rep)
 		return nil, false
@@ -649,14 +661,24 @@ func limitProblem(path string, s limitSpec, l weir.Limit, err error, rep reporte
 	at := path + ".limit"
 	var fe *algorithm.FieldError
 	if !errors.As(err, &fe) {
+		var le *weir.LimitError
+		if errors.As(err, &le) && le.Field == algorithm.FieldTimezone.String() && s.timezone != "" {
+			at = path + ".timezone"
+		}
 		rep.addAt(at, limitMessage(err))
 		return
 	}
 	if key := fe.Field.String(); s.given(fe.Field) {
 		at = path + "." + key
+	} else if fe.Field == algorithm.FieldForgetAfter && fe.Problem == algorithm.NeedsOther {
+		at = path + ".block" // a block list without forget_after
+	} else if fe.Field == algorithm.FieldCalendar && s.algorithm != "" {
+		at = path + ".algorithm" // a calendar limit on an algorithm without windows
 	}
 	kind := fe.Kind.String()
 	switch f, pr := fe.Field, fe.Problem; {
+	case f == algorithm.FieldWarmup && pr == algorithm.Invalid && fe.Value > algorithm.MaxWarmup:
+		rep.addAt(at, fmt.Sprintf("warmup %v is longer than a day: a key idle that long goes cold again long before it warms up", time.Duration(fe.Value)*time.Microsecond))
 	case f == algorithm.FieldBurst && pr == algorithm.NotTaken:
 		rep.addAt(at, fmt.Sprintf("burst applies only to %s, not %s", algorithm.JoinNames(algorithm.Taking(f), "and"), kind))
 	case (f == algorithm.FieldMaxDelay || f == algorithm.FieldDelayAfter) && pr == algorithm.NotTaken:
@@ -688,8 +710,78 @@ func (s limitSpec) given(f algorithm.Field) bool {
 		return s.delayAfter != 0
 	case algorithm.FieldBuckets:
 		return s.buckets != 0
+	case algorithm.FieldForgetAfter:
+		return s.forgetAfter != 0
+	case algorithm.FieldTimezone:
+		return s.timezone != ""
+	case algorithm.FieldResetAt:
+		return s.resetAt != ""
+	case algorithm.FieldWarmup:
+		return s.warmup != 0
 	}
 	return false
+}
+
+// applyCalendar sets l's calendar window from timezone and reset_at: a
+// limit per day with either becomes a calendar day, and a calendar limit
+// without an algorithm counts in a fixed_window, the one algorithm whose
+// windows have an end.
+func (s limitSpec) applyCalendar(path string, l *weir.Limit, rep reporter) bool {
+	if s.resetAt != "" {
+		d, ok := parseTimeOfDay(s.resetAt)
+		if !ok {
+			rep.addAt(path+".reset_at", fmt.Sprintf("reset_at %s is not a time of day such as \"02:00\" or \"23:30:15\"", quote(s.resetAt)))
+			return false
+		}
+		l.ResetAt = d
+	}
+	l.Timezone = s.timezone
+	if l.Calendar == 0 && l.Period == 24*time.Hour && (s.timezone != "" || s.resetAt != "") {
+		l.Calendar = weir.CalendarDay
+	}
+	if l.Calendar != 0 && s.algorithm == "" {
+		l.Algorithm = weir.FixedWindow
+	}
+	return true
+}
+
+// parseTimeOfDay reads "HH:MM" or "HH:MM:SS", 00:00 to 23:59:59.
+func parseTimeOfDay(v string) (time.Duration, bool) {
+	for _, layout := range []string{"15:04", "15:04:05"} {
+		if t, err := time.Parse(layout, v); err == nil {
+			return time.Duration(t.Hour())*time.Hour + time.Duration(t.Minute())*time.Minute + time.Duration(t.Second())*time.Second, true
+		}
+	}
+	return 0, false
+}
+
+// applyPenalty sets l's escalating penalty from a block list and
+// forget_after, reporting a list that is too long or does not grow at the
+// entry at fault.
+func (s limitSpec) applyPenalty(path string, l *weir.Limit, rep reporter) bool {
+	l.ForgetAfter = s.forgetAfter
+	if len(s.blocks) == 0 {
+		return true
+	}
+	bp := path + ".block"
+	if len(s.blocks) > algorithm.MaxBlockSteps {
+		rep.addAt(bp, fmt.Sprintf("block lists %d boxes; at most %d", len(s.blocks), algorithm.MaxBlockSteps))
+		return false
+	}
+	for i, b := range s.blocks {
+		switch {
+		case b <= 0:
+			rep.addAt(index(bp, i), fmt.Sprintf("block box %v must be positive", b))
+			return false
+		case i > 0 && b <= s.blocks[i-1]:
+			rep.addAt(index(bp, i), fmt.Sprintf("block list must grow, shortest first: %v comes after %v", b, s.blocks[i-1]))
+			return false
+		case i > 0:
+			l.Escalate[i-1] = b
+		}
+	}
+	l.Block = s.blocks[0]
+	return true
 }
 
 // limitMessage words a weir limit error without the package prefix.
@@ -732,12 +824,12 @@ func checkTiers(rp string, rc *RuleConfig, r *rule, rep reporter) bool {
 			ok = false
 			continue
 		}
-		spec := limitSpec{tc.Limit, tc.Algorithm, tc.Burst, tc.Block, tc.MaxDelay, tc.DelayAfter, tc.Buckets}
+		spec := limitSpec{tc.Limit, tc.Algorithm, tc.Burst, tc.Block, tc.MaxDelay, tc.DelayAfter, tc.Buckets, nil, 0, rc.Timezone, rc.ResetAt, rc.Warmup}
 		if spec.algorithm == "" {
 			spec.algorithm = rc.Algorithm
 		}
 		if spec.block == 0 {
-			spec.block = rc.Block
+			spec.block, spec.blocks, spec.forgetAfter = rc.Block, rc.BlockList, rc.ForgetAfter
 		}
 		if spec.maxDelay == 0 && spec.delayAfter == 0 {
 			spec.maxDelay, spec.delayAfter = rc.MaxDelay, rc.DelayAfter

@@ -255,6 +255,22 @@ type RuleConfig struct {
 	// Block is the penalty box: after a rejection the identity stays
 	// rejected this long.
 	Block time.Duration
+	// BlockList is block written as a list, [1m, 10m, 1h]: escalating
+	// penalty boxes (weir.Limit.Escalate), Block being the first; nil
+	// for a single box.
+	BlockList []time.Duration
+	// ForgetAfter is how long after a box ends an escalating penalty's
+	// history lasts (weir.Limit.ForgetAfter).
+	ForgetAfter time.Duration
+	// Timezone and ResetAt place a calendar limit's windows (10000/month,
+	// /week, or /day with either set): an IANA zone name ("" is UTC) and
+	// the local time of day a window starts, "HH:MM" or "HH:MM:SS". Tiers
+	// inherit them.
+	Timezone string
+	ResetAt  string
+	// Warmup is a token_bucket's or gcra's cold start
+	// (weir.Limit.Warmup); tiers inherit it.
+	Warmup time.Duration
 	// MaxDelay and DelayAfter make a leaky_bucket shape instead of police
 	// (weir.Limit's fields of the same names).
 	MaxDelay   time.Duration
@@ -301,7 +317,8 @@ type TiersConfig struct {
 	Tiers []TierConfig // in file order; one is named "default"
 }
 
-// TierConfig is one tier. Algorithm and Block default to the rule's.
+// TierConfig is one tier. Algorithm and Block default to the rule's (a
+// rule's block list and forget_after too, when the tier sets no block).
 type TierConfig struct {
 	Name       string
 	Limit      string

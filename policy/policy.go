@@ -218,8 +218,39 @@ type RuleInfo struct {
 	Lease  int64      `json:"lease,omitempty"`
 	TierBy string     `json:"tier_by,omitempty"`
 	Tiers  []TierInfo `json:"tiers,omitempty"`
+	// Blocks lists an escalating penalty's boxes (block: [1m, 10m, 1h]),
+	// ForgetAfter its history; Timezone and ResetAt place a calendar
+	// limit's windows; Warmup is a bucket's cold start. All are the
+	// default tier's, empty when unset.
+	Blocks      []string `json:"blocks,omitempty"`
+	ForgetAfter string   `json:"forget_after,omitempty"`
+	Timezone    string   `json:"timezone,omitempty"`
+	ResetAt     string   `json:"reset_at,omitempty"`
+	Warmup      string   `json:"warmup,omitempty"`
 
 	path string
+}
+
+// setExtras fills the RuleInfo fields of issue 19's options from l.
+func (info *RuleInfo) setExtras(l weir.Limit) {
+	if l.ForgetAfter > 0 {
+		info.Blocks = append(info.Blocks, l.Block.String())
+		for _, b := range l.Escalate {
+			if b == 0 {
+				break
+			}
+			info.Blocks = append(info.Blocks, b.String())
+		}
+		info.ForgetAfter = l.ForgetAfter.String()
+	}
+	if l.Calendar != 0 {
+		info.Timezone = l.Timezone
+		if info.Timezone == "" {
+			info.Timezone = "UTC"
+		}
+		info.ResetAt = fmt.Sprintf("%02d:%02d:%02d", int(l.ResetAt.Hours()), int(l.ResetAt.Minutes())%60, int(l.ResetAt.Seconds())%60)
+	}
+	info.Warmup = durString(l.Warmup)
 }
 
 // MatchInfo is a rule's match section.
@@ -263,6 +294,7 @@ func ruleInfo(rc *RuleConfig, r *rule, path string) RuleInfo {
 	}
 	d := r.tiers[0].limit
 	info.Limit, info.Algorithm, info.Block = d.String(), string(d.Algorithm), durString(d.Block)
+	info.setExtras(d)
 	if r.tierBy != nil {
 		info.TierBy = r.tierBy.spec
 		for _, t := range r.tiers {

@@ -256,6 +256,27 @@ func (w *walker) duration(path string, n *yaml.Node) time.Duration {
 	return read(w, path, n, yamlnode.Duration)
 }
 
+// blocks decodes block: one duration, or a list of them (escalating
+// penalty boxes), whose first is returned as the single box too.
+func (w *walker) blocks(path string, n *yaml.Node) (time.Duration, []time.Duration) {
+	n = yamlnode.Resolve(n)
+	if n.Kind != yaml.SequenceNode {
+		return w.duration(path, n), nil
+	}
+	if len(n.Content) == 0 {
+		w.add(n, path, "block list is empty: write one box (block: 1m) or boxes that grow ([1m, 10m, 1h])")
+		return 0, nil
+	}
+	out := make([]time.Duration, len(n.Content))
+	for i, e := range n.Content {
+		e = yamlnode.Resolve(e)
+		ip := index(path, i)
+		w.nodes[ip] = e
+		out[i] = w.duration(ip, e)
+	}
+	return out[0], out
+}
+
 // strList decodes a list of strings; a single string counts as a list of
 // one when scalarOK.
 func (w *walker) strList(path string, n *yaml.Node, scalarOK bool) []string {
@@ -419,7 +440,11 @@ func (w *walker) rule(path string, n *yaml.Node, r *RuleConfig) {
 		{"limit", func(p string, v *yaml.Node) { r.Limit = w.str(p, v) }},
 		{"algorithm", func(p string, v *yaml.Node) { r.Algorithm = w.str(p, v) }},
 		{"burst", func(p string, v *yaml.Node) { r.Burst = w.integer(p, v, 1) }},
-		{"block", func(p string, v *yaml.Node) { r.Block = w.duration(p, v) }},
+		{"block", func(p string, v *yaml.Node) { r.Block, r.BlockList = w.blocks(p, v) }},
+		{"forget_after", func(p string, v *yaml.Node) { r.ForgetAfter = w.duration(p, v) }},
+		{"timezone", func(p string, v *yaml.Node) { r.Timezone = w.str(p, v) }},
+		{"reset_at", func(p string, v *yaml.Node) { r.ResetAt = w.str(p, v) }},
+		{"warmup", func(p string, v *yaml.Node) { r.Warmup = w.duration(p, v) }},
 		{"max_delay", func(p string, v *yaml.Node) { r.MaxDelay = w.duration(p, v) }},
 		{"delay_after", func(p string, v *yaml.Node) { r.DelayAfter = w.integer(p, v, 1) }},
 		{"buckets", func(p string, v *yaml.Node) { r.Buckets = w.integer(p, v, 1) }},

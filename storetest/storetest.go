@@ -115,6 +115,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 				{"ResetAfterExact", true, (*tester).resetAfterExact},
 				{"AtMost", false, (*tester).atMost},
 				{"PenaltyBox", true, (*tester).penaltyBox},
+				{"EscalatingPenalty", true, (*tester).escalatingPenalty},
 				{"Reset", false, (*tester).reset},
 				{"BadInput", false, (*tester).badInput},
 				{"KeyIsolation", false, (*tester).keyIsolation},
@@ -143,6 +144,23 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 			h.Clock.Set(Epoch)
 		}
 		(&tester{T: t, h: h, algo: weir.Concurrency, lim: weir.NewLimiter(h.Store), prefix: t.Name() + "/"}).leases()
+	})
+	for _, a := range []weir.Algorithm{weir.TokenBucket, weir.GCRA} {
+		t.Run(string(a)+"/Warmup", func(t *testing.T) {
+			h := newHarness(t)
+			if h.Clock == nil {
+				t.Skip("needs a controllable clock")
+			}
+			h.Clock.Set(Epoch)
+			(&tester{T: t, h: h, algo: a, lim: weir.NewLimiter(h.Store), prefix: t.Name() + "/"}).warmup()
+		})
+	}
+	t.Run("fixed_window/Calendar", func(t *testing.T) {
+		h := newHarness(t)
+		if h.Clock == nil {
+			t.Skip("needs a controllable clock")
+		}
+		(&tester{T: t, h: h, algo: weir.FixedWindow, lim: weir.NewLimiter(h.Store), prefix: t.Name() + "/"}).calendar()
 	})
 	t.Run("leaky_bucket/Shaping", func(t *testing.T) {
 		h := newHarness(t)

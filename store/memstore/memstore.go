@@ -249,6 +249,10 @@ func (s *Store) entryOf(e *entry, l weir.Limit) (_ *entry, fresh bool, err error
 	}
 	if e == nil {
 		e, fresh = &entry{}, true
+	} else if e.c.limit.Warmup != l.Warmup {
+		// A warm-up counts in other units and, in Redis, under another
+		// key: switching it on or off starts the key afresh.
+		e.state = algorithm.State{}
 	}
 	e.c = c
 	return e, fresh, nil
@@ -258,7 +262,15 @@ func (s *Store) entryOf(e *entry, l weir.Limit) (_ *entry, fresh bool, err error
 // costs a few integer compares.
 func sameLimit(l, m *weir.Limit) bool {
 	return l.Rate == m.Rate && l.Period == m.Period && l.Burst == m.Burst && l.Block == m.Block &&
-		l.MaxDelay == m.MaxDelay && l.DelayAfter == m.DelayAfter && l.Buckets == m.Buckets && l.Algorithm == m.Algorithm
+		l.MaxDelay == m.MaxDelay && l.DelayAfter == m.DelayAfter && l.Buckets == m.Buckets && l.Algorithm == m.Algorithm &&
+		sameExtras(l, m)
+}
+
+// sameExtras compares the settings of escalating penalties, calendar
+// quotas and warm-up, which most limits leave zero.
+func sameExtras(l, m *weir.Limit) bool {
+	return l.Escalate == m.Escalate && l.ForgetAfter == m.ForgetAfter &&
+		l.Calendar == m.Calendar && l.Timezone == m.Timezone && l.ResetAt == m.ResetAt && l.Warmup == m.Warmup
 }
 
 func kindOf(l weir.Limit) (algorithm.Kind, error) {

@@ -220,7 +220,7 @@ func (q *coalescer) send(ctx context.Context, batch []*call) {
 	args := make([]string, 0, 2+nLimitArgs*len(ls)+4*len(batch))
 	args = append(args, s.nowArg(), strconv.Itoa(len(ls)))
 	for _, c := range ls {
-		args = append(args, c.args[:]...)
+		args = append(args, s.argsOf(c)[:]...)
 	}
 	for i, c := range batch {
 		keys = append(keys, c.keys[0], c.keys[1])

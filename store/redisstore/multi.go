@@ -218,7 +218,7 @@ func (s *Store) runGroup(ctx context.Context, items []item, idx []int, op, takeN
 			granted = strconv.FormatInt(it.granted, 10)
 		}
 		args = append(args, strconv.FormatInt(it.n, 10), modeArg(it.mode), it.id, granted)
-		args = append(args, it.c.args[:]...)
+		args = append(args, s.argsOf(it.c)[:]...)
 	}
 	vals, err := s.eval(ctx, &multiRoutine, keys, args, make([]int64, 0, 2+8*len(idx)))
 	if err == nil && len(vals) != 2+8*len(idx) {

@@ -130,6 +130,10 @@ type Store struct {
 	timeout    time.Duration
 	prefix     string
 	clock      func() time.Time
+	// boundsClock, for tests, replaces the clock by which argsOf picks a
+	// calendar limit's window bounds (calendar.go), without changing the
+	// clock the scripts read.
+	boundsClock func() time.Time
 
 	uidBase string        // random per store: member ids are uidBase + counter
 	uidSeq  atomic.Uint64 // counter of member ids
@@ -160,6 +164,7 @@ type compiled struct {
 	maxCost int64
 	algo    string // the algorithm name, the state key's suffix
 	args    [nLimitArgs]string
+	cal     calCache // a calendar limit's ARGV of the current window (calendar.go)
 }
 
 // maxBatchLimit bounds Config.MaxBatch: a call's keys and arguments stay
@@ -421,6 +426,7 @@ func (s *Store) compile(l weir.Limit) (*compiled, error) {
 		return nil, err
 	}
 	c := &compiled{p: p, maxCost: p.MaxCost(), algo: p.Kind.String(), args: limitArgs(&p)}
+	c.algo = stateAlgo(p.Kind, l)
 	s.limitsMu.Lock()
 	defer s.limitsMu.Unlock()
 	old := *s.limits.Load()
@@ -503,7 +509,7 @@ func (s *Store) take(ctx context.Context, key string, l weir.Limit, n int64, mod
 	keys := [2]string{k.state, k.block}
 	var args [4 + nLimitArgs]string
 	args[0], args[1], args[2], args[3] = s.nowArg(), strconv.FormatInt(n, 10), modeArg(mode), id
-	copy(args[4:], c.args[:])
+	copy(args[4:], s.argsOf(c)[:])
 	var buf [9]int64
 	vals, err := s.eval(ctx, &takeRoutines[c.p.Kind], keys[:], args[:], buf[:0])
 	if err == nil && len(vals) != 9 {
@@ -690,7 +696,7 @@ func (s *Store) Reset(ctx context.Context, key string, l weir.Limit) error {
 	if !ok {
 		return l.Validate()
 	}
-	k := s.names(key, kind.String())
+	k := s.names(key, stateAlgo(kind, l))
 	if !s.conn.connected.Load() {
 		return fmt.Errorf("%w: reset %s under %s: %w", weir.ErrStore, keyRef(key), kind, s.notConnectedError())
 	}
@@ -736,7 +742,7 @@ func (s *Store) TTL(key string, l weir.Limit) (time.Duration, bool) {
 	if !ok {
 		return 0, false
 	}
-	k := s.names(key, kind.String())
+	k := s.names(key, stateAlgo(kind, l))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*s.timeout)
 	defer cancel()
 	var ttl time.Duration
@@ -753,4 +759,14 @@ func (s *Store) TTL(key string, l weir.Limit) (time.Duration, bool) {
 		ttl = max(ttl, time.Duration(v)*time.Millisecond)
 	}
 	return ttl, found
+}
+
+// stateAlgo names l's state key's algorithm: its own, with "+warmup" for a
+// warm-up, which counts in other units and so keeps a state of its own
+// (warmup.lua).
+func stateAlgo(k algorithm.Kind, l weir.Limit) string {
+	if l.Warmup > 0 {
+		return k.String() + "+warmup"
+	}
+	return k.String()
 }

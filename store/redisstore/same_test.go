@@ -27,6 +27,8 @@ func diffLimits(a weir.Algorithm) []weir.Limit {
 		{Rate: 5, Period: 1234567 * time.Microsecond},
 		{Rate: 1000, Period: 7 * time.Second},
 		{Rate: 999_983, Period: 86400 * time.Second},
+		// An escalating penalty, with boxes shorter and longer than the state.
+		{Rate: 3, Period: 10 * time.Second, Block: 2 * time.Second, Escalate: [7]time.Duration{5 * time.Second, 30 * time.Second}, ForgetAfter: 40 * time.Second},
 	}
 	switch a {
 	case weir.TokenBucket, weir.GCRA, weir.LeakyBucket:
@@ -35,6 +37,12 @@ func diffLimits(a weir.Algorithm) []weir.Limit {
 			weir.Limit{Rate: 1000, Period: 7 * time.Second, Burst: 9, Block: 5 * time.Second},
 			weir.Limit{Rate: 1_000_000_007, Period: time.Second, Burst: 3},
 			weir.Limit{Rate: 1, Period: 97 * time.Second, Burst: 4},
+		)
+	}
+	if a == weir.TokenBucket || a == weir.GCRA {
+		ls = append(ls, // warm-ups: steps of 2s and of 300ms
+			weir.Limit{Rate: 3, Period: 10 * time.Second, Burst: 5, Warmup: 20 * time.Second},
+			weir.Limit{Rate: 1000, Period: 7 * time.Second, Burst: 9, Warmup: 3 * time.Second, Block: 2 * time.Second},
 		)
 	}
 	if a == weir.LeakyBucket {

@@ -91,6 +91,7 @@ func init() {
 	for _, k := range algorithm.Kinds() {
 		all = append(all, k.String())
 	}
+	all = append(all, "warmup") // wraps the buckets' functions
 	body := source(append(all, "take", "batch", "multi", "release")...)
 	sum := sha1.Sum([]byte(body))
 	lib.name = "weir_" + hex.EncodeToString(sum[:6])
@@ -103,7 +104,7 @@ func init() {
 
 	takeRoutines = make([]routine, len(all))
 	for _, k := range algorithm.Kinds() {
-		takeRoutines[k] = routine{fn: fn("take"), script: newScript("weir_take", "prelude", k.String(), "take")}
+		takeRoutines[k] = routine{fn: fn("take"), script: newScript("weir_take", "prelude", k.String(), "warmup", "take")}
 	}
 	batchRoutine = routine{fn: fn("batch"), script: newScript("weir_batch", append(all, "batch")...)}
 	multiRoutine = routine{fn: fn("multi"), script: newScript("weir_multi", append(all, "multi")...)}
@@ -111,7 +112,7 @@ func init() {
 }
 
 // nLimitArgs is the number of ARGV values a compiled limit takes.
-const nLimitArgs = 14
+const nLimitArgs = 15
 
 // limitArgs renders p as the scripts' params() reads it. Every derived
 // constant is Compile's; the scripts never recompute one.
@@ -128,6 +129,35 @@ func limitArgs(p *algorithm.Params) [nLimitArgs]string {
 	return [nLimitArgs]string{
 		p.Kind.String(), f(p.Rate), f(p.Period), f(p.Burst), f(p.Block),
 		f(p.MaxDelay), f(p.DelayAfter), f(p.Cap), f(p.A), f(p.B), f(p.Tick), shaping, outlasts,
-		f(p.Buckets),
+		f(p.Buckets), extArgs(p),
 	}
+}
+
+// extArgs renders the settings most limits leave unset, as one ARGV value
+// that prelude.lua's params_ext reads: ';'-separated "<letter>=<values>",
+// the values ','-separated integers; "" when none is set.
+//
+//	e=<forget_after>,<box 2>,<box 3>...   an escalating penalty
+//	w=<warmup>,<step>                      a warm-up (warmup.lua)
+//	c=<b0>,<b1>,<b2>,<b3>                  a calendar window's bounds, per call (calendar.go)
+func extArgs(p *algorithm.Params) string {
+	var b strings.Builder
+	if p.Warming() {
+		fmt.Fprintf(&b, "w=%d,%d", p.Warmup, p.Warmup/algorithm.WarmupSteps)
+	}
+	if p.Escalating() {
+		if b.Len() > 0 {
+			b.WriteByte(';')
+		}
+		b.WriteString("e=")
+		b.WriteString(strconv.FormatInt(p.ForgetAfter, 10))
+		for _, box := range p.Escalate {
+			if box == 0 {
+				break
+			}
+			b.WriteByte(',')
+			b.WriteString(strconv.FormatInt(box, 10))
+		}
+	}
+	return b.String()
 }

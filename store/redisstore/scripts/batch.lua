@@ -8,7 +8,7 @@
 -- KEYS[2i-1], KEYS[2i]  decision i's state and penalty-box keys
 -- ARGV[1]  now in µs, or '' to read Redis TIME (the normal case)
 -- ARGV[2]  L, the number of distinct compiled limits that follow
--- ARGV[3 .. 2+14L]  the limits, 14 values each (see params)
+-- ARGV[3 .. 2+NLIMIT*L]  the limits, NLIMIT values each (see params)
 -- then 4 values per decision: its limit's number (1..L), n, mode, member id
 --
 -- Reply: {now_us, then per decision its 8 values as put() writes them, in
@@ -22,9 +22,9 @@ local function weir_batch(KEYS, ARGV)
   local nl = tonumber(ARGV[2])
   local limits = {}
   for j = 1, nl do
-    limits[j] = params(ARGV, 3 + (j - 1) * 14)
+    limits[j] = params(ARGV, 3 + (j - 1) * NLIMIT)
   end
-  local base = 3 + nl * 14
+  local base = 3 + nl * NLIMIT
   local out = { now }
   for i = 1, #KEYS / 2 do
     local a = base + (i - 1) * 4

@@ -1,4 +1,5 @@
 -- fixed_window: a counter per window, windows aligned to the Unix epoch.
+-- A calendar window (algorithm/calendar.go) is identified by its start.
 -- State: a string "<window>:<count>" with PEXPIRE at the window's end.
 
 ALG.fixed_window = {
@@ -8,14 +9,14 @@ ALG.fixed_window = {
 
   decide = function(p, s, now, cost, mode, apply)
     local d = decision(p)
-    local w = idiv(now, p.period) -- the window now falls in
+    local w, wend = fw_window(p, now) -- the window now falls in
     local count = s.count
     if s.window ~= w then
       count = 0 -- a new window starts empty
     end
     count = min(count, p.rate)
     local g = grant(cost, p.rate - count, mode)
-    local fin = (w + 1) * p.period - now -- µs until this window ends
+    local fin = wend - now -- µs until this window ends
     if g == 0 then
       d.retry = fin -- the next window admits anything up to Rate
     elseif apply then
@@ -37,7 +38,7 @@ ALG.fixed_window = {
   -- refund: the g events counted at take_now leave the count, if that
   -- window is still the stored one (a later window forgot them anyway).
   refund = function(p, s, take_now, now, g)
-    if s.window ~= idiv(take_now, p.period) or s.count == 0 then
+    if s.window ~= fw_window(p, take_now) or s.count == 0 then
       return false
     end
     s.count = max(s.count - g, 0)

@@ -6,8 +6,8 @@
 -- ARGV[1]  'take' or 'refund'
 -- ARGV[2]  now in µs, or '' to read Redis TIME
 -- ARGV[3]  refund only: the now at which the refunded take ran
--- then 18 values per request:
---   n, mode, member id, granted (refund only), the compiled limit (14)
+-- then 4 + NLIMIT values per request:
+--   n, mode, member id, granted (refund only), the compiled limit (NLIMIT)
 --
 -- take:   phase 1 checks every request without writing (algorithm.Check);
 --         if all are admitted, phase 2 takes them all; otherwise nothing is
@@ -19,7 +19,7 @@
 -- Reply: {all_admitted, now_us, then 8 values per request as put() writes}
 
 local function weir_multi(KEYS, ARGV)
-  local W = 18 -- 4 per request + the 14 values of a compiled limit
+  local W = 4 + NLIMIT -- 4 per request + the values of a compiled limit
   local op = ARGV[1]
   local now = clock(ARGV[2])
   local m = #KEYS / 2

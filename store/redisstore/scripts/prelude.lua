@@ -126,13 +126,43 @@ local function grant(cost, avail, mode)
   return 0
 end
 
--- params reads one compiled limit from ARGV[i..i+13], in the order of
+-- NLIMIT is the number of ARGV values of one compiled limit (scripts.go's
+-- nLimitArgs).
+local NLIMIT = 15
+
+-- params_ext reads the last value of a compiled limit (scripts.go's
+-- extArgs and calendar.go): the settings most limits leave unset, "" for
+-- none. It sets p.forget and p.esc (an escalating penalty) and p.cal (a
+-- calendar window's bounds, see fw_window).
+local function params_ext(p, ext)
+  p.forget, p.warm = 0, 0
+  if ext == '' then
+    return
+  end
+  for part in string.gmatch(ext, '[^;]+') do
+    local key = string.sub(part, 1, 1)
+    local vals = {}
+    for v in string.gmatch(string.sub(part, 3), '[^,]+') do
+      vals[#vals + 1] = tonumber(v)
+    end
+    if key == 'e' then
+      p.forget = vals[1]
+      p.esc = vals -- vals[2..] are the boxes after the first
+    elseif key == 'c' then
+      p.cal = vals
+    elseif key == 'w' then
+      p.warm, p.wstep = vals[1], vals[2] -- warmup.lua
+    end
+  end
+end
+
+-- params reads one compiled limit from ARGV[i..i+NLIMIT-1], in the order of
 -- limitArgs in scripts.go. Every derived constant comes from Go's
 -- algorithm.Compile; the scripts never recompute one. (The drivers take
 -- KEYS and ARGV as arguments: a Redis function gets them that way, and an
 -- EVAL script passes its globals.)
 local function params(ARGV, i)
-  return {
+  local p = {
     kind = ARGV[i],
     rate = tonumber(ARGV[i + 1]),
     period = tonumber(ARGV[i + 2]),
@@ -150,6 +180,27 @@ local function params(ARGV, i)
     outlasts = ARGV[i + 12] == '1',
     buckets = tonumber(ARGV[i + 13]), -- sliding_window: 0, or its buckets
   }
+  params_ext(p, ARGV[i + 14])
+  return p
+end
+
+-- fw_window mirrors algorithm.fwWindow: the fixed window now falls in and
+-- its end, in µs. A plain window is identified by its epoch-aligned index;
+-- a calendar window by its start, found among the bounds the store sent
+-- (the window its clock fell in, the one before and the two after).
+local function fw_window(p, now)
+  if not p.cal then
+    local w = idiv(now, p.period)
+    return w, (w + 1) * p.period
+  end
+  local b = p.cal
+  for i = 1, #b - 1 do
+    if b[i] <= now and now < b[i + 1] then
+      return b[i], b[i + 1]
+    end
+  end
+  error('weir: the calendar window bounds sent (' .. fmt(b[1]) .. ' to ' .. fmt(b[#b]) ..
+    ') do not hold the Redis clock ' .. fmt(now) .. ': instance and Redis clocks disagree by more than a window')
 end
 
 -- decision is algorithm.Decision's zero value for p.
@@ -218,11 +269,19 @@ end
 -- read (take answers from the box alone), unless need_state: a refund must
 -- see it.
 local function load(alg, p, skey, bkey, id, now, need_state)
-  local s = { key = skey, bkey = bkey, id = id, bu = 0, block_set = false }
+  local s = { key = skey, bkey = bkey, id = id, bu = 0, block_set = false, strikes = 0, last = 0 }
   if p.block > 0 then
     local b = redis.call('GET', bkey)
     if b then
-      s.bu = tonumber(b)
+      -- "<blocked_until>", or "<blocked_until>:<strikes>" with an
+      -- escalating penalty's history (algorithm/penalty.go).
+      local c = string.find(b, ':', 1, true)
+      if c then
+        s.bu, s.strikes = tonumber(string.sub(b, 1, c - 1)), tonumber(string.sub(b, c + 1))
+      else
+        s.bu = tonumber(b)
+      end
+      s.last = s.bu
     end
   end
   if p.outlasts and s.bu > now and not need_state then
@@ -230,6 +289,29 @@ local function load(alg, p, skey, bkey, id, now, need_state)
   end
   alg.load(s, p, now)
   return s
+end
+
+-- start_box mirrors algorithm.startBox (penalty.go): it starts the box a
+-- rejection at now earns, escalating within an escalating penalty's
+-- history, and returns its length.
+local function start_box(p, s, now)
+  if p.forget == 0 then
+    s.bu = now + p.block
+    return p.block
+  end
+  local strikes = s.strikes
+  if strikes > 0 and now >= s.last + p.forget then
+    strikes = 0 -- the history is forgotten
+  end
+  strikes = min(strikes + 1, #p.esc) -- #p.esc: forget_after and the boxes after the first
+  local box = p.block
+  if strikes > 1 then
+    box = p.esc[strikes]
+  end
+  s.bu = now + box
+  s.strikes, s.last = strikes, s.bu
+  s.box = box
+  return box
 end
 
 -- take mirrors algorithm.take: the penalty box around decide. With commit
@@ -267,11 +349,11 @@ local function take(alg, p, s, now, n, mode, commit)
     d.delay = 0
   end
   if not d.allowed and commit and p.block > 0 then
-    -- A rejection starts the penalty box: blocked_until = now + Block.
-    s.bu = now + p.block
+    -- A rejection starts the penalty box: blocked_until = now + its length.
+    local box = start_box(p, s, now)
     s.block_set = true
     d.blocked = s.bu
-    d.retry = max(d.retry, p.block)
+    d.retry = max(d.retry, box)
     d.remaining = 0
   end
   return d
@@ -284,7 +366,12 @@ local function persist(alg, p, s, d)
     save(alg, s, d.reset)
   end
   if s.block_set then
-    redis.call('SET', s.bkey, fmt(s.bu), 'PX', ms(p.block))
+    if p.forget > 0 then
+      -- The history lives until forget_after past the box's end.
+      redis.call('SET', s.bkey, fmt(s.bu) .. ':' .. fmt(s.strikes), 'PX', ms(s.box + p.forget))
+    else
+      redis.call('SET', s.bkey, fmt(s.bu), 'PX', ms(p.block))
+    end
   end
 end
 

@@ -7,7 +7,7 @@
 -- ARGV[2]  n, the cost (0 peeks)
 -- ARGV[3]  mode: 0 all or nothing, 1 at most n
 -- ARGV[4]  member id for sliding_log entries and concurrency leases
--- ARGV[5..18]  the compiled limit (see params)
+-- ARGV[5..4+NLIMIT]  the compiled limit (see params)
 --
 -- Reply: {allowed, granted, limit, remaining, retry_after_us,
 --         reset_after_us, delay_us, blocked_until_us, now_us}
