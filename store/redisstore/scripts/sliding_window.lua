@@ -88,6 +88,40 @@ local function sw_buckets(p, s, now, cost, mode, apply)
   return d
 end
 
+-- sw_counts mirrors swCounts: the current and previous windows' counts in
+-- window w, capped at the rate; in debt the current count is not capped,
+-- and what is over the rate carries into the next windows, Rate per window.
+local function sw_counts(p, s, w)
+  local cur, prev = 0, 0
+  local k = w - s.window
+  if k == 0 then
+    cur, prev = s.count, s.prev
+  elseif k == 1 and not s.debt then
+    prev = s.count -- the stored window is now the previous one
+  elseif k >= 1 and s.debt and k - 1 <= idiv(s.count, p.rate) then
+    prev = s.count - (k - 1) * p.rate
+    cur = max(prev - p.rate, 0)
+  end
+  if not s.debt then
+    cur = min(cur, p.rate)
+  end
+  return cur, min(prev, p.rate)
+end
+
+-- sw_retry mirrors swRetry: the tick at which a request of cost fits.
+local function sw_retry(p, w, pt, cur, prev, cost)
+  local k = p.rate - cur - cost
+  if k >= 0 then
+    -- Same window: ceil(prev(P-e')/P) <= k  <=>  e' >= P - floor(kP/prev).
+    return w * pt + pt - idiv(k * pt, prev)
+  end
+  local m = ceil_div(cur + cost - p.rate, p.rate)
+  local cur_m = max(cur - m * p.rate, 0)
+  local prev_m = min(cur - (m - 1) * p.rate, p.rate)
+  k = p.rate - cur_m - cost
+  return (w + m) * pt + max(pt - idiv(k * pt, prev_m), 0)
+end
+
 ALG.sliding_window = {
   load = function(s, p, now)
     s.window, s.count, s.prev = 0, 0, 0
@@ -102,10 +136,12 @@ ALG.sliding_window = {
       end
       return
     end
-    local v = redis.call('HMGET', s.key, 'w', 'cur', 'prev')
+    local v = redis.call('HMGET', s.key, 'w', 'cur', 'prev', 'd')
     if v[1] then
       s.window, s.count, s.prev = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
     end
+    s.debt = v[4] == '1'
+    s.had_debt = s.debt
   end,
 
   decide = function(p, s, now, cost, mode, apply)
@@ -117,41 +153,24 @@ ALG.sliding_window = {
     local nt = idiv(now, p.tick) -- now in ticks
     local w = idiv(nt, pt) -- the current window
     local e = nt - w * pt -- ticks elapsed in it
-    local cur, prev = 0, 0
-    if s.window == w then
-      cur, prev = s.count, s.prev
-    elseif s.window == w - 1 then
-      prev = s.count -- the stored window is now the previous one
-    end
-    cur, prev = min(cur, p.rate), min(prev, p.rate)
+    local cur, prev = sw_counts(p, s, w)
     -- prev*(pt-e) <= Rate*pt < 2^53: Compile chose Tick to make it so.
     local weighted = ceil_div(prev * (pt - e), pt)
     local est = weighted + cur
     local g = grant(cost, max(p.rate - est, 0), mode)
     if g == 0 then
-      local at -- the instant, in ticks, when the request fits
-      local k = p.rate - cur - cost
-      if k >= 0 then
-        -- Same window: ceil(prev(P-e')/P) <= k  <=>  e' >= P - floor(kP/prev).
-        at = w * pt + pt - idiv(k * pt, prev)
-      else
-        -- Next window, where the current count becomes prev.
-        local need = 0
-        if cur > 0 then
-          need = max(pt - idiv((p.rate - cost) * pt, cur), 0)
-        end
-        at = (w + 1) * pt + need
-      end
-      d.retry = at * p.tick - now
+      d.retry = sw_retry(p, w, pt, cur, prev, cost) * p.tick - now
     elseif apply then
       cur = cur + g
       est = est + g
-      s.window, s.count, s.prev = w, cur, prev
+      s.window, s.count, s.prev, s.debt = w, cur, prev, false
       d.changed = true
     end
     d.granted, d.remaining = g, max(p.rate - est, 0)
     if cur > 0 then
-      d.reset = (w + 2) * pt * p.tick - now -- cur weighs nothing two windows on
+      -- cur weighs nothing two windows on; in debt it carries on for
+      -- ceil(cur/Rate) windows first.
+      d.reset = (w + 1 + ceil_div(cur, p.rate)) * pt * p.tick - now
     elseif prev > 0 then
       d.reset = (w + 1) * pt * p.tick - now
     end
@@ -168,6 +187,7 @@ ALG.sliding_window = {
       return
     end
     set_hash(s.key, pttl, 'w', fmt(s.window), 'cur', fmt(s.count), 'prev', fmt(s.prev))
+    set_debt_field(s)
   end,
 
   -- refund: take the g events out of the counter that holds them now: cur
@@ -189,11 +209,32 @@ ALG.sliding_window = {
     local tw = idiv(idiv(take_now, p.tick), idiv(p.period, p.tick))
     if s.window == tw and s.count > 0 then
       s.count = max(s.count - g, 0)
+      s.debt = s.debt and s.count > p.rate
       return true
     elseif s.window == tw + 1 and s.prev > 0 then
       s.prev = max(s.prev - g, 0)
       return true
     end
     return false
+  end,
+
+  -- debit: count n more in the current window, past the rate if need be
+  -- (debt), up to debt_cap_events (slidingWindowDebit). Without buckets.
+  debit = function(p, s, now, n)
+    local w = idiv(idiv(now, p.tick), idiv(p.period, p.tick))
+    local cur, prev = sw_counts(p, s, w)
+    cur = add_capped(cur, n, 1, debt_cap_events(p))
+    s.window, s.count, s.prev, s.debt = w, cur, prev, cur > p.rate
+  end,
+
+  -- credit: count n fewer, first in the current window, then in the
+  -- previous one, floored at 0 (slidingWindowCredit).
+  credit = function(p, s, now, n)
+    local w = idiv(idiv(now, p.tick), idiv(p.period, p.tick))
+    local cur, prev = sw_counts(p, s, w)
+    local from = min(n, cur)
+    cur = cur - from
+    prev = max(prev - (n - from), 0)
+    s.window, s.count, s.prev, s.debt = w, cur, prev, cur > p.rate
   end,
 }
