@@ -2,9 +2,12 @@ package weir
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/weir-dev/weir/algorithm"
 )
@@ -189,4 +192,27 @@ func (lim *Limiter) Settle(ctx context.Context, key string, l Limit, estimate, a
 		return lim.Refund(ctx, key, l, estimate-actual)
 	}
 	return lim.Peek(ctx, key, l)
+}
+
+// ReservationStore keeps the reservations of weir serve (POST /v1/reserve
+// and /v1/settle): small records under random ids, each with a TTL, each
+// read at most once. memstore and redisstore implement it.
+type ReservationStore interface {
+	// PutReservation stores rec under id for ttl. It fails with
+	// ErrTooManyReservations when the store holds its maximum.
+	PutReservation(ctx context.Context, id string, rec []byte, ttl time.Duration) error
+	// TakeReservation returns id's record and deletes it, atomically; ok
+	// is false for an unknown, expired or already taken id.
+	TakeReservation(ctx context.Context, id string) (rec []byte, ok bool, err error)
+}
+
+// ErrTooManyReservations: a ReservationStore holds as many open
+// reservations as it may.
+var ErrTooManyReservations = errors.New("weir: too many open reservations")
+
+// NewReservationID returns a random reservation id: 128 bits, hex.
+func NewReservationID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }

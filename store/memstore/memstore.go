@@ -39,6 +39,8 @@ type Store struct {
 	// Compiled limits are shared by every key under the same limit.
 	limitsMu sync.Mutex
 	limits   map[weir.Limit]*compiled
+
+	resv reservations // weir serve's open reservations (reservations.go)
 }
 
 // maxCompiled bounds the shared-limit cache; beyond it (a program that
