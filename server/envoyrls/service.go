@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/algorithm"
 )
 
 // ErrBadRequest is wrapped by every error about a malformed request: an
@@ -404,21 +405,30 @@ func storeRequests(req *rlspb.RateLimitRequest, items []item) []weir.Request {
 			continue
 		}
 		n := it.hits
+		if r.debit {
+			// Every call counts its hits, into debt if need be (0: the
+			// request-path check, a peek).
+			it.req = len(reqs)
+			reqs = append(reqs, weir.Request{Key: requestKey(req, r, descs[i].GetEntries(), it.shared), Limit: r.limit, N: min(n, algorithm.MaxDebt), Mode: weir.ModeDebit})
+			continue
+		}
 		if n > r.maxCost {
 			// More than the limit can ever admit: upstream says OVER_LIMIT,
 			// and a peek fetches the state to report.
 			n, it.forced = 0, true
 		}
 		it.req = len(reqs)
-		key := ""
-		if r.override {
-			key = overrideKey(req.Domain, r, descs[i].GetEntries())
-		} else {
-			key = stateKey(req.Domain, descs[i].GetEntries(), it.shared)
-		}
-		reqs = append(reqs, weir.Request{Key: key, Limit: r.limit, N: n})
+		reqs = append(reqs, weir.Request{Key: requestKey(req, r, descs[i].GetEntries(), it.shared), Limit: r.limit, N: n})
 	}
 	return reqs
+}
+
+// requestKey is the state key of a descriptor's rule.
+func requestKey(req *rlspb.RateLimitRequest, r *rule, entries []*rlcommon.RateLimitDescriptor_Entry, shared []string) string {
+	if r.override {
+		return overrideKey(req.Domain, r, entries)
+	}
+	return stateKey(req.Domain, entries, shared)
 }
 
 // observeFailed reports each descriptor the store was asked about as
