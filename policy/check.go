@@ -92,6 +92,11 @@ type rule struct {
 	nearLimit float64 // 0: off
 	info      RuleInfo
 
+	// cost and count: what a request costs and which responses count
+	// (cost.go); nil for the common rule, which costs 1 and counts all.
+	cost  *costSpec
+	count []int
+
 	// fixedID and fixedKey are the identity and key of a rule counting by
 	// route or by a constant alone, which are the same for every request.
 	fixedID, fixedKey string
@@ -329,6 +334,7 @@ func checkRule(rc *RuleConfig, rp string, c *compiled, cfg *Config, rep reporter
 	ok = r.checkIdentities(rc, rp, rep) && ok
 	ok = r.checkFailure(rc, rp, c, rep) && ok
 	ok = r.checkLimits(rc, rp, rep) && ok
+	ok = ok && r.checkCost(rc, rp, rep)
 	if !ok {
 		return nil
 	}

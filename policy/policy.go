@@ -261,6 +261,12 @@ type Verdict struct {
 	Limiting int
 
 	leases []heldLease
+	// metered: a rule with a cost or a count applied; Finish settles it.
+	metered bool
+	// BadCost is set when a rule's cost, read from the request, is not one
+	// it admits (ErrBadCost): nothing was decided, and the middleware
+	// answers 400.
+	BadCost error
 }
 
 // Limited returns the most restrictive result, Results[Limiting].
@@ -313,6 +319,10 @@ type RuleResult struct {
 	Tier string
 	// Result is the decision. For a skipped or denied rule it is zero.
 	Result weir.Result
+	// Cost is what the request was charged before the handler: 1, the
+	// rule's cost (cost:), or 0 for a rule that counts only some
+	// responses (count:), which peeks.
+	Cost int64
 	// Shadow marks a shadow rule: its Result is reported, never enforced.
 	Shadow bool
 	// NearLimit is the rule's near_limit share, 0 when off; IsNearLimit
@@ -482,6 +492,13 @@ func (p *Policy) Check(ctx context.Context, r *http.Request) Verdict {
 	denied := false
 	for _, h := range hits {
 		rr, ok := h.ru.resolve(&v, h.route)
+		if ok && (h.ru.cost != nil || h.ru.count != nil) {
+			verdict.metered = true
+			var err error
+			if rr.Cost, err = h.ru.costOf(&v, rr.Limit); err != nil {
+				return Verdict{Limiting: -1, BadCost: err}
+			}
+		}
 		if rr.Denied && !rr.Shadow {
 			denied = true
 		}
@@ -559,7 +576,7 @@ func (ru *rule) resolve(v *reqView, route string) (rr RuleResult, ok bool) {
 		rr.Skipped = !rr.Denied
 		return rr, false
 	}
-	rr.Identity, rr.Key = id, key
+	rr.Identity, rr.Key, rr.Cost = id, key, 1
 	return rr, true
 }
 
@@ -653,7 +670,7 @@ func (p *Policy) decide(ctx context.Context, res []RuleResult, idx []int, verdic
 	if g.Multi() {
 		reqs, out, s := getScratch(len(idx))
 		for i, j := range idx {
-			reqs[i] = weir.Request{Key: res[j].Key, Limit: res[j].Limit, N: 1}
+			reqs[i] = weir.Request{Key: res[j].Key, Limit: res[j].Limit, N: res[j].Cost}
 			if res[j].Limit.Algorithm == weir.Concurrency {
 				reqs[i].Lease = weir.NewLeaseID()
 			}
@@ -674,7 +691,7 @@ func (p *Policy) decide(ctx context.Context, res []RuleResult, idx []int, verdic
 		// rules before it have consumed.
 		rejected := false
 		for _, j := range idx {
-			n := int64(1)
+			n := res[j].Cost
 			if rejected {
 				n = 0
 			}
@@ -721,7 +738,7 @@ func (p *Policy) fallback(ctx context.Context, res []RuleResult, idx []int, err 
 		}
 		reqs, out, s := getScratch(len(sel))
 		for i, j := range sel {
-			n := int64(1)
+			n := res[j].Cost
 			if mode == OnErrorLocal && anyDeny {
 				n = 0 // the request is rejected anyway: peek, consume nothing
 			}
