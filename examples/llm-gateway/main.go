@@ -211,7 +211,6 @@ func (m *sseMeter) event(line []byte) {
 
 func (m *sseMeter) Close() error { return m.rc.Close() }
 
-
 func main() {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	upstream, err := url.Parse(envOr("UPSTREAM", "https://api.openai.com"))
