@@ -95,15 +95,28 @@ func CheckDebt(key string, n int64, p *algorithm.Params, mode algorithm.Mode) er
 	return nil
 }
 
+// oneBuf holds the one-request batch of a debit or refund: pooled, as
+// slices passed to TakeAll through an interface would escape.
+type oneBuf struct {
+	req [1]Request
+	res [1]Result
+}
+
+var oneBufs = sync.Pool{New: func() any { return new(oneBuf) }}
+
 // one runs a single request of mode m through the store's TakeAll.
 func (lim *Limiter) one(ctx context.Context, r Request) (Result, error) {
 	ms, ok := lim.store.(MultiStore)
 	if !ok {
 		return Result{}, fmt.Errorf("%w: %s needs a MultiStore", ErrUnsupported, r.Mode)
 	}
-	var res [1]Result
-	err := ms.TakeAll(ctx, []Request{r}, res[:])
-	return res[0], err
+	b := oneBufs.Get().(*oneBuf)
+	b.req[0] = r
+	err := ms.TakeAll(ctx, b.req[:], b.res[:])
+	res := b.res[0]
+	*b = oneBuf{}
+	oneBufs.Put(b)
+	return res, err
 }
 
 // Debit consumes n events for key under l whether or not they fit: the key
