@@ -311,12 +311,12 @@ func sameAsMemstore(t *testing.T, addrs []string, steps int) {
 					case 1:
 						n = -1
 					}
-					f, name := lims[0].Debit, "Debit"
+					name := "Debit"
 					if rng.IntN(3) == 0 {
 						name = "Refund"
 					}
 					for i, lim := range lims {
-						f = lim.Debit
+						f := lim.Debit
 						if name == "Refund" {
 							f = lim.Refund
 						}
