@@ -16,6 +16,8 @@ package algorithm
 //     window carries into the next, Rate per window.
 //   - sliding_window (without buckets): the current count passes the rate
 //     and carries into the next windows the same way, weighted as usual.
+//   - sliding_log: an entry of weight n; the debt lasts until its events
+//     leave the trailing period. The log holds at most 2·Rate events.
 //
 // A bucket or window whose stored state is over its capacity because of a
 // debit says so (State.Debt), so that its excess counts in full instead of
@@ -37,8 +39,8 @@ const (
 const MaxDebt = 1 << 51
 
 // Debts reports whether p's algorithm supports Debit and Credit: every
-// algorithm with FeatureDebt, except a shaping leaky bucket and a sliding
-// window with buckets.
+// algorithm with FeatureDebt (all but concurrency), except a shaping leaky
+// bucket and a sliding window with buckets.
 func (p *Params) Debts() bool {
 	return p.Kind.Supports(FeatureDebt) && !p.Shaping() && !(p.Kind == SlidingWindow && p.Buckets > 0)
 }

@@ -126,8 +126,9 @@ func init() {
 			debit: fixedWindowDebit, credit: fixedWindowCredit,
 		},
 		SlidingLog: {
-			Kind: SlidingLog, Name: NameSlidingLog, Takes: FieldBlock, Supports: every,
+			Kind: SlidingLog, Name: NameSlidingLog, Takes: FieldBlock, Supports: every | FeatureDebt,
 			decide: slidingLog, refund: slidingLogRefund, compile: compileSlidingLog,
+			debit: slidingLogDebit, credit: slidingLogCredit,
 		},
 		SlidingWindow: {
 			Kind: SlidingWindow, Name: NameSlidingWindow, Takes: FieldBlock | FieldBuckets, Supports: every | FeatureDebt,
@@ -200,6 +201,18 @@ func Taking(f Field) []string {
 	var out []string
 	for _, s := range specs[1:] {
 		if s.Takes&f == f {
+			out = append(out, s.Name)
+		}
+	}
+	return out
+}
+
+// Supporting lists the names of the algorithms that support every feature
+// in f, in the order of Kinds.
+func Supporting(f Feature) []string {
+	var out []string
+	for _, s := range specs[1:] {
+		if s.Supports&f == f {
 			out = append(out, s.Name)
 		}
 	}

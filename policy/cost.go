@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/algorithm"
 	"github.com/weir-dev/weir/httplimit"
 )
 
@@ -74,7 +75,7 @@ func (r *rule) checkCost(rc *RuleConfig, rp string, rep reporter) bool {
 			if rc.Cost == "" {
 				field = ".count"
 			}
-			bad(rp+field, fmt.Sprintf("cost and count settle after the handler with debits and refunds, which %s does not support (use token_bucket, gcra, leaky_bucket, fixed_window or sliding_window)", t.limit.Algorithm))
+			bad(rp+field, fmt.Sprintf("cost and count settle after the handler with debits and refunds, which %s does not support (use %s)", t.limit.Algorithm, algorithm.JoinNames(algorithm.Supporting(algorithm.FeatureDebt), "or")))
 			break
 		}
 		if r.cost != nil && r.cost.kind == idConst && r.cost.constant > p.MaxCost() {

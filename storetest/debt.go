@@ -69,6 +69,10 @@ func (t *tester) debtRetry() (retry, reset time.Duration) {
 	case weir.FixedWindow:
 		// Windows of 4: 10 → 6 → 2 carried; the third window has room.
 		return 8 * u, 12 * u
+	case weir.SlidingLog:
+		// The log keeps at most 2·Rate events (8), all of 0:00: the 5th
+		// oldest must leave, a period on.
+		return 4 * u, 4 * u
 	case weir.SlidingWindow:
 		// 10 carried as cur 10; in window 2 cur is 2 and prev 4, weighted
 		// 4·(1−e); 2 + ceil(4(1−e)) + 1 ≤ 4 from e = 3/4.
@@ -137,12 +141,12 @@ func (t *tester) debtRefund() {
 	if r := t.take("k", l, 1); r.Allowed {
 		t.Fatalf("a refund went past empty: %+v", r)
 	}
-	// A refund pays debt back: 10 consumed, 7 back, 1 remains.
-	if _, err := t.lim.Debit(ctx, t.key("d"), l, 10); err != nil {
+	// A refund pays debt back: 6 consumed, 3 back, 1 remains.
+	if _, err := t.lim.Debit(ctx, t.key("d"), l, 6); err != nil {
 		t.Fatal(err)
 	}
-	if res, _ = t.lim.Refund(ctx, t.key("d"), l, 7); !res.Allowed || res.Remaining != 1 || res.RetryAfter != 0 {
-		t.Fatalf("Refund 7 of a debt of 6: %+v; want 1 remaining", res)
+	if res, _ = t.lim.Refund(ctx, t.key("d"), l, 3); !res.Allowed || res.Remaining != 1 || res.RetryAfter != 0 {
+		t.Fatalf("Refund 3 of a debt of 2: %+v; want 1 remaining", res)
 	}
 	t.expect("take after paying the debt", t.take("d", l, 1), want{true, 0, 0})
 }

@@ -484,7 +484,7 @@ func debitOf(r *rule, nd *node, vn *yaml.Node) error {
 	}
 	p, err := r.limit.Compile()
 	if err == nil && !p.Debts() {
-		return yamlnode.Errorf(vn, "debit is not defined for %s (%s); use %s", r.path, r.limit.Algorithm, algorithm.JoinNames([]string{"fixed_window", "sliding_window", "token_bucket", "gcra", "leaky_bucket"}, "or"))
+		return yamlnode.Errorf(vn, "debit is not defined for %s (%s); use %s", r.path, r.limit.Algorithm, algorithm.JoinNames(algorithm.Supporting(algorithm.FeatureDebt), "or"))
 	}
 	r.debit = true
 	return nil

@@ -65,7 +65,7 @@ func TestDebitDescriptor(t *testing.T) {
 func TestDebitConfigErrors(t *testing.T) {
 	for _, c := range []struct{ yaml, want string }{
 		{"domain: d\ndescriptors:\n  - key: k\n    debit: true\n", "test.yaml:4: debit needs a rate_limit"},
-		{"domain: d\ndescriptors:\n  - key: k\n    debit: true\n    rate_limit: { unit: minute, requests_per_unit: 5, algorithm: sliding_log }\n", "test.yaml:4: debit is not defined for d.k (sliding_log)"},
+		{"domain: d\ndescriptors:\n  - key: k\n    debit: true\n    rate_limit: { unit: minute, requests_per_unit: 0 }\n", "test.yaml:4: debit needs a limit to count against"},
 		{"domain: d\ndescriptors:\n  - key: k\n    debit: maybe\n    rate_limit: { unit: minute, requests_per_unit: 5 }\n", "debit"},
 	} {
 		_, err := Parse([]byte(c.yaml), "test.yaml")
