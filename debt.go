@@ -72,7 +72,7 @@ var ErrSettled = errors.New("weir: reservation already settled")
 // CheckDebt returns nil if a debit or refund (mode algorithm.Debit or
 // algorithm.Credit) of n can apply to key under p: an error wrapping
 // ErrUnsupported if p's algorithm has no debt (concurrency, a
-// shaping leaky bucket, a sliding window with buckets), or ErrInvalidCost
+// shaping leaky bucket), or ErrInvalidCost
 // unless 0 <= n <= algorithm.MaxDebt. Stores call it.
 func CheckDebt(key string, n int64, p *algorithm.Params, mode algorithm.Mode) error {
 	name := "debit"
@@ -81,11 +81,8 @@ func CheckDebt(key string, n int64, p *algorithm.Params, mode algorithm.Mode) er
 	}
 	if !p.Debts() {
 		why := p.Kind.String()
-		switch {
-		case p.Shaping():
+		if p.Shaping() {
 			why = "a shaping " + why + " (max_delay)"
-		case p.Kind == algorithm.SlidingWindow:
-			why += " with buckets"
 		}
 		return fmt.Errorf("%w: %s is not defined for %s", ErrUnsupported, name, why)
 	}
@@ -126,8 +123,7 @@ func (lim *Limiter) one(ctx context.Context, r Request) (Result, error) {
 // RetryAfter is when a cost of 1 fits again, debt included. A debit that
 // did not fit starts the penalty box of a limit with Block. n == 0 peeks.
 // docs/algorithms.md ("Debt") says what debt means per algorithm;
-// concurrency, a shaping leaky bucket and a sliding window with buckets
-// return ErrUnsupported.
+// concurrency and a shaping leaky bucket return ErrUnsupported.
 func (lim *Limiter) Debit(ctx context.Context, key string, l Limit, n int64) (Result, error) {
 	return lim.one(ctx, Request{Key: key, Limit: l, N: n, Mode: ModeDebit})
 }

@@ -14,8 +14,10 @@ package algorithm
 //   - leaky_bucket (policing): the level rises past the burst and drains.
 //   - fixed_window: the count passes the rate; what is over the rate in one
 //     window carries into the next, Rate per window.
-//   - sliding_window (without buckets): the current count passes the rate
-//     and carries into the next windows the same way, weighted as usual.
+//   - sliding_window: the current count passes the rate and carries into
+//     the next windows the same way, weighted as usual. With buckets, the
+//     newest bucket passes the rate and counts in full until it leaves the
+//     trailing period; the ring holds at most 2·Rate events.
 //   - sliding_log: an entry of weight n; the debt lasts until its events
 //     leave the trailing period. The log holds at most 2·Rate events.
 //
@@ -40,9 +42,9 @@ const MaxDebt = 1 << 51
 
 // Debts reports whether p's algorithm supports Debit and Credit: every
 // algorithm with FeatureDebt (all but concurrency), except a shaping leaky
-// bucket and a sliding window with buckets.
+// bucket.
 func (p *Params) Debts() bool {
-	return p.Kind.Supports(FeatureDebt) && !p.Shaping() && !(p.Kind == SlidingWindow && p.Buckets > 0)
+	return p.Kind.Supports(FeatureDebt) && !p.Shaping()
 }
 
 // debtCapUnits is the most a bucket's state may hold beyond empty (token

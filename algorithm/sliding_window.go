@@ -94,7 +94,11 @@ func swCount(p *Params, s *State, valid bool, i int64) int64 {
 	if !valid || i > s.Window || i < 0 {
 		return 0
 	}
-	return min((*s.bucketCounts())[i%(p.Buckets+1)], p.Rate)
+	c := (*s.bucketCounts())[i%(p.Buckets+1)]
+	if !s.Debt {
+		c = min(c, p.Rate) // in debt a bucket counts in full
+	}
+	return c
 }
 
 // slidingBuckets decides a sliding window of p.Buckets sub-windows
@@ -158,6 +162,7 @@ func slidingBuckets(p *Params, s *State, now, cost int64, mode Mode, apply bool)
 			c[i%ring] = swCount(p, s, valid, i)
 		}
 		c[w%ring] += g
+		s.Debt = s.Debt && ringOver(p, c)
 		s.Window, s.Count, s.Prev = w, 0, 0
 		valid = true
 		est += g
@@ -207,6 +212,10 @@ func slidingWindowRefund(p *Params, s *State, takeNow, now, g int64, id string) 
 // if need be (debt), up to debtCapEvents (ALG.sliding_window.debit).
 // Without buckets only (Params.Debts).
 func slidingWindowDebit(p *Params, s *State, now, n int64) {
+	if p.Buckets > 0 {
+		bucketsDebit(p, s, now, n)
+		return
+	}
 	w := now / p.Tick / (p.Period / p.Tick)
 	cur, prev := swCounts(p, s, w)
 	cur = addCapped(cur, n, 1, debtCapEvents(p))
@@ -216,10 +225,71 @@ func slidingWindowDebit(p *Params, s *State, now, n int64) {
 // slidingWindowCredit counts n fewer: first in the current window, then
 // in the previous one, floored at 0 (ALG.sliding_window.credit).
 func slidingWindowCredit(p *Params, s *State, now, n int64) {
+	if p.Buckets > 0 {
+		bucketsCredit(p, s, now, n)
+		return
+	}
 	w := now / p.Tick / (p.Period / p.Tick)
 	cur, prev := swCounts(p, s, w)
 	from := min(n, cur)
 	cur -= from
 	prev = max(prev-(n-from), 0)
 	s.Window, s.Count, s.Prev, s.Debt = w, cur, prev, cur > p.Rate
+}
+
+// ringOver reports whether a bucket of the ring counts more than the rate
+// (the state is in debt).
+func ringOver(p *Params, c []int64) bool {
+	for _, x := range c {
+		if x > p.Rate {
+			return true
+		}
+	}
+	return false
+}
+
+// bucketRing rewrites a bucketed window's ring as buckets w−nb .. w, as
+// an admitted take does (sw_ring), and returns it with w.
+func bucketRing(p *Params, s *State, now int64) ([]int64, int64) {
+	nb := p.Buckets
+	ring := nb + 1
+	w := now / p.Tick / (p.Period / p.Tick / nb)
+	counts := s.bucketCounts()
+	valid := int64(len(*counts)) == ring && s.Window <= w && w-s.Window <= nb
+	if int64(len(*counts)) != ring {
+		*counts = make([]int64, ring)
+	}
+	c := *counts
+	for i := max(w-nb, 0); i <= w; i++ {
+		c[i%ring] = swCount(p, s, valid, i)
+	}
+	s.Window, s.Count, s.Prev = w, 0, 0
+	return c, w
+}
+
+// bucketsDebit adds n to the newest bucket, past the rate if need be
+// (debt): a bucket then counts in full until it leaves the trailing
+// period. The ring holds at most 2·Rate events (ALG.sliding_window.debit
+// with buckets).
+func bucketsDebit(p *Params, s *State, now, n int64) {
+	c, w := bucketRing(p, s, now)
+	var total int64
+	for _, x := range c {
+		total += x
+	}
+	c[w%(p.Buckets+1)] += min(n, max(2*p.Rate-total, 0))
+	s.Debt = ringOver(p, c)
+}
+
+// bucketsCredit takes n back from the newest buckets first, floored at 0
+// (ALG.sliding_window.credit with buckets).
+func bucketsCredit(p *Params, s *State, now, n int64) {
+	c, w := bucketRing(p, s, now)
+	ring := p.Buckets + 1
+	for i := w; i >= max(w-p.Buckets, 0) && n > 0; i-- {
+		t := min(n, c[i%ring])
+		c[i%ring] -= t
+		n -= t
+	}
+	s.Debt = ringOver(p, c)
 }

@@ -223,8 +223,7 @@ func WithSleep(sleep func(ctx context.Context, d time.Duration) error) Option {
 // returns (see Limiter.Debit: a request that used more than remained puts
 // its key into debt). An error from fn answers 400; wrap ErrBadCost to
 // show its message to the client. New panics if the limit's algorithm has
-// no debt (concurrency, a shaping leaky bucket, a bucketed sliding
-// window).
+// no debt (concurrency, a shaping leaky bucket).
 func WithCost(fn func(r *http.Request) (int64, error)) Option {
 	return func(c *config) { c.cost = fn }
 }

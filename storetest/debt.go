@@ -74,6 +74,12 @@ func (t *tester) debtRetry() (retry, reset time.Duration) {
 		// oldest must leave, a period on.
 		return 4 * u, 4 * u
 	case weir.SlidingWindow:
+		if t.buckets > 0 {
+			// 4 buckets of 15s; the ring keeps at most 2·Rate events (8),
+			// in the bucket of 0:00. It weighs in full for a period, then
+			// 8·(1−e) over the next bucket: 8(1−e) + 1 ≤ 4 from e = 5/8.
+			return 4*u + u*5/8, 5 * u
+		}
 		// 10 carried as cur 10; in window 2 cur is 2 and prev 4, weighted
 		// 4·(1−e); 2 + ceil(4(1−e)) + 1 ≤ 4 from e = 3/4.
 		return 8*u + 3*u, 16 * u

@@ -16,7 +16,21 @@ local function sw_count(p, s, valid, i)
   if not valid or i > s.window or i < 0 then
     return 0
   end
-  return min(s.b[imod(i, p.buckets + 1) + 1], p.rate)
+  local c = s.b[imod(i, p.buckets + 1) + 1]
+  if not s.debt then
+    c = min(c, p.rate) -- in debt a bucket counts in full
+  end
+  return c
+end
+
+-- ring_over mirrors ringOver: a bucket counts more than the rate.
+local function ring_over(p, b)
+  for j = 1, #b do
+    if b[j] > p.rate then
+      return true
+    end
+  end
+  return false
 end
 
 -- sw_buckets mirrors algorithm.slidingBuckets step for step.
@@ -71,6 +85,7 @@ local function sw_buckets(p, s, now, cost, mode, apply)
     end
     local j = imod(w, ring) + 1
     s.b[j] = s.b[j] + g
+    s.debt = s.debt and ring_over(p, s.b)
     s.window, s.count, s.prev = w, 0, 0
     valid = true
     est = est + g
@@ -122,12 +137,34 @@ local function sw_retry(p, w, pt, cur, prev, cost)
   return (w + m) * pt + max(pt - idiv(k * pt, prev_m), 0)
 end
 
+-- sw_ring mirrors bucketRing: the ring rewritten as buckets w-nb .. w, as
+-- an admitted take rewrites it; it returns w.
+local function sw_ring(p, s, now)
+  local nb = p.buckets
+  local ring = nb + 1
+  local w = idiv(idiv(now, p.tick), idiv(idiv(p.period, p.tick), nb))
+  local valid = #s.b == ring and s.window <= w and w - s.window <= nb
+  if #s.b ~= ring then
+    s.b = {}
+    for j = 1, ring do
+      s.b[j] = 0
+    end
+  end
+  for i = max(w - nb, 0), w do
+    s.b[imod(i, ring) + 1] = sw_count(p, s, valid, i)
+  end
+  s.window, s.count, s.prev = w, 0, 0
+  return w
+end
+
 ALG.sliding_window = {
   load = function(s, p, now)
     s.window, s.count, s.prev = 0, 0, 0
     if p.buckets > 0 then
       s.bucketed, s.b = true, {}
-      local v = redis.call('HMGET', s.key, 'w', 'b')
+      local v = redis.call('HMGET', s.key, 'w', 'b', 'd')
+      s.debt = v[3] == '1'
+      s.had_debt = s.debt
       if v[1] and v[2] then
         s.window = tonumber(v[1])
         for c in string.gmatch(v[2], '%d+') do
@@ -184,6 +221,7 @@ ALG.sliding_window = {
         b[j] = fmt(s.b[j])
       end
       set_hash(s.key, pttl, 'w', fmt(s.window), 'cur', '0', 'prev', '0', 'b', table.concat(b, ','))
+      set_debt_field(s)
       return
     end
     set_hash(s.key, pttl, 'w', fmt(s.window), 'cur', fmt(s.count), 'prev', fmt(s.prev))
@@ -221,6 +259,18 @@ ALG.sliding_window = {
   -- debit: count n more in the current window, past the rate if need be
   -- (debt), up to debt_cap_events (slidingWindowDebit). Without buckets.
   debit = function(p, s, now, n)
+    if p.buckets > 0 then
+      -- bucketsDebit: the newest bucket, the ring at most 2*Rate events.
+      local w = sw_ring(p, s, now)
+      local total = 0
+      for j = 1, #s.b do
+        total = total + s.b[j]
+      end
+      local j = imod(w, p.buckets + 1) + 1
+      s.b[j] = s.b[j] + min(n, max(2 * p.rate - total, 0))
+      s.debt = ring_over(p, s.b)
+      return
+    end
     local w = idiv(idiv(now, p.tick), idiv(p.period, p.tick))
     local cur, prev = sw_counts(p, s, w)
     cur = add_capped(cur, n, 1, debt_cap_events(p))
@@ -230,6 +280,21 @@ ALG.sliding_window = {
   -- credit: count n fewer, first in the current window, then in the
   -- previous one, floored at 0 (slidingWindowCredit).
   credit = function(p, s, now, n)
+    if p.buckets > 0 then
+      -- bucketsCredit: the newest buckets first.
+      local w = sw_ring(p, s, now)
+      local ring = p.buckets + 1
+      local i = w
+      while i >= max(w - p.buckets, 0) and n > 0 do
+        local j = imod(i, ring) + 1
+        local t = min(n, s.b[j])
+        s.b[j] = s.b[j] - t
+        n = n - t
+        i = i - 1
+      end
+      s.debt = ring_over(p, s.b)
+      return
+    end
     local w = idiv(idiv(now, p.tick), idiv(p.period, p.tick))
     local cur, prev = sw_counts(p, s, w)
     local from = min(n, cur)
