@@ -165,7 +165,11 @@ func (m *ruled) serveMetered(w http.ResponseWriter, r *http.Request, p *Policy, 
 			defer panic(e)
 			status = http.StatusInternalServerError
 		}
-		_ = p.Finish(context.WithoutCancel(r.Context()), v, Charges{Status: status, Actual: actual, Charged: charged})
+		if err := p.Finish(context.WithoutCancel(r.Context()), v, Charges{Status: status, Actual: actual, Charged: charged}); err != nil {
+			// The store failed: the estimate stays charged. The error names
+			// rules and hashed keys, never identities.
+			p.log.Warn("weir: settling a request's cost failed", "err", err)
+		}
 	}()
 	m.next.ServeHTTP(rec, r)
 }
