@@ -49,6 +49,9 @@ func remaining(t *testing.T, p *policy.Policy, rule, key string) int64 {
 func TestCostSettlesWithCharge(t *testing.T) {
 	c := newClock()
 	p := newPolicy(t, c, costYAML)
+	if rs := p.Rules(); rs[0].Cost != "header:X-Max-Tokens" || len(rs[2].CountStatus) != 2 {
+		t.Fatalf("GET /v1/rules would not show cost and count: %+v", rs)
+	}
 	var charge int64
 	h := policy.Middleware(p)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if charge >= 0 && !httplimit.Charge(r, charge) {

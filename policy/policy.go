@@ -183,6 +183,10 @@ type RuleInfo struct {
 	OnError   string     `json:"on_error"`
 	TierBy    string     `json:"tier_by,omitempty"`
 	Tiers     []TierInfo `json:"tiers,omitempty"`
+	// Cost is the rule's cost: setting, empty for 1; CountStatus its
+	// count.status list (cost.go).
+	Cost        string `json:"cost,omitempty"`
+	CountStatus []int  `json:"count_status,omitempty"`
 
 	path string
 }
@@ -227,6 +231,10 @@ func ruleInfo(rc *RuleConfig, r *rule, path string) RuleInfo {
 	}
 	d := r.tiers[0].limit
 	info.Limit, info.Algorithm, info.Block = d.String(), string(d.Algorithm), durString(d.Block)
+	if r.cost != nil {
+		info.Cost = r.cost.spec
+	}
+	info.CountStatus = r.count
 	if r.tierBy != nil {
 		info.TierBy = r.tierBy.spec
 		for _, t := range r.tiers {
