@@ -55,6 +55,13 @@ func TestDebitDescriptor(t *testing.T) {
 	if r := check(0, key()); r.OverallCode != rlspb.RateLimitResponse_OK || r.Statuses[0].LimitRemaining != 1 {
 		t.Fatalf("check once the debt is paid: %v", r)
 	}
+	// is_negative_hits on a debit descriptor gives hits back.
+	neg := withHits(key(), 1)
+	neg.IsNegativeHits = true
+	if r, err := h.client.ShouldRateLimit(context.Background(), request("llm", 0, neg)); err != nil || r.Statuses[0].LimitRemaining != 2 {
+		t.Fatalf("a negative hit on a debit descriptor: %v %v", r, err)
+	}
+	check(1, key())
 	// A debit descriptor in one call with an ordinary one: each counts.
 	r, err := h.client.ShouldRateLimit(context.Background(), request("llm", 0, withHits(key(), 1), desc("path", "/v1/chat")))
 	if err != nil || r.Statuses[0].LimitRemaining != 0 || r.Statuses[1].LimitRemaining != 4 {

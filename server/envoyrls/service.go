@@ -303,6 +303,7 @@ type item struct {
 	hits   int64
 	forced bool // over the limit's capacity: rejected without consuming
 	req    int  // index in the store batch, -1 if the store is not asked
+	refund bool // is_negative_hits on a debit descriptor: give the hits back
 }
 
 // Check decides req like ShouldRateLimit, returning plain errors: those
@@ -347,9 +348,6 @@ func matchRules(dom *domainConfig, req *rlspb.RateLimitRequest) ([]item, error) 
 	for i, desc := range descs {
 		it := &items[i]
 		it.req = -1
-		if desc.GetIsNegativeHits() {
-			return nil, fmt.Errorf("%w: descriptors[%d].is_negative_hits is not supported: weir never gives back what it counted", ErrBadRequest, i)
-		}
 		if dom == nil {
 			continue // unknown domain: OK, as upstream
 		}
@@ -361,6 +359,14 @@ func matchRules(dom *domainConfig, req *rlspb.RateLimitRequest) ([]item, error) 
 			it.rule = r
 		} else {
 			it.rule, it.shared = dom.match(desc.GetEntries())
+		}
+		if desc.GetIsNegativeHits() {
+			// Only a debit descriptor gives back: elsewhere weir never
+			// counted what it rejected, so there is nothing to return.
+			if it.rule == nil || !it.rule.debit {
+				return nil, fmt.Errorf("%w: descriptors[%d].is_negative_hits applies only to a descriptor with debit: true", ErrBadRequest, i)
+			}
+			it.refund = true
 		}
 		if it.rule == nil {
 			continue
@@ -409,7 +415,11 @@ func storeRequests(req *rlspb.RateLimitRequest, items []item) []weir.Request {
 			// Every call counts its hits, into debt if need be (0: the
 			// request-path check, a peek).
 			it.req = len(reqs)
-			reqs = append(reqs, weir.Request{Key: requestKey(req, r, descs[i].GetEntries(), it.shared), Limit: r.limit, N: min(n, algorithm.MaxDebt), Mode: weir.ModeDebit})
+			mode := weir.ModeDebit
+			if it.refund {
+				mode = weir.ModeRefund
+			}
+			reqs = append(reqs, weir.Request{Key: requestKey(req, r, descs[i].GetEntries(), it.shared), Limit: r.limit, N: min(n, algorithm.MaxDebt), Mode: mode})
 			continue
 		}
 		if n > r.maxCost {
