@@ -8,7 +8,7 @@ export WEIR_DEPS_EXTRA ?= nginx caddy chromium prometheus
 # Modules of their own (peer libraries stay out of weir's go.mod).
 NESTED     := bench examples/gin examples/echo
 
-.PHONY: all build test deps vet lint unit nested promtool-test tidy bench bench-redis bench-serve bench-lease bench-window fuzz same-long fmt clean
+.PHONY: all build test deps vet lint unit nested promtool-test tidy bench bench-debt bench-redis bench-serve bench-lease bench-window fuzz same-long fmt clean
 
 all: build
 
@@ -53,6 +53,11 @@ test: deps vet lint unit nested promtool-test
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./store/memstore/
 	cd bench && $(GO) test -run '^$$' -bench . -benchmem ./...
+
+# Debit and Settle against Take, memstore and Redis (docs/benchmarks.md, "Debt").
+bench-debt:
+	$(GO) test -run '^$$' -bench BenchmarkDebt -benchtime 200000x -count 5 ./store/memstore/
+	$(GO) test -run '^$$' -bench BenchmarkDebt -benchtime 20000x -count 3 ./store/redisstore/
 
 # Redis: decisions/s through redisstore against redis-benchmark's ceiling,
 # and MEMORY USAGE per key; prints the tables in docs/benchmarks.md.

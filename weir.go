@@ -51,6 +51,9 @@ type Request struct {
 	// Lease names the concurrency lease an admitted request acquires, for a
 	// later Release. Empty means an anonymous lease that only expires.
 	Lease string
+	// Mode: take (the default), debit or refund. A batch of more than one
+	// request takes only.
+	Mode Mode
 }
 
 // MultiStore is a Store that can also decide several requests atomically

@@ -212,13 +212,22 @@ type State struct {
 	Strikes, LastBox int64
 	// WarmStart is when a warm-up began (warmup.go), µs epoch.
 	WarmStart int64
+	// Debt: a debit left the state over its capacity (gcra, leaky bucket,
+	// the windows), so the excess counts in full instead of being capped
+	// as a lowered limit's is (see debt.go).
+	Debt bool
 }
 
 // Take decides a request of cost n at time now (µs) against s, updating s
 // when the request is admitted or a penalty box starts. n == 0 peeks: it
 // reports whether a request of cost 1 would be admitted and changes nothing.
 // The caller must have checked 0 <= n <= p.MaxCost().
+//
+// With mode Debit or Credit it is DebitTake or CreditTake (n up to MaxDebt).
 func Take(p *Params, s *State, now, n int64, mode Mode) Decision {
+	if mode >= Debit {
+		return debtOp(p, s, now, n, mode)
+	}
 	return take(p, s, now, n, mode, true)
 }
 

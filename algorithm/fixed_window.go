@@ -4,27 +4,44 @@ package algorithm
 // Calendar windows (calendar.go) are identified by their start instead.
 // Mirrors scripts/fixed_window.lua. State: Window, Count.
 
+// fwCount returns the count of window w (fw_count): the stored count in
+// its own window, capped at the rate (a lowered limit); 0 in a later one,
+// unless the state is in debt, whose excess carries on at Rate per window.
+func fwCount(p *Params, s *State, w int64) int64 {
+	count := s.Count
+	if s.Window != w {
+		count = 0 // a new window starts empty
+		if s.Debt && s.Window < w {
+			if k := w - s.Window; k <= s.Count/p.Rate {
+				count = s.Count - k*p.Rate
+			}
+		}
+	}
+	if !s.Debt {
+		count = min(count, p.Rate)
+	}
+	return count
+}
+
 // fixedWindow decides a fixed window (ALG.fixed_window.decide).
 func fixedWindow(p *Params, s *State, now, cost int64, mode Mode, apply bool) Decision {
 	d := Decision{Limit: p.Cap}
 	w, wend := fwWindow(p, now) // the window now falls in
-	count := s.Count
-	if s.Window != w {
-		count = 0 // a new window starts empty
-	}
-	count = min(count, p.Rate)
+	count := fwCount(p, s, w)
 	g := grant(cost, p.Rate-count, mode)
 	end := wend - now // µs until this window ends
 	if g == 0 {
-		d.RetryAfter = end // the next window admits anything up to Rate
+		// The next window admits anything up to Rate; in debt, the first
+		// window whose carried count leaves room for cost.
+		d.RetryAfter = end + (ceilDiv(count+cost-p.Rate, p.Rate)-1)*p.Period
 	} else if apply {
 		count += g
-		s.Window, s.Count = w, count
+		s.Window, s.Count, s.Debt = w, count, false
 		d.Changed = true
 	}
-	d.Granted, d.Remaining = g, p.Rate-count
+	d.Granted, d.Remaining = g, max(p.Rate-count, 0)
 	if count > 0 {
-		d.ResetAfter = end
+		d.ResetAfter = end + (ceilDiv(count, p.Rate)-1)*p.Period
 	}
 	return d
 }
@@ -36,5 +53,22 @@ func fixedWindowRefund(p *Params, s *State, takeNow, now, g int64, id string) bo
 		return false
 	}
 	s.Count = max(s.Count-g, 0)
+	s.Debt = s.Debt && s.Count > p.Rate
 	return true
+}
+
+// fixedWindowDebit counts n more in the current window, past the rate if
+// need be (debt), up to debtCapEvents (ALG.fixed_window.debit).
+func fixedWindowDebit(p *Params, s *State, now, n int64) {
+	w, _ := fwWindow(p, now)
+	count := addCapped(fwCount(p, s, w), n, 1, debtCapEvents(p))
+	s.Window, s.Count, s.Debt = w, count, count > p.Rate
+}
+
+// fixedWindowCredit counts n fewer in the current window, floored at 0
+// (ALG.fixed_window.credit).
+func fixedWindowCredit(p *Params, s *State, now, n int64) {
+	w, _ := fwWindow(p, now)
+	count := max(fwCount(p, s, w)-n, 0)
+	s.Window, s.Count, s.Debt = w, count, count > p.Rate
 }

@@ -13,8 +13,10 @@ func gcraDiff(p *Params, s *State, now, c int64) int64 {
 	var diff int64
 	if s.TAT != 0 {
 		switch ahead := s.TAT - now; {
-		case ahead > c/p.B:
+		case ahead > c/p.B && !s.Debt:
 			diff = c // guard before multiplying: ahead·B would pass c
+		case ahead > c/p.B:
+			diff = ahead*p.B + s.Frac // in debt: debtCapUnits bounds it
 		case ahead >= 0:
 			diff = ahead*p.B + s.Frac
 		}
@@ -33,6 +35,7 @@ func gcra(p *Params, s *State, now, cost int64, mode Mode, apply bool) Decision 
 	} else if apply {
 		diff += g * p.A
 		s.TAT, s.Frac = now+diff/p.B, diff%p.B
+		s.Debt = false // it fitted: diff <= c
 		d.Changed = true
 	}
 	d.Granted, d.Remaining = g, max(c-diff, 0)/p.A
@@ -49,7 +52,25 @@ func gcraRefund(p *Params, s *State, takeNow, now, g int64, id string) bool {
 	c := p.Burst * p.A
 	diff := max(gcraDiff(p, s, now, c)-g*p.A, 0)
 	s.TAT, s.Frac = now+diff/p.B, diff%p.B
+	s.Debt = s.Debt && diff > c
 	return true
+}
+
+// gcraDebit moves TAT n cells on from max(TAT, now), past the burst if
+// need be (debt), at most debtCapUnits past it (ALG.gcra.debit).
+func gcraDebit(p *Params, s *State, now, n int64) {
+	c := p.Burst * p.A
+	diff := addCapped(gcraDiff(p, s, now, c), n, p.A, c+debtCapUnits(p, c))
+	s.TAT, s.Frac = now+diff/p.B, diff%p.B
+	s.Debt = diff > c
+}
+
+// gcraCredit moves TAT back n cells, floored at now (ALG.gcra.credit).
+func gcraCredit(p *Params, s *State, now, n int64) {
+	c := p.Burst * p.A
+	diff := subFloored(gcraDiff(p, s, now, c), n, p.A)
+	s.TAT, s.Frac = now+diff/p.B, diff%p.B
+	s.Debt = diff > c
 }
 
 // gcraLife is how much longer the stored TAT lasts at now: after a lowered

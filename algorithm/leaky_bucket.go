@@ -26,7 +26,9 @@ func lbLevel(p *Params, s *State, now, c int64) int64 {
 				level -= el * p.B
 			}
 		}
-		level = min(level, c)
+		if !s.Debt {
+			level = min(level, c)
+		}
 	}
 	return level
 }
@@ -47,6 +49,7 @@ func leakyBucket(p *Params, s *State, now, cost int64, mode Mode, apply bool) De
 	} else if apply {
 		level += g * p.A
 		s.Level, s.TS = level, now
+		s.Debt = false // it fitted: level <= room
 		d.Changed = true
 	}
 	if g > 0 && p.Shaping() {
@@ -73,7 +76,26 @@ func leakyBucketRefund(p *Params, s *State, takeNow, now, g int64, id string) bo
 	}
 	level := lbLevel(p, s, now, p.Burst*p.A)
 	s.Level, s.TS = max(level-g*p.A, 0), max(now, s.TS)
+	s.Debt = s.Debt && s.Level > p.Burst*p.A
 	return true
+}
+
+// leakyBucketDebit pours n·A units in at now, over c if need be (debt),
+// at most debtCapUnits over it (ALG.leaky_bucket.debit). Policing only.
+func leakyBucketDebit(p *Params, s *State, now, n int64) {
+	c := p.Burst * p.A
+	level := addCapped(lbLevel(p, s, now, c), n, p.A, c+debtCapUnits(p, c))
+	s.Level, s.TS = level, now
+	s.Debt = level > c
+}
+
+// leakyBucketCredit takes n·A units out at now, floored at 0
+// (ALG.leaky_bucket.credit).
+func leakyBucketCredit(p *Params, s *State, now, n int64) {
+	c := p.Burst * p.A
+	level := subFloored(lbLevel(p, s, now, c), n, p.A)
+	s.Level, s.TS = level, now
+	s.Debt = level > c
 }
 
 // leakyBucketLife is how much longer the stored level lasts at now: after

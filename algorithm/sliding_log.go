@@ -12,20 +12,20 @@ func slidingLog(p *Params, s *State, now, cost int64, mode Mode, apply bool) Dec
 	for s.Log.size > 0 && s.Log.TS(0)+p.Period <= now {
 		s.Log.popFront()
 	}
-	total := s.Log.Events()
-	count := min(total, p.Rate)
+	// Every event counts: beyond Rate only after a lowered limit or a
+	// debit (debt), which then waits for the oldest to leave.
+	count := s.Log.Events()
 	g := grant(cost, p.Rate-count, mode)
 	if g == 0 {
-		// The (count+cost−Rate)-th oldest counted event must leave the
-		// window; events beyond Rate (after a lowered limit) are the oldest.
+		// The (count+cost−Rate)-th oldest event must leave the window.
 		k := count + cost - p.Rate
-		d.RetryAfter = s.Log.eventTS(total-count+k-1) + p.Period - now
+		d.RetryAfter = s.Log.eventTS(k-1) + p.Period - now
 	} else if apply {
 		s.Log.push(now, g, p.Rate) // keeps the newest Rate events
 		count += g
 		d.Changed = true
 	}
-	d.Granted, d.Remaining = g, p.Rate-count
+	d.Granted, d.Remaining = g, max(p.Rate-count, 0)
 	if s.Log.size > 0 {
 		// The newest entry leaves last.
 		d.ResetAfter = s.Log.TS(s.Log.size-1) + p.Period - now
@@ -45,6 +45,30 @@ func slidingLogRefund(p *Params, s *State, takeNow, now, g int64, id string) boo
 		return false // the take's events have left the window (the Lua's load dropped them)
 	}
 	return s.Log.remove(takeNow, g)
+}
+
+// logDebtCap is the most events a sliding log holds: twice its rate, so
+// that a key in debt keeps at most 2·Rate entries (a debit past it drops
+// the oldest events, which would leave first).
+func logDebtCap(p *Params) int64 { return 2 * p.Rate }
+
+// slidingLogDebit adds n events at now, past the rate if need be (debt),
+// keeping at most logDebtCap (ALG.sliding_log.debit).
+func slidingLogDebit(p *Params, s *State, now, n int64) {
+	for s.Log.size > 0 && s.Log.TS(0)+p.Period <= now {
+		s.Log.popFront()
+	}
+	c := logDebtCap(p)
+	s.Log.push(now, min(n, c), c)
+}
+
+// slidingLogCredit takes back up to n of the newest events
+// (ALG.sliding_log.credit).
+func slidingLogCredit(p *Params, s *State, now, n int64) {
+	for s.Log.size > 0 && s.Log.TS(0)+p.Period <= now {
+		s.Log.popFront()
+	}
+	s.Log.dropNewest(n)
 }
 
 // Log is a sliding log: the admitted events still inside the window, as a
@@ -132,6 +156,24 @@ func (l *Log) dropOldest(k int64) {
 			k -= w
 		} else {
 			l.base += uint32(k)
+			k = 0
+		}
+	}
+}
+
+// dropNewest drops the k newest events: whole entries, then part of the
+// newest one.
+func (l *Log) dropNewest(k int64) {
+	for k > 0 && l.size > 0 {
+		j := l.idx(l.size - 1)
+		if w := l.weight(l.size - 1); w <= k {
+			l.size--
+			k -= w
+			if l.size == 0 {
+				l.head = 0
+			}
+		} else {
+			l.end[j] -= uint32(k)
 			k = 0
 		}
 	}

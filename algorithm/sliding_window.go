@@ -18,46 +18,66 @@ func slidingWindow(p *Params, s *State, now, cost int64, mode Mode, apply bool) 
 	nt := now / p.Tick      // now in ticks
 	w := nt / pt            // the current window
 	e := nt - w*pt          // ticks elapsed in it
-	var cur, prev int64
-	switch s.Window {
-	case w:
-		cur, prev = s.Count, s.Prev
-	case w - 1:
-		prev = s.Count // the stored window is now the previous one
-	}
-	cur, prev = min(cur, p.Rate), min(prev, p.Rate)
+	cur, prev := swCounts(p, s, w)
 	// prev·(pt−e) ≤ Rate·pt < 2^53: Compile chose Tick to make it so.
 	weighted := ceilDiv(prev*(pt-e), pt)
 	est := weighted + cur
 	g := grant(cost, max(p.Rate-est, 0), mode)
 	if g == 0 {
-		var at int64 // the instant, in ticks, when the request fits
-		if k := p.Rate - cur - cost; k >= 0 {
-			// Same window: ceil(prev(P−e')/P) ≤ k ⇔ e' ≥ P − floor(kP/prev).
-			at = w*pt + pt - (k*pt)/prev
-		} else {
-			// Next window, where the current count becomes prev.
-			need := int64(0)
-			if cur > 0 {
-				need = max(pt-((p.Rate-cost)*pt)/cur, 0)
-			}
-			at = (w+1)*pt + need
-		}
-		d.RetryAfter = at*p.Tick - now
+		d.RetryAfter = swRetry(p, w, pt, cur, prev, cost)*p.Tick - now
 	} else if apply {
 		cur += g
 		est += g
-		s.Window, s.Count, s.Prev = w, cur, prev
+		s.Window, s.Count, s.Prev, s.Debt = w, cur, prev, false
 		d.Changed = true
 	}
 	d.Granted, d.Remaining = g, max(p.Rate-est, 0)
 	switch {
 	case cur > 0:
-		d.ResetAfter = (w+2)*pt*p.Tick - now // cur weighs nothing two windows on
+		// cur weighs nothing two windows on; in debt it carries on for
+		// ceil(cur/Rate) windows first.
+		d.ResetAfter = (w+1+ceilDiv(cur, p.Rate))*pt*p.Tick - now
 	case prev > 0:
 		d.ResetAfter = (w+1)*pt*p.Tick - now
 	}
 	return d
+}
+
+// swCounts returns the current and previous windows' counts in window w
+// (sw_counts): the stored ones, capped at the rate (a lowered limit). In
+// debt the current count is not capped, and what is over the rate carries
+// into the next window, Rate per window: k windows on, the current count
+// is cur − k·Rate and the previous one min(cur − (k−1)·Rate, Rate).
+func swCounts(p *Params, s *State, w int64) (cur, prev int64) {
+	switch k := w - s.Window; {
+	case k == 0:
+		cur, prev = s.Count, s.Prev
+	case k == 1 && !s.Debt:
+		prev = s.Count // the stored window is now the previous one
+	case k >= 1 && s.Debt && k-1 <= s.Count/p.Rate:
+		prev = s.Count - (k-1)*p.Rate
+		cur = max(prev-p.Rate, 0)
+	}
+	if !s.Debt {
+		cur = min(cur, p.Rate)
+	}
+	return cur, min(prev, p.Rate)
+}
+
+// swRetry returns the tick at which a request of cost fits (sw_retry),
+// given the counts in window w (of pt ticks). The estimate only falls: the
+// request fits in the first window w+m where the (carried) current count
+// leaves k = Rate − cur_m − cost ≥ 0, once the weighted previous count is
+// at most k: ceil(prev(P−e')/P) ≤ k ⇔ e' ≥ P − floor(kP/prev).
+func swRetry(p *Params, w, pt, cur, prev, cost int64) int64 {
+	if k := p.Rate - cur - cost; k >= 0 {
+		return w*pt + pt - (k*pt)/prev // same window: prev > 0, as it weighs more than k
+	}
+	m := ceilDiv(cur+cost-p.Rate, p.Rate) // ≥ 1
+	curM := max(cur-m*p.Rate, 0)
+	prevM := min(cur-(m-1)*p.Rate, p.Rate) // > Rate − cost ≥ 0, as m is the first
+	k := p.Rate - curM - cost
+	return (w+m)*pt + max(pt-(k*pt)/prevM, 0)
 }
 
 // bucketCounts returns a bucketed sliding window's counts: a ring of
@@ -74,7 +94,11 @@ func swCount(p *Params, s *State, valid bool, i int64) int64 {
 	if !valid || i > s.Window || i < 0 {
 		return 0
 	}
-	return min((*s.bucketCounts())[i%(p.Buckets+1)], p.Rate)
+	c := (*s.bucketCounts())[i%(p.Buckets+1)]
+	if !s.Debt {
+		c = min(c, p.Rate) // in debt a bucket counts in full
+	}
+	return c
 }
 
 // slidingBuckets decides a sliding window of p.Buckets sub-windows
@@ -138,6 +162,7 @@ func slidingBuckets(p *Params, s *State, now, cost int64, mode Mode, apply bool)
 			c[i%ring] = swCount(p, s, valid, i)
 		}
 		c[w%ring] += g
+		s.Debt = s.Debt && ringOver(p, c)
 		s.Window, s.Count, s.Prev = w, 0, 0
 		valid = true
 		est += g
@@ -174,10 +199,97 @@ func slidingWindowRefund(p *Params, s *State, takeNow, now, g int64, id string) 
 	tw := takeNow / p.Tick / (p.Period / p.Tick)
 	if s.Window == tw && s.Count > 0 {
 		s.Count = max(s.Count-g, 0)
+		s.Debt = s.Debt && s.Count > p.Rate
 		return true
 	} else if s.Window == tw+1 && s.Prev > 0 {
 		s.Prev = max(s.Prev-g, 0)
 		return true
 	}
 	return false
+}
+
+// slidingWindowDebit counts n more in the current window, past the rate
+// if need be (debt), up to debtCapEvents (ALG.sliding_window.debit).
+// Without buckets only (Params.Debts).
+func slidingWindowDebit(p *Params, s *State, now, n int64) {
+	if p.Buckets > 0 {
+		bucketsDebit(p, s, now, n)
+		return
+	}
+	w := now / p.Tick / (p.Period / p.Tick)
+	cur, prev := swCounts(p, s, w)
+	cur = addCapped(cur, n, 1, debtCapEvents(p))
+	s.Window, s.Count, s.Prev, s.Debt = w, cur, prev, cur > p.Rate
+}
+
+// slidingWindowCredit counts n fewer: first in the current window, then
+// in the previous one, floored at 0 (ALG.sliding_window.credit).
+func slidingWindowCredit(p *Params, s *State, now, n int64) {
+	if p.Buckets > 0 {
+		bucketsCredit(p, s, now, n)
+		return
+	}
+	w := now / p.Tick / (p.Period / p.Tick)
+	cur, prev := swCounts(p, s, w)
+	from := min(n, cur)
+	cur -= from
+	prev = max(prev-(n-from), 0)
+	s.Window, s.Count, s.Prev, s.Debt = w, cur, prev, cur > p.Rate
+}
+
+// ringOver reports whether a bucket of the ring counts more than the rate
+// (the state is in debt).
+func ringOver(p *Params, c []int64) bool {
+	for _, x := range c {
+		if x > p.Rate {
+			return true
+		}
+	}
+	return false
+}
+
+// bucketRing rewrites a bucketed window's ring as buckets w−nb .. w, as
+// an admitted take does (sw_ring), and returns it with w.
+func bucketRing(p *Params, s *State, now int64) ([]int64, int64) {
+	nb := p.Buckets
+	ring := nb + 1
+	w := now / p.Tick / (p.Period / p.Tick / nb)
+	counts := s.bucketCounts()
+	valid := int64(len(*counts)) == ring && s.Window <= w && w-s.Window <= nb
+	if int64(len(*counts)) != ring {
+		*counts = make([]int64, ring)
+	}
+	c := *counts
+	for i := max(w-nb, 0); i <= w; i++ {
+		c[i%ring] = swCount(p, s, valid, i)
+	}
+	s.Window, s.Count, s.Prev = w, 0, 0
+	return c, w
+}
+
+// bucketsDebit adds n to the newest bucket, past the rate if need be
+// (debt): a bucket then counts in full until it leaves the trailing
+// period. The ring holds at most 2·Rate events (ALG.sliding_window.debit
+// with buckets).
+func bucketsDebit(p *Params, s *State, now, n int64) {
+	c, w := bucketRing(p, s, now)
+	var total int64
+	for _, x := range c {
+		total += x
+	}
+	c[w%(p.Buckets+1)] += min(n, max(2*p.Rate-total, 0))
+	s.Debt = ringOver(p, c)
+}
+
+// bucketsCredit takes n back from the newest buckets first, floored at 0
+// (ALG.sliding_window.credit with buckets).
+func bucketsCredit(p *Params, s *State, now, n int64) {
+	c, w := bucketRing(p, s, now)
+	ring := p.Buckets + 1
+	for i := w; i >= max(w-p.Buckets, 0) && n > 0; i-- {
+		t := min(n, c[i%ring])
+		c[i%ring] -= t
+		n -= t
+	}
+	s.Debt = ringOver(p, c)
 }

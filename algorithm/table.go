@@ -106,6 +106,9 @@ const (
 	// FeatureLeases: an admitted request holds a lease that Release gives
 	// back, or that expires after Period.
 	FeatureLeases
+	// FeatureDebt: Debit consumes past the limit (debt) and Credit gives
+	// back (see Params.Debts for the settings that exclude it).
+	FeatureDebt
 )
 
 // Spec is one algorithm's row in the table: its name, the settings it
@@ -123,6 +126,8 @@ type Spec struct {
 	refund  func(p *Params, s *State, takeNow, now, g int64, id string) bool
 	compile func(p *Params) error                      // checks and derives what only this algorithm needs
 	life    func(p *Params, s *State, now int64) int64 // nil: the state lasts ResetAfter
+	// debit consumes n past the limit; credit gives n back (debt.go).
+	debit, credit func(p *Params, s *State, now, n int64)
 }
 
 // every is what all seven algorithms support.
@@ -135,29 +140,35 @@ var specs [Concurrency + 1]Spec
 func init() {
 	specs = [...]Spec{
 		FixedWindow: {
-			Kind: FixedWindow, Name: NameFixedWindow, Takes: FieldBlock | FieldLease | FieldForgetAfter | FieldCalendar | FieldTimezone | FieldResetAt, Supports: every,
+			Kind: FixedWindow, Name: NameFixedWindow, Takes: FieldBlock | FieldLease | FieldForgetAfter | FieldCalendar | FieldTimezone | FieldResetAt, Supports: every | FeatureDebt,
 			decide: fixedWindow, refund: fixedWindowRefund,
+			debit: fixedWindowDebit, credit: fixedWindowCredit,
 		},
 		SlidingLog: {
-			Kind: SlidingLog, Name: NameSlidingLog, Takes: FieldBlock | FieldForgetAfter, Supports: every,
+			Kind: SlidingLog, Name: NameSlidingLog, Takes: FieldBlock | FieldForgetAfter, Supports: every | FeatureDebt,
 			decide: slidingLog, refund: slidingLogRefund, compile: compileSlidingLog,
+			debit: slidingLogDebit, credit: slidingLogCredit,
 		},
 		SlidingWindow: {
-			Kind: SlidingWindow, Name: NameSlidingWindow, Takes: FieldBlock | FieldForgetAfter | FieldBuckets | FieldLease, Supports: every,
+			Kind: SlidingWindow, Name: NameSlidingWindow, Takes: FieldBlock | FieldForgetAfter | FieldBuckets | FieldLease, Supports: every | FeatureDebt,
 			decide: slidingWindow, refund: slidingWindowRefund, compile: compileSlidingWindow,
+			debit: slidingWindowDebit, credit: slidingWindowCredit,
 		},
 		TokenBucket: {
-			Kind: TokenBucket, Name: NameTokenBucket, Takes: FieldBurst | FieldBlock | FieldForgetAfter | FieldWarmup, Supports: every, Bucket: true,
+			Kind: TokenBucket, Name: NameTokenBucket, Takes: FieldBurst | FieldBlock | FieldForgetAfter | FieldWarmup, Supports: every | FeatureDebt, Bucket: true,
 			decide: tokenBucket, refund: tokenBucketRefund, compile: compileBucket,
+			debit: tokenBucketDebit, credit: tokenBucketCredit,
 		},
 		LeakyBucket: {
 			Kind: LeakyBucket, Name: NameLeakyBucket, Takes: FieldBurst | FieldBlock | FieldForgetAfter | FieldMaxDelay | FieldDelayAfter,
-			Supports: every | FeatureShaping, Bucket: true,
+			Supports: every | FeatureShaping | FeatureDebt, Bucket: true,
 			decide: leakyBucket, refund: leakyBucketRefund, compile: compileLeakyBucket, life: leakyBucketLife,
+			debit: leakyBucketDebit, credit: leakyBucketCredit,
 		},
 		GCRA: {
-			Kind: GCRA, Name: NameGCRA, Takes: FieldBurst | FieldBlock | FieldForgetAfter | FieldWarmup, Supports: every, Bucket: true,
+			Kind: GCRA, Name: NameGCRA, Takes: FieldBurst | FieldBlock | FieldForgetAfter | FieldWarmup, Supports: every | FeatureDebt, Bucket: true,
 			decide: gcra, refund: gcraRefund, compile: compileBucket, life: gcraLife,
+			debit: gcraDebit, credit: gcraCredit,
 		},
 		Concurrency: {
 			Kind: Concurrency, Name: NameConcurrency, Takes: FieldBlock | FieldForgetAfter, Supports: every | FeatureLeases,
@@ -209,6 +220,18 @@ func Taking(f Field) []string {
 	var out []string
 	for _, s := range specs[1:] {
 		if s.Takes&f == f {
+			out = append(out, s.Name)
+		}
+	}
+	return out
+}
+
+// Supporting lists the names of the algorithms that support every feature
+// in f, in the order of Kinds.
+func Supporting(f Feature) []string {
+	var out []string
+	for _, s := range specs[1:] {
+		if s.Supports&f == f {
 			out = append(out, s.Name)
 		}
 	}

@@ -37,8 +37,8 @@ func tokenBucket(p *Params, s *State, now, cost int64, mode Mode, apply bool) De
 		s.Level, s.TS = tokens, now
 		d.Changed = true
 	}
-	d.Granted, d.Remaining = g, tokens/p.A
-	d.ResetAfter = ceilDiv(c-tokens, p.B) // until the bucket is full
+	d.Granted, d.Remaining = g, max(tokens, 0)/p.A // tokens < 0: in debt
+	d.ResetAfter = ceilDiv(c-tokens, p.B)          // until the bucket is full
 	return d
 }
 
@@ -58,4 +58,21 @@ func tokenBucketRefund(p *Params, s *State, takeNow, now, g int64, id string) bo
 	}
 	s.Level, s.TS = tokens, max(now, s.TS)
 	return true
+}
+
+// tokenBucketDebit takes n·A tokens at now, below 0 if need be (debt),
+// down to −debtCapUnits (ALG.token_bucket.debit).
+func tokenBucketDebit(p *Params, s *State, now, n int64) {
+	c := p.Burst * p.A
+	low := debtCapUnits(p, c)
+	tokens := tbTokens(p, s, now, c)
+	s.Level, s.TS = -addCapped(-tokens, n, p.A, low), now
+}
+
+// tokenBucketCredit puts n·A tokens back at now, capped at c
+// (ALG.token_bucket.credit).
+func tokenBucketCredit(p *Params, s *State, now, n int64) {
+	c := p.Burst * p.A
+	tokens := tbTokens(p, s, now, c)
+	s.Level, s.TS = c-subFloored(c-tokens, n, p.A), now
 }

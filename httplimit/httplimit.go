@@ -120,6 +120,7 @@ type config struct {
 	errorPolicy ErrorPolicy
 	sleep       func(context.Context, time.Duration) error
 	shadow      bool
+	cost        func(*http.Request) (int64, error) // WithCost; nil: 1
 }
 
 // WithKey makes fn identify the client of a request; New limits each key
@@ -237,6 +238,17 @@ func WithSleep(sleep func(ctx context.Context, d time.Duration) error) Option {
 	return func(c *config) { c.sleep = sleep }
 }
 
+// WithCost makes New charge each request what fn returns (an estimate,
+// from 0 to the most the limit can admit at once) instead of 1; the handler
+// reports the real cost with Charge, and the difference is settled when it
+// returns (see Limiter.Debit: a request that used more than remained puts
+// its key into debt). An error from fn answers 400; wrap ErrBadCost to
+// show its message to the client. New panics if the limit's algorithm has
+// no debt (concurrency, a shaping leaky bucket).
+func WithCost(fn func(r *http.Request) (int64, error)) Option {
+	return func(c *config) { c.cost = fn }
+}
+
 // WithShadow makes New count and report without ever rejecting: the
 // headers and the observer say what would have happened. It lets a new
 // limit be tried on live traffic. Policies set shadow per rule.
@@ -301,6 +313,11 @@ func New(lim *weir.Limiter, l weir.Limit, opts ...Option) func(http.Handler) htt
 	if c.err != nil {
 		panic("httplimit: " + c.err.Error())
 	}
+	if c.cost != nil {
+		if p, _ := l.Compile(); !p.Debts() {
+			panic("httplimit: WithCost settles with debits and refunds, which " + string(l.Algorithm) + " does not support")
+		}
+	}
 	return func(next http.Handler) http.Handler {
 		return &single{c: c, lim: lim, limit: l, next: next}
 	}
@@ -360,10 +377,18 @@ func (s *single) serve(w http.ResponseWriter, r *http.Request, ctx context.Conte
 		res   weir.Result
 		lease *weir.Lease
 	)
+	n := int64(1)
+	if c.cost != nil {
+		if n, err = c.cost(r); err != nil {
+			c.observe(Decision{Request: r, Rule: c.name, Key: id, Err: err})
+			c.reject(w, r, Rejection{Status: http.StatusBadRequest, Rule: c.name, Err: err})
+			return
+		}
+	}
 	if s.limit.Algorithm == weir.Concurrency {
 		lease, res, err = s.lim.Acquire(ctx, key, s.limit)
 	} else {
-		res, err = s.lim.Allow(ctx, key, s.limit)
+		res, err = s.lim.AllowN(ctx, key, s.limit, n)
 	}
 	d := Decision{Request: r, Rule: c.name, Key: id, Allowed: err == nil && res.Allowed, Shadow: c.shadow, Result: res, Err: err}
 	if c.observer != nil || end != nil {
@@ -399,6 +424,26 @@ func (s *single) serve(w http.ResponseWriter, r *http.Request, ctx context.Conte
 			return
 		}
 	}
+	if c.cost != nil && res.Allowed {
+		s.serveMetered(w, r, key, n)
+		return
+	}
+	s.next.ServeHTTP(w, r)
+}
+
+// serveMetered runs the handler of a request charged n up front and, when
+// it returns or panics, settles the real cost it charged (see Charge), even
+// if the client went away.
+func (s *single) serveMetered(w http.ResponseWriter, r *http.Request, key string, n int64) {
+	r, meter := WithMeter(r)
+	defer func() {
+		if actual, charged := meter.Charged(); charged {
+			_, err := s.lim.Settle(context.WithoutCancel(r.Context()), key, s.limit, n, actual)
+			if err != nil {
+				s.c.observe(Decision{Request: r, Rule: s.c.name, Err: err})
+			}
+		}
+	}()
 	s.next.ServeHTTP(w, r)
 }
 

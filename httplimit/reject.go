@@ -96,6 +96,9 @@ func ProblemOf(rej Rejection) Problem {
 	case http.StatusBadRequest:
 		p.Error = "bad_request"
 		p.Detail = "The request does not identify its client for rate limiting."
+		if errors.Is(rej.Err, ErrBadCost) {
+			p.Detail = rej.Err.Error() // the request's own value, and what is wanted
+		}
 	default:
 		p.Error = strings.ReplaceAll(strings.ToLower(p.Title), " ", "_")
 		p.Detail = p.Title + "."

@@ -95,6 +95,11 @@ type rule struct {
 	lease     int64   // units taken at once (store/lease); 0: off
 	info      RuleInfo
 
+	// cost and count: what a request costs and which responses count
+	// (cost.go); nil for the common rule, which costs 1 and counts all.
+	cost  *costSpec
+	count []int
+
 	// fixedID and fixedKey are the identity and key of a rule counting by
 	// route or by a constant alone, which are the same for every request.
 	fixedID, fixedKey string
@@ -356,6 +361,7 @@ func checkRule(rc *RuleConfig, rp string, c *compiled, cfg *Config, rep reporter
 	ok = r.checkFailure(rc, rp, c, rep) && ok
 	ok = r.checkLimits(rc, rp, rep) && ok
 	ok = ok && r.checkLease(rc, rp, rep)
+	ok = ok && r.checkCost(rc, rp, rep)
 	if !ok {
 		return nil
 	}
@@ -374,6 +380,12 @@ func (r *rule) checkLease(rc *RuleConfig, rp string, rep reporter) bool {
 	at := rp + ".lease"
 	if rc.Lease < 0 {
 		rep.addAt(at, fmt.Sprintf("lease must be at least 1 (or 0 for none), got %d", rc.Lease))
+		return false
+	}
+	if rc.Cost != "" || rc.Count != nil {
+		// A leased unit is one request; a cost or a count settles with
+		// debits and refunds in the store, which a lease does not hold.
+		rep.addAt(at, fmt.Sprintf("lease %d and cost or count do not combine: a lease spends one unit per request", rc.Lease))
 		return false
 	}
 	for _, t := range r.tiers {

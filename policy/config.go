@@ -294,6 +294,22 @@ type RuleConfig struct {
 	// and sliding_window accept it, without block; 0 (the default) is
 	// off. docs/algorithms.md states what it costs in under-admission.
 	Lease int64
+	// Cost is what one request costs (the estimate it takes before the
+	// handler runs): "header:NAME" or "query:NAME" (a whole number the
+	// request carries, 0 up to the most the limit can admit at once; absent
+	// is 1), or a constant such as "5". Empty is 1. The handler settles the
+	// real cost with httplimit.Charge.
+	Cost string
+	// Count, when set, counts only the responses it names: the request
+	// peeks before the handler (rejected if the key is used up) and is
+	// debited after it when its status is listed.
+	Count *CountConfig
+}
+
+// CountConfig says which responses a rule counts (count: in weir.yaml).
+type CountConfig struct {
+	// Status lists the response statuses that count, such as [401, 403].
+	Status []int
 }
 
 // MatchConfig selects the requests a rule applies to. Empty fields match

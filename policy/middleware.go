@@ -94,6 +94,10 @@ func (m *ruled) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		start = time.Now()
 	}
 	v := p.Check(ctx, r)
+	if v.BadCost != nil {
+		resp.Reject(w, r, httplimit.Rejection{Status: http.StatusBadRequest, Err: v.BadCost})
+		return
+	}
 	// Concurrency leases go back when the handler returns or panics.
 	defer v.Release(context.WithoutCancel(ctx))
 	if observing || end != nil {
@@ -148,7 +152,32 @@ func (m *ruled) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	if v.Metered() {
+		m.serveMetered(w, r, p, &v)
+		return
+	}
 	m.next.ServeHTTP(w, r)
+}
+
+// serveMetered runs the handler of a request with a cost or count rule and
+// settles them when it returns, or panics, even if the client went away.
+func (m *ruled) serveMetered(w http.ResponseWriter, r *http.Request, p *Policy, v *Verdict) {
+	rec := httplimit.NewStatusRecorder(w)
+	r, meter := httplimit.WithMeter(r)
+	defer func() {
+		actual, charged := meter.Charged()
+		status := rec.Status()
+		if e := recover(); e != nil {
+			defer panic(e)
+			status = http.StatusInternalServerError
+		}
+		if err := p.Finish(context.WithoutCancel(r.Context()), v, Charges{Status: status, Actual: actual, Charged: charged}); err != nil {
+			// The store failed: the estimate stays charged. The error names
+			// rules and hashed keys, never identities.
+			p.log.Warn("weir: settling a request's cost failed", "err", err)
+		}
+	}()
+	m.next.ServeHTTP(rec, r)
 }
 
 // StatusesOf converts a policy verdict into the statuses its rate-limit

@@ -227,6 +227,10 @@ type RuleInfo struct {
 	Timezone    string   `json:"timezone,omitempty"`
 	ResetAt     string   `json:"reset_at,omitempty"`
 	Warmup      string   `json:"warmup,omitempty"`
+	// Cost is the rule's cost: setting, empty for 1; CountStatus its
+	// count.status list (cost.go).
+	Cost        string `json:"cost,omitempty"`
+	CountStatus []int  `json:"count_status,omitempty"`
 
 	path string
 }
@@ -295,6 +299,10 @@ func ruleInfo(rc *RuleConfig, r *rule, path string) RuleInfo {
 	d := r.tiers[0].limit
 	info.Limit, info.Algorithm, info.Block = d.String(), string(d.Algorithm), durString(d.Block)
 	info.setExtras(d)
+	if r.cost != nil {
+		info.Cost = r.cost.spec
+	}
+	info.CountStatus = r.count
 	if r.tierBy != nil {
 		info.TierBy = r.tierBy.spec
 		for _, t := range r.tiers {
@@ -329,6 +337,12 @@ type Verdict struct {
 	Limiting int
 
 	leases []heldLease
+	// metered: a rule with a cost or a count applied; Finish settles it.
+	metered bool
+	// BadCost is set when a rule's cost, read from the request, is not one
+	// it admits (ErrBadCost): nothing was decided, and the middleware
+	// answers 400.
+	BadCost error
 }
 
 // Limited returns the most restrictive result, Results[Limiting].
@@ -381,6 +395,10 @@ type RuleResult struct {
 	Tier string
 	// Result is the decision. For a skipped or denied rule it is zero.
 	Result weir.Result
+	// Cost is what the request was charged before the handler: 1, the
+	// rule's cost (cost:), or 0 for a rule that counts only some
+	// responses (count:), which peeks.
+	Cost int64
 	// Shadow marks a shadow rule: its Result is reported, never enforced.
 	Shadow bool
 	// NearLimit is the rule's near_limit share, 0 when off; IsNearLimit
@@ -550,6 +568,13 @@ func (p *Policy) Check(ctx context.Context, r *http.Request) Verdict {
 	denied := false
 	for _, h := range hits {
 		rr, ok := h.ru.resolve(&v, h.route)
+		if ok && (h.ru.cost != nil || h.ru.count != nil) {
+			verdict.metered = true
+			var err error
+			if rr.Cost, err = h.ru.costOf(&v, rr.Limit); err != nil {
+				return Verdict{Limiting: -1, BadCost: err}
+			}
+		}
 		if rr.Denied && !rr.Shadow {
 			denied = true
 		}
@@ -627,7 +652,7 @@ func (ru *rule) resolve(v *reqView, route string) (rr RuleResult, ok bool) {
 		rr.Skipped = !rr.Denied
 		return rr, false
 	}
-	rr.Identity, rr.Key = id, key
+	rr.Identity, rr.Key, rr.Cost = id, key, 1
 	return rr, true
 }
 
@@ -789,8 +814,12 @@ func (p *Policy) decideStore(ctx context.Context, res []RuleResult, idx []int, n
 	if g.Multi() {
 		reqs, out, s := getScratch(len(idx))
 		for i, j := range idx {
-			reqs[i] = weir.Request{Key: res[j].Key, Limit: res[j].Limit, N: n}
-			if n > 0 && res[j].Limit.Algorithm == weir.Concurrency {
+			c := res[j].Cost
+			if n == 0 {
+				c = 0 // a peek
+			}
+			reqs[i] = weir.Request{Key: res[j].Key, Limit: res[j].Limit, N: c}
+			if c > 0 && res[j].Limit.Algorithm == weir.Concurrency {
 				reqs[i].Lease = weir.NewLeaseID()
 			}
 		}
@@ -813,7 +842,7 @@ func (p *Policy) decideStore(ctx context.Context, res []RuleResult, idx []int, n
 		// rules before it have consumed.
 		rejected := n == 0
 		for _, j := range idx {
-			n := n
+			n := min(n, res[j].Cost) // the rule's cost, or 0 to peek
 			if rejected {
 				n = 0
 			}
@@ -858,7 +887,7 @@ func (p *Policy) fallback(ctx context.Context, res []RuleResult, idx []int, err 
 		}
 		reqs, out, s := getScratch(len(sel))
 		for i, j := range sel {
-			n := int64(1)
+			n := res[j].Cost
 			if mode == OnErrorLocal && anyDeny {
 				n = 0 // the request is rejected anyway: peek, consume nothing
 			}

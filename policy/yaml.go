@@ -2,6 +2,7 @@ package policy
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -453,7 +454,37 @@ func (w *walker) rule(path string, n *yaml.Node, r *RuleConfig) {
 		{"near_limit", func(p string, v *yaml.Node) { r.NearLimit = w.str(p, v) }},
 		{"on_error", func(p string, v *yaml.Node) { r.OnError = w.str(p, v) }},
 		{"lease", func(p string, v *yaml.Node) { r.Lease = w.integer(p, v, 1) }},
+		{"cost", func(p string, v *yaml.Node) { r.Cost = w.scalar(p, v) }},
+		{"count", func(p string, v *yaml.Node) { r.Count = w.count(p, v) }},
 	}, nil)
+}
+
+// scalar decodes any scalar (a string or a number) as written.
+func (w *walker) scalar(path string, n *yaml.Node) string {
+	n = yamlnode.Resolve(n)
+	if n.Kind != yaml.ScalarNode || yamlnode.IsNull(n) {
+		w.add(n, path, lastName(path)+" must be a string or a number, got "+yamlnode.Describe(n))
+		return ""
+	}
+	return n.Value
+}
+
+// count decodes a rule's count: {status: [401, 403]}.
+func (w *walker) count(path string, n *yaml.Node) *CountConfig {
+	c := &CountConfig{}
+	w.mapping(n, path, "count", []field{
+		{"status", func(p string, v *yaml.Node) {
+			v = yamlnode.Resolve(v)
+			if v.Kind != yaml.SequenceNode {
+				w.add(v, p, "status must be a list of HTTP statuses such as [401, 403], got "+yamlnode.Describe(v))
+				return
+			}
+			for i, e := range v.Content {
+				c.Status = append(c.Status, int(w.integer(fmt.Sprintf("%s[%d]", p, i), e, 100)))
+			}
+		}},
+	}, nil)
+	return c
 }
 
 func (w *walker) tiers(path string, n *yaml.Node) *TiersConfig {

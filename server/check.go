@@ -24,6 +24,9 @@ type checkRequest struct {
 	Hits *int64 `json:"hits"`
 	// Tier picks a tier of a tiered rule; empty is the default tier.
 	Tier string `json:"tier"`
+	// Mode is "take" (the default), "debit" (always consume hits, into
+	// debt if need be) or "refund" (give hits back).
+	Mode string `json:"mode"`
 }
 
 // Decision is the answer of POST /v1/check and GET /v1/state.
@@ -141,8 +144,13 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, codeBadRequest, `field "hits" is %d; it must be 0 (peek) or more`, hits)
 		return
 	}
+	mode, err := weir.ParseMode(req.Mode)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, codeBadRequest, `field "mode" is %q; want "take", "debit" or "refund"`, req.Mode)
+		return
+	}
 	p := s.holder.Load()
-	rr, err := p.CheckKeyTier(r.Context(), req.Rule, req.Tier, req.Key, hits)
+	rr, err := p.CheckKeyMode(r.Context(), req.Rule, req.Tier, req.Key, hits, mode)
 	if err != nil {
 		s.writeRuleError(w, p, req.Rule, err)
 		return

@@ -34,6 +34,8 @@ func (m methods) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/v1/check", methods{http.MethodPost: s.traced("weir.check", s.handleCheck)})
+	mux.Handle("/v1/reserve", methods{http.MethodPost: s.traced("weir.reserve", s.handleReserve)})
+	mux.Handle("/v1/settle", methods{http.MethodPost: s.traced("weir.settle", s.handleSettle)})
 	// Any method: nginx's auth subrequest has the original request's.
 	mux.HandleFunc("/v1/auth", s.traced("weir.auth", s.handleAuth))
 	mux.Handle("/v1/state", methods{http.MethodGet: s.admin(s.handleStateGet), http.MethodDelete: s.admin(s.handleStateDelete)})

@@ -102,7 +102,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 	for _, v := range variants {
 		a := v.algo
 		t.Run(v.name, func(t *testing.T) {
-			for _, tc := range []struct {
+			for _, tc := range append([]struct {
 				name  string
 				clock bool
 				fn    func(*tester)
@@ -124,7 +124,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 				{"Batch", false, (*tester).batch},
 				{"SameAsTokenBucket", true, (*tester).sameAsTokenBucket},
 				{"LoweredBurst", true, (*tester).loweredBurst},
-			} {
+			}, debtTests...) {
 				t.Run(tc.name, func(t *testing.T) {
 					h := newHarness(t)
 					if tc.clock && h.Clock == nil {

@@ -70,6 +70,7 @@ func (l *level) empty() bool {
 }
 
 type node struct {
+	debit      bool // debit: true, applied to its rule
 	key, value string
 	prefix     string // a wildcard's value without its trailing '*'
 	wildcard   bool
@@ -92,6 +93,7 @@ type rule struct {
 	quota     bool
 	deny      bool // requests_per_unit: 0 blocks every request
 	override  bool // a request's own limit (Envoy's limit override), not the config's
+	debit     bool // weir's debit: true: every matching call counts its hits, into debt if need be
 
 	limit   weir.Limit
 	maxCost int64 // the largest cost the limit can ever admit at once
@@ -109,6 +111,7 @@ type Rule struct {
 	Unlimited       bool       // never limited
 	Shadow          bool       // decided and reported, never enforced
 	Quota           bool       // quota_mode
+	Debit           bool       // debit: every call counts its hits_addend, past the limit if need be
 	RequestsPerUnit uint32     // 0 blocks every request
 	Unit            string     // second, minute, hour, day, week, month or year
 	UnitMultiplier  uint32     // the period is Unit × UnitMultiplier
@@ -174,7 +177,7 @@ func (c *Config) Rules() []Rule {
 	for _, r := range c.rules {
 		ru := Rule{
 			Domain: r.domain, Path: r.path, Name: r.name, Replaces: slices.Clone(r.replaces),
-			Unlimited: r.unlimited, Shadow: r.shadow, Quota: r.quota, File: r.file, Line: r.line,
+			Unlimited: r.unlimited, Shadow: r.shadow, Quota: r.quota, Debit: r.debit, File: r.file, Line: r.line,
 		}
 		if !r.unlimited {
 			ru.RequestsPerUnit, ru.UnitMultiplier, ru.Limit = r.rpu, r.mult, r.limit
@@ -333,7 +336,7 @@ var (
 
 	descriptorFields = yamlnode.Fields{What: "descriptor", Hints: misplaced, Names: []string{
 		"key", "value", "rate_limit", "descriptors", "shadow_mode", "detailed_metric",
-		"value_to_metric", "share_threshold", "quota_mode",
+		"value_to_metric", "share_threshold", "quota_mode", "debit",
 	}}
 
 	rateLimitFields = yamlnode.Fields{What: "rate_limit", Hints: misplaced, Names: []string{
@@ -402,7 +405,7 @@ func (p *parser) descriptor(l *level, n *yaml.Node, parent string) error {
 	for _, b := range []struct {
 		field string
 		dst   *bool
-	}{{"shadow_mode", &shadow}, {"quota_mode", &quota}, {"share_threshold", &share}} {
+	}{{"shadow_mode", &shadow}, {"quota_mode", &quota}, {"share_threshold", &share}, {"debit", &nd.debit}} {
 		if vn := f.Get(b.field); vn != nil {
 			if *b.dst, err = yamlnode.BoolYAML11(vn, b.field); err != nil {
 				return err
@@ -451,15 +454,39 @@ func (p *parser) descriptor(l *level, n *yaml.Node, parent string) error {
 		}
 		if r != nil {
 			r.shadow, r.quota = shadow, quota
+			if err := debitOf(r, nd, f.Get("debit")); err != nil {
+				return err
+			}
 			nd.rule = r
 			p.rules = append(p.rules, r)
 		}
+	} else if nd.debit {
+		return yamlnode.Errorf(f.Get("debit"), "debit needs a rate_limit beside it, and descriptor %q has none", path)
 	}
 	if dn := f.Get("descriptors"); dn != nil {
 		if err := p.level(&nd.children, dn, path); err != nil {
 			return err
 		}
 	}
+	return nil
+}
+
+// debitOf applies a descriptor's debit: true (weir's extension of the
+// format) to its rule: every matching call then counts its hits_addend,
+// past the limit if need be, as upstream counts response-path calls. The
+// rule's algorithm must support debt.
+func debitOf(r *rule, nd *node, vn *yaml.Node) error {
+	if !nd.debit {
+		return nil
+	}
+	if r.unlimited || r.deny {
+		return yamlnode.Errorf(vn, "debit needs a limit to count against, and %s has none", r.path)
+	}
+	p, err := r.limit.Compile()
+	if err == nil && !p.Debts() {
+		return yamlnode.Errorf(vn, "debit is not defined for %s (%s); use %s", r.path, r.limit.Algorithm, algorithm.JoinNames(algorithm.Supporting(algorithm.FeatureDebt), "or"))
+	}
+	r.debit = true
 	return nil
 }
 

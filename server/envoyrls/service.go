@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/algorithm"
 )
 
 // ErrBadRequest is wrapped by every error about a malformed request: an
@@ -302,6 +303,7 @@ type item struct {
 	hits   int64
 	forced bool // over the limit's capacity: rejected without consuming
 	req    int  // index in the store batch, -1 if the store is not asked
+	refund bool // is_negative_hits on a debit descriptor: give the hits back
 }
 
 // Check decides req like ShouldRateLimit, returning plain errors: those
@@ -346,9 +348,6 @@ func matchRules(dom *domainConfig, req *rlspb.RateLimitRequest) ([]item, error) 
 	for i, desc := range descs {
 		it := &items[i]
 		it.req = -1
-		if desc.GetIsNegativeHits() {
-			return nil, fmt.Errorf("%w: descriptors[%d].is_negative_hits is not supported: weir never gives back what it counted", ErrBadRequest, i)
-		}
 		if dom == nil {
 			continue // unknown domain: OK, as upstream
 		}
@@ -360,6 +359,14 @@ func matchRules(dom *domainConfig, req *rlspb.RateLimitRequest) ([]item, error) 
 			it.rule = r
 		} else {
 			it.rule, it.shared = dom.match(desc.GetEntries())
+		}
+		if desc.GetIsNegativeHits() {
+			// Only a debit descriptor gives back: elsewhere weir never
+			// counted what it rejected, so there is nothing to return.
+			if it.rule == nil || !it.rule.debit {
+				return nil, fmt.Errorf("%w: descriptors[%d].is_negative_hits applies only to a descriptor with debit: true", ErrBadRequest, i)
+			}
+			it.refund = true
 		}
 		if it.rule == nil {
 			continue
@@ -404,21 +411,34 @@ func storeRequests(req *rlspb.RateLimitRequest, items []item) []weir.Request {
 			continue
 		}
 		n := it.hits
+		if r.debit {
+			// Every call counts its hits, into debt if need be (0: the
+			// request-path check, a peek).
+			it.req = len(reqs)
+			mode := weir.ModeDebit
+			if it.refund {
+				mode = weir.ModeRefund
+			}
+			reqs = append(reqs, weir.Request{Key: requestKey(req, r, descs[i].GetEntries(), it.shared), Limit: r.limit, N: min(n, algorithm.MaxDebt), Mode: mode})
+			continue
+		}
 		if n > r.maxCost {
 			// More than the limit can ever admit: upstream says OVER_LIMIT,
 			// and a peek fetches the state to report.
 			n, it.forced = 0, true
 		}
 		it.req = len(reqs)
-		key := ""
-		if r.override {
-			key = overrideKey(req.Domain, r, descs[i].GetEntries())
-		} else {
-			key = stateKey(req.Domain, descs[i].GetEntries(), it.shared)
-		}
-		reqs = append(reqs, weir.Request{Key: key, Limit: r.limit, N: n})
+		reqs = append(reqs, weir.Request{Key: requestKey(req, r, descs[i].GetEntries(), it.shared), Limit: r.limit, N: n})
 	}
 	return reqs
+}
+
+// requestKey is the state key of a descriptor's rule.
+func requestKey(req *rlspb.RateLimitRequest, r *rule, entries []*rlcommon.RateLimitDescriptor_Entry, shared []string) string {
+	if r.override {
+		return overrideKey(req.Domain, r, entries)
+	}
+	return stateKey(req.Domain, entries, shared)
 }
 
 // observeFailed reports each descriptor the store was asked about as

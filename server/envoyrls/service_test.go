@@ -521,7 +521,7 @@ func TestBadRequests(t *testing.T) {
 		{"empty domain", request("", 0, desc("key2", "x")), "envoyrls: bad request: domain must not be empty"},
 		{"no descriptors", request("another", 0), "envoyrls: bad request: descriptors must not be empty"},
 		{"override without unit", request("another", 0, desc("key2", "y"), override), "envoyrls: bad request: descriptors[1].limit.unit must be a known unit, got UNKNOWN"},
-		{"negative hits", request("another", 0, negative), "envoyrls: bad request: descriptors[0].is_negative_hits is not supported: weir never gives back what it counted"},
+		{"negative hits", request("another", 0, negative), "envoyrls: bad request: descriptors[0].is_negative_hits applies only to a descriptor with debit: true"},
 	} {
 		_, err := h.client.ShouldRateLimit(context.Background(), c.req)
 		if status.Code(err) != codes.InvalidArgument || status.Convert(err).Message() != c.msg {

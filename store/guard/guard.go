@@ -559,6 +559,19 @@ func invalid(key string, l weir.Limit, n int64, atMost bool) error {
 	return weir.CheckCost(key, n, p.MaxCost())
 }
 
+// invalidRequest is invalid for one request of a batch: a debit or refund
+// may pass the limit (weir.CheckDebt).
+func invalidRequest(r *weir.Request) error {
+	if r.Mode == weir.ModeTake {
+		return invalid(r.Key, r.Limit, r.N, r.AtMost)
+	}
+	p, err := r.Limit.Compile()
+	if err != nil {
+		return err
+	}
+	return weir.CheckDebt(r.Key, r.N, &p, r.AlgorithmMode())
+}
+
 // closed reports whether the breaker is closed.
 func (g *Guard) closed() bool { return BreakerState(g.state.Load()) == BreakerClosed }
 
@@ -592,7 +605,7 @@ func (g *Guard) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 	}
 	if !g.closed() {
 		for i := range reqs {
-			if err := invalid(reqs[i].Key, reqs[i].Limit, reqs[i].N, reqs[i].AtMost); err != nil {
+			if err := invalidRequest(&reqs[i]); err != nil {
 				return err
 			}
 		}

@@ -39,6 +39,8 @@ type Store struct {
 	// Compiled limits are shared by every key under the same limit.
 	limitsMu sync.Mutex
 	limits   map[weir.Limit]*compiled
+
+	resv reservations // weir serve's open reservations (reservations.go)
 }
 
 // maxCompiled bounds the shared-limit cache; beyond it (a program that
@@ -313,6 +315,13 @@ func (s *Store) take(key string, l weir.Limit, n int64, mode algorithm.Mode, lea
 		}
 	}
 	maxCost := e.c.params.MaxCost()
+	if mode >= algorithm.Debit {
+		// A debit or refund may pass the limit (debt.go).
+		if err := weir.CheckDebt(key, n, &e.c.params, mode); err != nil {
+			return weir.Result{}, err
+		}
+		maxCost = algorithm.MaxDebt
+	}
 	if mode == algorithm.AtMost {
 		n = min(n, maxCost) // a partial grant may ask for more than fits
 	}
@@ -441,13 +450,14 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 	}
 	if len(reqs) == 1 {
 		r := reqs[0]
-		mode := algorithm.Exact
-		if r.AtMost {
-			mode = algorithm.AtMost
-		}
-		res, err := s.take(r.Key, r.Limit, r.N, mode, r.Lease)
+		res, err := s.take(r.Key, r.Limit, r.N, r.AlgorithmMode(), r.Lease)
 		results[0] = res
 		return err
+	}
+	for i := range reqs {
+		if reqs[i].Mode != weir.ModeTake {
+			return fmt.Errorf("%w: a %s decides one request at a time, not a batch of %d", weir.ErrUnsupported, reqs[i].Mode, len(reqs))
+		}
 	}
 	// Batches are small (one request per matched rule): keep them on the stack.
 	var itemsBuf [8]batchItem

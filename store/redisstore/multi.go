@@ -77,6 +77,9 @@ func (s *Store) batchItems(reqs []weir.Request) ([]item, error) {
 	items := make([]item, len(reqs))
 	for i := range reqs {
 		r := &reqs[i]
+		if r.Mode != weir.ModeTake {
+			return nil, fmt.Errorf("%w: a %s decides one request at a time, not a batch of %d", weir.ErrUnsupported, r.Mode, len(reqs))
+		}
 		c, err := s.compile(r.Limit)
 		if err != nil {
 			return nil, err
@@ -151,12 +154,7 @@ func (s *Store) takeAcrossSlots(ctx context.Context, items []item, groups []grou
 	return nil
 }
 
-func modeOf(r *weir.Request) algorithm.Mode {
-	if r.AtMost {
-		return algorithm.AtMost
-	}
-	return algorithm.Exact
-}
+func modeOf(r *weir.Request) algorithm.Mode { return r.AlgorithmMode() }
 
 // groupBySlot splits a batch by cluster hash slot, keeping request order
 // within each group. Outside a cluster every key can go in one script.

@@ -466,10 +466,7 @@ func (s *Store) memberID(c *compiled, n int64, lease string) string {
 }
 
 func modeArg(m algorithm.Mode) string {
-	if m == algorithm.AtMost {
-		return "1"
-	}
-	return "0"
+	return strconv.Itoa(int(m)) // 0 exact, 1 at most, 2 debit, 3 credit: prelude.lua's modes
 }
 
 // Take implements weir.Store.
@@ -491,10 +488,18 @@ func (s *Store) take(ctx context.Context, key string, l weir.Limit, n int64, mod
 	if !s.conn.connected.Load() {
 		return algorithm.Decision{}, 0, fmt.Errorf("%w: take %d from %s under %s %v: %w", weir.ErrStore, n, keyRef(key), c.algo, l, s.notConnectedError())
 	}
+	maxCost := c.maxCost
+	if mode >= algorithm.Debit {
+		// A debit or refund may pass the limit (algorithm/debt.go).
+		if err := weir.CheckDebt(key, n, &c.p, mode); err != nil {
+			return algorithm.Decision{}, 0, err
+		}
+		maxCost = algorithm.MaxDebt
+	}
 	if mode == algorithm.AtMost {
 		n = min(n, c.maxCost) // a partial grant may ask for more than fits
 	}
-	if err := weir.CheckCost(key, n, c.maxCost); err != nil {
+	if err := weir.CheckCost(key, n, maxCost); err != nil {
 		return algorithm.Decision{}, 0, err
 	}
 	k := s.names(key, c.algo)

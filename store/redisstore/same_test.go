@@ -311,6 +311,26 @@ func sameAsMemstore(t *testing.T, addrs []string, steps int) {
 							}
 						}
 					}
+				case op < 90 && a != weir.Concurrency: // Debit and Refund: debt
+					n := rng.Int64N(3*maxCost + 2)
+					switch rng.IntN(20) {
+					case 0:
+						n = 1 << 50 // saturates at the debt's bound
+					case 1:
+						n = -1
+					}
+					name := "Debit"
+					if rng.IntN(3) == 0 {
+						name = "Refund"
+					}
+					for i, lim := range lims {
+						f := lim.Debit
+						if name == "Refund" {
+							f = lim.Refund
+						}
+						res[i], errs[i] = f(ctx, k, l, n)
+					}
+					same(step, fmt.Sprintf("%s(%s, %+v, %d)", name, k, l, n), res, errs)
 				case op < 90 && a == weir.Concurrency: // Acquire and Release
 					if len(leases) > 0 && rng.IntN(2) == 0 {
 						j := rng.IntN(len(leases))

@@ -2,37 +2,55 @@
 -- A calendar window (algorithm/calendar.go) is identified by its start.
 -- State: a string "<window>:<count>" with PEXPIRE at the window's end.
 
+-- fw_count mirrors fwCount: the count of window w, capped at the rate (a
+-- lowered limit); 0 in a later window, unless the state is in debt, whose
+-- excess carries on at Rate per window.
+local function fw_count(p, s, w)
+  local count = s.count
+  if s.window ~= w then
+    count = 0 -- a new window starts empty
+    if s.debt and s.window < w then
+      local k = w - s.window
+      if k <= idiv(s.count, p.rate) then
+        count = s.count - k * p.rate
+      end
+    end
+  end
+  if not s.debt then
+    count = min(count, p.rate)
+  end
+  return count
+end
+
 ALG.fixed_window = {
   load = function(s, p, now)
-    s.window, s.count = get_pair(s.key)
+    s.window, s.count, s.debt = get_pair(s.key)
   end,
 
   decide = function(p, s, now, cost, mode, apply)
     local d = decision(p)
     local w, wend = fw_window(p, now) -- the window now falls in
-    local count = s.count
-    if s.window ~= w then
-      count = 0 -- a new window starts empty
-    end
-    count = min(count, p.rate)
+    local count = fw_count(p, s, w)
     local g = grant(cost, p.rate - count, mode)
     local fin = wend - now -- µs until this window ends
     if g == 0 then
-      d.retry = fin -- the next window admits anything up to Rate
+      -- The next window admits anything up to Rate; in debt, the first
+      -- window whose carried count leaves room for cost.
+      d.retry = fin + (ceil_div(count + cost - p.rate, p.rate) - 1) * p.period
     elseif apply then
       count = count + g
-      s.window, s.count = w, count
+      s.window, s.count, s.debt = w, count, false
       d.changed = true
     end
-    d.granted, d.remaining = g, p.rate - count
+    d.granted, d.remaining = g, max(p.rate - count, 0)
     if count > 0 then
-      d.reset = fin
+      d.reset = fin + (ceil_div(count, p.rate) - 1) * p.period
     end
     return d
   end,
 
   save = function(s, pttl)
-    set_string(s.key, fmt(s.window) .. ':' .. fmt(s.count), pttl)
+    set_string(s.key, fmt(s.window) .. ':' .. fmt(s.count) .. debt_suffix(s), pttl)
   end,
 
   -- refund: the g events counted at take_now leave the count, if that
@@ -42,6 +60,23 @@ ALG.fixed_window = {
       return false
     end
     s.count = max(s.count - g, 0)
+    s.debt = s.debt and s.count > p.rate
     return true
+  end,
+
+  -- debit: count n more in the current window, past the rate if need be
+  -- (debt), up to debt_cap_events (fixedWindowDebit).
+  debit = function(p, s, now, n)
+    local w = fw_window(p, now)
+    local count = add_capped(fw_count(p, s, w), n, 1, debt_cap_events(p))
+    s.window, s.count, s.debt = w, count, count > p.rate
+  end,
+
+  -- credit: count n fewer in the current window, floored at 0
+  -- (fixedWindowCredit).
+  credit = function(p, s, now, n)
+    local w = fw_window(p, now)
+    local count = max(fw_count(p, s, w) - n, 0)
+    s.window, s.count, s.debt = w, count, count > p.rate
   end,
 }

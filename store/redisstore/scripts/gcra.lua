@@ -9,8 +9,10 @@ local function gcra_diff(p, s, now, c)
   local diff = 0
   if s.tat ~= 0 then
     local ahead = s.tat - now
-    if ahead > idiv(c, p.b) then
+    if ahead > idiv(c, p.b) and not s.debt then
       diff = c -- guard before multiplying: ahead*B would pass c
+    elseif ahead > idiv(c, p.b) then
+      diff = ahead * p.b + s.frac -- in debt: debt_cap_units bounds it
     else
       -- When ahead < 0 the product may be large and inexact, but it keeps
       -- its sign and max() clamps it to 0, as the exact value would be.
@@ -22,7 +24,7 @@ end
 
 ALG.gcra = {
   load = function(s, p, now)
-    s.tat, s.frac = get_pair(s.key)
+    s.tat, s.frac, s.debt = get_pair(s.key)
   end,
 
   decide = function(p, s, now, cost, mode, apply)
@@ -37,6 +39,7 @@ ALG.gcra = {
     elseif apply then
       diff = diff + g * p.a
       s.tat, s.frac = now + idiv(diff, p.b), imod(diff, p.b)
+      s.debt = false -- it fitted: diff <= c
       d.changed = true
     end
     d.granted, d.remaining = g, idiv(max(c - diff, 0), p.a)
@@ -45,7 +48,7 @@ ALG.gcra = {
   end,
 
   save = function(s, pttl)
-    set_string(s.key, fmt(s.tat) .. ':' .. fmt(s.frac), pttl)
+    set_string(s.key, fmt(s.tat) .. ':' .. fmt(s.frac) .. debt_suffix(s), pttl)
   end,
 
   -- refund: move TAT back by g cells, measured from now and floored at now
@@ -57,6 +60,24 @@ ALG.gcra = {
     local c = p.burst * p.a
     local diff = max(gcra_diff(p, s, now, c) - g * p.a, 0)
     s.tat, s.frac = now + idiv(diff, p.b), imod(diff, p.b)
+    s.debt = s.debt and diff > c
     return true
+  end,
+
+  -- debit: move TAT n cells on, past the burst if need be (debt), at most
+  -- debt_cap_units past it (gcraDebit).
+  debit = function(p, s, now, n)
+    local c = p.burst * p.a
+    local diff = add_capped(gcra_diff(p, s, now, c), n, p.a, c + debt_cap_units(p, c))
+    s.tat, s.frac = now + idiv(diff, p.b), imod(diff, p.b)
+    s.debt = diff > c
+  end,
+
+  -- credit: move TAT back n cells, floored at now (gcraCredit).
+  credit = function(p, s, now, n)
+    local c = p.burst * p.a
+    local diff = sub_floored(gcra_diff(p, s, now, c), n, p.a)
+    s.tat, s.frac = now + idiv(diff, p.b), imod(diff, p.b)
+    s.debt = diff > c
   end,
 }

@@ -22,7 +22,9 @@ local function lb_level(p, s, now, c)
         level = level - el * p.b
       end
     end
-    level = min(level, c)
+    if not s.debt then
+      level = min(level, c)
+    end
   end
   return level
 end
@@ -30,10 +32,12 @@ end
 ALG.leaky_bucket = {
   load = function(s, p, now)
     s.level, s.ts = 0, 0
-    local v = redis.call('HMGET', s.key, 'level', 'ts')
+    local v = redis.call('HMGET', s.key, 'level', 'ts', 'd')
     if v[1] then
       s.level, s.ts = tonumber(v[1]), tonumber(v[2])
     end
+    s.debt = v[3] == '1'
+    s.had_debt = s.debt
   end,
 
   decide = function(p, s, now, cost, mode, apply)
@@ -51,6 +55,7 @@ ALG.leaky_bucket = {
     elseif apply then
       level = level + g * p.a
       s.level, s.ts = level, now
+      s.debt = false -- it fitted: level <= room
       d.changed = true
     end
     if g > 0 and p.shaping then
@@ -68,6 +73,7 @@ ALG.leaky_bucket = {
 
   save = function(s, pttl)
     set_hash(s.key, pttl, 'level', fmt(s.level), 'ts', fmt(s.ts))
+    set_debt_field(s)
   end,
 
   -- refund: take g*A units out at now, floored at 0; draining is linear
@@ -81,6 +87,24 @@ ALG.leaky_bucket = {
     end
     local level = lb_level(p, s, now, p.burst * p.a)
     s.level, s.ts = max(level - g * p.a, 0), max(now, s.ts)
+    s.debt = s.debt and s.level > p.burst * p.a
     return true
+  end,
+
+  -- debit: pour n*A units in at now, over c if need be (debt), at most
+  -- debt_cap_units over it (leakyBucketDebit). Policing only.
+  debit = function(p, s, now, n)
+    local c = p.burst * p.a
+    local level = add_capped(lb_level(p, s, now, c), n, p.a, c + debt_cap_units(p, c))
+    s.level, s.ts = level, now
+    s.debt = level > c
+  end,
+
+  -- credit: take n*A units out at now, floored at 0 (leakyBucketCredit).
+  credit = function(p, s, now, n)
+    local c = p.burst * p.a
+    local level = sub_floored(lb_level(p, s, now, c), n, p.a)
+    s.level, s.ts = level, now
+    s.debt = level > c
   end,
 }

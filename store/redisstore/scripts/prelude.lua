@@ -48,6 +48,8 @@
 -- the code spells it out.)
 
 local EXACT, ATMOST = 0, 1
+-- The debt modes (algorithm.Debit, algorithm.Credit; see debt_op).
+local DEBIT, CREDIT = 2, 3
 
 -- min and max are Go's builtins, for two numbers. (Not math.min: a
 -- library's top level runs when Redis loads it, where Redis 7.0 offers no
@@ -241,14 +243,75 @@ local function save(alg, s, ttl)
 end
 
 -- get_pair reads a string state "<x>:<y>" (fixed_window, gcra) as two
--- numbers, 0 and 0 when the key is absent.
+-- numbers, 0 and 0 when the key is absent, and whether it ends in ":d"
+-- (in debt: algorithm.State.Debt).
 local function get_pair(key)
   local v = redis.call('GET', key)
   if not v then
-    return 0, 0
+    return 0, 0, false
+  end
+  local debt = false
+  if string.sub(v, -2) == ':d' then
+    debt, v = true, string.sub(v, 1, -3)
   end
   local i = string.find(v, ':', 1, true)
-  return tonumber(string.sub(v, 1, i - 1)), tonumber(string.sub(v, i + 1))
+  return tonumber(string.sub(v, 1, i - 1)), tonumber(string.sub(v, i + 1)), debt
+end
+
+-- debt_suffix is what a string state in debt ends with.
+local function debt_suffix(s)
+  if s.debt then
+    return ':d'
+  end
+  return ''
+end
+
+-- set_debt_field writes a hash state's debt flag 'd' (leaky_bucket,
+-- sliding_window), or removes one a debit left.
+local function set_debt_field(s)
+  if s.debt then
+    redis.call('HSET', s.key, 'd', '1')
+  elseif s.had_debt then
+    redis.call('HDEL', s.key, 'd')
+  end
+end
+
+-- The bounds of debt (algorithm/debt.go): MaxExact, MaxPeriod, MaxDebt.
+local MAXEXACT, MAXPERIOD, MAXDEBT = 9007199254740992, 316224000000000, 2251799813685248
+
+-- debt_cap_units mirrors debtCapUnits: the most a bucket holds beyond
+-- empty, in units.
+local function debt_cap_units(p, c)
+  local m = idiv(MAXEXACT - 1 - c, 2)
+  if p.b <= idiv(m, MAXPERIOD) then
+    m = min(m, MAXPERIOD * p.b)
+  end
+  return m
+end
+
+-- debt_cap_events mirrors debtCapEvents: the most a window counts.
+local function debt_cap_events(p)
+  local w = idiv(MAXPERIOD, p.period) + 1
+  if p.rate > idiv(MAXDEBT, w) then
+    return MAXDEBT
+  end
+  return p.rate * w
+end
+
+-- add_capped mirrors addCapped: x + n*a, or top if that passes top.
+local function add_capped(x, n, a, top)
+  if n > idiv(top - x, a) then
+    return top
+  end
+  return x + n * a
+end
+
+-- sub_floored mirrors subFloored: max(x - n*a, 0) for x >= 0.
+local function sub_floored(x, n, a)
+  if n >= ceil_div(x, a) then
+    return 0
+  end
+  return x - n * a
 end
 
 -- set_string writes a string state with an expiry of pttl ms.
@@ -375,10 +438,61 @@ local function persist(alg, p, s, d)
   end
 end
 
+-- debt_op mirrors algorithm.debtOp (DebitTake, CreditTake): a debit
+-- consumes n whether or not it fits, a credit gives n back; the reply
+-- describes the state afterwards as a peek does. A debit that did not fit
+-- starts the penalty box of a limit with one.
+local function debt_op(alg, p, s, now, n, mode)
+  if s.bu ~= 0 and s.bu <= now then
+    s.bu = 0
+  end
+  local boxed = s.bu > now and p.block > 0
+  local fit = true
+  if mode == DEBIT then
+    local before = alg.decide(p, s, now, 1, EXACT, false)
+    fit = (not boxed) and before.remaining >= n
+    alg.debit(p, s, now, n)
+  else
+    alg.credit(p, s, now, n)
+  end
+  local d = alg.decide(p, s, now, 1, EXACT, false)
+  if d.granted > 0 then
+    d.retry = 0
+  end
+  d.granted = 0
+  if mode == DEBIT then
+    d.granted = n
+  end
+  d.allowed = fit
+  d.changed = true
+  if not fit and p.block > 0 and not boxed then
+    start_box(p, s, now) -- escalating, as a rejection's box is
+    s.block_set = true
+  end
+  if s.bu > now and p.block > 0 then
+    local left = s.bu - now
+    d.retry = max(d.retry, left)
+    d.reset = max(d.reset, left)
+    d.remaining = 0
+    d.blocked = s.bu
+  end
+  return d
+end
+
 -- take_one is one whole decision, as take.lua and batch.lua make it: load
 -- the state and box, decide with commit, write what changed.
 local function take_one(p, skey, bkey, id, now, n, mode)
   local alg = ALG[p.kind]
+  if mode >= DEBIT then
+    if n > 0 then
+      -- A debit or credit: it changes the state even under a box.
+      local s = load(alg, p, skey, bkey, id, now, true)
+      local d = debt_op(alg, p, s, now, n, mode)
+      persist(alg, p, s, d)
+      return d
+    end
+    mode = EXACT -- a cost of 0 peeks
+  end
   local s = load(alg, p, skey, bkey, id, now, false)
   local d = take(alg, p, s, now, n, mode, true)
   persist(alg, p, s, d)

@@ -155,13 +155,14 @@ ALG.sliding_log = {
 
   decide = function(p, s, now, cost, mode, apply)
     local d = decision(p)
-    local count = min(s.total, p.rate)
+    -- Every event counts: beyond Rate only after a lowered limit or a
+    -- debit (debt), which then waits for the oldest to leave.
+    local count = s.total
     local g = grant(cost, p.rate - count, mode)
     if g == 0 then
-      -- The (count+cost-Rate)-th oldest counted event must leave the
-      -- window; events beyond Rate (after a lowered limit) are the oldest.
+      -- The (count+cost-Rate)-th oldest event must leave the window.
       local k = count + cost - p.rate
-      d.retry = log_event_ts(s, s.total - count + k - 1) + p.period - now
+      d.retry = log_event_ts(s, k - 1) + p.period - now
     elseif apply then
       local t = max(now, s.last_ts)
       s.last_end = s.last_end + g
@@ -174,7 +175,7 @@ ALG.sliding_log = {
       count = count + g
       d.changed = true
     end
-    d.granted, d.remaining = g, p.rate - count
+    d.granted, d.remaining = g, max(p.rate - count, 0)
     if s.size > 0 then
       -- The newest entry leaves last.
       d.reset = s.last_ts + p.period - now
@@ -206,5 +207,45 @@ ALG.sliding_log = {
     end
     log_state(s)
     return w ~= nil
+  end,
+
+  -- debit: add n events at now, past the rate if need be (debt), keeping
+  -- at most 2*Rate, the oldest dropped first (slidingLogDebit).
+  debit = function(p, s, now, n)
+    local cap = 2 * p.rate
+    local g = min(n, cap)
+    local t = max(now, s.last_ts)
+    s.last_end = s.last_end + g
+    redis.call('ZADD', s.key, fmt(t), log_member(s.last_end, g, s.id))
+    s.size, s.last_ts, s.total = s.size + 1, t, s.total + g
+    if s.total > cap then
+      log_drop_oldest(s, s.total - cap)
+    end
+  end,
+
+  -- credit: take back up to n of the newest events (slidingLogCredit).
+  credit = function(p, s, now, n)
+    local k = n
+    while k > 0 and s.size > 0 do
+      local e = redis.call('ZRANGE', s.key, -1, -1, 'WITHSCORES')
+      local c, w, id = log_parse(e[1])
+      if c == nil then
+        log_rebuild(s.key, 0) -- an old-form member: rewrite, then go on
+        log_state(s)
+      else
+        redis.call('ZREM', s.key, e[1])
+        if w <= k then
+          s.size, k, s.last_end = s.size - 1, k - w, c - w
+        else
+          redis.call('ZADD', s.key, e[2], log_member(c - k, w - k, id))
+          s.last_end, k = c - k, 0
+        end
+      end
+    end
+    s.last_ts, s.total = 0, 0
+    if s.size > 0 then
+      s.last_ts = tonumber(redis.call('ZRANGE', s.key, -1, -1, 'WITHSCORES')[2])
+      s.total = s.last_end - s.base
+    end
   end,
 }

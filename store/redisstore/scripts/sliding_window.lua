@@ -16,7 +16,21 @@ local function sw_count(p, s, valid, i)
   if not valid or i > s.window or i < 0 then
     return 0
   end
-  return min(s.b[imod(i, p.buckets + 1) + 1], p.rate)
+  local c = s.b[imod(i, p.buckets + 1) + 1]
+  if not s.debt then
+    c = min(c, p.rate) -- in debt a bucket counts in full
+  end
+  return c
+end
+
+-- ring_over mirrors ringOver: a bucket counts more than the rate.
+local function ring_over(p, b)
+  for j = 1, #b do
+    if b[j] > p.rate then
+      return true
+    end
+  end
+  return false
 end
 
 -- sw_buckets mirrors algorithm.slidingBuckets step for step.
@@ -71,6 +85,7 @@ local function sw_buckets(p, s, now, cost, mode, apply)
     end
     local j = imod(w, ring) + 1
     s.b[j] = s.b[j] + g
+    s.debt = s.debt and ring_over(p, s.b)
     s.window, s.count, s.prev = w, 0, 0
     valid = true
     est = est + g
@@ -88,12 +103,68 @@ local function sw_buckets(p, s, now, cost, mode, apply)
   return d
 end
 
+-- sw_counts mirrors swCounts: the current and previous windows' counts in
+-- window w, capped at the rate; in debt the current count is not capped,
+-- and what is over the rate carries into the next windows, Rate per window.
+local function sw_counts(p, s, w)
+  local cur, prev = 0, 0
+  local k = w - s.window
+  if k == 0 then
+    cur, prev = s.count, s.prev
+  elseif k == 1 and not s.debt then
+    prev = s.count -- the stored window is now the previous one
+  elseif k >= 1 and s.debt and k - 1 <= idiv(s.count, p.rate) then
+    prev = s.count - (k - 1) * p.rate
+    cur = max(prev - p.rate, 0)
+  end
+  if not s.debt then
+    cur = min(cur, p.rate)
+  end
+  return cur, min(prev, p.rate)
+end
+
+-- sw_retry mirrors swRetry: the tick at which a request of cost fits.
+local function sw_retry(p, w, pt, cur, prev, cost)
+  local k = p.rate - cur - cost
+  if k >= 0 then
+    -- Same window: ceil(prev(P-e')/P) <= k  <=>  e' >= P - floor(kP/prev).
+    return w * pt + pt - idiv(k * pt, prev)
+  end
+  local m = ceil_div(cur + cost - p.rate, p.rate)
+  local cur_m = max(cur - m * p.rate, 0)
+  local prev_m = min(cur - (m - 1) * p.rate, p.rate)
+  k = p.rate - cur_m - cost
+  return (w + m) * pt + max(pt - idiv(k * pt, prev_m), 0)
+end
+
+-- sw_ring mirrors bucketRing: the ring rewritten as buckets w-nb .. w, as
+-- an admitted take rewrites it; it returns w.
+local function sw_ring(p, s, now)
+  local nb = p.buckets
+  local ring = nb + 1
+  local w = idiv(idiv(now, p.tick), idiv(idiv(p.period, p.tick), nb))
+  local valid = #s.b == ring and s.window <= w and w - s.window <= nb
+  if #s.b ~= ring then
+    s.b = {}
+    for j = 1, ring do
+      s.b[j] = 0
+    end
+  end
+  for i = max(w - nb, 0), w do
+    s.b[imod(i, ring) + 1] = sw_count(p, s, valid, i)
+  end
+  s.window, s.count, s.prev = w, 0, 0
+  return w
+end
+
 ALG.sliding_window = {
   load = function(s, p, now)
     s.window, s.count, s.prev = 0, 0, 0
     if p.buckets > 0 then
       s.bucketed, s.b = true, {}
-      local v = redis.call('HMGET', s.key, 'w', 'b')
+      local v = redis.call('HMGET', s.key, 'w', 'b', 'd')
+      s.debt = v[3] == '1'
+      s.had_debt = s.debt
       if v[1] and v[2] then
         s.window = tonumber(v[1])
         for c in string.gmatch(v[2], '%d+') do
@@ -102,10 +173,12 @@ ALG.sliding_window = {
       end
       return
     end
-    local v = redis.call('HMGET', s.key, 'w', 'cur', 'prev')
+    local v = redis.call('HMGET', s.key, 'w', 'cur', 'prev', 'd')
     if v[1] then
       s.window, s.count, s.prev = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
     end
+    s.debt = v[4] == '1'
+    s.had_debt = s.debt
   end,
 
   decide = function(p, s, now, cost, mode, apply)
@@ -117,41 +190,24 @@ ALG.sliding_window = {
     local nt = idiv(now, p.tick) -- now in ticks
     local w = idiv(nt, pt) -- the current window
     local e = nt - w * pt -- ticks elapsed in it
-    local cur, prev = 0, 0
-    if s.window == w then
-      cur, prev = s.count, s.prev
-    elseif s.window == w - 1 then
-      prev = s.count -- the stored window is now the previous one
-    end
-    cur, prev = min(cur, p.rate), min(prev, p.rate)
+    local cur, prev = sw_counts(p, s, w)
     -- prev*(pt-e) <= Rate*pt < 2^53: Compile chose Tick to make it so.
     local weighted = ceil_div(prev * (pt - e), pt)
     local est = weighted + cur
     local g = grant(cost, max(p.rate - est, 0), mode)
     if g == 0 then
-      local at -- the instant, in ticks, when the request fits
-      local k = p.rate - cur - cost
-      if k >= 0 then
-        -- Same window: ceil(prev(P-e')/P) <= k  <=>  e' >= P - floor(kP/prev).
-        at = w * pt + pt - idiv(k * pt, prev)
-      else
-        -- Next window, where the current count becomes prev.
-        local need = 0
-        if cur > 0 then
-          need = max(pt - idiv((p.rate - cost) * pt, cur), 0)
-        end
-        at = (w + 1) * pt + need
-      end
-      d.retry = at * p.tick - now
+      d.retry = sw_retry(p, w, pt, cur, prev, cost) * p.tick - now
     elseif apply then
       cur = cur + g
       est = est + g
-      s.window, s.count, s.prev = w, cur, prev
+      s.window, s.count, s.prev, s.debt = w, cur, prev, false
       d.changed = true
     end
     d.granted, d.remaining = g, max(p.rate - est, 0)
     if cur > 0 then
-      d.reset = (w + 2) * pt * p.tick - now -- cur weighs nothing two windows on
+      -- cur weighs nothing two windows on; in debt it carries on for
+      -- ceil(cur/Rate) windows first.
+      d.reset = (w + 1 + ceil_div(cur, p.rate)) * pt * p.tick - now
     elseif prev > 0 then
       d.reset = (w + 1) * pt * p.tick - now
     end
@@ -165,9 +221,11 @@ ALG.sliding_window = {
         b[j] = fmt(s.b[j])
       end
       set_hash(s.key, pttl, 'w', fmt(s.window), 'cur', '0', 'prev', '0', 'b', table.concat(b, ','))
+      set_debt_field(s)
       return
     end
     set_hash(s.key, pttl, 'w', fmt(s.window), 'cur', fmt(s.count), 'prev', fmt(s.prev))
+    set_debt_field(s)
   end,
 
   -- refund: take the g events out of the counter that holds them now: cur
@@ -189,11 +247,59 @@ ALG.sliding_window = {
     local tw = idiv(idiv(take_now, p.tick), idiv(p.period, p.tick))
     if s.window == tw and s.count > 0 then
       s.count = max(s.count - g, 0)
+      s.debt = s.debt and s.count > p.rate
       return true
     elseif s.window == tw + 1 and s.prev > 0 then
       s.prev = max(s.prev - g, 0)
       return true
     end
     return false
+  end,
+
+  -- debit: count n more in the current window, past the rate if need be
+  -- (debt), up to debt_cap_events (slidingWindowDebit). Without buckets.
+  debit = function(p, s, now, n)
+    if p.buckets > 0 then
+      -- bucketsDebit: the newest bucket, the ring at most 2*Rate events.
+      local w = sw_ring(p, s, now)
+      local total = 0
+      for j = 1, #s.b do
+        total = total + s.b[j]
+      end
+      local j = imod(w, p.buckets + 1) + 1
+      s.b[j] = s.b[j] + min(n, max(2 * p.rate - total, 0))
+      s.debt = ring_over(p, s.b)
+      return
+    end
+    local w = idiv(idiv(now, p.tick), idiv(p.period, p.tick))
+    local cur, prev = sw_counts(p, s, w)
+    cur = add_capped(cur, n, 1, debt_cap_events(p))
+    s.window, s.count, s.prev, s.debt = w, cur, prev, cur > p.rate
+  end,
+
+  -- credit: count n fewer, first in the current window, then in the
+  -- previous one, floored at 0 (slidingWindowCredit).
+  credit = function(p, s, now, n)
+    if p.buckets > 0 then
+      -- bucketsCredit: the newest buckets first.
+      local w = sw_ring(p, s, now)
+      local ring = p.buckets + 1
+      local i = w
+      while i >= max(w - p.buckets, 0) and n > 0 do
+        local j = imod(i, ring) + 1
+        local t = min(n, s.b[j])
+        s.b[j] = s.b[j] - t
+        n = n - t
+        i = i - 1
+      end
+      s.debt = ring_over(p, s.b)
+      return
+    end
+    local w = idiv(idiv(now, p.tick), idiv(p.period, p.tick))
+    local cur, prev = sw_counts(p, s, w)
+    local from = min(n, cur)
+    cur = cur - from
+    prev = max(prev - (n - from), 0)
+    s.window, s.count, s.prev, s.debt = w, cur, prev, cur > p.rate
   end,
 }

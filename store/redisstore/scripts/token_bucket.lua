@@ -48,7 +48,7 @@ ALG.token_bucket = {
       s.level, s.ts = tokens, now
       d.changed = true
     end
-    d.granted, d.remaining = g, idiv(tokens, p.a)
+    d.granted, d.remaining = g, idiv(max(tokens, 0), p.a) -- tokens < 0: in debt
     d.reset = ceil_div(c - tokens, p.b) -- until the bucket is full
     return d
   end,
@@ -73,5 +73,21 @@ ALG.token_bucket = {
     end
     s.level, s.ts = tokens, max(now, s.ts)
     return true
+  end,
+
+  -- debit: take n*A tokens at now, below 0 if need be (debt), down to
+  -- -debt_cap_units (tokenBucketDebit).
+  debit = function(p, s, now, n)
+    local c = p.burst * p.a
+    local low = debt_cap_units(p, c)
+    local tokens = tb_tokens(p, s, now, c)
+    s.level, s.ts = -add_capped(-tokens, n, p.a, low), now
+  end,
+
+  -- credit: put n*A tokens back at now, capped at c (tokenBucketCredit).
+  credit = function(p, s, now, n)
+    local c = p.burst * p.a
+    local tokens = tb_tokens(p, s, now, c)
+    s.level, s.ts = c - sub_floored(c - tokens, n, p.a), now
   end,
 }

@@ -1,0 +1,151 @@
+package algorithm
+
+// Debt: costs known only after the work is done (LLM tokens, bytes, rows).
+// Debit always consumes, even past the limit: the key goes into debt, which
+// it pays back at the limit's own rate before anything fits again. Credit
+// gives back what was consumed, never beyond an empty state. Both mirror
+// prelude.lua's debit and credit, and each algorithm that supports them has
+// a <algorithm>Debit and <algorithm>Credit (ALG.<algorithm>.debit, credit).
+//
+// What debt means per algorithm (docs/algorithms.md, "Debt"):
+//
+//   - token_bucket: the tokens go negative and refill at the rate.
+//   - gcra: TAT moves past the burst; it catches up at the rate.
+//   - leaky_bucket (policing): the level rises past the burst and drains.
+//   - fixed_window: the count passes the rate; what is over the rate in one
+//     window carries into the next, Rate per window.
+//   - sliding_window: the current count passes the rate and carries into
+//     the next windows the same way, weighted as usual. With buckets, the
+//     newest bucket passes the rate and counts in full until it leaves the
+//     trailing period; the ring holds at most 2·Rate events.
+//   - sliding_log: an entry of weight n; the debt lasts until its events
+//     leave the trailing period. The log holds at most 2·Rate events.
+//
+// A bucket or window whose stored state is over its capacity because of a
+// debit says so (State.Debt), so that its excess counts in full instead of
+// being capped, as a state left over by a lowered limit is.
+
+// Debit and Credit are the Modes of Take for debt: Take(p, s, now, n,
+// Debit) is Debit(p, s, now, n), and likewise for Credit. A store passes
+// them through its usual path (the Redis scripts' mode argument).
+const (
+	// Debit consumes n even past the limit.
+	Debit Mode = 2
+	// Credit gives n back, never beyond an empty state.
+	Credit Mode = 3
+)
+
+// MaxDebt bounds the cost of one debit or credit. The debt a key can owe
+// is bounded too (debtCap): ten years of the limit's rate, and less where
+// the state's integers would pass 2^53; a debit beyond it saturates.
+const MaxDebt = 1 << 51
+
+// Debts reports whether p's algorithm supports Debit and Credit: every
+// algorithm with FeatureDebt (all but concurrency), except a shaping leaky
+// bucket, a calendar window (its debt would carry over windows of unequal
+// lengths) and a warm-up (its rate is not yet the limit's).
+func (p *Params) Debts() bool {
+	return p.Kind.Supports(FeatureDebt) && !p.Shaping() && !p.IsCalendar() && p.Warmup == 0
+}
+
+// debtCapUnits is the most a bucket's state may hold beyond empty (token
+// bucket: below 0 tokens; gcra and leaky bucket: above c), in units: ten
+// years of refill, and at most half the room left below 2^53 above c.
+func debtCapUnits(p *Params, c int64) int64 {
+	m := (MaxExact - 1 - c) / 2
+	if p.B <= m/MaxPeriod {
+		m = min(m, MaxPeriod*p.B)
+	}
+	return m
+}
+
+// debtCapEvents is the most a window's count may reach: ten years of the
+// rate, at most MaxDebt.
+func debtCapEvents(p *Params) int64 {
+	w := MaxPeriod/p.Period + 1
+	if p.Rate > MaxDebt/w {
+		return MaxDebt
+	}
+	return p.Rate * w
+}
+
+// addCapped returns x + n·a, or top if that passes top (x <= top).
+func addCapped(x, n, a, top int64) int64 {
+	if n > (top-x)/a {
+		return top
+	}
+	return x + n*a
+}
+
+// subFloored returns max(x − n·a, 0) for x >= 0.
+func subFloored(x, n, a int64) int64 {
+	if n >= ceilDiv(x, a) {
+		return 0
+	}
+	return x - n*a
+}
+
+// DebitTake consumes n (1 <= n <= MaxDebt) for key state s at now whether
+// or not it fits. Allowed says whether it fitted (and no penalty box held
+// the key); Granted is n; Remaining, RetryAfter and ResetAfter describe the
+// state afterwards as a peek does: RetryAfter is when a cost of 1 fits
+// again, debt included. A debit that did not fit starts the penalty box of
+// a limit with Block, as a rejection does. p must support it (Debts).
+func DebitTake(p *Params, s *State, now, n int64) Decision {
+	return debtOp(p, s, now, n, Debit)
+}
+
+// CreditTake gives back up to n events (1 <= n <= MaxDebt) consumed
+// earlier, never beyond an empty state, and reports the state afterwards
+// as a peek does. Allowed is true. A penalty box is not lifted.
+func CreditTake(p *Params, s *State, now, n int64) Decision {
+	return debtOp(p, s, now, n, Credit)
+}
+
+func debtOp(p *Params, s *State, now, n int64, mode Mode) Decision {
+	if n == 0 {
+		return take(p, s, now, 0, Exact, true) // a peek
+	}
+	sp := &specs[p.Kind]
+	if s.BlockedUntil != 0 && s.BlockedUntil <= now {
+		s.BlockedUntil = 0
+	}
+	boxed := s.BlockedUntil > now && p.Block > 0
+	fit := true
+	if mode == Debit {
+		before := sp.decide(p, s, now, 1, Exact, false)
+		fit = !boxed && before.Remaining >= n
+		sp.debit(p, s, now, n)
+	} else {
+		sp.credit(p, s, now, n)
+	}
+	d := sp.decide(p, s, now, 1, Exact, false)
+	if d.Granted > 0 {
+		d.RetryAfter = 0
+	}
+	d.Granted = 0
+	if mode == Debit {
+		d.Granted = n
+	}
+	d.Allowed = fit
+	d.Changed = true
+	if !fit && p.Block > 0 && !boxed {
+		startBox(p, s, now) // escalating, as a rejection's box is
+	}
+	if s.BlockedUntil > now && p.Block > 0 {
+		left := s.BlockedUntil - now
+		d.RetryAfter = max(d.RetryAfter, left)
+		d.ResetAfter = max(d.ResetAfter, left)
+		d.Remaining = 0
+		d.BlockedUntil = s.BlockedUntil
+	}
+	d.TTL = d.ResetAfter
+	if sp.life != nil {
+		d.TTL = max(d.TTL, sp.life(p, s, now))
+	}
+	if s.BlockedUntil > now {
+		d.TTL = max(d.TTL, s.BlockedUntil-now)
+	}
+	d.TTL = max(d.TTL, historyLife(p, s, now))
+	return d
+}

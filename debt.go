@@ -1,0 +1,227 @@
+package weir
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/weir-dev/weir/algorithm"
+)
+
+// Mode says what a Request does with its cost.
+type Mode uint8
+
+// The modes.
+const (
+	// ModeTake admits the cost if it fits and consumes it, as AllowN does.
+	ModeTake Mode = iota
+	// ModeDebit always consumes the cost, even past the limit: the key
+	// goes into debt (see Limiter.Debit).
+	ModeDebit
+	// ModeRefund gives the cost back, never beyond an empty state (see
+	// Limiter.Refund).
+	ModeRefund
+)
+
+// String returns the mode's name: "take", "debit" or "refund".
+func (m Mode) String() string {
+	switch m {
+	case ModeTake:
+		return "take"
+	case ModeDebit:
+		return "debit"
+	case ModeRefund:
+		return "refund"
+	}
+	return fmt.Sprintf("mode(%d)", uint8(m))
+}
+
+// ParseMode returns the Mode named s; "" is ModeTake.
+func ParseMode(s string) (Mode, error) {
+	switch s {
+	case "", "take":
+		return ModeTake, nil
+	case "debit":
+		return ModeDebit, nil
+	case "refund":
+		return ModeRefund, nil
+	}
+	return 0, fmt.Errorf("%w: unknown mode %q (want take, debit or refund)", ErrInvalidCost, s)
+}
+
+// AlgorithmMode returns the algorithm.Mode a store decides r with.
+func (r *Request) AlgorithmMode() algorithm.Mode {
+	switch {
+	case r.Mode == ModeDebit:
+		return algorithm.Debit
+	case r.Mode == ModeRefund:
+		return algorithm.Credit
+	case r.AtMost:
+		return algorithm.AtMost
+	}
+	return algorithm.Exact
+}
+
+// ErrSettled: the reservation was already settled.
+var ErrSettled = errors.New("weir: reservation already settled")
+
+// CheckDebt returns nil if a debit or refund (mode algorithm.Debit or
+// algorithm.Credit) of n can apply to key under p: an error wrapping
+// ErrUnsupported if p's algorithm has no debt (concurrency, a
+// shaping leaky bucket), or ErrInvalidCost
+// unless 0 <= n <= algorithm.MaxDebt. Stores call it.
+func CheckDebt(key string, n int64, p *algorithm.Params, mode algorithm.Mode) error {
+	name := "debit"
+	if mode == algorithm.Credit {
+		name = "refund"
+	}
+	if !p.Debts() {
+		why := p.Kind.String()
+		if p.Shaping() {
+			why = "a shaping " + why + " (max_delay)"
+		}
+		return fmt.Errorf("%w: %s is not defined for %s", ErrUnsupported, name, why)
+	}
+	if n < 0 || n > algorithm.MaxDebt {
+		return fmt.Errorf("%w: %s of %d for key %q is outside 0..%d", ErrInvalidCost, name, n, key, int64(algorithm.MaxDebt))
+	}
+	return nil
+}
+
+// oneBuf holds the one-request batch of a debit or refund: pooled, as
+// slices passed to TakeAll through an interface would escape.
+type oneBuf struct {
+	req [1]Request
+	res [1]Result
+}
+
+var oneBufs = sync.Pool{New: func() any { return new(oneBuf) }}
+
+// one runs a single request of mode m through the store's TakeAll.
+func (lim *Limiter) one(ctx context.Context, r Request) (Result, error) {
+	ms, ok := lim.store.(MultiStore)
+	if !ok {
+		return Result{}, fmt.Errorf("%w: %s needs a MultiStore", ErrUnsupported, r.Mode)
+	}
+	b := oneBufs.Get().(*oneBuf)
+	b.req[0] = r
+	err := ms.TakeAll(ctx, b.req[:], b.res[:])
+	res := b.res[0]
+	*b = oneBuf{}
+	oneBufs.Put(b)
+	return res, err
+}
+
+// Debit consumes n events for key under l whether or not they fit: the key
+// goes into debt, which it pays back at the limit's rate before anything
+// fits again. Result.Allowed says whether n fitted, Granted is n, and
+// Remaining, RetryAfter and ResetAfter describe the key afterwards:
+// RetryAfter is when a cost of 1 fits again, debt included. A debit that
+// did not fit starts the penalty box of a limit with Block. n == 0 peeks.
+// docs/algorithms.md ("Debt") says what debt means per algorithm;
+// concurrency and a shaping leaky bucket return ErrUnsupported.
+func (lim *Limiter) Debit(ctx context.Context, key string, l Limit, n int64) (Result, error) {
+	return lim.one(ctx, Request{Key: key, Limit: l, N: n, Mode: ModeDebit})
+}
+
+// Refund gives back up to n events consumed earlier for key under l, never
+// beyond an empty state, and reports the key afterwards as Peek does. It
+// does not lift a penalty box.
+func (lim *Limiter) Refund(ctx context.Context, key string, l Limit, n int64) (Result, error) {
+	return lim.one(ctx, Request{Key: key, Limit: l, N: n, Mode: ModeRefund})
+}
+
+// A Reservation is an admitted estimate whose real cost is settled later.
+// Until Settle it stays charged at its estimate, so one that is never
+// settled costs what was estimated.
+type Reservation struct {
+	Key      string
+	Limit    Limit
+	Estimate int64
+
+	lim     *Limiter
+	mu      sync.Mutex
+	settled bool
+}
+
+// Reserve admits estimate events for key under l as AllowN does. When they
+// are admitted it returns a Reservation to Settle with the real cost; when
+// rejected the Reservation is nil and nothing is consumed. The limit's
+// algorithm must support debt (see Debit).
+func (lim *Limiter) Reserve(ctx context.Context, key string, l Limit, estimate int64) (*Reservation, Result, error) {
+	p, err := l.Compile()
+	if err != nil {
+		return nil, Result{}, err
+	}
+	if err := CheckDebt(key, estimate, &p, algorithm.Debit); err != nil {
+		return nil, Result{}, err
+	}
+	if _, ok := lim.store.(MultiStore); !ok {
+		return nil, Result{}, fmt.Errorf("%w: Reserve needs a MultiStore", ErrUnsupported)
+	}
+	res, err := lim.store.Take(ctx, key, l, estimate)
+	if err != nil || !res.Allowed {
+		return nil, res, err
+	}
+	return &Reservation{Key: key, Limit: l, Estimate: estimate, lim: lim}, res, nil
+}
+
+// Settle charges the reservation's real cost: it debits actual − estimate
+// when more was used, refunds estimate − actual when less was, and
+// reports the key afterwards. Settling twice returns ErrSettled; a failed
+// Settle (the store's error) may be retried.
+func (r *Reservation) Settle(ctx context.Context, actual int64) (Result, error) {
+	if actual < 0 || actual > algorithm.MaxDebt {
+		return Result{}, fmt.Errorf("%w: actual cost %d is outside 0..%d", ErrInvalidCost, actual, int64(algorithm.MaxDebt))
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.settled {
+		return Result{}, ErrSettled
+	}
+	res, err := r.lim.Settle(ctx, r.Key, r.Limit, r.Estimate, actual)
+	if err == nil {
+		r.settled = true
+	}
+	return res, err
+}
+
+// Settle charges the difference between a cost estimated (and taken)
+// earlier and the real one, as Reservation.Settle does, for callers that
+// keep their reservations themselves (weir serve keeps them in the store).
+func (lim *Limiter) Settle(ctx context.Context, key string, l Limit, estimate, actual int64) (Result, error) {
+	switch {
+	case actual > estimate:
+		return lim.Debit(ctx, key, l, actual-estimate)
+	case actual < estimate:
+		return lim.Refund(ctx, key, l, estimate-actual)
+	}
+	return lim.Peek(ctx, key, l)
+}
+
+// ReservationStore keeps the reservations of weir serve (POST /v1/reserve
+// and /v1/settle): small records under random ids, each with a TTL, each
+// read at most once. memstore and redisstore implement it.
+type ReservationStore interface {
+	// PutReservation stores rec under id for ttl. It fails with
+	// ErrTooManyReservations when the store holds its maximum.
+	PutReservation(ctx context.Context, id string, rec []byte, ttl time.Duration) error
+	// TakeReservation returns id's record and deletes it, atomically; ok
+	// is false for an unknown, expired or already taken id.
+	TakeReservation(ctx context.Context, id string) (rec []byte, ok bool, err error)
+}
+
+// ErrTooManyReservations: a ReservationStore holds as many open
+// reservations as it may.
+var ErrTooManyReservations = errors.New("weir: too many open reservations")
+
+// NewReservationID returns a random reservation id: 128 bits, hex.
+func NewReservationID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

@@ -1,0 +1,202 @@
+package policy_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/weir-dev/weir/httplimit"
+	"github.com/weir-dev/weir/policy"
+)
+
+const costYAML = `
+rules:
+  - name: llm
+    match: { path: /v1/chat }
+    identity: [header:Authorization]
+    limit: 1000/m
+    algorithm: token_bucket
+    cost: header:X-Max-Tokens
+  - name: rows
+    match: { path: /v1/query }
+    identity: [header:Authorization]
+    limit: 100/m
+    algorithm: fixed_window
+    cost: query:limit
+  - name: login
+    match: { path: /login }
+    limit: 3/15m
+    algorithm: fixed_window
+    count: { status: [401, 403] }
+`
+
+// remaining peeks at a rule's key through CheckKeyTier.
+func remaining(t *testing.T, p *policy.Policy, rule, key string) int64 {
+	t.Helper()
+	rr, err := p.CheckKeyTier(context.Background(), rule, "", key, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rr.Result.Remaining
+}
+
+// TestCostSettlesWithCharge: the estimate a header names is taken before
+// the handler; the real cost the handler charges is settled after it, up
+// (debit, into debt) or down (refund).
+func TestCostSettlesWithCharge(t *testing.T) {
+	c := newClock()
+	p := newPolicy(t, c, costYAML)
+	if rs := p.Rules(); rs[0].Cost != "header:X-Max-Tokens" || len(rs[2].CountStatus) != 2 {
+		t.Fatalf("GET /v1/rules would not show cost and count: %+v", rs)
+	}
+	var charge int64
+	h := policy.Middleware(p)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if charge >= 0 && !httplimit.Charge(r, charge) {
+			t.Error("Charge found no meter under a cost rule")
+		}
+	}))
+	charge = 120
+	w := send(h, "POST", "/v1/chat", "192.0.2.1:1", "Authorization", "k1", "X-Max-Tokens", "500")
+	if w.Code != 200 || !strings.Contains(w.Header().Get("RateLimit"), "r=500") {
+		t.Fatalf("first call: %d %v", w.Code, w.Header())
+	}
+	if got := remaining(t, p, "llm", "k1"); got != 880 {
+		t.Fatalf("after a 500 estimate settled at 120: %d remaining, want 880", got)
+	}
+	// Uncharged: the estimate stays.
+	charge = -1
+	send(h, "POST", "/v1/chat", "192.0.2.1:1", "Authorization", "k1", "X-Max-Tokens", "300")
+	if got := remaining(t, p, "llm", "k1"); got != 580 {
+		t.Fatalf("an uncharged request: %d remaining, want 580", got)
+	}
+	// Over the estimate: billed in full, into debt; the next request is 429.
+	charge = 1000
+	send(h, "POST", "/v1/chat", "192.0.2.1:1", "Authorization", "k1", "X-Max-Tokens", "100")
+	if w := send(h, "POST", "/v1/chat", "192.0.2.1:1", "Authorization", "k1", "X-Max-Tokens", "1"); w.Code != 429 || w.Header().Get("Retry-After") == "" {
+		t.Fatalf("a key in debt: %d %v", w.Code, w.Header())
+	}
+	// A query-parameter cost.
+	charge = 7
+	send(h, "GET", "/v1/query?limit=50", "192.0.2.1:1", "Authorization", "k1")
+	if got := remaining(t, p, "rows", "k1"); got != 93 {
+		t.Fatalf("rows: %d remaining, want 93", got)
+	}
+}
+
+// TestCostBadInput: a cost the request cannot carry is a 400 naming it,
+// and nothing is counted.
+func TestCostBadInput(t *testing.T) {
+	c := newClock()
+	p := newPolicy(t, c, costYAML)
+	called := false
+	h := policy.Middleware(p)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { called = true }))
+	for _, v := range []string{"abc", "-5", "1001", "2.5", "99999999999999999999"} {
+		w := send(h, "POST", "/v1/chat", "192.0.2.1:1", "Authorization", "k2", "X-Max-Tokens", v)
+		if w.Code != 400 || !strings.Contains(w.Body.String(), "X-Max-Tokens") || called {
+			t.Fatalf("X-Max-Tokens %q: %d %s (handler called %v)", v, w.Code, w.Body, called)
+		}
+	}
+	if got := remaining(t, p, "llm", "k2"); got != 1000 {
+		t.Fatalf("bad input counted: %d remaining", got)
+	}
+}
+
+// TestCostStreamClientGone: a streaming handler charges as it goes; the
+// client goes away mid-stream; what was charged is still settled.
+func TestCostStreamClientGone(t *testing.T) {
+	c := newClock()
+	p := newPolicy(t, c, costYAML)
+	gone := make(chan struct{})
+	h := policy.Middleware(p)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for i := int64(1); ; i++ {
+			if _, err := w.Write([]byte("data: chunk\n\n")); err != nil {
+				return
+			}
+			http.NewResponseController(w).Flush()
+			httplimit.Charge(r, 10*i)
+			if i == 5 {
+				close(gone) // the client hangs up after 50 tokens
+			}
+			select {
+			case <-r.Context().Done():
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}))
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { <-gone; cancel() }()
+	r := httptest.NewRequest("POST", "/v1/chat", nil).WithContext(ctx)
+	r.RemoteAddr = "192.0.2.1:1"
+	r.Header.Set("Authorization", "k3")
+	r.Header.Set("X-Max-Tokens", "200")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	if !w.Flushed {
+		t.Fatal("the stream was not flushed through the middleware")
+	}
+	// 50 or 60 tokens, as the cancel races the next chunk; never 200.
+	if got := remaining(t, p, "llm", "k3"); got != 950 && got != 940 {
+		t.Fatalf("after a stream cut at 50 tokens: %d remaining, want 950 (or 940)", got)
+	}
+}
+
+// TestCountOnlyStatuses: "5 failed logins per 15 minutes" counts only the
+// failures, and a key at its limit is refused before the handler runs.
+func TestCountOnlyStatuses(t *testing.T) {
+	c := newClock()
+	p := newPolicy(t, c, costYAML)
+	status, calls := 200, 0
+	h := policy.Middleware(p)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls++
+		w.WriteHeader(status)
+	}))
+	for range 10 {
+		if w := send(h, "POST", "/login", "192.0.2.9:1"); w.Code != 200 {
+			t.Fatalf("a good login was refused: %d", w.Code)
+		}
+	}
+	status = 401
+	for i := range 3 {
+		if w := send(h, "POST", "/login", "192.0.2.9:1"); w.Code != 401 {
+			t.Fatalf("failed login %d: %d", i+1, w.Code)
+		}
+	}
+	calls = 0
+	if w := send(h, "POST", "/login", "192.0.2.9:1"); w.Code != 429 || calls != 0 {
+		t.Fatalf("after 3 failures: %d, handler calls %d; want 429 before the handler", w.Code, calls)
+	}
+	// Another client is not affected; a 500 does not count.
+	status = 500
+	for range 5 {
+		send(h, "POST", "/login", "192.0.2.10:1")
+	}
+	if w := send(h, "POST", "/login", "192.0.2.10:1"); w.Code != 500 {
+		t.Fatalf("uncounted statuses counted: %d", w.Code)
+	}
+	c.Advance(15 * time.Minute)
+	if w := send(h, "POST", "/login", "192.0.2.9:1"); w.Code != 500 {
+		t.Fatalf("the window did not reopen: %d", w.Code)
+	}
+}
+
+func TestCostConfigErrors(t *testing.T) {
+	for _, c := range []struct{ yaml, want string }{
+		{"rules:\n  - name: a\n    limit: 5/m\n    algorithm: concurrency\n    cost: header:X-N\n", "weir.yaml:5:11: cost and count settle after the handler with debits and refunds, which concurrency does not support"},
+		{"rules:\n  - name: a\n    limit: 5/m\n    cost: lots\n", `weir.yaml:4:11: cost "lots" is neither a whole number nor header:NAME or query:NAME`},
+		{"rules:\n  - name: a\n    limit: 5/m\n    cost: 6\n", `weir.yaml:4:11: cost 6 is more than tier "default" can ever admit (5)`},
+		{"rules:\n  - name: a\n    limit: 5/m\n    count: { status: [401, 99] }\n", "weir.yaml:4:28: status must be at least 100, got 99"},
+		{"rules:\n  - name: a\n    limit: 5/m\n    count: { status: [] }\n", "weir.yaml:4:22: count needs a status list of 1 to 32"},
+	} {
+		cfg, err := policy.Parse([]byte(c.yaml), "weir.yaml")
+		if err == nil {
+			_, err = policy.New(cfg, nil)
+		}
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q:\n got %v\nwant %q", c.yaml, err, c.want)
+		}
+	}
+}

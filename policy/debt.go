@@ -1,0 +1,75 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/weir-dev/weir"
+)
+
+// CheckKeyMode is CheckKeyTier with a mode: weir.ModeTake decides as
+// CheckKeyTier does, weir.ModeDebit always consumes n (the key may go into
+// debt), weir.ModeRefund gives n back (see weir.Limiter.Debit and Refund).
+// A mode the rule's algorithm cannot take is an error wrapping
+// weir.ErrUnsupported that names the mode, the rule and the algorithm, and
+// changes nothing. When the store fails, the rule's on_error applies as
+// for a take (local: the debit or refund goes to the local store).
+func (p *Policy) CheckKeyMode(ctx context.Context, rule, tierName, key string, n int64, mode weir.Mode) (RuleResult, error) {
+	if mode == weir.ModeTake {
+		return p.CheckKeyTier(ctx, rule, tierName, key, n)
+	}
+	r, err := p.rule(rule)
+	if err != nil {
+		return RuleResult{}, err
+	}
+	if key == "" {
+		return RuleResult{}, fmt.Errorf("policy: rule %q: empty key", rule)
+	}
+	if key, err = r.canonicalKey(key); err != nil {
+		return RuleResult{}, err
+	}
+	t := r.pick(tierName)
+	rr := RuleResult{Rule: r.name, Identity: key, Key: weir.Key(r.name, key), Limit: t.limit, Tier: t.name, Shadow: r.shadow, NearLimit: r.nearLimit}
+	reqs := [1]weir.Request{{Key: rr.Key, Limit: t.limit, N: n, Mode: mode}}
+	var out [1]weir.Result
+	start := time.Now()
+	err = p.guard.TakeAll(ctx, reqs[:], out[:])
+	lat := time.Since(start)
+	switch {
+	case err == nil:
+		rr.Result = out[0]
+	case errors.Is(err, weir.ErrUnsupported):
+		return RuleResult{}, fmt.Errorf("policy: rule %q (%s): mode %q: %w", rule, t.limit.Algorithm, mode, err)
+	case errors.Is(err, weir.ErrInvalidCost) || errors.Is(err, weir.ErrInvalidLimit):
+		return RuleResult{}, fmt.Errorf("policy: rule %q: %w", rule, err)
+	default:
+		rr.Err, rr.Fallback = err, r.onError
+		_ = p.guard.Fallback(ctx, r.onError, reqs[:], out[:], p.c.instances)
+		rr.Result = out[0]
+	}
+	if p.observer != nil {
+		p.observer(ctx, rr, lat)
+	}
+	return rr, nil
+}
+
+// SupportsDebt reports whether the named rule's tier can take debits and
+// refunds (and so reservations): nil, or an error wrapping
+// weir.ErrUnsupported (or ErrUnknownRule) that names the rule.
+func (p *Policy) SupportsDebt(rule, tierName string) error {
+	r, err := p.rule(rule)
+	if err != nil {
+		return err
+	}
+	l := r.pick(tierName).limit
+	c, err := l.Compile()
+	if err != nil {
+		return err
+	}
+	if !c.Debts() {
+		return fmt.Errorf("policy: rule %q (%s): %w: debits, refunds and reservations are not defined for it", rule, l.Algorithm, weir.ErrUnsupported)
+	}
+	return nil
+}

@@ -1,0 +1,201 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/algorithm"
+	"github.com/weir-dev/weir/httplimit"
+	"github.com/weir-dev/weir/policy"
+)
+
+// ReservationTTL is how long an open reservation of POST /v1/reserve can
+// be settled. One never settled stays charged at its estimate.
+const ReservationTTL = 15 * time.Minute
+
+// reserveRequest is the body of POST /v1/reserve.
+type reserveRequest struct {
+	Rule     string `json:"rule"`
+	Key      string `json:"key"`
+	Tier     string `json:"tier"`
+	Estimate *int64 `json:"estimate"`
+}
+
+// settleRequest is the body of POST /v1/settle.
+type settleRequest struct {
+	Reservation string `json:"reservation"`
+	Actual      *int64 `json:"actual"`
+}
+
+// reservationRecord is what the store keeps under a reservation's id: the
+// reservation is bound to its rule, tier and key, and only weir writes it.
+type reservationRecord struct {
+	Rule     string `json:"rule"`
+	Tier     string `json:"tier,omitempty"`
+	Key      string `json:"key"`
+	Estimate int64  `json:"estimate"`
+}
+
+// reserveDecision is the answer of POST /v1/reserve: the decision and,
+// when admitted, the reservation's id (empty when rejected).
+type reserveDecision struct {
+	Decision
+	Reservation string `json:"reservation"`
+	// ExpiresInMS is how long the reservation can be settled.
+	ExpiresInMS int64 `json:"expires_in_ms,omitempty"`
+}
+
+// codeUnknownReservation answers a settle of an unknown, expired or
+// already settled reservation.
+const codeUnknownReservation = "unknown_reservation"
+
+// readJSON reads a JSON body for the reservation endpoints as /v1/check
+// does, answering the error itself.
+func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
+	for _, check := range []func(*http.Request) *bodyError{checkCrossSite, checkJSONContentType} {
+		if be := check(r); be != nil {
+			be.write(w)
+			return false
+		}
+	}
+	body, be := readBody(w, r)
+	if be == nil {
+		be = decodeStrict(body, v)
+	}
+	if be != nil {
+		be.write(w)
+		return false
+	}
+	return true
+}
+
+// reservations returns the policy's store as a ReservationStore.
+func reservations(p *policy.Policy) (weir.ReservationStore, bool) {
+	rs, ok := p.Store().(weir.ReservationStore)
+	return rs, ok
+}
+
+// handleReserve serves POST /v1/reserve: it takes the estimate as
+// /v1/check does and, when admitted, keeps a reservation to settle.
+func (s *Server) handleReserve(w http.ResponseWriter, r *http.Request) {
+	var req reserveRequest
+	if !readJSON(w, r, &req) {
+		return
+	}
+	switch {
+	case req.Rule == "":
+		writeError(w, http.StatusBadRequest, codeBadRequest, `field "rule" is required: the name of a rule (GET /v1/rules lists them)`)
+		return
+	case req.Key == "":
+		writeError(w, http.StatusBadRequest, codeBadRequest, `field "key" is required: the identity to decide for`)
+		return
+	case req.Estimate == nil:
+		writeError(w, http.StatusBadRequest, codeBadRequest, `field "estimate" is required: the cost to reserve, a whole number`)
+		return
+	case *req.Estimate < 0:
+		writeError(w, http.StatusBadRequest, codeBadRequest, `field "estimate" is %d; it must be 0 or more`, *req.Estimate)
+		return
+	}
+	p := s.holder.Load()
+	rs, ok := reservations(p)
+	if !ok {
+		writeError(w, http.StatusNotImplemented, codeBadRequest, "this store keeps no reservations")
+		return
+	}
+	if err := p.SupportsDebt(req.Rule, req.Tier); err != nil {
+		s.writeRuleError(w, p, req.Rule, err)
+		return
+	}
+	rr, err := p.CheckKeyTier(r.Context(), req.Rule, req.Tier, req.Key, *req.Estimate)
+	if err != nil {
+		s.writeRuleError(w, p, req.Rule, err)
+		return
+	}
+	out := reserveDecision{Decision: decisionOf(rr.Rule, rr.Result, rr.Shadow)}
+	out.Tier, out.Fallback = rr.Tier, rr.Fallback
+	// Only what the store took can be settled: a rejection, a shadow
+	// rule's rejection or a fallback's answer keeps no reservation.
+	if rr.Err == nil && rr.Result.Allowed {
+		id := weir.NewReservationID()
+		rec, _ := json.Marshal(reservationRecord{Rule: rr.Rule, Tier: req.Tier, Key: rr.Identity, Estimate: *req.Estimate})
+		if err := rs.PutReservation(r.Context(), id, rec, ReservationTTL); err != nil {
+			s.undoReserve(p, req, rr)
+			if errors.Is(err, weir.ErrTooManyReservations) {
+				writeError(w, http.StatusServiceUnavailable, codeStore, "%v; settle some first", err)
+				return
+			}
+			writeError(w, http.StatusServiceUnavailable, codeStore, "the store failed: %v", err)
+			return
+		}
+		out.Reservation, out.ExpiresInMS = id, ReservationTTL.Milliseconds()
+	}
+	httplimit.WriteHeaders(w.Header(), []httplimit.Status{{Rule: rr.Rule, Limit: rr.Limit, Result: rr.Result, Shadow: rr.Shadow}}, 0, formatter(p))
+	writeJSON(w, http.StatusOK, out)
+}
+
+// undoReserve refunds an estimate taken for a reservation that could not
+// be kept, so a failure to store it charges nothing.
+func (s *Server) undoReserve(p *policy.Policy, req reserveRequest, rr policy.RuleResult) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, _ = p.CheckKeyMode(ctx, req.Rule, req.Tier, rr.Identity, *req.Estimate, weir.ModeRefund)
+}
+
+// handleSettle serves POST /v1/settle: it charges the difference between
+// a reservation's estimate and the actual cost, once.
+func (s *Server) handleSettle(w http.ResponseWriter, r *http.Request) {
+	var req settleRequest
+	if !readJSON(w, r, &req) {
+		return
+	}
+	switch {
+	case req.Reservation == "" || len(req.Reservation) > 64:
+		writeError(w, http.StatusBadRequest, codeBadRequest, `field "reservation" is required: the id POST /v1/reserve answered`)
+		return
+	case req.Actual == nil:
+		writeError(w, http.StatusBadRequest, codeBadRequest, `field "actual" is required: the real cost, a whole number`)
+		return
+	case *req.Actual < 0 || *req.Actual > algorithm.MaxDebt:
+		writeError(w, http.StatusBadRequest, codeBadRequest, `field "actual" is %d; it must be 0 to %d`, *req.Actual, int64(algorithm.MaxDebt))
+		return
+	}
+	p := s.holder.Load()
+	rs, ok := reservations(p)
+	if !ok {
+		writeError(w, http.StatusNotImplemented, codeBadRequest, "this store keeps no reservations")
+		return
+	}
+	rec, found, err := rs.TakeReservation(r.Context(), req.Reservation)
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, codeStore, "the store failed: %v", err)
+		return
+	}
+	var res reservationRecord
+	if !found || json.Unmarshal(rec, &res) != nil {
+		writeError(w, http.StatusNotFound, codeUnknownReservation, "reservation %q is unknown, expired or already settled", req.Reservation)
+		return
+	}
+	mode, n := weir.ModeTake, int64(0) // settled at the estimate: a peek
+	switch {
+	case *req.Actual > res.Estimate:
+		mode, n = weir.ModeDebit, *req.Actual-res.Estimate
+	case *req.Actual < res.Estimate:
+		mode, n = weir.ModeRefund, res.Estimate-*req.Actual
+	}
+	rr, err := p.CheckKeyMode(r.Context(), res.Rule, res.Tier, res.Key, n, mode)
+	if err != nil {
+		// The rule changed under the reservation (a reload): keep it, so
+		// that nothing changed.
+		_ = rs.PutReservation(r.Context(), req.Reservation, rec, ReservationTTL)
+		s.writeRuleError(w, p, res.Rule, err)
+		return
+	}
+	d := decisionOf(rr.Rule, rr.Result, rr.Shadow)
+	d.Tier, d.Fallback = rr.Tier, rr.Fallback
+	httplimit.WriteHeaders(w.Header(), []httplimit.Status{{Rule: rr.Rule, Limit: rr.Limit, Result: rr.Result, Shadow: rr.Shadow}}, 0, formatter(p))
+	writeJSON(w, http.StatusOK, d)
+}

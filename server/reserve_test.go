@@ -1,0 +1,121 @@
+package server
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/weir-dev/weir/internal/redistest"
+)
+
+// debtRules: a token budget per key (token_bucket, 100 a minute, and a
+// fixed_window) and a rule whose algorithm has no debt.
+const debtRules = `
+rules:
+  - name: tokens
+    limit: 100/m
+    algorithm: token_bucket
+  - name: daily
+    limit: 1000/d
+    algorithm: fixed_window
+  - name: slots
+    limit: 3/m
+    algorithm: concurrency
+`
+
+func post(t *testing.T, url, body string) (int, map[string]any, string) {
+	t.Helper()
+	resp, b := call(t, "POST", url, body, "Content-Type", "application/json")
+	var d map[string]any
+	if strings.HasPrefix(strings.TrimSpace(string(b)), "{") {
+		d = decode(t, b)
+	}
+	return resp.StatusCode, d, string(b)
+}
+
+func TestCheckModesAndReservations(t *testing.T) {
+	_, ts := newTestServer(t, WithConfig(mustParse(t, debtRules)))
+	debtService(t, ts.URL)
+}
+
+func TestCheckModesAndReservationsRedis(t *testing.T) {
+	r := redistest.Standalone(t)
+	_, base := newRedisServer(t, r.Addr, "a", WithConfig(mustParse(t, debtRules+"store:\n  timeout: 2s\n")))
+	debtService(t, base)
+}
+
+func TestReservationsRedisCluster(t *testing.T) {
+	c := redistest.Cluster(t)
+	_, base := newRedisServer(t, "", "a", WithConfig(mustParse(t, debtRules+"store:\n  timeout: 2s\n")), WithRedisURL(strings.Join(c.Addrs, ",")))
+	debtService(t, base)
+}
+
+func debtService(t *testing.T, base string) {
+	remaining := func(d map[string]any) int64 { return int64(d["remaining"].(float64)) }
+	// A debit past the limit: always counted, allowed false, remaining 0.
+	code, d, b := post(t, base+"/v1/check", `{"rule":"tokens","key":"k","hits":150,"mode":"debit"}`)
+	if code != 200 || d["allowed"] != false || remaining(d) != 0 || d["retry_after_ms"].(float64) != 30_600 {
+		t.Fatalf("debit 150 of 100: %d %s (want retry 30.6s: 51 tokens at 0.6s each)", code, b)
+	}
+	if _, d, b = post(t, base+"/v1/check", `{"rule":"tokens","key":"k","hits":0}`); d["allowed"] != false {
+		t.Fatalf("a key in debt admits: %s", b)
+	}
+	// A refund pays the debt back, never past empty.
+	if _, d, b = post(t, base+"/v1/check", `{"rule":"tokens","key":"k","hits":1000,"mode":"refund"}`); d["allowed"] != true || remaining(d) != 100 {
+		t.Fatalf("refund 1000: %s", b)
+	}
+	// Reserve 40, settle at 25: 15 back, 75 remain.
+	code, d, b = post(t, base+"/v1/reserve", `{"rule":"tokens","key":"r","estimate":40}`)
+	id, _ := d["reservation"].(string)
+	if code != 200 || d["allowed"] != true || remaining(d) != 60 || len(id) != 32 {
+		t.Fatalf("reserve 40: %d %s", code, b)
+	}
+	if code, d, b = post(t, base+"/v1/settle", fmt.Sprintf(`{"reservation":%q,"actual":25}`, id)); code != 200 || remaining(d) != 75 {
+		t.Fatalf("settle 25 of 40: %d %s", code, b)
+	}
+	// Settling twice, or an unknown id, is a 404 naming the id; nothing changes.
+	for _, bad := range []string{id, "0123456789abcdef0123456789abcdef"} {
+		code, d, b = post(t, base+"/v1/settle", fmt.Sprintf(`{"reservation":%q,"actual":1000}`, bad))
+		if code != 404 || d["error"] != "unknown_reservation" || !strings.Contains(b, bad) {
+			t.Fatalf("settle %s again: %d %s", bad, code, b)
+		}
+	}
+	if _, d, _ = post(t, base+"/v1/check", `{"rule":"tokens","key":"r","hits":0}`); remaining(d) != 75 {
+		t.Fatalf("a refused settle changed the state: %v", d)
+	}
+	// A settlement above the estimate debits; a rejected reserve has no id.
+	_, d, _ = post(t, base+"/v1/reserve", `{"rule":"tokens","key":"r","estimate":70}`)
+	id2, _ := d["reservation"].(string)
+	if _, d, b = post(t, base+"/v1/settle", fmt.Sprintf(`{"reservation":%q,"actual":90}`, id2)); d["allowed"] != false || remaining(d) != 0 {
+		t.Fatalf("settle 90 of 70 with 5 left: %s", b)
+	}
+	if _, d, b = post(t, base+"/v1/reserve", `{"rule":"tokens","key":"r","estimate":1}`); d["allowed"] != false || d["reservation"] != "" {
+		t.Fatalf("reserve in debt: %s", b)
+	}
+	// Windows take debt too.
+	if _, d, b = post(t, base+"/v1/check", `{"rule":"daily","key":"k","hits":1500,"mode":"debit"}`); d["allowed"] != false || remaining(d) != 0 {
+		t.Fatalf("daily debit: %s", b)
+	}
+	// Bad input: a clear 4xx naming the value, and nothing changed.
+	for _, c := range []struct{ path, body, want string }{
+		{"/v1/check", `{"rule":"tokens","key":"b","hits":5,"mode":"steal"}`, "steal"},
+		{"/v1/check", `{"rule":"slots","key":"b","hits":1,"mode":"debit"}`, "concurrency"},
+		{"/v1/check", `{"rule":"tokens","key":"b","hits":-5,"mode":"refund"}`, "-5"},
+		{"/v1/check", `{"rule":"tokens","key":"b","hits":2.5,"mode":"debit"}`, "hits"},
+		{"/v1/reserve", `{"rule":"slots","key":"b","estimate":1}`, "concurrency"},
+		{"/v1/reserve", `{"rule":"tokens","key":"b","estimate":-1}`, "-1"},
+		{"/v1/reserve", `{"rule":"tokens","key":"b","estimate":1.5}`, "estimate"},
+		{"/v1/reserve", `{"rule":"tokens","key":"b"}`, "estimate"},
+		{"/v1/settle", `{"reservation":"x","actual":-3}`, "-3"},
+		{"/v1/settle", `{"reservation":"x","actual":0.5}`, "actual"},
+		{"/v1/settle", `{"actual":3}`, "reservation"},
+	} {
+		code, _, b := post(t, base+c.path, c.body)
+		if code < 400 || code >= 500 || !strings.Contains(b, c.want) {
+			t.Errorf("%s %s: %d %s, want a 4xx naming %s", c.path, c.body, code, b, c.want)
+		}
+	}
+	if _, d, _ = post(t, base+"/v1/check", `{"rule":"tokens","key":"b","hits":0}`); remaining(d) != 100 {
+		t.Fatalf("bad input changed the state: %v", d)
+	}
+}

@@ -1,0 +1,38 @@
+package memstore_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/store/memstore"
+)
+
+// BenchmarkDebt compares a debit and a settlement with a take, one
+// goroutine on one key, per algorithm that has debt (make bench-debt).
+// Settle is one store call: a debit of the excess over the estimate (here
+// 3 over 5) or a refund of the rest.
+func BenchmarkDebt(b *testing.B) {
+	for _, a := range []weir.Algorithm{weir.GCRA, weir.TokenBucket, weir.LeakyBucket, weir.FixedWindow, weir.SlidingWindow} {
+		l := benchLimit(a)
+		ctx := context.Background()
+		for _, op := range []struct {
+			name string
+			fn   func(*weir.Limiter) error
+		}{
+			{"Take", func(lim *weir.Limiter) error { _, err := lim.AllowN(ctx, "key", l, 1); return err }},
+			{"Debit", func(lim *weir.Limiter) error { _, err := lim.Debit(ctx, "key", l, 1); return err }},
+			{"Settle", func(lim *weir.Limiter) error { _, err := lim.Settle(ctx, "key", l, 5, 8); return err }},
+		} {
+			b.Run(string(a)+"/"+op.name, func(b *testing.B) {
+				lim := weir.NewLimiter(memstore.New())
+				b.ReportAllocs()
+				for b.Loop() {
+					if err := op.fn(lim); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}

@@ -1,0 +1,58 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/algorithm"
+	"github.com/weir-dev/weir/internal/redistest"
+	"github.com/weir-dev/weir/store/memstore"
+	"github.com/weir-dev/weir/storetest"
+)
+
+// TestDebtExtremesSame: the largest debits, on limits at the edges of what
+// Compile accepts, saturate alike in Lua and in Go: both stores give the
+// same Results to the microsecond (the Lua's doubles stay exact).
+func TestDebtExtremesSame(t *testing.T) {
+	srv := redistest.Standalone(t)
+	clock := storetest.NewClock(storetest.Epoch)
+	rs := newTestStore(t, Config{Addrs: []string{srv.Addr}, Clock: clock.Now, Prefix: fmt.Sprintf("dx%d", prefixSeq.Add(1))})
+	lims := [2]*weir.Limiter{weir.NewLimiter(rs), weir.NewLimiter(memstore.New(memstore.WithClock(clock.Now)))}
+	year := 366 * 24 * time.Hour
+	ctx := context.Background()
+	for i, l := range []weir.Limit{
+		{Algorithm: weir.TokenBucket, Rate: 1_000_000_000, Period: time.Second},
+		{Algorithm: weir.TokenBucket, Rate: 1, Period: 10 * year},
+		{Algorithm: weir.GCRA, Rate: 7, Period: 3_000_001 * time.Microsecond, Burst: 1_000_000},
+		{Algorithm: weir.GCRA, Rate: 1_000_000_007, Period: time.Second, Burst: 3},
+		{Algorithm: weir.LeakyBucket, Rate: 3, Period: 10 * time.Second, Block: time.Hour},
+		{Algorithm: weir.FixedWindow, Rate: 1, Period: time.Microsecond},
+		{Algorithm: weir.FixedWindow, Rate: 999_983, Period: 24 * time.Hour},
+		{Algorithm: weir.SlidingWindow, Rate: 1000, Period: 7 * time.Second},
+		{Algorithm: weir.SlidingWindow, Rate: 999_983, Period: 24 * time.Hour, Buckets: 24},
+		{Algorithm: weir.SlidingLog, Rate: 1000, Period: time.Hour},
+	} {
+		key := fmt.Sprintf("x%d", i)
+		step := func(what string, f func(*weir.Limiter) (weir.Result, error)) {
+			t.Helper()
+			var r [2]weir.Result
+			var e [2]error
+			for j, lim := range lims {
+				r[j], e[j] = f(lim)
+			}
+			if e[0] != nil || e[1] != nil || r[0] != r[1] {
+				t.Fatalf("%v %s:\n redisstore %+v %v\n memstore   %+v %v", l, what, r[0], e[0], r[1], e[1])
+			}
+		}
+		for range 2 {
+			step("Debit(MaxDebt)", func(lim *weir.Limiter) (weir.Result, error) { return lim.Debit(ctx, key, l, algorithm.MaxDebt) })
+		}
+		clock.Advance(l.Period / 3)
+		step("Peek", func(lim *weir.Limiter) (weir.Result, error) { return lim.Peek(ctx, key, l) })
+		step("Refund(MaxDebt/3)", func(lim *weir.Limiter) (weir.Result, error) { return lim.Refund(ctx, key, l, algorithm.MaxDebt/3) })
+		step("Debit(12345)", func(lim *weir.Limiter) (weir.Result, error) { return lim.Debit(ctx, key, l, 12345) })
+	}
+}

@@ -1,0 +1,317 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/algorithm"
+)
+
+// debtTests are the conformance tests of Debit, Refund and Reserve/Settle
+// (docs/algorithms.md, "Debt"), run per algorithm by Run.
+var debtTests = []struct {
+	name  string
+	clock bool
+	fn    func(*tester)
+}{
+	{"Debt", true, (*tester).debt},
+	{"DebtRefund", true, (*tester).debtRefund},
+	{"DebtSettle", true, (*tester).debtSettle},
+	{"DebtPenaltyBox", true, (*tester).debtPenaltyBox},
+	{"DebtBadInput", false, (*tester).debtBadInput},
+	{"DebtHammer", false, (*tester).debtHammer},
+}
+
+// debts reports whether the tester's algorithm supports debt; when it does
+// not, it checks that every debt call fails with ErrUnsupported and
+// changes nothing.
+func (t *tester) debts() bool {
+	t.Helper()
+	p, err := t.base().Compile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := t.h.Store.(weir.MultiStore); !ok {
+		t.Skip("debt needs a MultiStore")
+	}
+	if p.Debts() {
+		return true
+	}
+	ctx := context.Background()
+	l := t.base()
+	t.take("u", l, 1)
+	for _, f := range []func(context.Context, string, weir.Limit, int64) (weir.Result, error){t.lim.Debit, t.lim.Refund} {
+		if _, err := f(ctx, t.key("u"), l, 2); !errors.Is(err, weir.ErrUnsupported) || !strings.Contains(err.Error(), string(t.algo)) {
+			t.Fatalf("debt on %s: got %v, want ErrUnsupported naming the algorithm", t.algo, err)
+		}
+	}
+	if _, _, err := t.lim.Reserve(ctx, t.key("u"), l, 1); !errors.Is(err, weir.ErrUnsupported) {
+		t.Fatalf("Reserve on %s: got %v, want ErrUnsupported", t.algo, err)
+	}
+	if r := t.take("u", l, 0); r.Remaining != 3 {
+		t.Fatalf("an unsupported debt changed the state: remaining %d, want 3", r.Remaining)
+	}
+	return false
+}
+
+// debtRetry is when a cost of 1 fits again after 10 events were consumed
+// at once at the epoch under the base limit (4 per minute), and when the
+// key is empty again, per algorithm (docs/algorithms.md has the timelines).
+func (t *tester) debtRetry() (retry, reset time.Duration) {
+	u := unit
+	switch t.algo {
+	case weir.FixedWindow:
+		// Windows of 4: 10 → 6 → 2 carried; the third window has room.
+		return 8 * u, 12 * u
+	case weir.SlidingLog:
+		// The log keeps at most 2·Rate events (8), all of 0:00: the 5th
+		// oldest must leave, a period on.
+		return 4 * u, 4 * u
+	case weir.SlidingWindow:
+		if t.buckets > 0 {
+			// 4 buckets of 15s; the ring keeps at most 2·Rate events (8),
+			// in the bucket of 0:00. It weighs in full for a period, then
+			// 8·(1−e) over the next bucket: 8(1−e) + 1 ≤ 4 from e = 5/8.
+			return 4*u + u*5/8, 5 * u
+		}
+		// 10 carried as cur 10; in window 2 cur is 2 and prev 4, weighted
+		// 4·(1−e); 2 + ceil(4(1−e)) + 1 ≤ 4 from e = 3/4.
+		return 8*u + 3*u, 16 * u
+	}
+	// The buckets: 6 owed, then one more event's refill; 10 to be full.
+	return 7 * u, 10 * u
+}
+
+func (t *tester) debt() {
+	if !t.debts() {
+		return
+	}
+	ctx := context.Background()
+	l := t.base()
+	retry, reset := t.debtRetry()
+	res, err := t.lim.Debit(ctx, t.key("k"), l, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Allowed || res.Granted != 10 || res.Remaining != 0 || res.RetryAfter != retry || res.ResetAfter != reset {
+		t.Fatalf("Debit 10 of 4: got %+v; want allowed=false granted=10 remaining=0 retry=%v reset=%v", res, retry, reset)
+	}
+	// Exact to the microsecond: one µs before RetryAfter nothing fits.
+	t.at(retry - time.Microsecond)
+	t.expect("peek 1µs before RetryAfter", t.take("k", l, 0), want{false, 0, time.Microsecond})
+	t.at(retry)
+	if r := t.take("k", l, 1); !r.Allowed {
+		t.Fatalf("take at RetryAfter %v: %+v", retry, r)
+	}
+	// A debit that fits is allowed and goes through as a take does.
+	res, err = t.lim.Debit(ctx, t.key("fits"), l, 3)
+	if err != nil || !res.Allowed || res.Remaining != 1 || res.RetryAfter != 0 {
+		t.Fatalf("Debit 3 of 4 on a fresh key: %+v %v; want allowed, 1 remaining", res, err)
+	}
+	// A debit of exactly what remains fits too; then one more does not.
+	res, _ = t.lim.Debit(ctx, t.key("fits"), l, 1)
+	if !res.Allowed || res.Remaining != 0 {
+		t.Fatalf("Debit of the last one: %+v", res)
+	}
+	if res, _ = t.lim.Debit(ctx, t.key("fits"), l, 1); res.Allowed {
+		t.Fatalf("Debit past the limit reported allowed: %+v", res)
+	}
+	// A debit of 0 peeks.
+	if res, err = t.lim.Debit(ctx, t.key("zero"), l, 0); err != nil || !res.Allowed || res.Remaining != 4 {
+		t.Fatalf("Debit 0: %+v %v", res, err)
+	}
+}
+
+func (t *tester) debtRefund() {
+	if !t.debts() {
+		return
+	}
+	ctx := context.Background()
+	l := t.base()
+	t.take("k", l, 3)
+	res, err := t.lim.Refund(ctx, t.key("k"), l, 2)
+	if err != nil || !res.Allowed || res.Remaining != 3 {
+		t.Fatalf("Refund 2 after taking 3: %+v %v; want 3 remaining", res, err)
+	}
+	// Refunds stop at an empty state: nothing beyond the limit appears.
+	if res, _ = t.lim.Refund(ctx, t.key("k"), l, 100); res.Remaining != 4 {
+		t.Fatalf("Refund 100: %+v; want 4 remaining", res)
+	}
+	t.expect("take 4 after the refunds", t.take("k", l, 4), want{true, 0, 0})
+	if r := t.take("k", l, 1); r.Allowed {
+		t.Fatalf("a refund went past empty: %+v", r)
+	}
+	// A refund pays debt back: 6 consumed, 3 back, 1 remains.
+	if _, err := t.lim.Debit(ctx, t.key("d"), l, 6); err != nil {
+		t.Fatal(err)
+	}
+	if res, _ = t.lim.Refund(ctx, t.key("d"), l, 3); !res.Allowed || res.Remaining != 1 || res.RetryAfter != 0 {
+		t.Fatalf("Refund 3 of a debt of 2: %+v; want 1 remaining", res)
+	}
+	t.expect("take after paying the debt", t.take("d", l, 1), want{true, 0, 0})
+}
+
+func (t *tester) debtSettle() {
+	if !t.debts() {
+		return
+	}
+	ctx := context.Background()
+	l := t.base()
+	r1, res, err := t.lim.Reserve(ctx, t.key("k"), l, 3)
+	if err != nil || r1 == nil || res.Remaining != 1 {
+		t.Fatalf("Reserve 3: %v %+v %v", r1, res, err)
+	}
+	if res, err = r1.Settle(ctx, 1); err != nil || res.Remaining != 3 {
+		t.Fatalf("Settle 1 of 3: %+v %v; want 3 remaining", res, err)
+	}
+	if _, err = r1.Settle(ctx, 1); !errors.Is(err, weir.ErrSettled) {
+		t.Fatalf("second Settle: %v, want ErrSettled", err)
+	}
+	if _, err = r1.Settle(ctx, -1); !errors.Is(err, weir.ErrInvalidCost) {
+		t.Fatalf("Settle -1: %v, want ErrInvalidCost", err)
+	}
+	// An unsettled reservation stays charged at its estimate.
+	r2, res, err := t.lim.Reserve(ctx, t.key("k"), l, 3)
+	if err != nil || r2 == nil || res.Remaining != 0 {
+		t.Fatalf("second Reserve 3: %v %+v %v", r2, res, err)
+	}
+	if r, _, _ := t.lim.Reserve(ctx, t.key("k"), l, 1); r != nil {
+		t.Fatal("Reserve admitted past the limit")
+	}
+	// Settling at 9 debits 6: 10 consumed at the epoch in all, as in Debt.
+	retry, _ := t.debtRetry()
+	if res, err = r2.Settle(ctx, 9); err != nil || res.Allowed || res.RetryAfter != retry {
+		t.Fatalf("Settle 9 of 3: %+v %v; want not allowed, retry %v", res, err, retry)
+	}
+	// Settling at the estimate changes nothing.
+	t.at(time.Hour)
+	r3, _, _ := t.lim.Reserve(ctx, t.key("e"), l, 2)
+	if res, err = r3.Settle(ctx, 2); err != nil || res.Remaining != 2 {
+		t.Fatalf("Settle at the estimate: %+v %v", res, err)
+	}
+}
+
+func (t *tester) debtPenaltyBox() {
+	if !t.debts() {
+		return
+	}
+	ctx := context.Background()
+	l := t.base()
+	l.Block = 5 * time.Minute
+	res, err := t.lim.Debit(ctx, t.key("k"), l, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Allowed || !res.BlockedUntil.Equal(Epoch.Add(l.Block)) || res.RetryAfter != l.Block {
+		t.Fatalf("Debit past a limit with block: %+v; want boxed until %v", res, Epoch.Add(l.Block))
+	}
+	t.at(l.Block - time.Microsecond)
+	if r := t.take("k", l, 1); r.Allowed {
+		t.Fatalf("admitted inside the box: %+v", r)
+	}
+	t.at(l.Block)
+	if r := t.take("k", l, 1); !r.Allowed {
+		t.Fatalf("rejected when the box ended (the debt is paid by then): %+v", r)
+	}
+	// A debit that fits starts no box.
+	if res, _ = t.lim.Debit(ctx, t.key("ok"), l, 4); !res.Allowed || !res.BlockedUntil.IsZero() {
+		t.Fatalf("a fitting debit: %+v", res)
+	}
+}
+
+func (t *tester) debtBadInput() {
+	if !t.debts() {
+		return
+	}
+	ctx := context.Background()
+	l := t.base()
+	t.take("k", l, 1)
+	for _, n := range []int64{-1, -1 << 62, algorithm.MaxDebt + 1, 1 << 62} {
+		for name, f := range map[string]func(context.Context, string, weir.Limit, int64) (weir.Result, error){"Debit": t.lim.Debit, "Refund": t.lim.Refund} {
+			if _, err := f(ctx, t.key("k"), l, n); !errors.Is(err, weir.ErrInvalidCost) || !strings.Contains(err.Error(), fmt.Sprint(n)) {
+				t.Fatalf("%s %d: got %v, want ErrInvalidCost naming %d", name, n, err, n)
+			}
+		}
+		if _, _, err := t.lim.Reserve(ctx, t.key("k"), l, n); !errors.Is(err, weir.ErrInvalidCost) {
+			t.Fatalf("Reserve %d: got %v, want ErrInvalidCost", n, err)
+		}
+	}
+	// A batch of several requests only takes.
+	ms := t.h.Store.(weir.MultiStore)
+	reqs := []weir.Request{{Key: t.key("a"), Limit: l, N: 1, Mode: weir.ModeDebit}, {Key: t.key("b"), Limit: l, N: 1}}
+	if err := ms.TakeAll(ctx, reqs, make([]weir.Result, 2)); !errors.Is(err, weir.ErrUnsupported) {
+		t.Fatalf("a batch with a debit: %v, want ErrUnsupported", err)
+	}
+	t.expect("state after bad input", t.take("k", l, 0), want{true, 3, 0})
+	// A huge debit saturates at the debt's bound instead of failing.
+	if res, err := t.lim.Debit(ctx, t.key("huge"), l, algorithm.MaxDebt); err != nil || res.Allowed || res.RetryAfter <= 0 {
+		t.Fatalf("Debit MaxDebt: %+v %v", res, err)
+	}
+}
+
+// debtHammer: many goroutines reserve 1 each and settle at 0 or 2; a
+// limit of 100 never admits a 101st reservation, and the settlements
+// leave exactly the expected count.
+func (t *tester) debtHammer() {
+	if !t.debts() {
+		return
+	}
+	const goroutines, tries, rate = 24, 10, 100
+	ctx := context.Background()
+	l := t.limit(rate, time.Hour)
+	var admitted, twos atomic.Int64
+	var wg sync.WaitGroup
+	errc := make(chan error, goroutines)
+	for g := 0; g < goroutines; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			for i := 0; i < tries; i++ {
+				r, _, err := t.lim.Reserve(ctx, t.key("h"), l, 1)
+				if err != nil {
+					errc <- err
+					return
+				}
+				if r != nil {
+					admitted.Add(1)
+				}
+			}
+		}(g)
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Fatal(err)
+	}
+	if got := admitted.Load(); got != rate {
+		t.Fatalf("%d reservations admitted by %d goroutines, want exactly %d", got, goroutines, rate)
+	}
+	// Refund 60 and debit 30 concurrently: 100 − 60 + 30 = 70 consumed.
+	wg = sync.WaitGroup{}
+	for g := 0; g < 90; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			var err error
+			if g < 60 {
+				_, err = t.lim.Refund(ctx, t.key("h"), l, 1)
+			} else {
+				twos.Add(1)
+				_, err = t.lim.Debit(ctx, t.key("h"), l, 1)
+			}
+			if err != nil {
+				t.Error(err)
+			}
+		}(g)
+	}
+	wg.Wait()
+	if r := t.take("h", l, 0); r.Remaining != rate-70 {
+		t.Fatalf("after 60 refunds and %d debits: %d remaining, want %d", twos.Load(), r.Remaining, rate-70)
+	}
+}
