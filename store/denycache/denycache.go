@@ -168,6 +168,20 @@ func (s *Store) deliver(msg Message) {
 // concurrency, whose releases give capacity back before any RetryAfter.
 func cacheable(l weir.Limit) bool { return l.Algorithm != weir.Concurrency }
 
+// keepable reports whether a denial under l may be kept. A penalty box
+// shorter than the algorithm's own wait lapses while the key is still
+// rejected, and the next rejection then starts a new box: those rejections
+// change the state, so they must reach the store. A limit without a box,
+// or whose box outlasts every wait (algorithm.Params.BoxOutlasts), has
+// rejections that change nothing. Called on the miss path only.
+func keepable(l weir.Limit) bool {
+	if l.Block <= 0 {
+		return true
+	}
+	p, err := l.Compile()
+	return err == nil && p.BoxOutlasts()
+}
+
 // Take answers a request of cost n >= 1 from a live cached denial, or asks
 // the wrapped store and keeps its denial.
 func (s *Store) Take(ctx context.Context, key string, l weir.Limit, n int64) (weir.Result, error) {
@@ -181,7 +195,7 @@ func (s *Store) Take(ctx context.Context, key string, l weir.Limit, n int64) (we
 	}
 	epoch := lc.sh.epoch.Load()
 	res, err := s.next.Take(ctx, key, l, n)
-	if err == nil && !res.Allowed && res.RetryAfter > 0 && s.live.Load() {
+	if err == nil && !res.Allowed && res.RetryAfter > 0 && s.live.Load() && keepable(l) {
 		s.t.insert(&lc, key, l, n, sent, epoch, &res)
 	}
 	return res, err
@@ -209,7 +223,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 	}
 	epoch := lc.sh.epoch.Load()
 	err := s.multi.TakeAll(ctx, reqs, results)
-	if res := &results[0]; err == nil && !res.Allowed && res.RetryAfter > 0 && s.live.Load() {
+	if res := &results[0]; err == nil && !res.Allowed && res.RetryAfter > 0 && s.live.Load() && keepable(rq.Limit) {
 		s.t.insert(&lc, rq.Key, rq.Limit, n, sent, epoch, res)
 	}
 	return err
@@ -283,6 +297,15 @@ func (s *Store) Stats() Stats {
 		st.Invalidations[name] = s.t.invalidations[i].Load()
 	}
 	return st
+}
+
+// hits counts the requests answered from memory.
+func (s *Store) hits() int64 {
+	var n int64
+	for i := range s.t.shards {
+		n += s.t.shards[i].hits.Load()
+	}
+	return n
 }
 
 // Reasons lists the invalidation reasons Stats reports.
