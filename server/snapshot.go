@@ -55,6 +55,9 @@ type SnapshotStore struct {
 	// FallbackDecisionsTotal counts the decisions this instance's on_error
 	// fallback made since it started (weir_fallback_decisions_total summed).
 	FallbackDecisionsTotal uint64 `json:"fallback_decisions_total"`
+	// DenyCache is the deny cache in front of a Redis store; absent
+	// without one.
+	DenyCache *SnapshotDenyCache `json:"deny_cache,omitempty"`
 }
 
 // SnapshotSeries holds per-second decision counts, oldest first: the
@@ -139,6 +142,7 @@ func (s *Server) snapshot(r *http.Request) Snapshot {
 		snap.Store.Nodes = []string{}
 	}
 	snap.Store.LatencyP50MS, snap.Store.LatencyP99MS = s.stats.storeLatency(now)
+	snap.Store.DenyCache = s.denyCacheSnapshot()
 	if f := s.lastFallbk.Load(); f != nil && now.UnixMilli()-f.atMS < fallbackRecent.Milliseconds() {
 		snap.Store.Fallback = f.mode
 	}
