@@ -8,7 +8,7 @@ export WEIR_DEPS_EXTRA ?= nginx caddy chromium
 # Modules of their own (peer libraries stay out of weir's go.mod).
 NESTED     := bench examples/gin examples/echo
 
-.PHONY: all build test deps vet lint unit nested tidy bench bench-redis bench-serve bench-window fuzz same-long fmt clean
+.PHONY: all build test deps vet lint unit nested tidy bench bench-redis bench-serve bench-flood bench-window fuzz same-long fmt clean
 
 all: build
 
@@ -56,6 +56,12 @@ bench-redis:
 # prints the table in docs/algorithms.md. Flags: cd bench && go run ./window -h.
 bench-window:
 	cd bench && $(GO) run ./window
+
+# weir under a flood on a private redis-server, with and without the deny
+# cache: through redisstore (abusive keys) and weir serve over gRPC; PARTS
+# picks parts (bench/flood/run.sh says which). Figures in docs/benchmarks.md.
+bench-flood:
+	./bench/flood/run.sh
 
 # weir serve on Redis under weir bench over gRPC (STORE=memory for no Redis).
 bench-serve:
