@@ -140,7 +140,7 @@ func TestBounded(t *testing.T) {
 		k := fmt.Sprint("k", i)
 		mustTake(t, s, k, one, 1)
 		mustTake(t, s, k, one, 1)
-		if n := s.Stats().Entries; n > 100 {
+		if n := s.Stats().Entries; n > 100 || n > len(s.t.buckets)*ways {
 			t.Fatalf("%d entries in a cache of 100", n)
 		}
 	}

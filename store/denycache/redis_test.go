@@ -154,6 +154,9 @@ func TestDifferential(t *testing.T) {
 				if got.Allowed != want.Allowed {
 					t.Fatalf("%s step %d key %q cost %d (cached answer %v): deny cache says %+v, store %+v", l, step, k, n, hit, got, want)
 				}
+				if hit && (got.Remaining < 0 || got.Remaining >= n || want.Remaining >= n) {
+					t.Fatalf("%s step %d key %q cost %d: cached Remaining %d, store's %d: not both in 0..%d", l, step, k, n, got.Remaining, want.Remaining, n-1)
+				}
 				if got.Allowed && n > 0 {
 					admitted++
 				}

@@ -86,9 +86,6 @@ func newTable(size int, clock func() time.Time) *table {
 	return t
 }
 
-// capacity is the most entries the table holds.
-func (t *table) capacity() int { return len(t.buckets) * ways }
-
 // now reads the table's clock, in nanoseconds since base.
 func (t *table) now() int64 {
 	if t.clock != nil {
