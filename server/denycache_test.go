@@ -53,6 +53,12 @@ func TestDenyCacheServe(t *testing.T) {
 			t.Errorf("/metrics lacks %s", want)
 		}
 	}
+	// A rule change on b flushes every instance's cache.
+	flushes := a.deny.Stats().Invalidations["flush"]
+	if resp, body := call(t, "PUT", baseB+"/v1/rules", "rules:\n  - name: api\n    limit: 7/m\n", bearer(token)...); resp.StatusCode != 200 {
+		t.Fatalf("PUT /v1/rules: %d %s", resp.StatusCode, body)
+	}
+	eventually(t, time.Minute, "a's cache flushed after a rule change", func() bool { return a.deny.Stats().Invalidations["flush"] > flushes })
 	snap := a.snapshot(httptest.NewRequest("GET", "/v1/dashboard/snapshot", nil))
 	if dc := snap.Store.DenyCache; dc == nil || dc.HitsTotal < 10 || !dc.Live {
 		t.Fatalf("snapshot: %+v", dc)

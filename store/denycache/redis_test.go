@@ -260,11 +260,11 @@ func TestSubscriptionLost(t *testing.T) {
 
 // crossInstance: a denial cached on one instance is answered from memory,
 // and a reset on another instance reaches it through pub/sub.
-func crossInstance(t *testing.T, f *fleet) {
+func crossInstance(t *testing.T, f *fleet, prefix string) {
 	ctx := context.Background()
 	l := weir.Limit{Algorithm: weir.GCRA, Rate: 2, Period: time.Hour, Block: time.Hour}
 	a, b := f.caches[0], f.caches[1]
-	for _, key := range []string{"tenant-1", "tenant-2"} { // two slots on a cluster
+	for _, key := range []string{prefix + "tenant-1", prefix + "tenant-2"} { // two slots on a cluster
 		for range 2 {
 			if r, err := a.Take(ctx, key, l, 1); err != nil || !r.Allowed {
 				t.Fatalf("%+v %v", r, err)
@@ -291,11 +291,96 @@ func crossInstance(t *testing.T, f *fleet) {
 func TestCluster(t *testing.T) {
 	c := redistest.Cluster(t)
 	clock := storetest.NewClock(storetest.Epoch)
-	crossInstance(t, newFleet(t, 2, redisstore.Config{Addrs: c.Addrs, Prefix: "cl"}, clock.Now))
+	f := newFleet(t, 2, redisstore.Config{Addrs: c.Addrs, Prefix: "cl"}, clock.Now)
+	crossInstance(t, f, "")
+	clusterMigration(t, c, f)
 }
 
+// clusterMigration floods one key from two instances while its slot moves
+// between nodes four times: never more than the limit is admitted, and
+// the denials keep coming from memory.
+func clusterMigration(t *testing.T, c *redistest.ClusterGroup, f *fleet) {
+	const key = "migrating"
+	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 100, Period: time.Hour}
+	v, err := c.Nodes[0].Do("CLUSTER", "KEYSLOT", key) // the hash tag is the key itself
+	if err != nil {
+		t.Fatal(err)
+	}
+	slot := int(v.(int64))
+	var admitted, failed atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				r, err := f.caches[g%2].Take(context.Background(), key, l, 1)
+				switch {
+				case err != nil:
+					failed.Add(1)
+				case r.Allowed:
+					admitted.Add(1)
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}()
+	}
+	from := c.NodeForSlot(slot)
+	to := c.Nodes[0]
+	if to == from {
+		to = c.Nodes[1]
+	}
+	for i := range 4 {
+		time.Sleep(100 * time.Millisecond)
+		if err := c.MigrateSlot(slot, from, to); err != nil {
+			close(stop)
+			wg.Wait()
+			t.Fatalf("migration %d: %v", i, err)
+		}
+		from, to = to, from
+	}
+	time.Sleep(100 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	// A failed call may or may not have consumed; none may admit more.
+	if got := admitted.Load(); got > l.Rate || got < l.Rate-failed.Load() {
+		t.Fatalf("%d admitted under a limit of %d (%d failed calls)", got, l.Rate, failed.Load())
+	}
+	if f.caches[0].hits()+f.caches[1].hits() == 0 {
+		t.Fatal("no denial answered from memory during the migrations")
+	}
+	f.reset(t, 1, key, l)
+	if r, err := f.caches[0].Take(context.Background(), key, l, 1); err != nil || !r.Allowed {
+		t.Fatalf("after a reset: %+v %v", r, err)
+	}
+}
+
+// TestSentinel: the caches work under Sentinel, and after a failover they
+// come back subscribed to the new master and still hear resets.
 func TestSentinel(t *testing.T) {
 	g := redistest.Sentinel(t)
 	clock := storetest.NewClock(storetest.Epoch)
-	crossInstance(t, newFleet(t, 2, redisstore.Config{Addrs: g.SentinelAddrs, MasterName: g.MasterName, Prefix: "se"}, clock.Now))
+	f := newFleet(t, 2, redisstore.Config{Addrs: g.SentinelAddrs, MasterName: g.MasterName, Prefix: "se"}, clock.Now)
+	crossInstance(t, f, "before-")
+	before := []int64{f.caches[0].t.invalidations[reasonBypass].Load(), f.caches[1].t.invalidations[reasonBypass].Load()}
+	if err := g.Failover(); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range f.caches {
+		waitFor(t, fmt.Sprintf("instance %d resubscribed after the failover", i), func() bool {
+			return c.t.invalidations[reasonBypass].Load() >= before[i]+2 && c.Live()
+		})
+	}
+	// The stores follow the new master on their own; give them the time.
+	waitFor(t, "the stores write to the new master", func() bool {
+		_, err := f.caches[0].Take(context.Background(), "probe", weir.Limit{Algorithm: weir.FixedWindow, Rate: 1000, Period: time.Hour}, 1)
+		return err == nil
+	})
+	crossInstance(t, f, "after-")
 }
