@@ -201,8 +201,10 @@ func (s *Store) Take(ctx context.Context, key string, l weir.Limit, n int64) (we
 	return res, err
 }
 
-// TakeAll answers a batch of one request as Take does (an AtMost request
-// by its least cost, 1); a batch of several goes to the wrapped store.
+// TakeAll answers a batch of one request as Take does; an AtMost request
+// is denied exactly when one event is, so it is answered by a denial of cost
+// 1, and its own denials are not kept. A batch of several goes to the
+// wrapped store.
 func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
 	if s.multi == nil {
 		return fmt.Errorf("%w: denycache: the wrapped %T is no MultiStore", weir.ErrUnsupported, s.next)
@@ -223,7 +225,9 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 	}
 	epoch := lc.sh.epoch.Load()
 	err := s.multi.TakeAll(ctx, reqs, results)
-	if res := &results[0]; err == nil && !res.Allowed && res.RetryAfter > 0 && s.live.Load() && keepable(rq.Limit) {
+	// An AtMost denial's RetryAfter is for its whole N, not for the one
+	// event its denial proves unavailable: it is answered, never kept.
+	if res := &results[0]; err == nil && !rq.AtMost && !res.Allowed && res.RetryAfter > 0 && s.live.Load() && keepable(rq.Limit) {
 		s.t.insert(&lc, rq.Key, rq.Limit, n, sent, epoch, res)
 	}
 	return err

@@ -289,3 +289,39 @@ func BenchmarkHit(b *testing.B) {
 		})
 	})
 }
+
+// slowReply is a store whose replies take d to come back (on the stepped
+// clock), after the store decided.
+type slowReply struct {
+	weir.Store
+	clock *storetest.Clock
+	d     time.Duration
+}
+
+func (s *slowReply) Take(ctx context.Context, key string, l weir.Limit, n int64) (weir.Result, error) {
+	r, err := s.Store.Take(ctx, key, l, n)
+	s.clock.Advance(s.d)
+	return r, err
+}
+
+// TestMeasuredFromSend: an entry lapses RetryAfter after the denied request
+// was sent, not after its reply came, so never later than the store's
+// denial does.
+func TestMeasuredFromSend(t *testing.T) {
+	clock := storetest.NewClock(storetest.Epoch)
+	ms := memstore.New(memstore.WithClock(clock.Now))
+	tb := weir.Limit{Algorithm: weir.TokenBucket, Rate: 1, Period: time.Second, Burst: 1}
+	s, err := New(&slowReply{Store: ms, clock: clock, d: 300 * time.Millisecond}, Config{Clock: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustTake(t, s, "k", tb, 1)        // admitted at 0, reply at 0.3 s
+	den := mustTake(t, s, "k", tb, 1) // sent at 0.3 s: RetryAfter 0.7 s, reply at 0.6 s
+	if den.Allowed || den.RetryAfter != 700*time.Millisecond {
+		t.Fatalf("want a denial with RetryAfter 700ms, got %+v", den)
+	}
+	clock.Advance(400 * time.Millisecond) // 1.0 s: the store admits again
+	if r := mustTake(t, s, "k", tb, 1); !r.Allowed {
+		t.Fatalf("the cache answered past the store's RetryAfter (measured from the reply?): %+v", r)
+	}
+}

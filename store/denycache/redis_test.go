@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -107,6 +109,7 @@ var diffLimits = []weir.Limit{
 // decision must agree, so no cached answer is one the store would have
 // admitted, and the admitted counts are identical. Resets and unblocks
 // (resets of boxed keys) come from random instances in between.
+// WEIR_DENYCACHE_SEED and WEIR_DENYCACHE_STEPS (per limit) vary it.
 func TestDifferential(t *testing.T) {
 	srv := redistest.Standalone(t)
 	clock := storetest.NewClock(storetest.Epoch)
@@ -117,11 +120,18 @@ func TestDifferential(t *testing.T) {
 	}
 	defer plain.Close()
 	ctx := context.Background()
-	rng := rand.New(rand.NewPCG(14, 1))
+	seed, steps := uint64(14), 400
+	if v, err := strconv.ParseUint(os.Getenv("WEIR_DENYCACHE_SEED"), 10, 64); err == nil {
+		seed = v
+	}
+	if v, err := strconv.Atoi(os.Getenv("WEIR_DENYCACHE_STEPS")); err == nil && v > 0 {
+		steps = v
+	}
+	rng := rand.New(rand.NewPCG(seed, 1))
 	keys := []string{"a", "b", "c{x}", ""}
 	var admitted, admittedPlain, hits, resets int
 	for _, l := range diffLimits {
-		for step := range 400 {
+		for step := range steps {
 			k := keys[rng.IntN(len(keys))]
 			switch r := rng.IntN(100); {
 			case r < 20:
@@ -139,22 +149,38 @@ func TestDifferential(t *testing.T) {
 					n = 0
 				}
 				h0 := c.hits()
-				got, err := c.Take(ctx, k, l, n)
-				if err != nil {
-					t.Fatal(err)
-				}
-				want, err := plain.Take(ctx, k, l, n)
-				if err != nil {
-					t.Fatal(err)
+				// Half the decisions go as a batch of one, as policy sends
+				// them, some granting at most n.
+				batch, atMost := rng.IntN(2) == 0, rng.IntN(4) == 0
+				var got, want weir.Result
+				if batch {
+					req := []weir.Request{{Key: k, Limit: l, N: n, AtMost: atMost && n > 0}}
+					var res [1]weir.Result
+					if err := c.TakeAll(ctx, req, res[:]); err != nil {
+						t.Fatal(err)
+					}
+					got = res[0]
+					if err := plain.TakeAll(ctx, req, res[:]); err != nil {
+						t.Fatal(err)
+					}
+					want = res[0]
+				} else {
+					var err error
+					if got, err = c.Take(ctx, k, l, n); err != nil {
+						t.Fatal(err)
+					}
+					if want, err = plain.Take(ctx, k, l, n); err != nil {
+						t.Fatal(err)
+					}
 				}
 				hit := c.hits() > h0
 				if hit {
 					hits++
 				}
-				if got.Allowed != want.Allowed {
+				if got.Allowed != want.Allowed || got.Granted != want.Granted {
 					t.Fatalf("%s step %d key %q cost %d (cached answer %v): deny cache says %+v, store %+v", l, step, k, n, hit, got, want)
 				}
-				if hit && (got.Remaining < 0 || got.Remaining >= n || want.Remaining >= n) {
+				if hit && !atMost && (got.Remaining < 0 || got.Remaining >= n || want.Remaining >= n) {
 					t.Fatalf("%s step %d key %q cost %d: cached Remaining %d, store's %d: not both in 0..%d", l, step, k, n, got.Remaining, want.Remaining, n-1)
 				}
 				if got.Allowed && n > 0 {
