@@ -4,9 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
 	"log/slog"
-	"strings"
+	"strconv"
 	"sync"
 	"time"
 
@@ -40,11 +39,12 @@ const DefaultChannel = "denycache"
 //
 // It subscribes on a dedicated connection, which rueidis never
 // re-subscribes by itself: a broken connection ends the subscription, the
-// cache goes bypassed, and the bus subscribes again. Once subscribed it
-// publishes a probe to itself, and it is up when the probe comes back; it
-// then sends one every Heartbeat and goes down when one has not come back
-// within three, so that a connection that stalls without breaking cannot
-// hide lost invalidations for long.
+// cache goes bypassed, and the bus subscribes again. On the same
+// connection it subscribes to a probe channel of its own
+// ("<channel>:probe:<random>"); it publishes a probe there and is up when
+// the probe comes back. It then sends one every Heartbeat and goes down
+// when none has come back for three, so that a connection that stalls
+// without breaking cannot hide lost invalidations for long.
 type RedisBus struct {
 	client  rueidis.Client
 	channel string
@@ -82,9 +82,8 @@ func NewRedisBus(client rueidis.Client, cfg RedisBusConfig) *RedisBus {
 
 // The wire form of a message: one letter, then the key.
 const (
-	tagKey   = 'k'
-	tagAll   = 'a'
-	tagProbe = 'p'
+	tagKey = 'k'
+	tagAll = 'a'
 )
 
 // Publish sends m on the channel.
@@ -107,6 +106,9 @@ func (b *RedisBus) Run(ctx context.Context, deliver func(Message), state func(bo
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		wasUp := b.session(ctx, deliver, state)
+		if ctx.Err() != nil {
+			return
+		}
 		state(false)
 		if wasUp {
 			backoff = 100 * time.Millisecond
@@ -139,7 +141,9 @@ func (b *RedisBus) session(ctx context.Context, deliver func(Message), state fun
 	defer release()
 	var nonce [8]byte
 	_, _ = rand.Read(nonce[:])
-	me := string(tagProbe) + hex.EncodeToString(nonce[:]) + ":"
+	// Probes go to a channel of this session's own, on the same
+	// connection, so that a fleet's heartbeats do not fan out to everyone.
+	probes := b.channel + ":probe:" + hex.EncodeToString(nonce[:])
 
 	var mu sync.Mutex
 	var lastBack time.Time // when a probe of ours last came back
@@ -147,7 +151,7 @@ func (b *RedisBus) session(ctx context.Context, deliver func(Message), state fun
 	broken := dc.SetPubSubHooks(rueidis.PubSubHooks{
 		OnMessage: func(m rueidis.PubSubMessage) {
 			switch msg := m.Message; {
-			case strings.HasPrefix(msg, me):
+			case m.Channel == probes:
 				mu.Lock()
 				lastBack = time.Now()
 				mu.Unlock()
@@ -155,6 +159,7 @@ func (b *RedisBus) session(ctx context.Context, deliver func(Message), state fun
 				case back <- struct{}{}:
 				default:
 				}
+			case m.Channel != b.channel:
 			case len(msg) > 0 && msg[0] == tagKey:
 				deliver(Message{Key: msg[1:]})
 			case msg == string(tagAll):
@@ -162,7 +167,7 @@ func (b *RedisBus) session(ctx context.Context, deliver func(Message), state fun
 			}
 		},
 	})
-	if err := dc.Do(ctx, dc.B().Subscribe().Channel(b.channel).Build()).Error(); err != nil {
+	if err := dc.Do(ctx, dc.B().Subscribe().Channel(b.channel, probes).Build()).Error(); err != nil {
 		if ctx.Err() == nil {
 			b.log.Warn("weir: deny cache: subscribing to its invalidation channel failed", "err", err)
 		}
@@ -175,7 +180,7 @@ func (b *RedisBus) session(ctx context.Context, deliver func(Message), state fun
 		seq++
 		pctx, cancel := context.WithTimeout(ctx, b.beat)
 		defer cancel()
-		_ = b.publish(pctx, fmt.Sprintf("%s%d", me, seq))
+		_ = b.client.Do(pctx, b.client.B().Publish().Channel(probes).Message(strconv.Itoa(seq)).Build()).Error()
 	}
 	probe()
 	started := time.Now()

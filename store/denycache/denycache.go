@@ -117,11 +117,14 @@ func New(next weir.Store, cfg Config) (*Store, error) {
 	return s, nil
 }
 
-// Close stops the subscription; the wrapped store stays open.
+// Close stops the subscription and empties the cache, which then passes
+// every call to the wrapped store; the wrapped store stays open.
 func (s *Store) Close() error {
 	s.once.Do(func() {
 		s.cancel()
 		<-s.done
+		s.live.Store(false)
+		s.t.flush(reasonBypass)
 	})
 	return nil
 }
