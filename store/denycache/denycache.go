@@ -171,18 +171,20 @@ func (s *Store) deliver(msg Message) {
 // concurrency, whose releases give capacity back before any RetryAfter.
 func cacheable(l weir.Limit) bool { return l.Algorithm != weir.Concurrency }
 
-// keepable reports whether a denial under l may be kept. A penalty box
-// shorter than the algorithm's own wait lapses while the key is still
-// rejected, and the next rejection then starts a new box: those rejections
-// change the state, so they must reach the store. A limit without a box,
-// or whose box outlasts every wait (algorithm.Params.BoxOutlasts), has
-// rejections that change nothing. Called on the miss path only.
-func keepable(l weir.Limit) bool {
-	if l.Block <= 0 {
-		return true
-	}
+// keepable reports whether a denial under l may be kept, and the most l
+// can admit at once (a larger cost is the store's error to return, never a
+// cached denial). A penalty box shorter than the algorithm's own wait
+// lapses while the key is still rejected, and the next rejection then
+// starts a new box: those rejections change the state, so they must reach
+// the store. A limit without a box, or whose box outlasts every wait
+// (algorithm.Params.BoxOutlasts), has rejections that change nothing.
+// Called on the miss path only.
+func keepable(l weir.Limit) (maxCost int64, ok bool) {
 	p, err := l.Compile()
-	return err == nil && p.BoxOutlasts()
+	if err != nil || l.Block > 0 && !p.BoxOutlasts() {
+		return 0, false
+	}
+	return p.MaxCost(), true
 }
 
 // Take answers a request of cost n >= 1 from a live cached denial, or asks
@@ -198,8 +200,10 @@ func (s *Store) Take(ctx context.Context, key string, l weir.Limit, n int64) (we
 	}
 	epoch := lc.sh.epoch.Load()
 	res, err := s.next.Take(ctx, key, l, n)
-	if err == nil && !res.Allowed && res.RetryAfter > 0 && s.live.Load() && keepable(l) {
-		s.t.insert(&lc, key, l, n, sent, epoch, &res)
+	if err == nil && !res.Allowed && res.RetryAfter > 0 && s.live.Load() {
+		if maxCost, ok := keepable(l); ok {
+			s.t.insert(&lc, key, l, n, maxCost, sent, epoch, &res)
+		}
 	}
 	return res, err
 }
@@ -230,8 +234,10 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 	err := s.multi.TakeAll(ctx, reqs, results)
 	// An AtMost denial's RetryAfter is for its whole N, not for the one
 	// event its denial proves unavailable: it is answered, never kept.
-	if res := &results[0]; err == nil && !rq.AtMost && !res.Allowed && res.RetryAfter > 0 && s.live.Load() && keepable(rq.Limit) {
-		s.t.insert(&lc, rq.Key, rq.Limit, n, sent, epoch, res)
+	if res := &results[0]; err == nil && !rq.AtMost && !res.Allowed && res.RetryAfter > 0 && s.live.Load() {
+		if maxCost, ok := keepable(rq.Limit); ok {
+			s.t.insert(&lc, rq.Key, rq.Limit, n, maxCost, sent, epoch, res)
+		}
 	}
 	return err
 }

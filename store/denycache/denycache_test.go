@@ -2,6 +2,7 @@ package denycache
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -323,5 +324,17 @@ func TestMeasuredFromSend(t *testing.T) {
 	clock.Advance(400 * time.Millisecond) // 1.0 s: the store admits again
 	if r := mustTake(t, s, "k", tb, 1); !r.Allowed {
 		t.Fatalf("the cache answered past the store's RetryAfter (measured from the reply?): %+v", r)
+	}
+}
+
+// TestCostBeyondLimitIsAnError: a cost the limit can never admit gets the
+// store's error, not a cached denial.
+func TestCostBeyondLimitIsAnError(t *testing.T) {
+	s, _, _ := newMem(t, 0)
+	for range 4 {
+		mustTake(t, s, "a", fw, 1)
+	}
+	if _, err := s.Take(ctx, "a", fw, 4); !errors.Is(err, weir.ErrInvalidCost) {
+		t.Fatalf("cost 4 under a limit of 3: want ErrInvalidCost, got %v", err)
 	}
 }

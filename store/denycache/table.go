@@ -19,6 +19,7 @@ type entry struct {
 	h         uint64 // the key's hash
 	lim       weir.Limit
 	n         int64 // the denied cost: requests of this cost or more are answered
+	maxCost   int64 // up to the most the limit admits at once (more is an error)
 	exp       int64 // the denial lapses here (send time + RetryAfter)
 	resetAt   int64 // send time + ResetAfter
 	limit     int64 // Result.Limit
@@ -121,7 +122,7 @@ func (lc *loc) find(key string) *entry {
 // live entry, or reports false.
 func (t *table) lookup(lc *loc, key string, l weir.Limit, n, now int64) (weir.Result, bool) {
 	e := lc.find(key)
-	if e == nil || now >= e.exp || n < e.n || e.lim != l {
+	if e == nil || now >= e.exp || n < e.n || n > e.maxCost || e.lim != l {
 		lc.sh.miss.Add(1)
 		return weir.Result{}, false
 	}
@@ -141,12 +142,13 @@ func (t *table) lookup(lc *loc, key string, l weir.Limit, n, now int64) (weir.Re
 // insert records res, the store's denial of a request of cost n sent at
 // sent, unless the shard was invalidated since epoch (read before the
 // request was sent), in which case the denial may predate a reset.
-func (t *table) insert(lc *loc, key string, l weir.Limit, n, sent int64, epoch uint64, res *weir.Result) {
+func (t *table) insert(lc *loc, key string, l weir.Limit, n, maxCost, sent int64, epoch uint64, res *weir.Result) {
 	e := &entry{
 		key:       key,
 		h:         lc.h,
 		lim:       l,
 		n:         n,
+		maxCost:   maxCost,
 		exp:       sent + int64(res.RetryAfter),
 		resetAt:   sent + int64(res.ResetAfter),
 		limit:     res.Limit,
