@@ -198,6 +198,7 @@ func (s *Store) Take(ctx context.Context, key string, l weir.Limit, n int64) (we
 	if r, ok := s.t.lookup(&lc, key, l, n, sent); ok {
 		return r, nil
 	}
+	lc.sh.miss.Add(1)
 	epoch := lc.sh.epoch.Load()
 	res, err := s.next.Take(ctx, key, l, n)
 	if err == nil && !res.Allowed && res.RetryAfter > 0 && s.live.Load() {
@@ -230,6 +231,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 		results[0] = r
 		return nil
 	}
+	lc.sh.miss.Add(1)
 	epoch := lc.sh.epoch.Load()
 	err := s.multi.TakeAll(ctx, reqs, results)
 	// An AtMost denial's RetryAfter is for its whole N, not for the one
@@ -240,6 +242,22 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 		}
 	}
 	return err
+}
+
+// Answer returns the cached denial that answers req, if there is one,
+// without asking the wrapped store (guard.Answerer: the guard asks first, so
+// that answers from memory never count for its circuit breaker). A miss is
+// not counted here: the Take or TakeAll that follows counts it.
+func (s *Store) Answer(req *weir.Request) (weir.Result, bool) {
+	n := req.N
+	if n < 1 || !cacheable(req.Limit) || !s.live.Load() {
+		return weir.Result{}, false
+	}
+	if req.AtMost {
+		n = 1
+	}
+	lc := s.t.locate(req.Key)
+	return s.t.lookup(&lc, req.Key, req.Limit, n, s.t.now())
 }
 
 // Release gives a concurrency lease back (never cached, so nothing to drop).

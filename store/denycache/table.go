@@ -119,11 +119,10 @@ func (lc *loc) find(key string) *entry {
 }
 
 // lookup answers a request of cost n (>= 1) for key under l at now from a
-// live entry, or reports false.
+// live entry, or reports false. It counts hits; callers count misses.
 func (t *table) lookup(lc *loc, key string, l weir.Limit, n, now int64) (weir.Result, bool) {
 	e := lc.find(key)
 	if e == nil || now >= e.exp || n < e.n || n > e.maxCost || e.lim != l {
-		lc.sh.miss.Add(1)
 		return weir.Result{}, false
 	}
 	lc.sh.hits.Add(1)
