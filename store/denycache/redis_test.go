@@ -102,6 +102,9 @@ var diffLimits = []weir.Limit{
 	{Algorithm: weir.TokenBucket, Rate: 5, Period: time.Minute, Burst: 3},
 	{Algorithm: weir.LeakyBucket, Rate: 5, Period: time.Minute, Burst: 4},
 	{Algorithm: weir.GCRA, Rate: 5, Period: time.Minute, Burst: 3},
+	{Algorithm: weir.LeakyBucket, Rate: 5, Period: time.Minute, Burst: 4, MaxDelay: 20 * time.Second},
+	{Algorithm: weir.SlidingWindow, Rate: 6, Period: time.Minute, Buckets: 4},
+	{Algorithm: weir.TokenBucket, Rate: 5, Period: time.Minute, Burst: 3, Block: 5 * time.Minute},
 }
 
 // TestDifferential runs one random workload on three instances with deny
@@ -131,6 +134,11 @@ func TestDifferential(t *testing.T) {
 	keys := []string{"a", "b", "c{x}", ""}
 	var admitted, admittedPlain, hits, resets int
 	for _, l := range diffLimits {
+		p, err := l.Compile()
+		if err != nil {
+			t.Fatal(err)
+		}
+		maxCost := min(3, p.MaxCost())
 		for step := range steps {
 			k := keys[rng.IntN(len(keys))]
 			switch r := rng.IntN(100); {
@@ -144,7 +152,7 @@ func TestDifferential(t *testing.T) {
 				resets++
 			default:
 				c := f.caches[rng.IntN(len(f.caches))]
-				n := int64(rng.IntN(3) + 1)
+				n := rng.Int64N(maxCost) + 1
 				if r < 27 {
 					n = 0
 				}
