@@ -45,6 +45,7 @@ test: deps vet lint unit nested
 # Benchmarks: never part of `make test`; figures go to docs/benchmarks.md.
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./store/memstore/
+	$(GO) test -run '^$$' -bench . -benchmem ./store/denycache/
 	cd bench && $(GO) test -run '^$$' -bench . -benchmem ./...
 
 # Redis: decisions/s through redisstore against redis-benchmark's ceiling,
