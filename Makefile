@@ -8,7 +8,7 @@ export WEIR_DEPS_EXTRA ?= nginx caddy chromium prometheus
 # Modules of their own (peer libraries stay out of weir's go.mod).
 NESTED     := bench examples/gin examples/echo
 
-.PHONY: all build test deps vet lint unit nested promtool-test tidy bench bench-debt bench-redis bench-serve bench-lease bench-window fuzz same-long fmt clean
+.PHONY: all build test deps vet lint unit nested promtool-test tidy bench bench-debt bench-redis bench-serve bench-flood bench-lease bench-window fuzz same-long fmt clean
 
 all: build
 
@@ -52,6 +52,7 @@ test: deps vet lint unit nested promtool-test
 # Benchmarks: never part of `make test`; figures go to docs/benchmarks.md.
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./store/memstore/
+	$(GO) test -run '^$$' -bench . -benchmem ./store/denycache/
 	cd bench && $(GO) test -run '^$$' -bench . -benchmem ./...
 
 # Debit and Settle against Take, memstore and Redis (docs/benchmarks.md, "Debt").
@@ -68,6 +69,12 @@ bench-redis:
 # prints the table in docs/algorithms.md. Flags: cd bench && go run ./window -h.
 bench-window:
 	cd bench && $(GO) run ./window
+
+# weir under a flood on a private redis-server, with and without the deny
+# cache: through redisstore (abusive keys) and weir serve over gRPC; PARTS
+# picks parts (bench/flood/run.sh says which). Figures in docs/benchmarks.md.
+bench-flood:
+	./bench/flood/run.sh
 
 # weir serve on Redis under weir bench over gRPC (STORE=memory for no Redis).
 bench-serve:

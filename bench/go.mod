@@ -5,6 +5,9 @@ go 1.26.0
 replace github.com/weir-dev/weir => ../
 
 require (
+	github.com/redis/rueidis v1.0.79
 	github.com/weir-dev/weir v0.0.0-00010101000000-000000000000
 	golang.org/x/time v0.16.0
 )
+
+require golang.org/x/sys v0.48.0 // indirect

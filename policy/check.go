@@ -298,6 +298,9 @@ func checkStore(cfg *Config, rep reporter) {
 	if s.MaxKeys < 0 {
 		rep.addAt("store.max_keys", fmt.Sprintf("max_keys must be at least 1, got %d", s.MaxKeys))
 	}
+	if s.DenyCacheSize < 0 || s.DenyCacheSize > MaxDenyCacheSize {
+		rep.addAt("store.deny_cache_size", fmt.Sprintf("deny_cache_size must be 1 to %d, got %d", MaxDenyCacheSize, s.DenyCacheSize))
+	}
 	b := s.Breaker
 	if b.Failures < 0 || b.MinRequests < 0 || b.FailureRatio < 0 || b.FailureRatio > 1 || b.Window < 0 || b.Cooldown < 0 {
 		rep.addAt("store.breaker", "breaker settings must not be negative, and failure_ratio must be at most 1")

@@ -82,7 +82,25 @@ type StoreConfig struct {
 	Breaker guard.BreakerConfig
 	// MaxKeys bounds the memory store (default memstore.DefaultMaxKeys).
 	MaxKeys int
+	// DenyCache turns the exact local deny cache in front of the Redis
+	// store on (nil or true, the default) or off (false):
+	// store.deny_cache. See package store/denycache.
+	DenyCache *bool
+	// DenyCacheSize bounds the deny cache's entries (default
+	// DefaultDenyCacheSize): store.deny_cache_size.
+	DenyCacheSize int
 }
+
+// DefaultDenyCacheSize is store.deny_cache_size when unset (the same as
+// denycache.DefaultSize).
+const DefaultDenyCacheSize = 100_000
+
+// MaxDenyCacheSize bounds store.deny_cache_size (denycache.MaxSize).
+const MaxDenyCacheSize = 100_000_000
+
+// DenyCacheOn reports whether the deny cache is on: unless deny_cache is
+// false.
+func (s StoreConfig) DenyCacheOn() bool { return s.DenyCache == nil || *s.DenyCache }
 
 // RedisConfig is store.redis. Several Addrs without MasterName mean Redis
 // Cluster; MasterName means Sentinel, with Addrs the sentinels.

@@ -357,6 +357,8 @@ func (w *walker) store(path string, n *yaml.Node, s *StoreConfig) {
 		{"timeout", func(p string, v *yaml.Node) { s.Timeout = w.duration(p, v) }},
 		{"on_error", func(p string, v *yaml.Node) { s.OnError = w.str(p, v) }},
 		{"max_keys", func(p string, v *yaml.Node) { s.MaxKeys = int(w.integer(p, v, 1)) }},
+		{"deny_cache", func(p string, v *yaml.Node) { on := w.boolean(p, v); s.DenyCache = &on }},
+		{"deny_cache_size", func(p string, v *yaml.Node) { s.DenyCacheSize = int(w.integer(p, v, 1)) }},
 		{"breaker", func(p string, v *yaml.Node) {
 			b := &s.Breaker
 			w.mapping(v, p, "store.breaker", []field{

@@ -73,10 +73,22 @@ func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 	return true
 }
 
-// reservations returns the policy's store as a ReservationStore.
+// reservations returns the policy's store as a ReservationStore, or the
+// first store it wraps that is one (the deny cache and the tracing wrapper
+// keep no reservations of their own: they Unwrap to the store that does).
 func reservations(p *policy.Policy) (weir.ReservationStore, bool) {
-	rs, ok := p.Store().(weir.ReservationStore)
-	return rs, ok
+	st := p.Store()
+	for range 8 {
+		if rs, ok := st.(weir.ReservationStore); ok {
+			return rs, true
+		}
+		u, ok := st.(interface{ Unwrap() weir.Store })
+		if !ok {
+			break
+		}
+		st = u.Unwrap()
+	}
+	return nil, false
 }
 
 // handleReserve serves POST /v1/reserve: it takes the estimate as

@@ -60,6 +60,7 @@ import (
 	"github.com/weir-dev/weir/internal/tlsfiles"
 	"github.com/weir-dev/weir/policy"
 	"github.com/weir-dev/weir/server/envoyrls"
+	"github.com/weir-dev/weir/store/denycache"
 	"github.com/weir-dev/weir/store/guard"
 	"github.com/weir-dev/weir/store/lease"
 	"github.com/weir-dev/weir/weirotel"
@@ -245,7 +246,8 @@ type Server struct {
 	guard  *guard.Guard
 	holder *policy.Holder
 	store  weir.Store
-	owned  func() // closes what New opened
+	deny   *denycache.Store // the deny cache in front of a Redis store; nil without
+	owned  func()           // closes what New opened
 	info   atomic.Pointer[storeInfo]
 	rdb    rueidis.Client // nil without Redis
 	keys   redisKeys      // the names of the service's own keys in Redis
@@ -347,7 +349,13 @@ func (s *Server) init() error {
 		}
 		return 0
 	}))
-	s.guard = guard.New(s.o.tracing.Store(s.store), guard.Config{
+	decider, err := s.openDenyCache(cfg)
+	if err != nil {
+		return err
+	}
+	// The tracing wrapper goes outside the deny cache: the guard still
+	// finds the cache's answers (guard.Answerer) through its Unwrap.
+	s.guard = guard.New(s.o.tracing.Store(decider), guard.Config{
 		Timeout: cfg.Store.Timeout,
 		Breaker: cfg.Store.Breaker,
 		Logger:  s.log,
@@ -607,6 +615,7 @@ func (s *Server) rulesChanged(p *policy.Policy) {
 	}
 	s.tops.retain(keep)
 	s.stats.prune(s.now(), keep)
+	s.flushDenyCache()
 }
 
 // Policy returns the policy in force.
@@ -647,6 +656,7 @@ func (s *Server) Reload() error {
 			errs = append(errs, err)
 		} else {
 			s.envoy.SetConfig(c)
+			s.flushDenyCache()
 			s.metrics.reload(true)
 			s.log.Info("weir: envoy config reloaded", "dir", s.envoyDir, "domains", len(c.Domains()))
 		}

@@ -60,6 +60,9 @@ type SnapshotStore struct {
 	Instances int `json:"instances"`
 	// Leases sums this instance's leased units since it started.
 	Leases SnapshotLeases `json:"leases"`
+	// DenyCache is the deny cache in front of a Redis store; absent
+	// without one.
+	DenyCache *SnapshotDenyCache `json:"deny_cache,omitempty"`
 }
 
 // SnapshotLeases is this instance's leased budgets (rules with lease: N):
@@ -160,6 +163,7 @@ func (s *Server) snapshot(r *http.Request) Snapshot {
 		snap.Store.Nodes = []string{}
 	}
 	snap.Store.LatencyP50MS, snap.Store.LatencyP99MS = s.stats.storeLatency(now)
+	snap.Store.DenyCache = s.denyCacheSnapshot()
 	if f := s.lastFallbk.Load(); f != nil && now.UnixMilli()-f.atMS < fallbackRecent.Milliseconds() {
 		snap.Store.Fallback = f.mode
 	}

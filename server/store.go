@@ -27,6 +27,7 @@ type redisKeys struct {
 	fleetIndex   string // ZSET instance id → last report, ms
 	rules        string // the YAML PUT /v1/rules stored, after a line with its version
 	rulesVersion string // the version of the stored rules (random); instances poll it
+	denyCache    string // the deny cache's pub/sub channel (not a key)
 }
 
 // keysFor returns the service's key names under prefix ("" is
@@ -41,6 +42,7 @@ func keysFor(prefix string) redisKeys {
 		fleetIndex:   prefix + ":fleet",
 		rules:        prefix + ":config:rules",
 		rulesVersion: prefix + ":config:rules:version",
+		denyCache:    prefix + ":denycache",
 	}
 }
 

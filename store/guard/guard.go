@@ -131,6 +131,7 @@ const DefaultTimeout = 50 * time.Millisecond
 type Guard struct {
 	store      weir.Store
 	multi      weir.MultiStore // nil unless store is one
+	answerer   Answerer        // nil unless store is one (the deny cache)
 	local      *memstore.Store
 	timeout    time.Duration
 	noDeadline bool // the store ignores contexts (memstore) or has its own deadline: skip the timer
@@ -245,6 +246,7 @@ func New(store weir.Store, cfg Config) *Guard {
 	}
 	g.local = memstore.New(memstore.WithMaxKeys(maxKeys), memstore.WithShards(16), memstore.WithClock(g.now))
 	g.multi, _ = store.(weir.MultiStore)
+	g.answerer = findAnswerer(store)
 	_, g.noDeadline = store.(*memstore.Store)
 	if ts, ok := store.(timeoutStore); ok && ts.Timeout() > 0 && ts.Timeout() <= g.timeout {
 		// The store ends every call by its own timeout: a timer per call
@@ -252,6 +254,33 @@ func New(store weir.Store, cfg Config) *Guard {
 		g.noDeadline = true
 	}
 	return g
+}
+
+// findAnswerer returns store, or the first store it wraps (through
+// Unwrap() weir.Store, as a tracing wrapper offers), that is an Answerer.
+func findAnswerer(store weir.Store) Answerer {
+	for range 8 { // wrappers are few; a cycle must not hang New
+		if a, ok := store.(Answerer); ok {
+			return a
+		}
+		u, ok := store.(interface{ Unwrap() weir.Store })
+		if !ok {
+			return nil
+		}
+		store = u.Unwrap()
+	}
+	return nil
+}
+
+// An Answerer is a store that can answer some decisions from memory,
+// exactly, without asking the store behind it (store/denycache answers
+// certain denials). The guard asks it first: such an answer neither counts
+// for the circuit breaker (a flood answered from memory would otherwise
+// hide a failing store from it) nor waits for it to close.
+type Answerer interface {
+	// Answer returns the decision of req if it is certain without the
+	// store, and reports whether it is.
+	Answer(req *weir.Request) (weir.Result, bool)
 }
 
 // timeoutStore is a store that ends every call by a deadline of its own,
@@ -577,6 +606,11 @@ func (g *Guard) closed() bool { return BreakerState(g.state.Load()) == BreakerCl
 
 // Take implements weir.Store.
 func (g *Guard) Take(ctx context.Context, key string, l weir.Limit, n int64) (weir.Result, error) {
+	if g.answerer != nil {
+		if r, ok := g.answerer.Answer(&weir.Request{Key: key, Limit: l, N: n}); ok {
+			return r, nil
+		}
+	}
 	if !g.closed() {
 		if err := invalid(key, l, n, false); err != nil {
 			return weir.Result{}, err
@@ -602,6 +636,12 @@ func (g *Guard) Reset(ctx context.Context, key string, l weir.Limit) error {
 func (g *Guard) TakeAll(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
 	if g.multi == nil {
 		return fmt.Errorf("%w: TakeAll needs a MultiStore", weir.ErrUnsupported)
+	}
+	if g.answerer != nil && len(reqs) == 1 && len(results) >= 1 {
+		if r, ok := g.answerer.Answer(&reqs[0]); ok {
+			results[0] = r
+			return nil
+		}
 	}
 	if !g.closed() {
 		for i := range reqs {

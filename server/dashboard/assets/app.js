@@ -611,6 +611,29 @@ function renderStore(snap) {
   const ls = st.leases || {};
   setText($('store-leases'), ls.taken ? `${fmt.count(ls.spent)} of ${fmt.count(ls.taken)} spent · ${fmt.count(ls.lapsed)} lapsed · ${fmt.count(ls.calls)} calls` : 'none');
   fd.classList.toggle('warn', recent > 0);
+  renderDenyCache(st.deny_cache);
+}
+
+// The deny cache's hit ratio over the last refresh (its counters are
+// cumulative), or since start on the first.
+let denyPrev = null;
+function renderDenyCache(dc) {
+  const el = $('store-deny-cache');
+  if (!dc) {
+    setText(el, 'off');
+    el.classList.remove('warn');
+    return;
+  }
+  let hits = dc.hits_total || 0;
+  let misses = dc.misses_total || 0;
+  if (denyPrev && hits >= denyPrev.hits && misses >= denyPrev.misses) {
+    [hits, misses] = [hits - denyPrev.hits, misses - denyPrev.misses];
+  }
+  denyPrev = { hits: dc.hits_total || 0, misses: dc.misses_total || 0 };
+  const ratio = hits + misses > 0 ? `${(100 * hits / (hits + misses)).toFixed(1)}% hits` : 'no traffic';
+  const state = dc.live ? '' : ' · bypassed (channel down)';
+  setText(el, `${ratio} · ${fmt.count(dc.entries || 0)} entries${state}`);
+  el.classList.toggle('warn', !dc.live);
 }
 
 // ---------------------------------------------------------------- fleet

@@ -151,6 +151,7 @@ try {
   const storeText = await page.locator('[data-testid="store-health"]').innerText();
   if (!/in-memory|memory/.test(storeText) || !/breaker closed/.test(storeText)) fail(`store-health: ${storeText}`);
   if (!/Fallback decisions\s*0 · 0 in 5 min/.test(storeText)) fail(`store-health lacks the fallback decisions: ${storeText}`);
+  if (!/Deny cache\s*off/.test(storeText)) fail(`store-health lacks the deny cache (off on a memory store): ${storeText}`);
   log('rules and store health rendered');
 
   // The chart's data grows.

@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# bench/flood/run.sh — weir under a flood, on a private redis-server on a
+# free loopback port (never a Redis it did not start). Every figure is
+# printed beside the same run without the deny cache.
+#
+# Parts (PARTS, default "abusive serve"); each is a function part_<name>
+# below, so a new part is one more function and one more word in PARTS:
+#   abusive  through redisstore (bench/flood): GOROUTINES (256) deciders,
+#            ABUSIVE (0.9) of the decisions from ABUSIVE_KEYS (10) keys over
+#            a limit of RATE (100)/s, the rest on KEYS (100k) keys;
+#            decisions/s and Redis time per decision (the scripts' usec in
+#            INFO commandstats over the decisions made).
+#   serve    weir serve over gRPC (Envoy ShouldRateLimit) driven by
+#            weir bench --abusive 0.9 --abusive-keys 10, CONNS (64) callers,
+#            KEYS keys: decisions/s and Redis time per decision.
+#
+#   bench/flood/run.sh                       # DURATION=10s
+#   PARTS=abusive DURATION=5s bench/flood/run.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+PARTS=${PARTS:-abusive serve}
+DURATION=${DURATION:-10s}
+GOROUTINES=${GOROUTINES:-256}
+ABUSIVE=${ABUSIVE:-0.9}
+ABUSIVE_KEYS=${ABUSIVE_KEYS:-10}
+KEYS=${KEYS:-100000}
+RATE=${RATE:-100}
+CONNS=${CONNS:-64}
+for tool in redis-server redis-cli go python3 curl; do
+	command -v "$tool" >/dev/null || { echo "run.sh: $tool not found" >&2; exit 1; }
+done
+
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	wait 2>/dev/null || true
+	rm -rf "$tmp"
+}
+trap cleanup EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'; }
+
+rport=$(free_port)
+redis-server --port "$rport" --bind 127.0.0.1 --save "" --appendonly no --dir "$tmp" --logfile "$tmp/redis.log" &
+pids+=($!)
+for _ in $(seq 1 100); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.05; done
+redis-cli -p "$rport" ping >/dev/null || { echo "run.sh: redis-server did not start" >&2; exit 1; }
+cli() { redis-cli -p "$rport" "$@"; }
+
+# script_usec_calls prints the usec and calls of the scripts (FCALL,
+# EVALSHA, EVAL) in INFO commandstats.
+script_usec_calls() {
+	cli INFO commandstats | tr -d '\r' | awk -F'[:,=]' '
+		$1 ~ /^cmdstat_(fcall|fcall_ro|evalsha|eval)$/ { for (i = 2; i < NF; i += 2) { if ($i == "usec") u += $(i+1); if ($i == "calls") c += $(i+1) } }
+		END { printf "%d %d\n", u, c }'
+}
+
+echo "Machine: $(nproc) cores, $(redis-server --version | cut -d' ' -f3), $(go version | cut -d' ' -f3), load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo
+
+part_abusive() {
+	(cd bench && go build -o "$tmp/flood" ./flood)
+	echo "### abusive keys through redisstore: $GOROUTINES goroutines, $ABUSIVE of decisions from $ABUSIVE_KEYS keys over $RATE/s, the rest on $KEYS keys, $DURATION"
+	echo
+	echo "| deny cache | decisions/s | Redis µs per decision | script calls | answered from memory | admitted | errors |"
+	echo "|---|---:|---:|---:|---:|---:|---:|"
+	for cache in false true; do
+		cli FLUSHALL >/dev/null
+		"$tmp/flood" -addr "127.0.0.1:$rport" -cache="$cache" -goroutines "$GOROUTINES" -abusive "$ABUSIVE" \
+			-abusive-keys "$ABUSIVE_KEYS" -keys "$KEYS" -rate "$RATE" -duration "$DURATION" -json >"$tmp/flood.json"
+		python3 - "$tmp/flood.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+mem = r["cache_hits"] / r["decisions"] if r["decisions"] else 0
+print(f'| {"on" if r["cache"] else "off"} | {r["decisions_per_second"]:,.0f} | {r["redis_usec_per_decision"]:.3f} | {r["script_calls"]:,} | {100*mem:.1f}% | {r["admitted"]:,} | {r["errors"]} |')
+PY
+	done
+	echo
+}
+
+part_serve() {
+	go build -o "$tmp/weir" ./cmd/weir
+	mkdir -p "$tmp/envoy"
+	cat >"$tmp/envoy/bench.yaml" <<YAML
+domain: bench
+descriptors:
+  - key: client
+    rate_limit: {unit: second, requests_per_unit: $RATE}
+YAML
+	echo "### weir serve over gRPC: weir bench --abusive $ABUSIVE --abusive-keys $ABUSIVE_KEYS, $CONNS callers, $KEYS keys, $DURATION"
+	echo
+	echo "| deny cache | decisions/s | Redis µs per decision | script calls | p50 ms | p99 ms | store errors |"
+	echo "|---|---:|---:|---:|---:|---:|---:|"
+	for cache in false true; do
+		cli FLUSHALL >/dev/null
+		cat >"$tmp/weir.yaml" <<YAML
+store: {type: redis, deny_cache: $cache, redis: {addrs: [127.0.0.1:$rport]}}
+rules: [{name: demo-ip, match: {path: /}, identity: [ip], limit: 100/s}]
+YAML
+		hport=$(free_port)
+		gport=$(free_port)
+		"$tmp/weir" serve --config "$tmp/weir.yaml" --envoy-config "$tmp/envoy" \
+			--http "127.0.0.1:$hport" --grpc "127.0.0.1:$gport" >"$tmp/serve.log" 2>&1 &
+		spid=$!
+		for _ in $(seq 1 100); do curl -fs "http://127.0.0.1:$hport/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
+		if [ "$cache" = true ]; then
+			for _ in $(seq 1 100); do
+				curl -fs "http://127.0.0.1:$hport/metrics" | grep -q '^weir_deny_cache_live 1' && break
+				sleep 0.1
+			done
+		fi
+		read -r u0 c0 < <(script_usec_calls)
+		"$tmp/weir" bench --target grpc --addr "127.0.0.1:$gport" --concurrency "$CONNS" --keys "$KEYS" \
+			--abusive "$ABUSIVE" --abusive-keys "$ABUSIVE_KEYS" --duration "$DURATION" --json --quiet >"$tmp/bench.json"
+		read -r u1 c1 < <(script_usec_calls)
+		errors=$(curl -fs "http://127.0.0.1:$hport/metrics" | awk '$1 == "weir_store_errors_total" { print $2 }')
+		kill "$spid" 2>/dev/null || true
+		wait "$spid" 2>/dev/null || true
+		python3 - "$tmp/bench.json" "$cache" "$((u1 - u0))" "$((c1 - c0))" "${errors:-?}" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+usec, calls = int(sys.argv[3]), int(sys.argv[4])
+n = r.get("requests") or r.get("total") or 0
+rps = r.get("decisions_per_second") or 0
+lat = r.get("latency_ms") or {}
+fmt = lambda v: f'{v:.2f}' if isinstance(v, (int, float)) else '?'
+print(f'| {"on" if sys.argv[2] == "true" else "off"} | {rps:,.0f} | {usec / n if n else 0:.3f} | {calls:,} | {fmt(lat.get("p50"))} | {fmt(lat.get("p99"))} | {sys.argv[5]} |')
+PY
+	done
+	echo
+}
+
+for p in $PARTS; do
+	"part_$p"
+done

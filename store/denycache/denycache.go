@@ -1,0 +1,369 @@
+// Package denycache answers certain denials from memory: an exact local
+// deny cache in front of a shared store (redisstore).
+//
+// A denial is certain until its RetryAfter. A rejected request consumes
+// nothing and a limit's state only recovers with time, so no request of the
+// same or a larger cost on that key under that limit can be admitted
+// earlier, whichever instance asks. Only a reset (an unblock is one), a rule
+// change, or a release of a concurrency lease can make it wrong. The cache
+// keeps each denial it sees, keyed by the key and the limit, and answers
+// later requests of the same or a larger cost from memory until
+// RetryAfter, measured from when the denied request was sent, so never later
+// than the store's own answer would lapse. During a flood of an abusive
+// key, Redis then sees about one call per RetryAfter per instance instead
+// of one per request.
+//
+// Resets go through the Store, which drops the key's entry here and
+// publishes the key on a Bus (NewRedisBus: Redis pub/sub) so that every
+// instance drops it; Flush does the same for every key (weir serve calls it
+// on a rule change). While the Bus is not subscribed the cache is empty and
+// bypassed: nothing is answered from memory and nothing is kept, so a lost
+// invalidation cannot leave a stale denial. Concurrency limits are never
+// cached. docs/algorithms.md ("The deny cache") says which fields of a
+// cached answer can differ from the store's, and by how much.
+package denycache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/weir-dev/weir"
+)
+
+// DefaultSize is the most entries a cache keeps when Config.Size is zero.
+const DefaultSize = 100_000
+
+// MaxSize bounds Config.Size.
+const MaxSize = 100_000_000
+
+// Config tunes a Store.
+type Config struct {
+	// Size is the most denials kept (DefaultSize if zero). The cache is a
+	// fixed array of buckets of 8 entries; a key can only sit in its own
+	// bucket, and a full bucket evicts the entry that lapses first: a flood
+	// of keys only lowers the hit ratio, never the exactness.
+	Size int
+	// Bus carries invalidations between the instances that share the
+	// store. Without one the cache invalidates only locally: right for one
+	// instance alone on its Redis, wrong for a fleet (see Store).
+	Bus Bus
+	// Clock, for tests, replaces the monotonic clock the cache measures
+	// RetryAfter with; give it the store's clock (redisstore Config.Clock).
+	Clock func() time.Time
+	// Logger receives the rare events: the bus lost or back.
+	Logger *slog.Logger
+}
+
+// Store is a weir.Store and weir.MultiStore that answers cached denials
+// from memory and passes everything else to the store it wraps. It is safe
+// for concurrent use. Build it with New; Close stops its subscription.
+//
+// Every instance that shares the wrapped store's state must reach the
+// others through the same Bus, and must reset keys through its Store (or
+// publish with Invalidate): an instance whose cache never hears of a reset
+// keeps answering the old denial until it lapses.
+type Store struct {
+	next    weir.Store
+	multi   weir.MultiStore // nil if next is not one
+	t       *table
+	bus     Bus
+	live    atomic.Bool // the bus is subscribed: the cache may answer and keep
+	log     *slog.Logger
+	timeout time.Duration
+
+	cancel context.CancelFunc
+	done   chan struct{}
+	once   sync.Once
+}
+
+// New wraps next. With a Bus, the cache starts bypassed and comes into use
+// once the bus reports its subscription; without one it is in use at once.
+func New(next weir.Store, cfg Config) (*Store, error) {
+	if next == nil {
+		return nil, errors.New("denycache: no store to wrap")
+	}
+	size := cfg.Size
+	if size == 0 {
+		size = DefaultSize
+	}
+	if size < 1 || size > MaxSize {
+		return nil, fmt.Errorf("denycache: size %d is outside 1..%d", cfg.Size, MaxSize)
+	}
+	s := &Store{next: next, t: newTable(size, cfg.Clock), bus: cfg.Bus, log: cfg.Logger, done: make(chan struct{})}
+	s.multi, _ = next.(weir.MultiStore)
+	if ts, ok := next.(interface{ Timeout() time.Duration }); ok {
+		s.timeout = ts.Timeout()
+	}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	if s.bus == nil {
+		s.live.Store(true)
+		close(s.done)
+		s.cancel = func() {}
+		return s, nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	go func() {
+		defer close(s.done)
+		s.bus.Run(ctx, s.deliver, s.setLive)
+	}()
+	return s, nil
+}
+
+// Close stops the subscription and empties the cache, which then passes
+// every call to the wrapped store; the wrapped store stays open.
+func (s *Store) Close() error {
+	s.once.Do(func() {
+		s.cancel()
+		<-s.done
+		s.live.Store(false)
+		s.t.flush(reasonBypass)
+	})
+	return nil
+}
+
+// Unwrap returns the wrapped store.
+func (s *Store) Unwrap() weir.Store { return s.next }
+
+// Timeout reports the wrapped store's own per-call deadline (0 if it has
+// none), so that a guard in front adds no timer of its own.
+func (s *Store) Timeout() time.Duration { return s.timeout }
+
+// Live reports whether the cache is in use: false while its bus is not
+// subscribed.
+func (s *Store) Live() bool { return s.live.Load() }
+
+// setLive is the bus's report of its subscription. Either way every entry
+// goes: while down, invalidations may be lost; once back, the ones lost
+// meanwhile are unknown.
+func (s *Store) setLive(up bool) {
+	if s.live.Load() == up {
+		return
+	}
+	if !up {
+		s.live.Store(false)
+		s.t.flush(reasonBypass)
+		s.log.Warn("weir: deny cache bypassed: its invalidation channel is down")
+		return
+	}
+	s.t.flush(reasonBypass)
+	s.live.Store(true)
+	s.log.Info("weir: deny cache in use: its invalidation channel is subscribed")
+}
+
+// deliver applies an invalidation from the bus.
+func (s *Store) deliver(msg Message) {
+	if msg.All {
+		s.t.flush(reasonFlush)
+		return
+	}
+	s.t.invalidateKey(msg.Key)
+}
+
+// cacheable reports whether denials under l may be cached: all but
+// concurrency, whose releases give capacity back before any RetryAfter.
+func cacheable(l weir.Limit) bool { return l.Algorithm != weir.Concurrency }
+
+// keepable reports whether a denial under l may be kept, and the most l
+// can admit at once (a larger cost is the store's error to return, never a
+// cached denial). A penalty box shorter than the algorithm's own wait
+// lapses while the key is still rejected, and the next rejection then
+// starts a new box: those rejections change the state, so they must reach
+// the store. A limit without a box, or whose box outlasts every wait
+// (algorithm.Params.BoxOutlasts), has rejections that change nothing.
+// Called on the miss path only.
+func keepable(l weir.Limit) (maxCost int64, ok bool) {
+	p, err := l.Compile()
+	if err != nil || l.Block > 0 && !p.BoxOutlasts() {
+		return 0, false
+	}
+	return p.MaxCost(), true
+}
+
+// Take answers a request of cost n >= 1 from a live cached denial, or asks
+// the wrapped store and keeps its denial.
+func (s *Store) Take(ctx context.Context, key string, l weir.Limit, n int64) (weir.Result, error) {
+	if n < 1 || !cacheable(l) || !s.live.Load() {
+		return s.next.Take(ctx, key, l, n)
+	}
+	lc := s.t.locate(key)
+	sent := s.t.now()
+	if r, ok := s.t.lookup(&lc, key, l, n, sent); ok {
+		return r, nil
+	}
+	lc.sh.miss.Add(1)
+	epoch := lc.sh.epoch.Load()
+	res, err := s.next.Take(ctx, key, l, n)
+	if err == nil && !res.Allowed && res.RetryAfter > 0 && s.live.Load() {
+		if maxCost, ok := keepable(l); ok {
+			s.t.insert(&lc, key, l, n, maxCost, sent, epoch, &res)
+		}
+	}
+	return res, err
+}
+
+// TakeAll answers a batch of one request as Take does; an AtMost request
+// is denied exactly when one event is, so it is answered by a denial of cost
+// 1, and its own denials are not kept. A batch of several goes to the
+// wrapped store.
+func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
+	if s.multi == nil {
+		return fmt.Errorf("%w: denycache: the wrapped %T is no MultiStore", weir.ErrUnsupported, s.next)
+	}
+	if len(reqs) == 1 && reqs[0].Mode != weir.ModeTake {
+		return s.debt(ctx, reqs, results)
+	}
+	if len(reqs) != 1 || len(results) < 1 || reqs[0].N < 1 || !cacheable(reqs[0].Limit) || !s.live.Load() {
+		return s.multi.TakeAll(ctx, reqs, results)
+	}
+	rq := &reqs[0]
+	n := rq.N
+	if rq.AtMost {
+		n = 1
+	}
+	lc := s.t.locate(rq.Key)
+	sent := s.t.now()
+	if r, ok := s.t.lookup(&lc, rq.Key, rq.Limit, n, sent); ok {
+		results[0] = r
+		return nil
+	}
+	lc.sh.miss.Add(1)
+	epoch := lc.sh.epoch.Load()
+	err := s.multi.TakeAll(ctx, reqs, results)
+	// An AtMost denial's RetryAfter is for its whole N, not for the one
+	// event its denial proves unavailable: it is answered, never kept.
+	if res := &results[0]; err == nil && !rq.AtMost && !res.Allowed && res.RetryAfter > 0 && s.live.Load() {
+		if maxCost, ok := keepable(rq.Limit); ok {
+			s.t.insert(&lc, rq.Key, rq.Limit, n, maxCost, sent, epoch, res)
+		}
+	}
+	return err
+}
+
+// debt passes a debit or a refund (a batch of one, weir.Request.Mode) to
+// the wrapped store: a debit must always consume there, so it is never
+// answered from memory, and its result (which may say the debit did not
+// fit) is not kept. A refund gives capacity back, which can make a cached
+// denial of the key wrong: the key's entries are dropped here once the
+// refund is done (a reply sent before then is not kept either, as after a
+// reset) and on every instance through the bus. A failure to publish is
+// logged, not returned: the refund itself was made.
+func (s *Store) debt(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
+	err := s.multi.TakeAll(ctx, reqs, results)
+	if reqs[0].Mode == weir.ModeRefund {
+		if perr := s.Invalidate(ctx, reqs[0].Key); perr != nil {
+			s.log.Warn("weir: deny cache: publishing the invalidation after a refund failed; other instances may answer the old denial until it lapses", "err", perr)
+		}
+	}
+	return err
+}
+
+// Answer returns the cached denial that answers req, if there is one,
+// without asking the wrapped store (guard.Answerer: the guard asks first, so
+// that answers from memory never count for its circuit breaker). A miss is
+// not counted here: the Take or TakeAll that follows counts it.
+func (s *Store) Answer(req *weir.Request) (weir.Result, bool) {
+	n := req.N
+	if n < 1 || req.Mode != weir.ModeTake || !cacheable(req.Limit) || !s.live.Load() {
+		return weir.Result{}, false
+	}
+	if req.AtMost {
+		n = 1
+	}
+	lc := s.t.locate(req.Key)
+	return s.t.lookup(&lc, req.Key, req.Limit, n, s.t.now())
+}
+
+// Release gives a concurrency lease back (never cached, so nothing to drop).
+func (s *Store) Release(ctx context.Context, key string, l weir.Limit, lease string) error {
+	if s.multi == nil {
+		return fmt.Errorf("%w: denycache: the wrapped %T is no MultiStore", weir.ErrUnsupported, s.next)
+	}
+	return s.multi.Release(ctx, key, l, lease)
+}
+
+// Reset resets key in the wrapped store, then drops key's entry here and
+// publishes it to every instance on the bus, whatever the reset returned (a
+// reset that failed may still have happened). An error publishing is
+// returned: other instances may then answer the old denial until it lapses.
+func (s *Store) Reset(ctx context.Context, key string, l weir.Limit) error {
+	err := s.next.Reset(ctx, key, l)
+	return errors.Join(err, s.Invalidate(ctx, key))
+}
+
+// Invalidate drops key's entries (under every limit) here and on every
+// instance of the bus. Call it after changing a key's state in the shared
+// store other than through Take (Reset calls it).
+func (s *Store) Invalidate(ctx context.Context, key string) error {
+	s.t.invalidateKey(key)
+	if s.bus == nil {
+		return nil
+	}
+	if err := s.bus.Publish(ctx, Message{Key: key}); err != nil {
+		return fmt.Errorf("%w: denycache: publishing the invalidation of a key: %w", weir.ErrStore, err)
+	}
+	return nil
+}
+
+// Flush drops every entry here and on every instance of the bus: after a
+// rule change, whose limits may now share a key's state with others.
+func (s *Store) Flush(ctx context.Context) error {
+	s.t.flush(reasonFlush)
+	if s.bus == nil {
+		return nil
+	}
+	if err := s.bus.Publish(ctx, Message{All: true}); err != nil {
+		return fmt.Errorf("%w: denycache: publishing a flush: %w", weir.ErrStore, err)
+	}
+	return nil
+}
+
+// Stats are the cache's counters since New.
+type Stats struct {
+	Hits      int64 // requests answered from memory
+	Misses    int64 // cacheable requests passed to the store
+	Evictions int64 // entries dropped to make room
+	// Invalidations counts by reason: "reset" (a key, here or from the
+	// bus), "flush" (every key: a rule change), "subscription" (every key:
+	// the bus was lost or came back).
+	Invalidations map[string]int64
+	Entries       int  // entries held, lapsed ones included
+	Live          bool // the cache is in use (its bus is subscribed)
+}
+
+// Stats returns the counters.
+func (s *Store) Stats() Stats {
+	st := Stats{Evictions: s.t.evictions.Load(), Entries: s.t.len(), Live: s.live.Load(), Invalidations: map[string]int64{}}
+	for i := range s.t.shards {
+		st.Hits += s.t.shards[i].hits.Load()
+		st.Misses += s.t.shards[i].miss.Load()
+	}
+	for i, name := range reasonNames {
+		st.Invalidations[name] = s.t.invalidations[i].Load()
+	}
+	return st
+}
+
+// hits counts the requests answered from memory.
+func (s *Store) hits() int64 {
+	var n int64
+	for i := range s.t.shards {
+		n += s.t.shards[i].hits.Load()
+	}
+	return n
+}
+
+// Reasons lists the invalidation reasons Stats reports.
+func Reasons() []string { return append([]string(nil), reasonNames[:]...) }
+
+var (
+	_ weir.Store      = (*Store)(nil)
+	_ weir.MultiStore = (*Store)(nil)
+)
