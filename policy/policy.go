@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -32,6 +33,9 @@ type Policy struct {
 	log      *slog.Logger
 	now      func() time.Time
 	infos    []RuleInfo
+	// prot is the protect rules in force; Holder swaps it for one that
+	// keeps the previous policy's rules (see inherit).
+	prot atomic.Pointer[protectSet]
 }
 
 // An Option configures New.
@@ -117,7 +121,12 @@ func New(cfg *Config, store weir.Store, opts ...Option) (*Policy, error) {
 		}
 		g = guard.New(store, gc)
 	}
+	set, err := newProtectSet(c, &o)
+	if err != nil {
+		return nil, err
+	}
 	p := &Policy{cfg: cfg, c: c, guard: g, observer: o.observer, log: o.log, now: o.now}
+	p.prot.Store(set)
 	for _, r := range c.rules {
 		p.infos = append(p.infos, r.info)
 	}

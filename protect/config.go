@@ -133,7 +133,9 @@ func (c *Config) Problems() []ConfigProblem {
 
 func (b *BreakerConfig) problems() []ConfigProblem {
 	var ps []ConfigProblem
-	add := func(f, format string, a ...any) { ps = append(ps, ConfigProblem{"breaker." + f, fmt.Sprintf(format, a...)}) }
+	add := func(f, format string, a ...any) {
+		ps = append(ps, ConfigProblem{"breaker." + f, fmt.Sprintf(format, a...)})
+	}
 	ratio := func(f string, v float64) {
 		if !(v >= 0 && v <= 1) {
 			add(f, "%s must be between 0 and 1, got %g", f, v)
@@ -158,8 +160,12 @@ func (b *BreakerConfig) problems() []ConfigProblem {
 	if b.Probes < 0 {
 		add("probes", "probes must not be negative, got %d", b.Probes)
 	}
-	if (b.SlowCall > 0) != (b.SlowRatio > 0) {
-		add("slow_ratio", "slow_call and slow_ratio go together: a call slower than slow_call is slow, and slow_ratio of them opens the breaker")
+	const together = "slow_call and slow_ratio go together: a call slower than slow_call is slow, and slow_ratio of them opens the breaker"
+	switch {
+	case b.SlowRatio > 0 && b.SlowCall == 0:
+		add("slow_call", together)
+	case b.SlowCall > 0 && b.SlowRatio == 0:
+		add("slow_ratio", together)
 	}
 	if b.SlowRatio == 0 && b.ErrorRatio == 0 && b.Errors == 0 {
 		add("errors", "a breaker needs a strategy: slow_call with slow_ratio, error_ratio, or errors")
