@@ -8,7 +8,7 @@ export WEIR_DEPS_EXTRA ?= nginx caddy chromium
 # Modules of their own (peer libraries stay out of weir's go.mod).
 NESTED     := bench examples/gin examples/echo
 
-.PHONY: all build test deps vet lint unit nested tidy bench bench-redis bench-serve bench-window fuzz same-long fmt clean
+.PHONY: all build test deps vet lint unit nested tidy bench bench-redis bench-overload bench-serve bench-window fuzz same-long fmt clean
 
 all: build
 
@@ -56,6 +56,14 @@ bench-redis:
 # prints the table in docs/algorithms.md. Flags: cd bench && go run ./window -h.
 bench-window:
 	cd bench && $(GO) run ./window
+
+# Overload protection: a backend of fixed capacity offered 2× and 4× it,
+# with no protection, a fixed concurrency limit and concurrency: adaptive;
+# simulated on a virtual clock, then on the wall clock through
+# policy.Middleware. Prints the tables in docs/benchmarks.md.
+bench-overload:
+	cd bench && $(GO) run ./overload
+	cd bench && $(GO) run ./overload -real
 
 # weir serve on Redis under weir bench over gRPC (STORE=memory for no Redis).
 bench-serve:

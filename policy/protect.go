@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/weir-dev/weir/protect"
 )
@@ -29,6 +30,9 @@ type ProtectConfig struct {
 	// whose value is critical, normal or sheddable (anything else is
 	// normal). Empty: every request is normal, and none is critical.
 	Priority string
+	// MaxWait is how long a critical request that finds the limit full
+	// waits for the next slot freed; 0: it is shed at once.
+	MaxWait time.Duration
 	// Reserve is the share of the limit only critical requests may use,
 	// such as "20%" or "0.2"; below 100%.
 	Reserve string
@@ -100,7 +104,7 @@ func checkProtect(cfg *Config, c *compiled, rep reporter) {
 		ok = pr.m.checkMatch(pc.Match, pp, rep) && ok
 		pr.cfg = protect.Config{
 			Name: pc.Name, Concurrency: pc.Concurrency, Adaptive: pc.Adaptive,
-			MinConcurrency: pc.MinConcurrency, MaxConcurrency: pc.MaxConcurrency,
+			MinConcurrency: pc.MinConcurrency, MaxConcurrency: pc.MaxConcurrency, MaxWait: pc.MaxWait,
 			Breaker: pc.Breaker, Shadow: pc.Shadow || cfg.Shadow,
 		}
 		reserveBad := false
@@ -273,7 +277,8 @@ func (a *Admission) Cancel() {
 }
 
 // Protect applies the system section and every protect rule matching r, in
-// file order: all or nothing. On success the Admission holds a ticket per
+// file order: all or nothing. A critical request may wait, up to a rule's
+// max_wait or until the request's context ends, for a slot. On success the Admission holds a ticket per
 // rule and must be ended with Done once the request has been served (nil
 // when the policy has no protect rules nor system section); on refusal the
 // tickets already taken are given back and the *Rejection says which rule
@@ -286,8 +291,9 @@ func (p *Policy) Protect(r *http.Request) (*Admission, *protect.Rejection) {
 	a := &Admission{}
 	a.t = a.buf[:0]
 	var rp reqPath
+	ctx := r.Context()
 	take := func(pr *protect.Rule, prio protect.Priority) *protect.Rejection {
-		t, err := pr.Acquire(prio)
+		t, err := pr.Wait(ctx, prio)
 		if err != nil {
 			a.Cancel()
 			return err.(*protect.Rejection)

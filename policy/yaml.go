@@ -501,6 +501,7 @@ func (w *walker) protect(path string, n *yaml.Node, pc *ProtectConfig) {
 		{"max_concurrency", func(p string, v *yaml.Node) { pc.MaxConcurrency = int(w.integer(p, v, 1)) }},
 		{"priority", func(p string, v *yaml.Node) { pc.Priority = w.str(p, v) }},
 		{"reserve", func(p string, v *yaml.Node) { pc.Reserve = w.str(p, v) }},
+		{"max_wait", func(p string, v *yaml.Node) { pc.MaxWait = w.duration(p, v) }},
 		{"shadow", func(p string, v *yaml.Node) { pc.Shadow = w.boolean(p, v) }},
 		{"breaker", func(p string, v *yaml.Node) {
 			b := &protect.BreakerConfig{}

@@ -22,6 +22,10 @@ type Config struct {
 	// ProbeInterval is how often the adaptive limit halves for a moment to
 	// re-measure the unloaded latency (default 5s).
 	ProbeInterval time.Duration
+	// MaxWait is how long a critical request that finds the limit full
+	// waits for a slot (Rule.Wait), taking the first one freed; 0: it is
+	// shed at once, as other priorities always are.
+	MaxWait time.Duration
 	// Reserve is the share of the limit, in [0, 1), that only critical
 	// requests may use.
 	Reserve float64
@@ -112,6 +116,9 @@ func (c *Config) Problems() []ConfigProblem {
 	}
 	if c.ProbeInterval < 0 {
 		add("probe_interval", "probe_interval must not be negative, got %s", c.ProbeInterval)
+	}
+	if c.MaxWait < 0 {
+		add("max_wait", "max_wait must not be negative, got %s", c.MaxWait)
 	}
 	if !(c.Reserve >= 0 && c.Reserve < 1) {
 		add("reserve", "reserve must be at least 0%% and below 100%%, got %g%%", c.Reserve*100)

@@ -115,7 +115,7 @@ func (r *Rule) Wrap(next http.Handler, priority func(*http.Request) Priority) ht
 		if priority != nil {
 			p = priority(req)
 		}
-		t, err := r.Acquire(p)
+		t, err := r.Wait(req.Context(), p)
 		if err != nil {
 			var rej *Rejection
 			errors.As(err, &rej)
@@ -150,7 +150,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if base == nil {
 		base = http.DefaultTransport
 	}
-	tk, err := t.Rule.Acquire(PriorityFrom(req.Context()))
+	tk, err := t.Rule.Wait(req.Context(), PriorityFrom(req.Context()))
 	if err != nil {
 		if req.Body != nil {
 			_ = req.Body.Close() // RoundTrip must close it, even on error

@@ -1,6 +1,7 @@
 package protect
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -52,6 +53,8 @@ type Rule struct {
 	br    *breaker
 	cpu   cpuGate
 	stats counters
+	// waiters are critical requests waiting for a slot, oldest first.
+	waiters []*waiter
 }
 
 // counters are a rule's running totals.
@@ -121,12 +124,17 @@ type Ticket struct {
 
 // Acquire admits a request of priority p, or refuses it with a
 // *Rejection. A rule in shadow mode admits every request, counting the
-// ones it would have refused.
+// ones it would have refused. Acquire never waits; see Wait.
 func (r *Rule) Acquire(p Priority) (Ticket, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	now := r.now()
-	if rej := r.admit(now, p); rej != nil {
+	return r.acquire(r.now(), p, true)
+}
+
+// acquire is Acquire with r.mu held; countShed says whether a refusal by
+// the limit counts as a shed (not when the request will wait).
+func (r *Rule) acquire(now time.Time, p Priority, countShed bool) (Ticket, error) {
+	if rej := r.admit(now, p, countShed); rej != nil {
 		if !r.cfg.Shadow {
 			return Ticket{}, rej
 		}
@@ -149,17 +157,120 @@ func (r *Rule) Acquire(p Priority) (Ticket, error) {
 	return Ticket{r: r, start: now, before: r.lim.inflight - 1, probe: probe, shadow: !ok}, nil
 }
 
+// waiter is a critical request waiting for a slot.
+type waiter struct {
+	granted func(Ticket, error)
+	done    bool
+}
+
+// Wait is Acquire, except that a critical request the concurrency limit
+// refuses waits for a slot, up to Config.MaxWait or until ctx ends: the
+// next slot freed goes to the critical request that has waited longest,
+// before any other request can take it. Other priorities never wait.
+func (r *Rule) Wait(ctx context.Context, p Priority) (Ticket, error) {
+	type grant struct {
+		t   Ticket
+		err error
+	}
+	ch := make(chan grant, 1)
+	t, cancel, err := r.Enqueue(p, func(t Ticket, err error) { ch <- grant{t, err} })
+	if cancel == nil {
+		return t, err
+	}
+	timer := time.NewTimer(r.maxWait())
+	defer timer.Stop()
+	select {
+	case g := <-ch:
+		return g.t, g.err
+	case <-timer.C:
+	case <-ctx.Done():
+	}
+	if cancel() {
+		return Ticket{}, &Rejection{Rule: r.Name(), Reason: ReasonOverloaded, Priority: p, RetryAfter: time.Second}
+	}
+	g := <-ch
+	return g.t, g.err
+}
+
+func (r *Rule) maxWait() time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cfg.MaxWait
+}
+
+// Enqueue is Wait for event loops and simulations, which cannot block: it
+// admits or refuses the request at once, as Acquire, unless it is a
+// critical request refused by the concurrency limit of a rule with a
+// MaxWait. Then it queues the request and returns a cancel function; when
+// a slot comes free, granted is called with the ticket (or a circuit_open
+// rejection), under the rule's lock: it must not call the rule. The
+// caller calls cancel when MaxWait has passed; cancel reports false, and
+// changes nothing, if granted was called already (it is then counted as
+// shed).
+func (r *Rule) Enqueue(p Priority, granted func(Ticket, error)) (t Ticket, cancel func() bool, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.now()
+	wait := p == Critical && r.cfg.MaxWait > 0 && !r.cfg.Shadow
+	t, err = r.acquire(now, p, !wait)
+	var rej *Rejection
+	if err == nil || !wait || !errors.As(err, &rej) || rej.Reason != ReasonOverloaded {
+		return t, nil, err
+	}
+	w := &waiter{granted: granted}
+	r.waiters = append(r.waiters, w)
+	return Ticket{}, func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if w.done {
+			return false
+		}
+		w.done = true
+		r.stats.shed[p]++
+		for i, x := range r.waiters {
+			if x == w {
+				r.waiters = append(r.waiters[:i], r.waiters[i+1:]...)
+				break
+			}
+		}
+		return true
+	}, nil
+}
+
+// handOver gives freed slots to waiting critical requests, oldest first.
+// r.mu is held.
+func (r *Rule) handOver(now time.Time) {
+	for len(r.waiters) > 0 {
+		if n := r.effectiveLimit(now); n != 0 && r.lim.inflight >= threshold(n, r.cfg.Reserve, Critical) {
+			return
+		}
+		w := r.waiters[0]
+		r.waiters = r.waiters[1:]
+		w.done = true
+		w.granted(r.acquire(now, Critical, false))
+	}
+}
+
 // admit applies the concurrency limit and the CPU gate, counting a shed.
-func (r *Rule) admit(now time.Time, p Priority) *Rejection {
+func (r *Rule) admit(now time.Time, p Priority, countShed bool) *Rejection {
+	n := r.effectiveLimit(now)
+	if n == 0 || r.lim.inflight < threshold(n, r.cfg.Reserve, p) {
+		return nil
+	}
+	if countShed {
+		r.stats.shed[p]++
+	}
+	return &Rejection{Rule: r.cfg.Name, Reason: ReasonOverloaded, Priority: p, RetryAfter: time.Second}
+}
+
+// effectiveLimit is the concurrency limit, or the CPU gate's when lower;
+// 0 for none.
+func (r *Rule) effectiveLimit(now time.Time) int {
 	n := r.lim.current()
 	if g := r.cpu.limit(now); g > 0 && (n == 0 || g < n) {
 		n = g
 	}
-	if n == 0 || r.lim.inflight < threshold(n, r.cfg.Reserve, p) {
-		return nil
-	}
-	r.stats.shed[p]++
-	return &Rejection{Rule: r.cfg.Name, Reason: ReasonOverloaded, Priority: p, RetryAfter: time.Second}
+	return n
 }
 
 // Done ends an admitted request: failed says it failed (a 5xx, a panic,
@@ -187,6 +298,7 @@ func (t *Ticket) Done(failed bool) {
 	}
 	r.lim.sample(now, rtt, t.before)
 	r.cpu.sample(now, rtt)
+	r.handOver(now)
 }
 
 // Cancel gives back an admitted request's slot without counting an
@@ -203,6 +315,7 @@ func (t *Ticket) Cancel() {
 	if r.br != nil {
 		r.br.cancel(t.probe)
 	}
+	r.handOver(r.now())
 }
 
 // Stats is a snapshot of a rule, for metrics and the dashboard.
