@@ -325,7 +325,7 @@ func (s *Server) init() error {
 	if err := s.openStore(cfg); err != nil {
 		return err
 	}
-	s.metrics = newMetrics(func() float64 { return breakerValue(s.guard.State()) })
+	s.metrics = newMetrics(func() float64 { return breakerValue(s.guard.State()) }, s.protectStats)
 	s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "weir_store_up",
 		Help: "1 while the store answers the health probe (every 2s and on GET /healthz/store), 0 while it does not; alert on it, never take instances out of rotation for it.",
@@ -355,7 +355,7 @@ func (s *Server) init() error {
 		return err
 	}
 
-	s.handler = s.routes()
+	s.handler = s.protectHandler(s.routes())
 	s.healthy.Store(true)
 	s.probe(s.bgCtx)
 
