@@ -202,11 +202,11 @@ func main() {
 				crit = float64(r.critOK) / float64(r.critOffered)
 			}
 			p99 := pct(r.lat, 0.99)
-			ratio := 0.0
-			if unloadedP99 > 0 {
-				ratio = float64(p99) / float64(unloadedP99)
+			ratio := "–"
+			if unloadedP99 > 0 && p99 > 0 {
+				ratio = fmt.Sprintf("%.2f", float64(p99)/float64(unloadedP99))
 			}
-			fmt.Printf("| %g× | %s | %.1f%% | %s | %s | %.2f | %.2f%% | %s |\n",
+			fmt.Printf("| %g× | %s | %.1f%% | %s | %s | %s | %.2f%% | %s |\n",
 				f, mode, good*100, ms(pct(r.lat, 0.5)), ms(p99), ratio, crit*100, limit)
 		}
 	}
