@@ -296,7 +296,11 @@ func (p *Policy) Protect(r *http.Request) (*Admission, *protect.Rejection) {
 		t, err := pr.Wait(ctx, prio)
 		if err != nil {
 			a.Cancel()
-			return err.(*protect.Rejection)
+			rej, ok := err.(*protect.Rejection)
+			if !ok { // not returned today; shed rather than panic
+				rej = &protect.Rejection{Rule: pr.Name(), Reason: protect.ReasonOverloaded, Priority: prio}
+			}
+			return rej
 		}
 		a.t = append(a.t, t)
 		return nil
