@@ -26,6 +26,7 @@ func TestDependencies(t *testing.T) {
 	}
 	forbidden := []string{
 		"github.com/weir-dev/weir/policy",
+		"github.com/weir-dev/weir/protect",
 		"github.com/weir-dev/weir/store/memstore",
 		"github.com/fsnotify/fsnotify",
 	}

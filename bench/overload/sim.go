@@ -72,120 +72,141 @@ func simRule(mode string, now func() time.Time) *protect.Rule {
 	return r
 }
 
+// simRun is one simulation's state.
+type simRun struct {
+	now         time.Time
+	rule        *protect.Rule // nil: no protection
+	rng         *rand.Rand
+	events      simHeap
+	seq         int
+	rate        float64
+	measureFrom time.Time
+	end         time.Time
+	busy        int
+	line        []*simReq
+	res         result
+}
+
 // simulate runs mode at rate requests per second in virtual time.
 func simulate(mode string, rate float64) (result, string) {
-	now := time.Unix(1_700_000_000, 0)
-	rule := simRule(mode, func() time.Time { return now })
-	rng := rand.New(rand.NewPCG(1, 2))
-	var events simHeap
-	seq := 0
-	push := func(at time.Time, kind int, r *simReq) {
-		seq++
-		heap.Push(&events, simEvent{at: at, seq: seq, kind: kind, req: r})
+	s := &simRun{now: time.Unix(1_700_000_000, 0), rng: rand.New(rand.NewPCG(1, 2)), rate: rate}
+	s.rule = simRule(mode, func() time.Time { return s.now })
+	s.measureFrom = s.now.Add(*warmup)
+	s.end = s.measureFrom.Add(*duration)
+	s.push(s.now, 0, nil)
+	for s.events.Len() > 0 {
+		e := heap.Pop(&s.events).(simEvent)
+		s.now = e.at
+		s.handle(e)
 	}
-	start := now
-	measureFrom := start.Add(*warmup)
-	end := measureFrom.Add(*duration)
-	busy := 0
-	var line []*simReq
-	var res result
-	finish := func(r *simReq, ok bool) {
-		r.finished = true
-		if !r.measured {
+	if s.rule == nil {
+		return s.res, "–"
+	}
+	return s.res, fmt.Sprint(s.rule.Stats().Limit)
+}
+
+func (s *simRun) push(at time.Time, kind int, r *simReq) {
+	s.seq++
+	heap.Push(&s.events, simEvent{at: at, seq: s.seq, kind: kind, req: r})
+}
+
+func (s *simRun) handle(e simEvent) {
+	r := e.req
+	switch e.kind {
+	case 0:
+		s.arrive()
+	case 1: // a worker done
+		s.busy--
+		r.tk.Done(false)
+		s.finish(r, s.now.Sub(r.arrived) <= *timeout)
+		for s.busy < *capacity && len(s.line) > 0 {
+			next := s.line[0]
+			s.line = s.line[1:]
+			if !next.finished {
+				s.startWork(next)
+			}
+		}
+	case 2: // a client gives up while in line
+		if r.started || r.finished {
 			return
 		}
-		res.offered++
+		r.tk.Done(true) // the handler's 504
+		s.finish(r, false)
+	case 3: // a waiting critical request got a slot
+		if e.err != nil {
+			s.finish(r, false)
+			return
+		}
+		r.tk = e.tk
+		s.admitted(r)
+	case 4: // a critical request waited max_wait
+		if r.cancel() {
+			s.finish(r, false)
+		}
+	}
+}
+
+// arrive handles an arrival, and schedules the next.
+func (s *simRun) arrive() {
+	if next := s.now.Add(time.Duration(s.rng.ExpFloat64() / s.rate * float64(time.Second))); next.Before(s.end) {
+		s.push(next, 0, nil)
+	}
+	r := &simReq{arrived: s.now, critical: s.rng.Float64() < *critical, measured: !s.now.Before(s.measureFrom)}
+	if s.rule == nil {
+		s.admitted(r)
+		return
+	}
+	prio := protect.Normal
+	if r.critical {
+		prio = protect.Critical
+	}
+	tk, cancel, err := s.rule.Enqueue(prio, func(tk protect.Ticket, err error) {
+		s.seq++
+		heap.Push(&s.events, simEvent{at: s.now, seq: s.seq, kind: 3, req: r, tk: tk, err: err})
+	})
+	switch {
+	case cancel != nil:
+		r.cancel = cancel
+		s.push(s.now.Add(*maxWait), 4, r)
+	case err != nil:
+		s.finish(r, false)
+	default:
+		r.tk = tk
+		s.admitted(r)
+	}
+}
+
+// admitted sends r to a free worker, or into the line.
+func (s *simRun) admitted(r *simReq) {
+	if s.busy < *capacity {
+		s.startWork(r)
+		return
+	}
+	s.line = append(s.line, r)
+	s.push(s.now.Add(*timeout), 2, r)
+}
+
+func (s *simRun) startWork(r *simReq) {
+	r.started = true
+	s.busy++
+	f := math.Exp(s.rng.NormFloat64() * *jitter)
+	s.push(s.now.Add(time.Duration(float64(*service)*f)), 1, r)
+}
+
+func (s *simRun) finish(r *simReq, ok bool) {
+	r.finished = true
+	if !r.measured {
+		return
+	}
+	s.res.offered++
+	if r.critical {
+		s.res.critOffered++
+	}
+	if ok {
+		s.res.ok++
+		s.res.lat = append(s.res.lat, s.now.Sub(r.arrived))
 		if r.critical {
-			res.critOffered++
-		}
-		if ok {
-			res.ok++
-			res.lat = append(res.lat, now.Sub(r.arrived))
-			if r.critical {
-				res.critOK++
-			}
+			s.res.critOK++
 		}
 	}
-	startWork := func(r *simReq) {
-		r.started = true
-		busy++
-		f := math.Exp(rng.NormFloat64() * *jitter)
-		push(now.Add(time.Duration(float64(*service)*f)), 1, r)
-	}
-	admitted := func(r *simReq) {
-		if busy < *capacity {
-			startWork(r)
-		} else {
-			line = append(line, r)
-			push(now.Add(*timeout), 2, r)
-		}
-	}
-	push(start, 0, nil)
-	for events.Len() > 0 {
-		e := heap.Pop(&events).(simEvent)
-		now = e.at
-		switch e.kind {
-		case 0: // an arrival, which schedules the next
-			if next := now.Add(time.Duration(rng.ExpFloat64() / rate * float64(time.Second))); next.Before(end) {
-				push(next, 0, nil)
-			}
-			r := &simReq{arrived: now, critical: rng.Float64() < *critical, measured: !now.Before(measureFrom)}
-			if rule == nil {
-				admitted(r)
-				continue
-			}
-			prio := protect.Normal
-			if r.critical {
-				prio = protect.Critical
-			}
-			tk, cancel, err := rule.Enqueue(prio, func(tk protect.Ticket, err error) {
-				seq++
-				heap.Push(&events, simEvent{at: now, seq: seq, kind: 3, req: r, tk: tk, err: err})
-			})
-			switch {
-			case cancel != nil:
-				r.cancel = cancel
-				push(now.Add(*maxWait), 4, r)
-			case err != nil:
-				finish(r, false)
-			default:
-				r.tk = tk
-				admitted(r)
-			}
-		case 1: // a worker done
-			r := e.req
-			busy--
-			r.tk.Done(false)
-			finish(r, now.Sub(r.arrived) <= *timeout)
-			for busy < *capacity && len(line) > 0 {
-				next := line[0]
-				line = line[1:]
-				if !next.finished {
-					startWork(next)
-				}
-			}
-		case 2: // a client gives up while in line
-			r := e.req
-			if r.started || r.finished {
-				continue
-			}
-			r.tk.Done(true) // the handler's 504
-			finish(r, false)
-		case 3: // a waiting critical request got a slot
-			if e.err != nil {
-				finish(e.req, false)
-				continue
-			}
-			e.req.tk = e.tk
-			admitted(e.req)
-		case 4: // a critical request waited max_wait
-			if e.req.cancel() {
-				finish(e.req, false)
-			}
-		}
-	}
-	if rule == nil {
-		return res, "–"
-	}
-	return res, fmt.Sprint(rule.Stats().Limit)
 }
