@@ -119,7 +119,9 @@ type Ticket struct {
 	start  time.Time
 	before int // in flight when it was admitted
 	probe  bool
-	shadow bool // admitted only because the rule is in shadow mode
+	// unbroken: admitted past an open breaker only because the rule is in
+	// shadow mode; its outcome does not count.
+	unbroken bool
 }
 
 // Acquire admits a request of priority p, or refuses it with a
@@ -134,13 +136,9 @@ func (r *Rule) Acquire(p Priority) (Ticket, error) {
 // acquire is Acquire with r.mu held; countShed says whether a refusal by
 // the limit counts as a shed (not when the request will wait).
 func (r *Rule) acquire(now time.Time, p Priority, countShed bool) (Ticket, error) {
-	if rej := r.admit(now, p, countShed); rej != nil {
-		if !r.cfg.Shadow {
-			return Ticket{}, rej
-		}
-		r.lim.inflight++
-		r.stats.admitted[p]++
-		return Ticket{r: r, start: now, before: r.lim.inflight - 1, shadow: true}, nil
+	rej := r.admit(now, p, countShed)
+	if rej != nil && !r.cfg.Shadow {
+		return Ticket{}, rej
 	}
 	ok, probe, retry := true, false, time.Duration(0)
 	if r.br != nil {
@@ -152,9 +150,11 @@ func (r *Rule) acquire(now time.Time, p Priority, countShed bool) (Ticket, error
 			return Ticket{}, &Rejection{Rule: r.cfg.Name, Reason: ReasonCircuitOpen, Priority: p, RetryAfter: retry}
 		}
 	}
+	// In shadow mode a request refused by the limit still passes the
+	// breaker, which counts its outcome; one the breaker refused does not.
 	r.lim.inflight++
 	r.stats.admitted[p]++
-	return Ticket{r: r, start: now, before: r.lim.inflight - 1, probe: probe, shadow: !ok}, nil
+	return Ticket{r: r, start: now, before: r.lim.inflight - 1, probe: probe, unbroken: !ok}, nil
 }
 
 // waiter is a critical request waiting for a slot.
@@ -290,7 +290,7 @@ func (t *Ticket) Done(failed bool) {
 	if failed {
 		r.stats.failed++
 	}
-	if r.br != nil && !t.shadow {
+	if r.br != nil && !t.unbroken {
 		if r.br.cfg.SlowRatio > 0 && rtt > r.br.cfg.SlowCall {
 			r.stats.slow++
 		}
