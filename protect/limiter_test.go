@@ -349,3 +349,31 @@ func (s *sim) advance(at time.Time, tick *time.Time) {
 		s.c.Advance(d)
 	}
 }
+
+// TestReconfigureKeepsAdaptive: a reload that keeps the limit adaptive
+// keeps what it learned (clamped to new bounds), instead of starting over.
+func TestReconfigureKeepsAdaptive(t *testing.T) {
+	c := newClock()
+	cfg := Config{Name: "api", Adaptive: true, Now: c.Now}
+	r := mustRule(t, cfg)
+	sim := newSim(c, r, 50, 20*time.Millisecond, 3)
+	sim.run(2500*3, 5*time.Second)
+	learned := r.Stats()
+	if learned.Limit < 50 || learned.BaseRTT == 0 {
+		t.Fatalf("did not learn: %+v", learned)
+	}
+	cfg.MaxConcurrency = 40
+	if err := r.Reconfigure(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if st := r.Stats(); st.Limit != 40 || st.BaseRTT != learned.BaseRTT {
+		t.Fatalf("after lowering max_concurrency to 40: %+v", st)
+	}
+	cfg.MaxConcurrency = 0
+	if err := r.Reconfigure(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if st := r.Stats(); st.Limit != 40 {
+		t.Fatalf("after lifting the ceiling: limit %d, want 40 kept (not the initial 20)", st.Limit)
+	}
+}
