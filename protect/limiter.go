@@ -15,9 +15,9 @@ import (
 //
 //	queue = limit × (1 − baseRTT / mean)
 //
-// Below alpha = 3·log10(limit) the limit grows by log10(limit), if the
-// round used at least half of it; above beta = 6·log10(limit) it falls by
-// half the excess over alpha. Every ProbeInterval the limit halves until
+// Only a round that used at least half of the limit moves it: below
+// alpha = 3·log10(limit) the limit grows by log10(limit), above
+// beta = 6·log10(limit) it falls by half the excess over alpha. Every ProbeInterval the limit halves until
 // some calls have run with in flight under the halved limit, and their
 // mean latency becomes baseRTT: as BBR's ProbeRTT does, this forgets a
 // baseline that a slower backend made stale and, since the probe's calls
@@ -136,9 +136,13 @@ func (l *limiter) sample(now time.Time, rtt time.Duration, before int) {
 	queue := l.limit * (1 - float64(l.baseRTT)/float64(mean))
 	alpha, beta := 3*lg, 6*lg
 	switch {
+	case float64(used) < l.limit/2:
+		// The round left most of the limit unused: its latency, whatever
+		// it was, came from elsewhere (a fast handler's scheduling noise,
+		// a slow dependency), not from the requests this limit admits.
 	case queue > beta:
 		l.limit -= (queue - alpha) / 2
-	case queue < alpha && float64(used) >= l.limit/2:
+	case queue < alpha:
 		l.limit += lg
 	}
 	l.limit = min(max(l.limit, float64(l.lo)), float64(l.hi))

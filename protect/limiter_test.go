@@ -377,3 +377,27 @@ func TestReconfigureKeepsAdaptive(t *testing.T) {
 		t.Fatalf("after lifting the ceiling: limit %d, want 40 kept (not the initial 20)", st.Limit)
 	}
 }
+
+// TestAdaptiveIdleHolds: a fast handler under light load, whose latency
+// jumps by 20× from scheduling noise, never fills half its limit, so the
+// limit holds instead of shrinking towards its floor.
+func TestAdaptiveIdleHolds(t *testing.T) {
+	c := newClock()
+	r := mustRule(t, Config{Name: "api", Adaptive: true, Now: c.Now})
+	for i := range 5000 {
+		tk, err := r.Acquire(Normal)
+		if err != nil {
+			t.Fatalf("request %d shed at one in flight: %v", i, err)
+		}
+		rtt := 5 * time.Microsecond
+		if i%3 == 0 {
+			rtt = 100 * time.Microsecond
+		}
+		c.Advance(rtt)
+		tk.Done(false)
+		c.Advance(time.Millisecond)
+	}
+	if st := r.Stats(); st.Limit != DefaultInitialConcurrency {
+		t.Fatalf("limit %d after light, noisy load, want %d held", st.Limit, DefaultInitialConcurrency)
+	}
+}
