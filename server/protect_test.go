@@ -50,6 +50,13 @@ system:
 		t.Error("a breaker state for a rule without a breaker")
 	}
 	_, body = call(t, "GET", ts.URL+"/v1/dashboard/snapshot", "")
+	var doc map[string]any
+	if err := json.Unmarshal(body, &doc); err != nil {
+		t.Fatal(err)
+	}
+	// The JSON contract with the dashboard (protect.js).
+	wantKeys(t, doc["protect"].([]any)[2], "protect entry", "name", "adaptive", "shadow", "limit", "in_flight",
+		"base_rtt_ms", "admitted", "shed", "circuit_open", "breaker", "transitions")
 	var snap Snapshot
 	if err := json.Unmarshal(body, &snap); err != nil {
 		t.Fatal(err)
