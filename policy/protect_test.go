@@ -2,6 +2,8 @@ package policy
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -262,5 +264,23 @@ func TestReloadKeepsInFlight(t *testing.T) {
 		t.Fatal(rej)
 	} else {
 		a.Done(false)
+	}
+}
+
+// TestProtectionDocExamples parses the yaml blocks of docs/protection.md.
+func TestProtectionDocExamples(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("..", "docs", "protection.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := strings.Split(string(data), "```yaml\n")
+	if len(blocks) < 2 {
+		t.Fatal("no yaml block in docs/protection.md")
+	}
+	for i, b := range blocks[1:] {
+		doc := b[:strings.Index(b, "```")]
+		if _, err := Parse([]byte(doc), "protection.md"); err != nil {
+			t.Errorf("docs/protection.md yaml block %d:\n%s\n%v", i+1, doc, err)
+		}
 	}
 }
