@@ -204,9 +204,9 @@ func (r *Rule) maxWait() time.Duration {
 // MaxWait. Then it queues the request and returns a cancel function; when
 // a slot comes free, granted is called with the ticket (or a circuit_open
 // rejection), under the rule's lock: it must not call the rule. The
-// caller calls cancel when MaxWait has passed; cancel reports false, and
-// changes nothing, if granted was called already (it is then counted as
-// shed).
+// caller calls cancel when MaxWait has passed: cancel withdraws the
+// request, counts it as shed and reports true, or reports false and
+// changes nothing if granted was called already.
 func (r *Rule) Enqueue(p Priority, granted func(Ticket, error)) (t Ticket, cancel func() bool, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
