@@ -102,6 +102,7 @@ func (r *Rule) Reconfigure(cfg Config) error {
 	}
 	r.cpu.max, r.cpu.read = cfg.MaxCPU, cfg.CPU
 	r.cfg = cfg
+	r.handOver(now) // a higher limit frees slots for waiting requests
 	return nil
 }
 
