@@ -247,6 +247,13 @@ func (p *Policy) ProtectStats() []protect.Stats {
 	return out
 }
 
+// HasProtection reports whether the policy has a system section or protect
+// rules: without them Protect admits everything and costs nothing.
+func (p *Policy) HasProtection() bool {
+	set := p.prot.Load()
+	return set != nil && (set.system != nil || len(set.rules) > 0)
+}
+
 // Admission is the protect tickets a request holds; Done ends them.
 type Admission struct {
 	buf [3]protect.Ticket

@@ -1,10 +1,15 @@
 package server
 
 import (
+	"context"
 	"net/http"
+	"net/url"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/weir-dev/weir/protect"
 )
@@ -154,4 +159,33 @@ func (s *Server) protectHandler(next http.Handler) http.Handler {
 
 func exemptFromProtect(path string) bool {
 	return path == "/metrics" || path == "/readyz" || strings.HasPrefix(path, "/healthz")
+}
+
+// protectUnary applies the policy's system section and protect rules to
+// weir serve's gRPC calls (Envoy's ShouldRateLimit), matching a rule's
+// path against the call's full method name, such as
+// /envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit. A refused
+// call gets codes.Unavailable, which Envoy treats as the rate-limit
+// service failing (its failure_mode_deny decides). The health service is
+// exempt. A call that fails with Internal, Unavailable, Unknown or
+// DeadlineExceeded counts as a failure for the breakers.
+func (s *Server) protectUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	p := s.holder.Load()
+	if p == nil || !p.HasProtection() || strings.HasPrefix(info.FullMethod, "/grpc.health.") {
+		return handler(ctx, req)
+	}
+	hr := (&http.Request{Method: http.MethodPost, URL: &url.URL{Path: info.FullMethod}, Header: http.Header{}}).WithContext(ctx)
+	a, rej := p.Protect(hr)
+	if rej != nil {
+		return nil, status.Error(codes.Unavailable, rej.Error())
+	}
+	failed := true
+	defer func() { a.Done(failed) }()
+	resp, err := handler(ctx, req)
+	switch status.Code(err) {
+	case codes.Internal, codes.Unavailable, codes.Unknown, codes.DeadlineExceeded:
+	default:
+		failed = false
+	}
+	return resp, err
 }

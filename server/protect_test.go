@@ -1,9 +1,21 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	"github.com/weir-dev/weir/protect"
 )
 
 // TestProtectMetricsAndSnapshot: weir serve applies its config's protect
@@ -75,5 +87,61 @@ system:
 	}
 	if deps.Breaker != "closed" || deps.Limit != 0 {
 		t.Errorf("deps: %+v", deps)
+	}
+}
+
+// TestProtectGRPC: a protect rule matching ShouldRateLimit's method limits
+// Envoy's calls in flight; a call past it gets Unavailable at once, and
+// the health service is exempt.
+func TestProtectGRPC(t *testing.T) {
+	const rl = "domain: rl\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n"
+	cfg := testConfig + `
+store: {timeout: 2s}
+protect:
+  - name: rls
+    match: {path: /envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit}
+    concurrency: 1
+`
+	s, _, addr := serveEnvoy(t, rl, WithConfig(mustParse(t, cfg)), WithStore(hangStore{}))
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := rlspb.NewRateLimitServiceClient(conn)
+	req := &rlspb.RateLimitRequest{Domain: "rl", Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "user", Value: "alice"}}}}}
+	// The first call hangs in the store until the store's 2s timeout,
+	// holding the one slot meanwhile.
+	hung := make(chan error, 1)
+	go func() {
+		_, err := client.ShouldRateLimit(context.Background(), req)
+		hung <- err
+	}()
+	// Wait for the hanging call to hold the one slot.
+	for deadline := time.Now().Add(10 * time.Second); s.Policy().ProtectStats()[0].InFlight != 1; {
+		if time.Now().After(deadline) {
+			t.Fatal("the first call never got in flight")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = client.ShouldRateLimit(ctx, req)
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "rls") {
+		t.Fatalf("a call past the limit: %v, want Unavailable naming the rule", err)
+	}
+	if h, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil || h.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health while the limit is full: %v %v", h, err)
+	}
+	<-hung
+	for deadline := time.Now().Add(10 * time.Second); s.Policy().ProtectStats()[0].InFlight != 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the slot never came back")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	st := s.Policy().ProtectStats()[0]
+	if st.Admitted[protect.Normal] != 1 || st.Shed[protect.Normal] != 1 {
+		t.Fatalf("stats %+v", st)
 	}
 }

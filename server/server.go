@@ -691,7 +691,7 @@ func (s *Server) Serve(ctx context.Context, hl, gl net.Listener) error {
 	var gs *grpc.Server
 	var hlth *health.Server
 	if gl != nil {
-		gs = grpc.NewServer(grpcOptions()...)
+		gs = grpc.NewServer(append(grpcOptions(), grpc.UnaryInterceptor(s.protectUnary))...)
 		hlth = envoyrls.RegisterGRPC(gs, s.envoy)
 	}
 	s.mu.Lock()
