@@ -8,7 +8,7 @@ export WEIR_DEPS_EXTRA ?= nginx caddy chromium prometheus
 # Modules of their own (peer libraries stay out of weir's go.mod).
 NESTED     := bench examples/gin examples/echo
 
-.PHONY: all build test deps vet lint unit nested promtool-test tidy bench bench-debt bench-redis bench-serve bench-flood bench-lease bench-window fuzz same-long fmt clean
+.PHONY: all build test deps vet lint unit nested promtool-test tidy bench bench-debt bench-redis bench-overload bench-serve bench-flood bench-lease bench-window fuzz same-long fmt clean
 
 all: build
 
@@ -75,6 +75,14 @@ bench-window:
 # picks parts (bench/flood/run.sh says which). Figures in docs/benchmarks.md.
 bench-flood:
 	./bench/flood/run.sh
+
+# Overload protection: a backend of fixed capacity offered 2× and 4× it,
+# with no protection, a fixed concurrency limit and concurrency: adaptive;
+# simulated on a virtual clock, then on the wall clock through
+# policy.Middleware. Prints the tables in docs/benchmarks.md.
+bench-overload:
+	cd bench && $(GO) run ./overload
+	cd bench && $(GO) run ./overload -real
 
 # weir serve on Redis under weir bench over gRPC (STORE=memory for no Redis).
 bench-serve:

@@ -10,4 +10,8 @@ require (
 	golang.org/x/time v0.16.0
 )
 
-require golang.org/x/sys v0.48.0 // indirect
+require (
+	github.com/fsnotify/fsnotify v1.10.1 // indirect
+	go.yaml.in/yaml/v3 v3.0.6 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+)

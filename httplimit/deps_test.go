@@ -27,6 +27,7 @@ func TestDependencies(t *testing.T) {
 	forbidden := []string{
 		"github.com/weir-dev/weir/policy",
 		"google.golang.org/grpc",
+		"github.com/weir-dev/weir/protect",
 		"github.com/weir-dev/weir/store/memstore",
 		"github.com/fsnotify/fsnotify",
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/weir-dev/weir/algorithm"
 	"github.com/weir-dev/weir/clientip"
 	"github.com/weir-dev/weir/internal/yamlnode"
+	"github.com/weir-dev/weir/protect"
 	"github.com/weir-dev/weir/store/guard"
 	"github.com/weir-dev/weir/store/lease"
 )
@@ -68,6 +69,8 @@ type compiled struct {
 	auto                bool // instances: auto
 	defaultOnError      string
 	nearLimit           float64 // the global near_limit; 0 off
+	protects            []*protectRule
+	system              *protect.Config // nil: no system section
 }
 
 // valueSet is an allow or deny list of identity values.
@@ -221,6 +224,7 @@ func check(cfg *Config, rep reporter) *compiled {
 		c.byName[r.name] = r
 		c.rules = append(c.rules, r)
 	}
+	checkProtect(cfg, c, rep)
 	return c
 }
 

@@ -57,6 +57,11 @@ type Config struct {
 	InstancesFloor int
 	// Rules are the rate-limit rules, in the order they are evaluated.
 	Rules []RuleConfig
+	// Protect are the overload-protection rules (concurrency limits,
+	// priority shedding, breakers), applied in order to the requests the
+	// rate limits admitted; System protects the whole process.
+	Protect []ProtectConfig
+	System  SystemConfig
 	// Allow and Deny list the CIDRs (or bare addresses) of clients that are
 	// never limited, or always refused with 403. Deny wins over Allow.
 	Allow, Deny []string

@@ -36,7 +36,12 @@
 // counters of every rule whose limit did not change.
 //
 // Middleware puts a Policy in front of net/http handlers, answering with
-// package httplimit's headers and rejections.
+// package httplimit's headers and rejections. After the rate limits admit a
+// request, it applies the config's system section and protect rules
+// (Policy.Protect, package protect): concurrency limits, priority shedding
+// and circuit breakers, answering 503 when they refuse. A reload through a
+// Holder hands the protect rules on, so the requests in flight stay
+// counted.
 //
 // docs/configuration.md is the reference of the file.
 package policy

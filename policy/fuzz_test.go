@@ -18,6 +18,8 @@ func FuzzParseConfig(f *testing.F) {
 		"store:\n  type: redis\n  redis: {addrs: [127.0.0.1:1]}\n  on_error: deny\nrules: []\n",
 		"allow: [127.0.0.1/32]\ndeny: [{identity: header:X-K, values: [a, b]}]\nrules: []\n",
 		"rules:\n  - name: a\n    limit: 1/s\n    identity: [ip/24/64, route, const:x]\n    algorithm: concurrency\n",
+		"protect:\n  - name: api\n    match: {path: /api/}\n    concurrency: adaptive\n    max_concurrency: 1000\n    priority: header:X-Priority\n    reserve: 20%\n    max_wait: 20ms\n  - name: pay\n    breaker: {slow_call: 500ms, slow_ratio: 0.5, error_ratio: 0.5, errors: 0, min_requests: 20, window: 10s, open_for: 10s}\nsystem: {max_cpu: 85%, max_inflight: 2000}\n",
+		"protect: [{name: a, concurrency: 5, reserve: 0.5, priority: header:P}, {name: b, concurrency: adaptive, min_concurrency: 3}]\n",
 		"rules: [{name: x, limit: 0/s}]\n", "rules: x", "", "---\n", "&a [*a]", "rules:\n  - &r {name: a, limit: 1/s}\n  - *r\n",
 	} {
 		f.Add([]byte(s))

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir/httplimit"
+	"github.com/weir-dev/weir/protect"
 )
 
 // Middleware returns net/http middleware that applies the rules of p to
@@ -26,7 +27,12 @@ import (
 //     rejected because the store failed and its on_error is deny; shadow
 //     rules never reject;
 //   - a shaping leaky-bucket rule delays the request; concurrency rules
-//     hold their leases until the handler returns, even if it panics.
+//     hold their leases until the handler returns, even if it panics;
+//   - last, the system section and the protect rules matching the request
+//     (Policy.Protect) admit it or answer 503 with Retry-After and a
+//     problem body, {"error": "overloaded", "protect": "api"} or
+//     {"error": "circuit_open", "protect": "payments"}; an allow-listed
+//     client passes through them too.
 //
 // The options are httplimit's. Legacy X-RateLimit-* headers follow the
 // policy's headers.legacy unless httplimit.WithLegacyHeaders says
@@ -112,7 +118,7 @@ func (m *ruled) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	switch {
 	case v.AllowListed:
-		m.next.ServeHTTP(w, r)
+		m.serve(w, r, p, &v)
 		return
 	case v.Denied:
 		rej := httplimit.Rejection{Status: http.StatusForbidden}
@@ -152,11 +158,36 @@ func (m *ruled) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if v.Metered() {
-		m.serveMetered(w, r, p, &v)
+	m.serve(w, r, p, &v)
+}
+
+// serve passes an admitted request through p's protect rules and system
+// section to the handler: a request they refuse gets 503 with Retry-After
+// and a problem body naming the rule; the others are served, and their
+// outcome (a 5xx or a panic is a failure) and latency feed the adaptive
+// limits and the breakers. A metered request (cost or count rules) is
+// settled after the handler, or refunded when protection refuses it.
+func (m *ruled) serve(w http.ResponseWriter, r *http.Request, p *Policy, v *Verdict) {
+	a, rej := p.Protect(r)
+	if rej != nil {
+		if v.Metered() {
+			// Never served: the estimate goes back, nothing is counted.
+			if err := p.Finish(context.WithoutCancel(r.Context()), v, Charges{Status: http.StatusServiceUnavailable, Charged: true}); err != nil {
+				p.log.Warn("weir: refunding a request that protection refused failed", "err", err)
+			}
+		}
+		protect.WriteRejection(w, rej)
 		return
 	}
-	m.next.ServeHTTP(w, r)
+	var next http.Handler = m.next
+	if v.Metered() {
+		next = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serveMetered(w, r, p, v) })
+	}
+	if a == nil {
+		next.ServeHTTP(w, r)
+		return
+	}
+	protect.Track(w, r, next, a.Done)
 }
 
 // serveMetered runs the handler of a request with a cost or count rule and

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -35,6 +36,9 @@ type Policy struct {
 	infos    []RuleInfo
 	leases   *lease.Table
 	fleet    func() int // instances: auto's live count; nil: the floor
+	// prot is the protect rules in force; Holder swaps it for one that
+	// keeps the previous policy's rules (see inherit).
+	prot atomic.Pointer[protectSet]
 }
 
 // An Option configures New.
@@ -133,10 +137,15 @@ func New(cfg *Config, store weir.Store, opts ...Option) (*Policy, error) {
 		}
 		g = guard.New(store, gc)
 	}
+	set, err := newProtectSet(c, &o)
+	if err != nil {
+		return nil, err
+	}
 	p := &Policy{cfg: cfg, c: c, guard: g, observer: o.observer, log: o.log, now: o.now, leases: o.leases, fleet: o.fleet}
 	if p.leases == nil {
 		p.leases = lease.New(lease.Config{Now: o.now})
 	}
+	p.prot.Store(set)
 	for _, r := range c.rules {
 		p.infos = append(p.infos, r.info)
 	}

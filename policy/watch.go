@@ -83,6 +83,9 @@ func (h *Holder) Update(build func(cur *Policy) (*Policy, error)) (*Policy, erro
 
 // swapLocked puts p in force. h.mu must be held.
 func (h *Holder) swapLocked(p *Policy) (old *Policy) {
+	if p != nil {
+		p.inherit(h.p.Load())
+	}
 	old = h.p.Swap(p)
 	h.ok.Add(1)
 	if h.onSwap != nil {

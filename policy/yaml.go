@@ -11,6 +11,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/weir-dev/weir/internal/yamlnode"
+	"github.com/weir-dev/weir/protect"
 )
 
 // walker decodes a YAML node tree into a Config, so that every problem,
@@ -327,6 +328,14 @@ func (w *walker) config(n *yaml.Node, c *Config) {
 		}},
 		{"instances_floor", func(p string, v *yaml.Node) { c.InstancesFloor = int(w.integer(p, v, 1)) }},
 		{"rules", func(p string, v *yaml.Node) { w.rules(p, v, c) }},
+		{"protect", func(p string, v *yaml.Node) { w.protects(p, v, c) }},
+		{"system", func(p string, v *yaml.Node) {
+			s := &c.System
+			w.mapping(v, p, "system", []field{
+				{"max_cpu", func(p string, v *yaml.Node) { s.MaxCPU = w.str(p, v) }},
+				{"max_inflight", func(p string, v *yaml.Node) { s.MaxInFlight = int(w.integer(p, v, 1)) }},
+			}, nil)
+		}},
 		{"allow", func(p string, v *yaml.Node) { c.Allow, c.AllowValues = w.list(p, v) }},
 		{"deny", func(p string, v *yaml.Node) { c.Deny, c.DenyValues = w.list(p, v) }},
 	}, nil)
@@ -518,4 +527,89 @@ func (w *walker) tiers(path string, n *yaml.Node) *TiersConfig {
 		w.add(w.nodes[path], path, "tiers must be a mapping with by and a default tier")
 	}
 	return t
+}
+
+func (w *walker) protects(path string, n *yaml.Node, c *Config) {
+	if yamlnode.IsNull(n) {
+		return
+	}
+	if n.Kind != yaml.SequenceNode {
+		w.add(n, path, "protect must be a list of protect rules, got "+yamlnode.Describe(n))
+		return
+	}
+	for i, e := range n.Content {
+		e = yamlnode.Resolve(e)
+		rp := index(path, i)
+		w.nodes[rp] = e
+		var pc ProtectConfig
+		if e.Kind != yaml.MappingNode {
+			w.add(e, rp, "a protect rule must be a mapping with a name, got "+yamlnode.Describe(e))
+		} else {
+			w.protect(rp, e, &pc)
+		}
+		c.Protect = append(c.Protect, pc)
+	}
+}
+
+func (w *walker) protect(path string, n *yaml.Node, pc *ProtectConfig) {
+	w.mapping(n, path, "protect rule", []field{
+		{"name", func(p string, v *yaml.Node) { pc.Name = w.str(p, v) }},
+		{"match", func(p string, v *yaml.Node) {
+			m := &pc.Match
+			w.mapping(v, p, "match", []field{
+				{"methods", func(p string, v *yaml.Node) { m.Methods = w.strList(p, v, true) }},
+				{"path", func(p string, v *yaml.Node) { m.Path = w.str(p, v) }},
+				{"host", func(p string, v *yaml.Node) { m.Host = w.str(p, v) }},
+			}, nil)
+		}},
+		{"concurrency", func(p string, v *yaml.Node) {
+			if r := yamlnode.Resolve(v); r.Kind == yaml.ScalarNode && r.Value == "adaptive" {
+				pc.Adaptive = true
+				return
+			}
+			pc.Concurrency = int(read(w, p, v, func(n *yaml.Node, _ string) (int64, error) {
+				x, err := yamlnode.IntMin(n, "concurrency", 1)
+				if err != nil {
+					return 0, yamlnode.Errorf(yamlnode.Resolve(n), "concurrency must be adaptive or a number of requests in flight of at least 1, got %s", yamlnode.Describe(n))
+				}
+				return x, nil
+			}))
+		}},
+		{"min_concurrency", func(p string, v *yaml.Node) { pc.MinConcurrency = int(w.integer(p, v, 1)) }},
+		{"max_concurrency", func(p string, v *yaml.Node) { pc.MaxConcurrency = int(w.integer(p, v, 1)) }},
+		{"priority", func(p string, v *yaml.Node) { pc.Priority = w.str(p, v) }},
+		{"reserve", func(p string, v *yaml.Node) { pc.Reserve = w.str(p, v) }},
+		{"max_wait", func(p string, v *yaml.Node) { pc.MaxWait = w.duration(p, v) }},
+		{"shadow", func(p string, v *yaml.Node) { pc.Shadow = w.boolean(p, v) }},
+		{"breaker", func(p string, v *yaml.Node) {
+			b := &protect.BreakerConfig{}
+			pc.Breaker = b
+			w.mapping(v, p, "breaker", []field{
+				{"slow_call", func(p string, v *yaml.Node) { b.SlowCall = w.duration(p, v) }},
+				{"slow_ratio", func(p string, v *yaml.Node) { b.SlowRatio = w.number(p, v) }},
+				{"error_ratio", func(p string, v *yaml.Node) { b.ErrorRatio = w.number(p, v) }},
+				{"errors", func(p string, v *yaml.Node) { b.Errors = int(w.integer(p, v, 0)) }},
+				{"min_requests", func(p string, v *yaml.Node) { b.MinRequests = int(w.integer(p, v, 1)) }},
+				{"window", func(p string, v *yaml.Node) { b.Window = w.duration(p, v) }},
+				{"open_for", func(p string, v *yaml.Node) { b.OpenFor = w.duration(p, v) }},
+				{"probes", func(p string, v *yaml.Node) { b.Probes = int(w.integer(p, v, 1)) }},
+			}, nil)
+		}},
+	}, nil)
+}
+
+// number decodes a number; its range is checked later.
+func (w *walker) number(path string, n *yaml.Node) float64 {
+	if yamlnode.IsNull(n) {
+		return 0
+	}
+	return read(w, path, n, func(n *yaml.Node, name string) (float64, error) {
+		n = yamlnode.Resolve(n)
+		if n.Kind == yaml.ScalarNode && (n.Tag == "!!float" || n.Tag == "!!int") {
+			if v, err := strconv.ParseFloat(n.Value, 64); err == nil {
+				return v, nil
+			}
+		}
+		return 0, yamlnode.Errorf(n, "%s must be a number, got %s", name, yamlnode.Describe(n))
+	})
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/weir-dev/weir/protect"
 	"github.com/weir-dev/weir/store/lease"
 )
 
@@ -44,8 +45,9 @@ type metrics struct {
 }
 
 // newMetrics registers the metrics; breaker reports the circuit breaker's
-// state as 0 (closed), 1 (half-open) or 2 (open).
-func newMetrics(breaker func() float64) *metrics {
+// state as 0 (closed), 1 (half-open) or 2 (open), and protectStats the
+// protect rules in force.
+func newMetrics(breaker func() float64, protectStats func() []protect.Stats) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -78,6 +80,7 @@ func newMetrics(breaker func() float64) *metrics {
 		Name: "weir_circuit_breaker_state",
 		Help: "State of the circuit breaker in front of the store: 0 closed, 1 half-open, 2 open.",
 	}, breaker)
+	m.reg.MustRegister(newProtectCollector(protectStats))
 	m.reg.MustRegister(m.decisions, m.fallbacks, m.near, m.storeLatency, m.storeErrors, m.reloads, breakerGauge,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Make the reload series exist from the start, at 0.

@@ -339,7 +339,7 @@ func (s *Server) init() error {
 	if err := s.openStore(cfg); err != nil {
 		return err
 	}
-	s.metrics = newMetrics(func() float64 { return breakerValue(s.guard.State()) })
+	s.metrics = newMetrics(func() float64 { return breakerValue(s.guard.State()) }, s.protectStats)
 	s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "weir_store_up",
 		Help: "1 while the store answers the health probe (every 2s and on GET /healthz/store), 0 while it does not; alert on it, never take instances out of rotation for it.",
@@ -377,7 +377,7 @@ func (s *Server) init() error {
 		return err
 	}
 
-	s.handler = s.routes()
+	s.handler = s.protectHandler(s.routes())
 	s.healthy.Store(true)
 	s.probe(s.bgCtx)
 
@@ -733,8 +733,10 @@ func (s *Server) Serve(ctx context.Context, hl, gl net.Listener) error {
 	if gl != nil {
 		gopts := grpcOptions()
 		if s.o.tracing != nil {
+			// Traced first, so that a call protection refuses has its span.
 			gopts = append(gopts, grpc.ChainUnaryInterceptor(s.traceGRPC))
 		}
+		gopts = append(gopts, grpc.ChainUnaryInterceptor(s.protectUnary))
 		if s.tls != nil {
 			gopts = append(gopts, grpc.Creds(credentials.NewTLS(s.grpcTLS())))
 		}

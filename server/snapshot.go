@@ -30,6 +30,8 @@ type Snapshot struct {
 	Rules      []SnapshotRule        `json:"rules"`
 	Top        map[string][]TopEntry `json:"top"`
 	Blocked    []BlockedEntry        `json:"blocked"`
+	// Protect is the protect rules in force, the system section first.
+	Protect []SnapshotProtect `json:"protect"`
 }
 
 // SnapshotInstance names the instance that answered.
@@ -193,6 +195,7 @@ func (s *Server) snapshot(r *http.Request) Snapshot {
 		blocked = []BlockedEntry{}
 	}
 	snap.Blocked = blocked
+	snap.Protect = s.protectSnapshot()
 	return snap
 }
 

@@ -50,7 +50,10 @@ func TestSnapshotContract(t *testing.T) {
 	if err := json.Unmarshal(b, &doc); err != nil {
 		t.Fatal(err)
 	}
-	top := wantKeys(t, doc, "snapshot", "now_ms", "instance", "admin_enabled", "identities", "store", "series", "instances", "rules", "top", "blocked")
+	top := wantKeys(t, doc, "snapshot", "now_ms", "instance", "admin_enabled", "identities", "store", "series", "instances", "rules", "top", "blocked", "protect")
+	if prot, ok := top["protect"].([]any); !ok || len(prot) != 0 {
+		t.Fatalf("protect without protect rules: %v, want []", top["protect"])
+	}
 	if top["now_ms"].(float64) <= 0 || top["admin_enabled"] != true || top["identities"] != "full" {
 		t.Fatalf("now_ms/admin_enabled: %v %v", top["now_ms"], top["admin_enabled"])
 	}

@@ -59,7 +59,14 @@ func runValidate(args []string, stdout, stderr io.Writer) int {
 		if len(cfg.Rules) == 1 {
 			noun = "rule"
 		}
-		fmt.Fprintf(stdout, "%sok: %d %s\n", prefix, len(cfg.Rules), noun)
+		protects := ""
+		if n := len(cfg.Protect); n > 0 {
+			protects = fmt.Sprintf(", %d protect rule", n)
+			if n > 1 {
+				protects += "s"
+			}
+		}
+		fmt.Fprintf(stdout, "%sok: %d %s%s\n", prefix, len(cfg.Rules), noun, protects)
 	}
 	return status
 }

@@ -81,3 +81,47 @@ func TestValidateGRPCOff(t *testing.T) {
 		}
 	}
 }
+
+// TestValidateProtect: weir validate checks the protect and system
+// sections, each problem with its line and column.
+func TestValidateProtect(t *testing.T) {
+	dir := t.TempDir()
+	good := writeFile(t, dir, "good.yaml", `rules: []
+protect:
+  - name: api
+    match: {path: /api/}
+    concurrency: adaptive
+    max_concurrency: 1000
+    priority: header:X-Priority
+    reserve: 20%
+  - name: payments
+    match: {path: /api/pay}
+    breaker: {slow_call: 500ms, slow_ratio: 0.5, error_ratio: 0.5, errors: 0, min_requests: 20, window: 10s, open_for: 10s}
+system:
+  max_cpu: 85%
+  max_inflight: 2000
+`)
+	if out, errs, code := runCLI(t, "validate", good); code != 0 || out != "ok: 0 rules, 2 protect rules\n" {
+		t.Fatalf("good: exit %d, %q, %q", code, out, errs)
+	}
+	bad := writeFile(t, dir, "bad.yaml", `protect:
+  - name: api
+    concurrency: adaptive
+    min_concurrency: 20
+    max_concurrency: 10
+    priority: header:X-Priority
+    reserve: 120%
+    breaker: {error_ratio: 1.5, open_for: -1s}
+system:
+  max_cpu: 85
+`)
+	_, errs, code := runCLI(t, "validate", bad)
+	want := bad + ":4:22: min_concurrency 20 is above max_concurrency 10\n" +
+		bad + ":7:14: reserve \"120%\" must be a share of the limit from 0% to below 100%, such as 20% or 0.2\n" +
+		bad + ":8:28: error_ratio must be between 0 and 1, got 1.5\n" +
+		bad + ":8:43: open_for must be positive, got \"-1s\"\n" +
+		bad + ":10:12: max_cpu \"85\" must be a share of the CPU above 0% and at most 100%, such as 85%\n"
+	if code != 1 || errs != want {
+		t.Fatalf("bad: exit %d, stderr:\n%s\nwant:\n%s", code, errs, want)
+	}
+}

@@ -52,6 +52,14 @@ rules:
     identity: ["header:X-User"]
     limit: 10/m
     algorithm: token_bucket
+protect:
+  - name: checks
+    match: { path: /v1/check }
+    concurrency: adaptive
+    max_concurrency: 500
+  - name: payments
+    match: { path: /v1/nothing }
+    breaker: { error_ratio: 0.5, min_requests: 20 }
 `
 
 const e2eToken = "e2e-admin-token-3f9c"

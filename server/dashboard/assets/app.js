@@ -6,6 +6,7 @@ import { DecisionsChart } from './chart.js';
 import { h, replace, setText, syncList } from './dom.js';
 import { sparkline, draw as drawSpark } from './spark.js';
 import * as fmt from './fmt.js';
+import { renderProtect } from './protect.js';
 
 const POLL_MS = 1000;
 const TOKEN_KEY = 'weir.adminToken';
@@ -135,6 +136,7 @@ function render(snap) {
   renderBlocked(snap);
   renderStore(snap);
   renderFleet(snap);
+  renderProtect(snap);
   renderTryRules(names);
 }
 

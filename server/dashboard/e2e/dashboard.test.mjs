@@ -154,6 +154,17 @@ try {
   if (!/Deny cache\s*off/.test(storeText)) fail(`store-health lacks the deny cache (off on a memory store): ${storeText}`);
   log('rules and store health rendered');
 
+  // Overload protection: the adaptive rule counts the checks this test
+  // sends; the breaker rule shows its state.
+  const prot = page.locator('[data-testid="protect-table"]');
+  await waitFor('protect rules counting checks', async () => {
+    const t = await prot.innerText();
+    return /checks\s+adaptive\s+\d+ \/ \d+/.test(t) && !/checks[^\n]*\t0\t/.test(t);
+  });
+  const protText = await prot.innerText();
+  if (!/payments\s+breaker/.test(protText) || !/closed · 0 transitions/.test(protText)) fail(`protect-table: ${protText}`);
+  log('protect rules rendered');
+
   // The chart's data grows.
   const chartEl = page.locator('[data-testid="decisions-chart"]');
   const attrs = () => chartEl.evaluate((el) => ({

@@ -1,0 +1,213 @@
+// Command overload measures weir's overload protection (make
+// bench-overload): a simulated backend of fixed capacity (-capacity calls
+// in flight, -service each; more wait in line) behind policy.Middleware,
+// offered 2× and 4× what it can serve, open loop (Poisson arrivals, each
+// request on its own goroutine, a client giving up after -timeout), with
+// -critical of the requests marked critical. It prints, for no
+// protection, a fixed concurrency limit and concurrency: adaptive, the
+// goodput (successes within the timeout per second, as a share of
+// capacity), the p50 and p99 latency of successful requests and the share
+// of critical requests served. The requests go straight to the handler,
+// without a network, so that the load generator costs little.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/weir-dev/weir/policy"
+)
+
+var (
+	capacity = flag.Int("capacity", 50, "calls the backend serves at once")
+	service  = flag.Duration("service", 20*time.Millisecond, "time each call takes")
+	duration = flag.Duration("duration", 10*time.Second, "measured time of each run")
+	warmup   = flag.Duration("warmup", 3*time.Second, "time before measuring, for the adaptive limit to settle")
+	timeout  = flag.Duration("timeout", time.Second, "how long a client waits")
+	critical = flag.Float64("critical", 0.2, "share of critical requests")
+	loads    = flag.String("loads", "2,4", "offered loads, as multiples of capacity")
+	real     = flag.Bool("real", false, "run on the wall clock through policy.Middleware instead of simulating")
+	maxWait  = flag.Duration("max-wait", 20*time.Millisecond, "max_wait of the protect rules: how long a critical request waits for a slot")
+	jitter   = flag.Float64("jitter", 0.1, "simulation: sigma of the lognormal factor of each call's service time")
+)
+
+// backend serves capacity calls at once, each taking service; the others
+// wait in line until their client gives up.
+func backend() http.Handler {
+	slots := make(chan struct{}, *capacity)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case slots <- struct{}{}:
+		case <-r.Context().Done():
+			w.WriteHeader(http.StatusGatewayTimeout)
+			return
+		}
+		time.Sleep(*service)
+		<-slots
+	})
+}
+
+type result struct {
+	offered, ok, critOffered, critOK int
+	lat                              []time.Duration
+}
+
+func modeConfig(mode string) string {
+	switch mode {
+	case "fixed":
+		return fmt.Sprintf("protect:\n  - name: api\n    concurrency: %d\n    priority: header:X-Priority\n    reserve: 20%%\n    max_wait: %s\n", *capacity, *maxWait)
+	case "adaptive":
+		return fmt.Sprintf("protect:\n  - name: api\n    concurrency: adaptive\n    max_concurrency: 1000\n    priority: header:X-Priority\n    reserve: 20%%\n    max_wait: %s\n", *maxWait)
+	}
+	return "rules: []\n"
+}
+
+// runReal offers rate requests per second to mode's handler for warmup +
+// duration and measures those that arrived after the warmup.
+func runReal(mode string, rate float64) (result, string) {
+	cfg, err := policy.Parse([]byte(modeConfig(mode)), mode)
+	if err != nil {
+		panic(err)
+	}
+	p, err := policy.New(cfg, nil)
+	if err != nil {
+		panic(err)
+	}
+	h := policy.Middleware(p)(backend())
+	rng := rand.New(rand.NewPCG(1, 2))
+	var mu sync.Mutex
+	var res result
+	var wg sync.WaitGroup
+	start := time.Now()
+	measureFrom := start.Add(*warmup)
+	end := measureFrom.Add(*duration)
+	next := start
+	var inflight atomic.Int64
+	for {
+		now := time.Now()
+		if !now.Before(end) {
+			break
+		}
+		for !next.After(now) && next.Before(end) {
+			crit := rng.Float64() < *critical
+			measured := !next.Before(measureFrom)
+			next = next.Add(time.Duration(rng.ExpFloat64() / rate * float64(time.Second)))
+			wg.Add(1)
+			inflight.Add(1)
+			go func() {
+				defer wg.Done()
+				defer inflight.Add(-1)
+				ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+				defer cancel()
+				req := httptest.NewRequestWithContext(ctx, "GET", "/api/x", nil)
+				req.RemoteAddr = "192.0.2.1:1234"
+				if crit {
+					req.Header.Set("X-Priority", "critical")
+				}
+				rec := httptest.NewRecorder()
+				t0 := time.Now()
+				h.ServeHTTP(rec, req)
+				lat := time.Since(t0)
+				if !measured {
+					return
+				}
+				ok := rec.Code == http.StatusOK && lat <= *timeout
+				mu.Lock()
+				res.offered++
+				if crit {
+					res.critOffered++
+				}
+				if ok {
+					res.ok++
+					res.lat = append(res.lat, lat)
+					if crit {
+						res.critOK++
+					}
+				}
+				mu.Unlock()
+			}()
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+	wg.Wait()
+	limit := "–"
+	if st := p.ProtectStats(); len(st) > 0 {
+		limit = fmt.Sprint(st[0].Limit)
+	}
+	return res, limit
+}
+
+func pct(lat []time.Duration, q float64) time.Duration {
+	if len(lat) == 0 {
+		return 0
+	}
+	slices.Sort(lat)
+	return lat[min(len(lat)-1, int(q*float64(len(lat))))]
+}
+
+func ms(d time.Duration) string {
+	if d == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.1f ms", float64(d)/1e6)
+}
+
+func main() {
+	flag.Parse()
+	capRate := float64(*capacity) / service.Seconds()
+	fmt.Printf("backend: %d in flight, %v each: capacity %.0f req/s; %v measured after %v warmup; %.0f%% critical; client timeout %v\n\n",
+		*capacity, *service, capRate, *duration, *warmup, *critical*100, *timeout)
+	mode := "simulated on a virtual clock"
+	if *real {
+		mode = "on the wall clock, through policy.Middleware"
+	}
+	fmt.Println("run:", mode)
+	run := simulate
+	if *real {
+		run = runReal
+	}
+	base, _ := run("none", capRate/2)
+	unloadedP99 := pct(base.lat, 0.99)
+	fmt.Printf("unloaded (0.5× capacity, no protection): p50 %s, p99 %s\n\n", ms(pct(base.lat, 0.5)), ms(unloadedP99))
+	fmt.Println("| offered | protection | goodput (share of capacity) | p50 ok | p99 ok | p99 / unloaded p99 | critical served | final limit |")
+	fmt.Println("|---|---|---|---|---|---|---|---|")
+	var factors []float64
+	if _, err := fmt.Sscanf(*loads, "%g,%g", new(float64), new(float64)); err == nil {
+		var a, b float64
+		fmt.Sscanf(*loads, "%g,%g", &a, &b)
+		factors = []float64{a, b}
+	} else {
+		var a float64
+		if _, err := fmt.Sscanf(*loads, "%g", &a); err != nil {
+			fmt.Fprintln(os.Stderr, "bad -loads:", *loads)
+			os.Exit(2)
+		}
+		factors = []float64{a}
+	}
+	for _, f := range factors {
+		for _, mode := range []string{"none", "fixed", "adaptive"} {
+			r, limit := run(mode, capRate*f)
+			good := float64(r.ok) / duration.Seconds() / capRate
+			crit := 0.0
+			if r.critOffered > 0 {
+				crit = float64(r.critOK) / float64(r.critOffered)
+			}
+			p99 := pct(r.lat, 0.99)
+			ratio := "–"
+			if unloadedP99 > 0 && p99 > 0 {
+				ratio = fmt.Sprintf("%.2f", float64(p99)/float64(unloadedP99))
+			}
+			fmt.Printf("| %g× | %s | %.1f%% | %s | %s | %s | %.2f%% | %s |\n",
+				f, mode, good*100, ms(pct(r.lat, 0.5)), ms(p99), ratio, crit*100, limit)
+		}
+	}
+}

@@ -1,0 +1,20 @@
+//go:build unix
+
+package protect
+
+import (
+	"syscall"
+	"time"
+)
+
+// processCPU returns the CPU time, user and system, the process has used.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// defaultCPU is the CPU reader MaxCPU uses unless Config.CPU is set.
+var defaultCPU = processCPU
