@@ -200,3 +200,47 @@ func TestCostConfigErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestProtectRefusalRefundsCost: a request that the rate limit admits,
+// charging its estimate, and that overload protection then refuses is
+// never served, so its estimate goes back.
+func TestProtectRefusalRefundsCost(t *testing.T) {
+	c := newClock()
+	p := newPolicy(t, c, costYAML+`
+protect:
+  - name: chat
+    match: { path: /v1/chat }
+    concurrency: 1
+`)
+	hold, entered := make(chan struct{}), make(chan struct{})
+	h := policy.Middleware(p)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Hold") != "" {
+			close(entered)
+			<-hold
+		}
+		httplimit.Charge(r, 100)
+	}))
+	done := make(chan int)
+	go func() {
+		w := send(h, "POST", "/v1/chat", "192.0.2.1:1", "Authorization", "k1", "X-Max-Tokens", "200", "X-Hold", "1")
+		done <- w.Code
+	}()
+	<-entered
+	// 200 reserved by the request in flight.
+	if got := remaining(t, p, "llm", "k1"); got != 800 {
+		t.Fatalf("with one request in flight: %d remaining, want 800", got)
+	}
+	if w := send(h, "POST", "/v1/chat", "192.0.2.1:1", "Authorization", "k1", "X-Max-Tokens", "500"); w.Code != http.StatusServiceUnavailable {
+		t.Fatalf("over the protect rule's concurrency: %d, want 503", w.Code)
+	}
+	if got := remaining(t, p, "llm", "k1"); got != 800 {
+		t.Fatalf("after a refused request: %d remaining, want 800 (its estimate of 500 refunded)", got)
+	}
+	close(hold)
+	if code := <-done; code != 200 {
+		t.Fatalf("the request held: %d", code)
+	}
+	if got := remaining(t, p, "llm", "k1"); got != 900 {
+		t.Fatalf("after the held request charged 100: %d remaining, want 900", got)
+	}
+}
