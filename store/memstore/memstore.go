@@ -39,6 +39,9 @@ type Store struct {
 	// Compiled limits are shared by every key under the same limit.
 	limitsMu sync.Mutex
 	limits   map[weir.Limit]*compiled
+	// last is the limit compiled most recently: a new key under the
+	// same limit as the previous one finds it without the lock.
+	last atomic.Pointer[compiled]
 }
 
 // maxCompiled bounds the shared-limit cache; beyond it (a program that
@@ -52,9 +55,13 @@ type compiled struct {
 
 // compile returns l compiled, from the cache when possible.
 func (s *Store) compile(l weir.Limit) (*compiled, error) {
+	if c := s.last.Load(); c != nil && sameLimit(&c.limit, &l) {
+		return c, nil
+	}
 	s.limitsMu.Lock()
 	defer s.limitsMu.Unlock()
 	if c := s.limits[l]; c != nil {
+		s.last.Store(c)
 		return c, nil
 	}
 	p, err := l.Compile()
@@ -64,6 +71,7 @@ func (s *Store) compile(l weir.Limit) (*compiled, error) {
 	c := &compiled{l, p}
 	if len(s.limits) < maxCompiled {
 		s.limits[l] = c
+		s.last.Store(c)
 	}
 	return c, nil
 }
