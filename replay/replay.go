@@ -56,6 +56,10 @@ type Options struct {
 	// Progress, when set, receives a progress bar once the replay has
 	// taken more than a second.
 	Progress io.Writer
+
+	// observe, for tests, sees every decision: the record, the config's
+	// index and the verdict.
+	observe func(rec *Record, cfg int, v *policy.Verdict)
 }
 
 // DefaultWindow is the default out-of-order tolerance.
@@ -406,10 +410,13 @@ func (ro *reorder) flush(emit func(*Record)) {
 // decide turns rec into the request and decides it under every sim.
 func (e *engine) decide(ctx context.Context, rec *Record) {
 	r := e.request(rec)
-	for _, s := range e.sims {
+	for i, s := range e.sims {
 		s.now.Store(rec.Time)
 		v := s.pol.Check(ctx, r)
 		s.t.add(rec.Time, &v)
+		if e.o.observe != nil {
+			e.o.observe(rec, i, &v)
+		}
 	}
 }
 
