@@ -110,7 +110,7 @@ func identityNeeds(spec string, f *recorded) string {
 		}
 	case kind == "header":
 		if !f.header(http.CanonicalHeaderKey(arg)) {
-			return spec + ": the log does not record the header " + http.CanonicalHeaderKey(arg)
+			return spec + ": the log does not record the header " + arg
 		}
 	case kind == "cookie":
 		if !f.header("Cookie") {

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/policy"
 )
 
@@ -72,9 +73,18 @@ func Suggest(ctx context.Context, open Opener, cfg *policy.Config, rule string, 
 		}
 		return s
 	}
+	// The largest rate the algorithm takes (sliding_log keeps an entry
+	// per event, so it has a maximum).
+	top := int64(maxSuggestRate)
+	for top > 1 && !validRate(rc, limitOf(top)) {
+		top /= 2
+	}
+	if !validRate(rc, limitOf(1)) {
+		return nil, fmt.Errorf("--suggest %q: limit %q: %v", rule, limitOf(1), rateErr(rc, limitOf(1)))
+	}
 	s := &Suggestion{Rule: rule, Target: target}
 	var cands []int64
-	for n := int64(1); n <= maxSuggestRate; n *= 2 {
+	for n := int64(1); n <= top; n *= 2 {
 		cands = append(cands, n)
 	}
 	lo, hi := int64(0), int64(-1) // lo fails (0 always), hi passes
@@ -115,7 +125,7 @@ func Suggest(ctx context.Context, open Opener, cfg *policy.Config, rule string, 
 			}
 		}
 		if hi < 0 {
-			return nil, fmt.Errorf("--suggest %q: even %s limits more than the target share", rule, limitOf(maxSuggestRate))
+			return nil, fmt.Errorf("--suggest %q: even %s, the largest rate tried, limits more than the target share", rule, limitOf(top))
 		}
 		cands = between(lo, hi, 31)
 	}
@@ -145,3 +155,22 @@ func between(lo, hi int64, k int64) []int64 {
 	}
 	return out
 }
+
+// rateErr returns why limit is not a valid limit for the rule's algorithm.
+func rateErr(rc *policy.RuleConfig, limit string) error {
+	l, err := weir.ParseLimit(limit)
+	if err != nil {
+		return err
+	}
+	l.Algorithm = weir.Algorithm(rc.Algorithm)
+	if l.Algorithm == "" {
+		l.Algorithm = weir.GCRA
+	}
+	if rc.Burst != 0 {
+		l.Burst = rc.Burst
+	}
+	l.Block, l.MaxDelay, l.DelayAfter, l.Buckets = rc.Block, rc.MaxDelay, rc.DelayAfter, max(l.Buckets, rc.Buckets)
+	return l.Validate()
+}
+
+func validRate(rc *policy.RuleConfig, limit string) bool { return rateErr(rc, limit) == nil }

@@ -31,6 +31,9 @@ come before or after the logs. docs/replay.md has the details.
 
 Flags:`
 
+// stdin is what "-" reads; tests replace it.
+var stdin io.Reader = os.Stdin
+
 // fieldFlag collects --field NAME=FIELD[,NAME=FIELD...], repeatable.
 type fieldFlag map[string]string
 
@@ -137,7 +140,7 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 		}
 		cfgs = append(cfgs, other)
 	}
-	ins, closeAll, err := openLogs(logs, os.Stdin)
+	ins, closeAll, err := openLogs(logs, stdin)
 	if err != nil {
 		return fail("%v", err)
 	}
@@ -176,7 +179,7 @@ func runSuggest(ctx context.Context, logs []string, cfg *policy.Config, rule str
 			return 1
 		}
 		defer os.Remove(f.Name())
-		_, err = io.Copy(f, os.Stdin)
+		_, err = io.Copy(f, stdin)
 		if cerr := f.Close(); err == nil {
 			err = cerr
 		}
