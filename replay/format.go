@@ -112,7 +112,7 @@ func detect(want string, sample []string, fields map[string]string) (*format, er
 			} else if _, ok := m["start_time"]; ok {
 				want = FormatEnvoy
 			} else {
-				return nil, fmt.Errorf("--format auto: a JSON line that is neither Caddy's access log nor Envoy's JSON format; use --format jsonl with --field time=...,ip=...,method=...,uri=...")
+				return nil, fmt.Errorf("--format auto: a JSON line that is neither Caddy's access log nor Envoy's JSON format; use --format jsonl with --field time=FIELD,ip=FIELD,method=FIELD,uri=FIELD")
 			}
 		case strings.HasPrefix(first, "["):
 			want = FormatEnvoy

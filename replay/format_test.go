@@ -226,7 +226,7 @@ rules:
 		got[n.Rule] = n.Reason
 	}
 	for rule, want := range map[string]string{
-		"key": "header X-Api-Key", "host": "Host", "session": "cookies", "conc": "concurrency",
+		"key": "header X-API-Key", "host": "Host", "session": "cookies", "conc": "concurrency",
 		"tiered": "tiers.by header:X-Plan", "allow_values[0]": "X-Internal",
 	} {
 		if !strings.Contains(got[rule], want) {

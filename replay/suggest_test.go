@@ -55,7 +55,7 @@ func TestSuggest(t *testing.T) {
 		t.Fatalf("unknown rule: %v", err)
 	}
 	keyCfg, _ := policy.Parse([]byte("rules:\n  - name: k\n    identity: [\"header:X-API-Key\"]\n    limit: 1/m\n"), "t.yaml")
-	if _, err := Suggest(context.Background(), open, keyCfg, "k", 0.01, Options{}); err == nil || !strings.Contains(err.Error(), "X-Api-Key") {
+	if _, err := Suggest(context.Background(), open, keyCfg, "k", 0.01, Options{}); err == nil || !strings.Contains(err.Error(), "X-API-Key") {
 		t.Fatalf("a rule the log cannot evaluate: %v", err)
 	}
 }
