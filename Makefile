@@ -8,7 +8,7 @@ export WEIR_DEPS_EXTRA ?= nginx caddy chromium
 # Modules of their own (peer libraries stay out of weir's go.mod).
 NESTED     := bench examples/gin examples/echo
 
-.PHONY: all build test deps vet lint unit nested tidy bench bench-redis bench-serve bench-window fuzz same-long fmt clean
+.PHONY: all build test deps vet lint unit nested tidy bench bench-redis bench-serve bench-window bench-replay fuzz same-long fmt clean
 
 all: build
 
@@ -60,6 +60,11 @@ bench-window:
 # weir serve on Redis under weir bench over gRPC (STORE=memory for no Redis).
 bench-serve:
 	./bench/serve/run.sh
+
+# weir replay over a generated 10M-line nginx log with three rules: lines/s
+# and peak memory (LINES=1000000 for a tenth); the log stays in /tmp.
+bench-replay:
+	./bench/replay/run.sh
 
 # The Redis differential test, long: memstore and redisstore (standalone and
 # a cluster, whose cross-slot batches refund) through SAME_STEPS random steps

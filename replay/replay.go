@@ -199,6 +199,11 @@ type engine struct {
 	ref  [1]string
 	xff  [1]string
 	prev []string // the extra headers set for the previous line
+
+	// Verdicts go to the tally in batches.
+	verdicts chan []decided
+	vfree    chan []decided
+	vbatch   []decided
 }
 
 // Run replays the inputs through every config, reading them once, and
@@ -252,6 +257,24 @@ func (e *engine) run(ctx context.Context) error {
 		readErr = e.read(ctx, batches, free)
 	}()
 	stop := e.progress()
+	// The tally runs on a goroutine of its own, beside the reader.
+	e.verdicts = make(chan []decided, 4)
+	e.vfree = make(chan []decided, 6)
+	for i := 0; i < 6; i++ {
+		e.vfree <- make([]decided, 0, batchSize)
+	}
+	e.vbatch = <-e.vfree
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for b := range e.verdicts {
+			for i := range b {
+				e.sims[b[i].sim].t.add(b[i].now, &b[i].v)
+			}
+			clear(b)
+			e.vfree <- b[:0]
+		}
+	}()
 	for b := range batches {
 		for i := range b {
 			e.decide(ctx, &b[i])
@@ -259,9 +282,20 @@ func (e *engine) run(ctx context.Context) error {
 		clear(b)
 		free <- b[:0]
 	}
+	if len(e.vbatch) > 0 {
+		e.verdicts <- e.vbatch
+	}
+	close(e.verdicts)
 	stop()
 	wg.Wait()
 	return readErr
+}
+
+// decided is one verdict on its way to the tally.
+type decided struct {
+	sim int
+	now int64
+	v   policy.Verdict
 }
 
 // read parses every input, puts the records in time order within the
@@ -413,9 +447,13 @@ func (e *engine) decide(ctx context.Context, rec *Record) {
 	for i, s := range e.sims {
 		s.now.Store(rec.Time)
 		v := s.pol.Check(ctx, r)
-		s.t.add(rec.Time, &v)
 		if e.o.observe != nil {
 			e.o.observe(rec, i, &v)
+		}
+		e.vbatch = append(e.vbatch, decided{i, rec.Time, v})
+		if len(e.vbatch) == cap(e.vbatch) {
+			e.verdicts <- e.vbatch
+			e.vbatch = <-e.vfree
 		}
 	}
 }

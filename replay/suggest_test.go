@@ -90,22 +90,27 @@ func TestCompare(t *testing.T) {
 // The identity tally is exact up to its bound and an estimate beyond,
 // within 3%, in bounded memory.
 func TestIDSetBound(t *testing.T) {
-	s := newIDSet(1000, maphash.MakeSeed())
-	for i := 0; i < 200_000; i++ {
-		s.add(fmt.Sprintf("id-%d", i), 1)
-		s.add(fmt.Sprintf("id-%d", i/2), 0)
-	}
-	if len(s.m) != 1000 || !s.over {
-		t.Fatalf("held %d identities", len(s.m))
-	}
-	if n := s.count(); n < 194_000 || n > 206_000 {
-		t.Fatalf("estimate %d for 200000", n)
-	}
-	small := newIDSet(1000, maphash.MakeSeed())
-	for i := 0; i < 999; i++ {
-		small.add(fmt.Sprintf("id-%d", i%500), 1)
-	}
-	if small.count() != 500 || small.over {
-		t.Fatalf("exact count %d", small.count())
+	for _, counts := range []bool{false, true} {
+		s := newIDSet(1000, maphash.MakeSeed(), counts)
+		for i := 0; i < 200_000; i++ {
+			s.add(fmt.Sprintf("id-%d", i), 1)
+			s.add(fmt.Sprintf("id-%d", i/2), 1)
+		}
+		if s.size() != 1000 || !s.over {
+			t.Fatalf("counts %v: held %d identities", counts, s.size())
+		}
+		if n := s.count(); n < 194_000 || n > 206_000 {
+			t.Fatalf("counts %v: estimate %d for 200000", counts, n)
+		}
+		if counts && s.m["id-0"] != 3 {
+			t.Fatalf("id-0 counted %d times, want 3", s.m["id-0"])
+		}
+		small := newIDSet(1000, maphash.MakeSeed(), counts)
+		for i := 0; i < 999; i++ {
+			small.add(fmt.Sprintf("id-%d", i%500), 1)
+		}
+		if small.count() != 500 || small.over {
+			t.Fatalf("counts %v: exact count %d", counts, small.count())
+		}
 	}
 }

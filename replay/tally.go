@@ -112,7 +112,7 @@ func newTally(cfg *policy.Config, maxKeys int) *tally {
 	t := &tally{byName: map[string]*ruleTally{}, minutes: map[int64]*Minute{}}
 	seed := maphash.MakeSeed()
 	for _, rc := range cfg.Rules {
-		rt := &ruleTally{name: rc.Name, ids: newIDSet(min(maxKeys, maxExactIDs), seed), limitedIDs: newIDSet(maxKeys, seed)}
+		rt := &ruleTally{name: rc.Name, ids: newIDSet(min(maxKeys, maxExactIDs), seed, false), limitedIDs: newIDSet(maxKeys, seed, true)}
 		t.rules = append(t.rules, rt)
 		t.byName[rc.Name] = rt
 	}
@@ -243,57 +243,92 @@ func nonNil[T any](s []T) []T {
 
 // idSet counts distinct identities exactly up to a bound, and estimates
 // beyond it (HyperLogLog), so that a log of any length takes bounded
-// memory.
+// memory. With counts (limited identities) it keeps each identity's name
+// and count; without (every identity seen) only a 64-bit hash of it,
+// which is faster and smaller (a collision among 2^16 identities has odds
+// of about 1 in 10^10).
 type idSet struct {
-	m     map[string]int64
-	limit int
-	over  bool
-	seed  maphash.Seed
-	reg   []uint8
+	m      map[string]int64
+	h      map[uint64]struct{}
+	counts bool
+	limit  int
+	over   bool
+	seed   maphash.Seed
+	reg    []uint8
 }
 
 // hllBits sets the HyperLogLog's 2^hllBits registers: about 0.8% error.
 const hllBits = 14
 
-// maxExactIDs bounds the identities a rule counts exactly (by name);
-// beyond it, or beyond max_keys if smaller, Identities is an estimate.
-// Limited identities are kept by name up to max_keys, for Top.
+// maxExactIDs bounds the identities a rule counts exactly; beyond it, or
+// beyond max_keys if smaller, Identities is an estimate. Limited
+// identities are kept by name up to max_keys, for Top.
 const maxExactIDs = 1 << 16
 
-func newIDSet(limit int, seed maphash.Seed) idSet {
-	return idSet{m: map[string]int64{}, limit: limit, seed: seed}
+func newIDSet(limit int, seed maphash.Seed, counts bool) idSet {
+	s := idSet{limit: limit, seed: seed, counts: counts, m: map[string]int64{}}
+	if !counts {
+		s.h = map[uint64]struct{}{}
+	}
+	return s
 }
 
 // add counts id, adding n to its count. Once the set is over its bound,
 // an identity it does not hold only feeds the estimate.
 func (s *idSet) add(id string, n int64) {
-	if s.over {
-		if n != 0 {
-			if c, ok := s.m[id]; ok {
-				s.m[id] = c + n
-			}
+	if !s.counts {
+		h := maphash.String(s.seed, id)
+		if s.over {
+			s.hllHash(h)
+			return
 		}
-		s.hll(id)
+		if _, ok := s.h[h]; ok {
+			return
+		}
+		if len(s.h) < s.limit {
+			s.h[h] = struct{}{}
+			return
+		}
+		s.overflow()
+		s.hllHash(h)
 		return
 	}
 	if c, ok := s.m[id]; ok {
 		s.m[id] = c + n
+		if s.over {
+			s.hll(id)
+		}
+		return
+	}
+	if s.over {
+		s.hll(id)
 		return
 	}
 	if len(s.m) < s.limit {
 		s.m[strings.Clone(id)] = n
 		return
 	}
+	s.overflow()
+	s.hll(id)
+}
+
+// overflow starts the estimate from what the set holds.
+func (s *idSet) overflow() {
 	s.over = true
 	s.reg = make([]uint8, 1<<hllBits)
 	for k := range s.m {
 		s.hll(k)
 	}
-	s.hll(id)
+	for h := range s.h {
+		s.hllHash(h)
+	}
 }
 
-func (s *idSet) hll(id string) {
-	h := maphash.String(s.seed, id)
+func (s *idSet) size() int { return len(s.m) + len(s.h) }
+
+func (s *idSet) hll(id string) { s.hllHash(maphash.String(s.seed, id)) }
+
+func (s *idSet) hllHash(h uint64) {
 	i := h >> (64 - hllBits)
 	rank := uint8(bits.LeadingZeros64(h<<hllBits|1<<(hllBits-1)) + 1)
 	if rank > s.reg[i] {
@@ -304,7 +339,7 @@ func (s *idSet) hll(id string) {
 // count returns the number of distinct identities added.
 func (s *idSet) count() int64 {
 	if !s.over {
-		return int64(len(s.m))
+		return int64(s.size())
 	}
 	m := float64(len(s.reg))
 	sum, zeros := 0.0, 0
@@ -318,5 +353,5 @@ func (s *idSet) count() int64 {
 	if est <= 2.5*m && zeros > 0 {
 		est = m * math.Log(m/float64(zeros))
 	}
-	return max(int64(est+0.5), int64(len(s.m)))
+	return max(int64(est+0.5), int64(s.size()))
 }
