@@ -24,6 +24,9 @@ type RuleChange struct {
 	// enforced and shadow limits together.
 	Limited           [2]int64 `json:"limited"`
 	LimitedIdentities [2]int64 `json:"limited_identities"`
+	// Shadow is [base, other]: whether the rule only reported (shadow) in
+	// each; its limits then were shadow limits.
+	Shadow [2]bool `json:"shadow"`
 	// NewlyLimited lists identities the other config limits more (most
 	// extra limited requests first), NoLongerLimited those it limits less.
 	NewlyLimited    []Top `json:"newly_limited"`
@@ -57,6 +60,7 @@ func Compare(base, other *Report) *Comparison {
 			Rule:              name,
 			Limited:           [2]int64{a.Limited + a.ShadowLimited, b.Limited + b.ShadowLimited},
 			LimitedIdentities: [2]int64{a.LimitedIdentities, b.LimitedIdentities},
+			Shadow:            [2]bool{base.shadow[name], other.shadow[name]},
 			NewlyLimited:      []Top{}, NoLongerLimited: []Top{},
 		}
 		am, bm := base.limited[name], other.limited[name]
@@ -93,7 +97,16 @@ func WriteCompareText(w io.Writer, c *Comparison, baseName, otherName string) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "rule\tlimited\t→\tchange\tlimited ids\t→\t")
 	for _, ch := range c.Changes {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%+d\t%s\t%s\t\n", ch.Rule, num64(ch.Limited[0]), num64(ch.Limited[1]), ch.Limited[1]-ch.Limited[0],
+		name := ch.Rule
+		switch ch.Shadow {
+		case [2]bool{true, false}:
+			name += " (shadow → enforced)"
+		case [2]bool{false, true}:
+			name += " (enforced → shadow)"
+		case [2]bool{true, true}:
+			name += " (shadow)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%+d\t%s\t%s\t\n", name, num64(ch.Limited[0]), num64(ch.Limited[1]), ch.Limited[1]-ch.Limited[0],
 			num64(ch.LimitedIdentities[0]), num64(ch.LimitedIdentities[1]))
 	}
 	tw.Flush()

@@ -44,6 +44,8 @@ type Report struct {
 	// limited holds each rule's limited identities with counts, for
 	// --compare (bounded as the tally is).
 	limited map[string]map[string]int64
+	// shadow says which rules are shadow rules.
+	shadow map[string]bool
 }
 
 // RuleReport is one rule's line of a Report.
@@ -103,6 +105,7 @@ type tally struct {
 
 type ruleTally struct {
 	name                   string
+	shadow                 bool
 	matched, limited, shad int64
 	ids                    idSet
 	limitedIDs             idSet
@@ -112,7 +115,7 @@ func newTally(cfg *policy.Config, maxKeys int) *tally {
 	t := &tally{byName: map[string]*ruleTally{}, minutes: map[int64]*Minute{}}
 	seed := maphash.MakeSeed()
 	for _, rc := range cfg.Rules {
-		rt := &ruleTally{name: rc.Name, ids: newIDSet(min(maxKeys, maxExactIDs), seed, false), limitedIDs: newIDSet(maxKeys, seed, true)}
+		rt := &ruleTally{name: rc.Name, shadow: rc.Shadow || cfg.Shadow, ids: newIDSet(min(maxKeys, maxExactIDs), seed, false), limitedIDs: newIDSet(maxKeys, seed, true)}
 		t.rules = append(t.rules, rt)
 		t.byName[rc.Name] = rt
 	}
@@ -192,7 +195,7 @@ func (t *tally) report(st *stats) *Report {
 		Lines: st.lines, Skipped: st.skipped, Format: st.format,
 		SkippedLines: nonNil(st.skippedLines), Late: st.late, LateLines: nonNil(st.lateLines),
 		AllowListed: t.allow, DenyListed: t.deny, NotEvaluated: nonNil(t.notEvaluated), Notes: nonNil(t.notes),
-		Rules: []RuleReport{}, Timeline: []Minute{}, limited: map[string]map[string]int64{},
+		Rules: []RuleReport{}, Timeline: []Minute{}, limited: map[string]map[string]int64{}, shadow: map[string]bool{},
 	}
 	if st.to != 0 || st.from != 0 {
 		r.From = time.UnixMicro(st.from).UTC().Format(time.RFC3339)
@@ -213,6 +216,7 @@ func (t *tally) report(st *stats) *Report {
 		}
 		r.Rules = append(r.Rules, rr)
 		r.limited[rt.name] = rt.limitedIDs.m
+		r.shadow[rt.name] = rt.shadow
 	}
 	keys := make([]int64, 0, len(t.minutes))
 	for k := range t.minutes {

@@ -18,10 +18,10 @@ const maxTextMinutes = 60
 func WriteText(w io.Writer, r *Report) {
 	fmt.Fprintf(w, "%s lines (%s), %s to %s\n", num64(r.Lines), r.Format, orDash(r.From), orDash(r.To))
 	if r.Skipped > 0 {
-		fmt.Fprintf(w, "skipped %s lines that could not be read: %s\n", num64(r.Skipped), lineList(r.SkippedLines, true))
+		fmt.Fprintf(w, "skipped %s that could not be read: %s\n", plural(r.Skipped, "line"), lineList(r.SkippedLines, true))
 	}
 	if r.Late > 0 {
-		fmt.Fprintf(w, "%s lines were out of order by more than the window and were decided late: %s\n", num64(r.Late), lineList(r.LateLines, false))
+		fmt.Fprintf(w, "%s out of order by more than the window, decided late: %s\n", plural(r.Late, "line"), lineList(r.LateLines, false))
 	}
 	if r.AllowListed > 0 || r.DenyListed > 0 {
 		fmt.Fprintf(w, "allow list: %s requests passed; deny list: %s refused\n", num64(r.AllowListed), num64(r.DenyListed))
@@ -99,7 +99,18 @@ func lineList(ls []LineRef, why bool) string {
 		}
 		parts = append(parts, s)
 	}
+	if len(parts) == 1 {
+		return "line " + parts[0]
+	}
 	return "lines " + strings.Join(parts, ", ")
+}
+
+// plural renders n things.
+func plural(n int64, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return num64(n) + " " + thing + "s"
 }
 
 func orDash(s string) string {
