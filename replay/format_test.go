@@ -269,3 +269,23 @@ func TestJSONSchema(t *testing.T) {
 		t.Fatalf("%s", b)
 	}
 }
+
+// A line longer than maxLine is skipped and counted, and the lines after
+// it are read; the memory it takes stays bounded.
+func TestLongLine(t *testing.T) {
+	long := strings.Repeat("x", maxLine+10)
+	log := nginxLine("198.51.100.1", 1, "/") + "\n" + long + "\n" + nginxLine("198.51.100.1", 2, "/") + "\n"
+	rep, recs := run(t, twoPerMinute, log, Options{})
+	if rep.Lines != 3 || rep.Skipped != 1 || rep.SkippedLines[0].Line != 2 || !strings.Contains(rep.SkippedLines[0].Error, "longer than 4 MB") || len(recs) != 2 || recs[1].Line != 3 {
+		t.Fatalf("lines %d skipped %d %+v, decided %d", rep.Lines, rep.Skipped, rep.SkippedLines, len(recs))
+	}
+}
+
+// A config for Redis replays on the memory store: nothing connects.
+func TestRedisConfigReplaysInMemory(t *testing.T) {
+	cfg := "store:\n  type: redis\n  redis: { addrs: [\"127.0.0.1:1\"] }\n" + twoPerMinute
+	rep, _ := run(t, cfg, strings.Repeat(nginxLine("198.51.100.1", 1, "/")+"\n", 3), Options{})
+	if r := ruleOf(t, rep, "ip"); r.Limited != 1 {
+		t.Fatalf("%+v", r)
+	}
+}

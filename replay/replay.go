@@ -339,11 +339,23 @@ func (e *engine) readInput(ctx context.Context, idx int, in *input, ro *reorder,
 		end := len(buf)
 		if !eof {
 			end = bytes.LastIndexByte(buf, '\n') + 1
-			if end == 0 {
+			if end == 0 && cap(buf) < maxLine {
 				// A line longer than the buffer: grow it.
 				nb := make([]byte, len(buf), 2*cap(buf))
 				copy(nb, buf)
 				buf = nb
+				continue
+			}
+			if end == 0 {
+				// No log line is this long: skip it, whatever follows
+				// up to the next newline, and count it once.
+				lineNo++
+				e.st.lines++
+				e.skip(in.name, lineNo, fmt.Errorf("longer than %d MB", maxLine>>20))
+				if err := discardLine(in.br); err != nil {
+					return fmt.Errorf("%s: %v", in.name, err)
+				}
+				buf = buf[:0]
 				continue
 			}
 		}
@@ -363,10 +375,7 @@ func (e *engine) readInput(ctx context.Context, idx int, in *input, ro *reorder,
 			e.st.lines++
 			rec := Record{Line: lineNo, Input: idx}
 			if perr := e.f.p.parse(line, &rec); perr != nil {
-				e.st.skipped++
-				if len(e.st.skippedLines) < maxListed {
-					e.st.skippedLines = append(e.st.skippedLines, LineRef{Input: in.name, Line: lineNo, Error: perr.Error()})
-				}
+				e.skip(in.name, lineNo, perr)
 				continue
 			}
 			ro.push(&rec, e.ins, emit)
@@ -375,6 +384,33 @@ func (e *engine) readInput(ctx context.Context, idx int, in *input, ro *reorder,
 		buf = buf[:rest]
 		if eof {
 			return nil
+		}
+	}
+}
+
+// maxLine bounds a line's length: a longer one is skipped, so that a file
+// without newlines cannot take unbounded memory.
+const maxLine = 4 << 20
+
+// skip counts a line that could not be read.
+func (e *engine) skip(input string, line int64, err error) {
+	e.st.skipped++
+	if len(e.st.skippedLines) < maxListed {
+		e.st.skippedLines = append(e.st.skippedLines, LineRef{Input: input, Line: line, Error: err.Error()})
+	}
+}
+
+// discardLine reads up to and including the next newline.
+func discardLine(br *bufio.Reader) error {
+	for {
+		_, err := br.ReadSlice('\n')
+		switch {
+		case err == nil, errors.Is(err, io.EOF):
+			return nil
+		case errors.Is(err, bufio.ErrBufferFull):
+			continue
+		default:
+			return err
 		}
 	}
 }
