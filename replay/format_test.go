@@ -289,3 +289,13 @@ func TestRedisConfigReplaysInMemory(t *testing.T) {
 		t.Fatalf("%+v", r)
 	}
 }
+
+// The progress bar shows the share read when the size is known.
+func TestBar(t *testing.T) {
+	if got := bar(50<<20, 100<<20, 2e9); !strings.Contains(got, " 50%") || !strings.Contains(got, "50/100 MB") || !strings.Contains(got, "25 MB/s") {
+		t.Fatalf("%q", got)
+	}
+	if got := bar(10<<20, 0, 1e9); got != "replay: 10 MB read, 10 MB/s" {
+		t.Fatalf("%q", got)
+	}
+}
