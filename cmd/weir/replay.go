@@ -107,6 +107,8 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 		return fail("name at least one log (- for stdin)")
 	case *suggest != "" && *compare != "":
 		return fail("--suggest and --compare do not go together")
+	case *suggest != "" && *htmlOut != "":
+		return fail("--suggest and --html do not go together")
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
