@@ -209,6 +209,19 @@ type engine struct {
 // Run replays the inputs through every config, reading them once, and
 // returns one report per config.
 func Run(ctx context.Context, ins []Input, cfgs []*policy.Config, o Options) ([]*Report, error) {
+	e, err := runEngine(ctx, ins, cfgs, o)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*Report, len(e.sims))
+	for i, s := range e.sims {
+		out[i] = s.t.report(&e.st)
+	}
+	return out, nil
+}
+
+// runEngine opens the inputs, builds one sim per config and runs.
+func runEngine(ctx context.Context, ins []Input, cfgs []*policy.Config, o Options) (*engine, error) {
 	opened, f, err := open(ins, &o)
 	if err != nil {
 		return nil, err
@@ -221,14 +234,7 @@ func Run(ctx context.Context, ins []Input, cfgs []*policy.Config, o Options) ([]
 		}
 		e.sims = append(e.sims, s)
 	}
-	if err := e.run(ctx); err != nil {
-		return nil, err
-	}
-	out := make([]*Report, len(e.sims))
-	for i, s := range e.sims {
-		out[i] = s.t.report(&e.st)
-	}
-	return out, nil
+	return e, e.run(ctx)
 }
 
 const batchSize = 2048

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/store/memstore"
 )
 
 // stairLog: client i (1..50) sends i requests within one minute.
@@ -112,5 +113,35 @@ func TestIDSetBound(t *testing.T) {
 		if small.count() != 500 || small.over {
 			t.Fatalf("counts %v: exact count %d", counts, small.count())
 		}
+	}
+}
+
+// Memory is bounded by max_keys whatever the log holds: 5,000 clients
+// through a store of 64 keys leave at most 64 keys, identities counted
+// exactly up to 64 and estimated beyond, limited identities kept by name
+// up to 64.
+func TestMemoryBound(t *testing.T) {
+	var b strings.Builder
+	for i := 0; i < 20_000; i++ {
+		fmt.Fprintf(&b, "%s\n", nginxLine(fmt.Sprintf("10.0.%d.%d", i%5000/250, i%250), i/400, "/"))
+	}
+	cfg, err := policy.Parse([]byte("store: { max_keys: 64 }\nrules:\n  - name: ip\n    limit: 1/h\n    algorithm: fixed_window\n"), "t.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := runEngine(context.Background(), []Input{{Name: "big.log", R: strings.NewReader(b.String())}}, []*policy.Config{cfg}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := e.sims[0].pol.Store().(*memstore.Store).Len(); n > 64 {
+		t.Fatalf("the store holds %d keys, max_keys is 64", n)
+	}
+	rt := e.sims[0].t.rules[0]
+	if rt.ids.size() > 64 || rt.limitedIDs.size() > 64 {
+		t.Fatalf("the tally holds %d identities and %d limited", rt.ids.size(), rt.limitedIDs.size())
+	}
+	r := e.sims[0].t.report(&e.st).Rules[0]
+	if !r.Approximate || r.Identities < 4800 || r.Identities > 5200 || r.Matched != 20_000 {
+		t.Fatalf("%+v", r)
 	}
 }
