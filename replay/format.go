@@ -561,6 +561,11 @@ func (caddyParser) parse(line string, rec *Record) error {
 		return fmt.Errorf("no request.method or request.uri")
 	}
 	rec.Status = int(num(m["status"]))
+	// ts is when the entry was written, once the response was done; the
+	// request was decided when it came, duration (seconds) earlier.
+	if d := num(m["duration"]); d > 0 && d < 1e6 {
+		rec.Time -= int64(d * 1e6)
+	}
 	ip, port := str(req["remote_ip"]), str(req["remote_port"])
 	rec.Addr = ip
 	if ip != "" && port != "" {

@@ -68,8 +68,8 @@ func TestFormats(t *testing.T) {
 			`{"start_time":"2026-11-23T09:00:01.000Z","method":"GET","path":"/p","protocol":"HTTP/1.1","response_code":429,"x_forwarded_for":"-","user_agent":"ua","request_id":"-","authority":"h.example","downstream_remote_address":"203.0.113.9:5555"}`,
 			Record{Time: 1795424401e6, Addr: "203.0.113.9:5555", Method: "GET", URI: "/p", Host: "h.example", Status: 429, UA: "ua"}},
 		{"caddy", "caddy",
-			`{"level":"info","ts":1795424401.5,"logger":"http.log.access","msg":"handled request","request":{"remote_ip":"2001:db8::7","remote_port":"41342","client_ip":"2001:db8::7","proto":"HTTP/2.0","method":"GET","host":"shop.example","uri":"/cart?id=3","headers":{"User-Agent":["curl/8.5.0"],"X-Api-Key":["k1"],"Cookie":["REDACTED"]}},"status":200}`,
-			Record{Time: 1795424401500000, Addr: "[2001:db8::7]:41342", Method: "GET", URI: "/cart?id=3", Host: "shop.example", Status: 200, UA: "curl/8.5.0", Extra: []Header{{"X-Api-Key", "k1"}}}},
+			`{"level":"info","ts":1795424401.5,"logger":"http.log.access","msg":"handled request","request":{"remote_ip":"2001:db8::7","remote_port":"41342","client_ip":"2001:db8::7","proto":"HTTP/2.0","method":"GET","host":"shop.example","uri":"/cart?id=3","headers":{"User-Agent":["curl/8.5.0"],"X-Api-Key":["k1"],"Cookie":["REDACTED"]}},"duration":0.25,"status":200}`,
+			Record{Time: 1795424401250000, Addr: "[2001:db8::7]:41342", Method: "GET", URI: "/cart?id=3", Host: "shop.example", Status: 200, UA: "curl/8.5.0", Extra: []Header{{"X-Api-Key", "k1"}}}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
