@@ -45,21 +45,25 @@ rules:
     algorithm: sliding_window
 `
 
-// BenchmarkReplayNginx measures lines/s through three rules; make
-// bench-replay measures the command on a 10M-line file.
+// BenchmarkReplayNginx measures lines/s through three rules, on one
+// deciding goroutine and on two; make bench-replay measures the command
+// on a 10M-line file.
 func BenchmarkReplayNginx(b *testing.B) {
 	log := benchLog(200_000)
 	cfg, err := policy.Parse([]byte(benchConfig), "bench.yaml")
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.SetBytes(int64(len(log)))
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		reps, err := Run(context.Background(), []Input{{Name: "log", R: bytes.NewReader(log)}}, []*policy.Config{cfg}, Options{})
-		if err != nil || reps[0].Lines != 200_000 {
-			b.Fatal(err)
-		}
+	for _, parts := range []int{1, 2} {
+		b.Run(fmt.Sprintf("deciders=%d", parts), func(b *testing.B) {
+			b.SetBytes(int64(len(log)))
+			for i := 0; i < b.N; i++ {
+				reps, err := Run(context.Background(), []Input{{Name: "log", R: bytes.NewReader(log)}}, []*policy.Config{cfg}, Options{parts: parts})
+				if err != nil || reps[0].Lines != 200_000 {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(200_000*b.N)/b.Elapsed().Seconds(), "lines/s")
+		})
 	}
-	b.ReportMetric(float64(200_000*b.N)/b.Elapsed().Seconds(), "lines/s")
 }

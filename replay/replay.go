@@ -58,8 +58,11 @@ type Options struct {
 	Progress io.Writer
 
 	// observe, for tests, sees every decision: the record, the config's
-	// index and the verdict.
+	// index and the verdict. It makes the replay decide on one goroutine.
 	observe func(rec *Record, cfg int, v *policy.Verdict)
+	// parts, for tests, sets how many goroutines decide when the rules
+	// allow several: 0 is up to GOMAXPROCS (at most 2), 1 is one.
+	parts int
 }
 
 // DefaultWindow is the default out-of-order tolerance.
@@ -161,37 +164,48 @@ type sim struct {
 	t   *tally
 }
 
-func newSim(cfg *policy.Config, f *recorded) (*sim, error) {
-	run, skipped, notes := prepare(cfg, f)
-	s := &sim{}
-	var mo []memstore.Option
-	mo = append(mo, memstore.WithClock(func() time.Time { return time.UnixMicro(s.now.Load()) }))
-	maxKeys := memstore.DefaultMaxKeys
-	if cfg.Store.MaxKeys > 0 {
-		maxKeys = cfg.Store.MaxKeys
-		mo = append(mo, memstore.WithMaxKeys(maxKeys))
-	}
+// newSim builds a sim for run, a prepared config, on a memory store of
+// maxKeys keys, counting into t.
+func newSim(run *policy.Config, maxKeys int, t *tally) (*sim, error) {
+	s := &sim{t: t}
 	clock := func() time.Time { return time.UnixMicro(s.now.Load()) }
-	p, err := policy.New(run, memstore.New(mo...), policy.WithClock(clock))
+	store := memstore.New(memstore.WithClock(clock), memstore.WithMaxKeys(maxKeys))
+	p, err := policy.New(run, store, policy.WithClock(clock))
 	if err != nil {
 		return nil, err
 	}
 	s.pol = p
-	s.t = newTally(run, maxKeys)
-	s.t.notEvaluated, s.t.notes = skipped, notes
 	return s, nil
 }
 
-// engine reads the inputs once and decides every line under each sim.
+// engine reads the inputs once and decides every line under each config,
+// on one worker or, when the rules allow it, on several (partition.go).
 type engine struct {
-	o      Options
-	ins    []*input
-	f      *format
-	sims   []*sim
-	st     stats
-	window int64
+	o       Options
+	ins     []*input
+	f       *format
+	tallies []*tally
+	workers []*worker
+	part    *partitioner
+	st      stats
+	window  int64
 
-	// The request every line is turned into, reused.
+	// Verdicts go to the tally in batches.
+	verdicts chan []decided
+	vfree    chan []decided
+}
+
+// worker decides the records of one partition, one sim per config.
+type worker struct {
+	e      *engine
+	sims   []*sim
+	in     chan []Record
+	vbatch []decided
+	rb     reqBuilder
+}
+
+// reqBuilder holds the request every line is turned into, reused.
+type reqBuilder struct {
 	req  http.Request
 	url  url.URL
 	hdr  http.Header
@@ -199,11 +213,6 @@ type engine struct {
 	ref  [1]string
 	xff  [1]string
 	prev []string // the extra headers set for the previous line
-
-	// Verdicts go to the tally in batches.
-	verdicts chan []decided
-	vfree    chan []decided
-	vbatch   []decided
 }
 
 // Run replays the inputs through every config, reading them once, and
@@ -213,88 +222,133 @@ func Run(ctx context.Context, ins []Input, cfgs []*policy.Config, o Options) ([]
 	if err != nil {
 		return nil, err
 	}
-	out := make([]*Report, len(e.sims))
-	for i, s := range e.sims {
-		out[i] = s.t.report(&e.st)
+	out := make([]*Report, len(e.tallies))
+	for i, t := range e.tallies {
+		out[i] = t.report(&e.st)
 	}
 	return out, nil
 }
 
-// runEngine opens the inputs, builds one sim per config and runs.
+// runEngine opens the inputs, builds the workers and runs.
 func runEngine(ctx context.Context, ins []Input, cfgs []*policy.Config, o Options) (*engine, error) {
 	opened, f, err := open(ins, &o)
 	if err != nil {
 		return nil, err
 	}
 	e := &engine{o: o, ins: opened, f: f}
+	var runs []*policy.Config
+	var maxKeys []int
 	for _, c := range cfgs {
-		s, err := newSim(c, &f.fields)
-		if err != nil {
-			return nil, err
+		run, skipped, notes := prepare(c, &f.fields)
+		mk := memstore.DefaultMaxKeys
+		if c.Store.MaxKeys > 0 {
+			mk = c.Store.MaxKeys
 		}
-		e.sims = append(e.sims, s)
+		t := newTally(run, mk)
+		t.notEvaluated, t.notes = skipped, notes
+		runs, maxKeys = append(runs, run), append(maxKeys, mk)
+		e.tallies = append(e.tallies, t)
+	}
+	parts := 1
+	if o.parts != 1 && o.observe == nil {
+		if e.part = newPartitioner(runs, o.parts); e.part != nil {
+			parts = e.part.parts
+		}
+	}
+	for p := 0; p < parts; p++ {
+		w := &worker{e: e}
+		w.rb.hdr = http.Header{}
+		for i, run := range runs {
+			// The partitions share max_keys: the store's bound holds.
+			s, err := newSim(run, max(maxKeys[i]/parts, 1), e.tallies[i])
+			if err != nil {
+				return nil, err
+			}
+			w.sims = append(w.sims, s)
+		}
+		e.workers = append(e.workers, w)
 	}
 	return e, e.run(ctx)
 }
 
 const batchSize = 2048
 
-// run reads on one goroutine and decides on this one.
+// run reads on one goroutine, decides on one per worker, and tallies on
+// another.
 func (e *engine) run(ctx context.Context) error {
 	e.window = int64(e.o.Window / time.Microsecond)
 	if e.window <= 0 {
 		e.window = int64(DefaultWindow / time.Microsecond)
 	}
 	e.st.format = e.f.name
-	e.hdr = http.Header{}
-	batches := make(chan []Record, 4)
-	free := make(chan []Record, 6)
-	for i := 0; i < 6; i++ {
+	n := len(e.workers)
+	free := make(chan []Record, 6*n)
+	for i := 0; i < 6*n; i++ {
 		free <- make([]Record, 0, batchSize)
+	}
+	e.verdicts = make(chan []decided, 4*n)
+	e.vfree = make(chan []decided, 6*n)
+	for i := 0; i < 6*n; i++ {
+		e.vfree <- make([]decided, 0, batchSize)
+	}
+	for _, w := range e.workers {
+		w.in = make(chan []Record, 4)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var readErr error
-	var wg sync.WaitGroup
+	var wg, deciders sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		defer close(batches)
-		readErr = e.read(ctx, batches, free)
+		defer func() {
+			for _, w := range e.workers {
+				close(w.in)
+			}
+		}()
+		readErr = e.read(ctx, free)
 	}()
 	stop := e.progress()
-	// The tally runs on a goroutine of its own, beside the reader.
-	e.verdicts = make(chan []decided, 4)
-	e.vfree = make(chan []decided, 6)
-	for i := 0; i < 6; i++ {
-		e.vfree <- make([]decided, 0, batchSize)
-	}
-	e.vbatch = <-e.vfree
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		for b := range e.verdicts {
 			for i := range b {
-				e.sims[b[i].sim].t.add(b[i].now, &b[i].v)
+				e.tallies[b[i].sim].add(b[i].now, &b[i].v)
 			}
 			clear(b)
 			e.vfree <- b[:0]
 		}
 	}()
-	for b := range batches {
-		for i := range b {
-			e.decide(ctx, &b[i])
-		}
-		clear(b)
-		free <- b[:0]
+	for _, w := range e.workers {
+		deciders.Add(1)
+		go func() {
+			defer deciders.Done()
+			w.run(ctx, free)
+		}()
 	}
-	if len(e.vbatch) > 0 {
-		e.verdicts <- e.vbatch
-	}
+	deciders.Wait()
 	close(e.verdicts)
 	stop()
 	wg.Wait()
 	return readErr
+}
+
+// run decides every record sent to w.
+func (w *worker) run(ctx context.Context, free chan []Record) {
+	w.vbatch = <-w.e.vfree
+	for b := range w.in {
+		for i := range b {
+			w.decide(ctx, &b[i])
+		}
+		clear(b)
+		free <- b[:0]
+	}
+	if len(w.vbatch) > 0 {
+		w.e.verdicts <- w.vbatch
+	} else {
+		w.e.vfree <- w.vbatch
+	}
 }
 
 // decided is one verdict on its way to the tally.
@@ -305,15 +359,22 @@ type decided struct {
 }
 
 // read parses every input, puts the records in time order within the
-// window, and sends them in batches.
-func (e *engine) read(ctx context.Context, batches chan<- []Record, free chan []Record) error {
+// window, and sends them in batches to their workers.
+func (e *engine) read(ctx context.Context, free chan []Record) error {
 	ro := reorder{window: e.window, st: &e.st}
-	batch := <-free
+	batches := make([][]Record, len(e.workers))
+	for i := range batches {
+		batches[i] = <-free
+	}
 	emit := func(r *Record) {
-		batch = append(batch, *r)
-		if len(batch) == cap(batch) {
-			batches <- batch
-			batch = <-free
+		p := 0
+		if e.part != nil {
+			p = e.part.of(r)
+		}
+		batches[p] = append(batches[p], *r)
+		if len(batches[p]) == cap(batches[p]) {
+			e.workers[p].in <- batches[p]
+			batches[p] = <-free
 		}
 	}
 	for i, in := range e.ins {
@@ -322,8 +383,10 @@ func (e *engine) read(ctx context.Context, batches chan<- []Record, free chan []
 		}
 	}
 	ro.flush(emit)
-	if len(batch) > 0 {
-		batches <- batch
+	for p, b := range batches {
+		if len(b) > 0 {
+			e.workers[p].in <- b
+		}
 	}
 	return nil
 }
@@ -484,25 +547,25 @@ func (ro *reorder) flush(emit func(*Record)) {
 }
 
 // decide turns rec into the request and decides it under every sim.
-func (e *engine) decide(ctx context.Context, rec *Record) {
-	r := e.request(rec)
-	for i, s := range e.sims {
+func (w *worker) decide(ctx context.Context, rec *Record) {
+	r := w.rb.request(rec)
+	for i, s := range w.sims {
 		s.now.Store(rec.Time)
 		v := s.pol.Check(ctx, r)
-		if e.o.observe != nil {
-			e.o.observe(rec, i, &v)
+		if w.e.o.observe != nil {
+			w.e.o.observe(rec, i, &v)
 		}
-		e.vbatch = append(e.vbatch, decided{i, rec.Time, v})
-		if len(e.vbatch) == cap(e.vbatch) {
-			e.verdicts <- e.vbatch
-			e.vbatch = <-e.vfree
+		w.vbatch = append(w.vbatch, decided{i, rec.Time, v})
+		if len(w.vbatch) == cap(w.vbatch) {
+			w.e.verdicts <- w.vbatch
+			w.vbatch = <-w.e.vfree
 		}
 	}
 }
 
 // request fills the reused request from rec, as net/http's server would
 // have parsed it.
-func (e *engine) request(rec *Record) *http.Request {
+func (e *reqBuilder) request(rec *Record) *http.Request {
 	r := &e.req
 	r.Method, r.Host, r.RemoteAddr, r.RequestURI = rec.Method, rec.Host, rec.Addr, rec.URI
 	r.URL = &e.url

@@ -129,18 +129,22 @@ func TestMemoryBound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := runEngine(context.Background(), []Input{{Name: "big.log", R: strings.NewReader(b.String())}}, []*policy.Config{cfg}, Options{})
+	e, err := runEngine(context.Background(), []Input{{Name: "big.log", R: strings.NewReader(b.String())}}, []*policy.Config{cfg}, Options{parts: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := e.sims[0].pol.Store().(*memstore.Store).Len(); n > 64 {
-		t.Fatalf("the store holds %d keys, max_keys is 64", n)
+	keys := 0
+	for _, w := range e.workers {
+		keys += w.sims[0].pol.Store().(*memstore.Store).Len()
 	}
-	rt := e.sims[0].t.rules[0]
+	if keys > 64 || len(e.workers) != 2 {
+		t.Fatalf("the stores of %d workers hold %d keys, max_keys is 64", len(e.workers), keys)
+	}
+	rt := e.tallies[0].rules[0]
 	if rt.ids.size() > 64 || rt.limitedIDs.size() > 64 {
 		t.Fatalf("the tally holds %d identities and %d limited", rt.ids.size(), rt.limitedIDs.size())
 	}
-	r := e.sims[0].t.report(&e.st).Rules[0]
+	r := e.tallies[0].report(&e.st).Rules[0]
 	if !r.Approximate || r.Identities < 4800 || r.Identities > 5200 || r.Matched != 20_000 {
 		t.Fatalf("%+v", r)
 	}
