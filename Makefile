@@ -8,7 +8,7 @@ export WEIR_DEPS_EXTRA ?= nginx caddy chromium prometheus
 # Modules of their own (peer libraries stay out of weir's go.mod).
 NESTED     := bench examples/gin examples/echo
 
-.PHONY: all build test deps vet lint unit nested promtool-test tidy bench bench-debt bench-redis bench-overload bench-serve bench-flood bench-lease bench-window fuzz same-long fmt clean
+.PHONY: all build test deps vet lint unit nested promtool-test tidy bench bench-debt bench-redis bench-overload bench-serve bench-flood bench-lease bench-window bench-replay fuzz same-long fmt clean
 
 all: build
 
@@ -92,6 +92,11 @@ bench-serve:
 # decision (INFO commandstats); the hot-key part of issue 14's flood figures.
 bench-lease:
 	./bench/lease/run.sh
+
+# weir replay over a generated 10M-line nginx log with three rules: lines/s
+# and peak memory (LINES=1000000 for a tenth); the log stays in /tmp.
+bench-replay:
+	./bench/replay/run.sh
 
 # The Redis differential test, long: memstore and redisstore (standalone and
 # a cluster, whose cross-slot batches refund) through SAME_STEPS random steps

@@ -41,6 +41,10 @@ type Store struct {
 	limits   map[weir.Limit]*compiled
 
 	resv reservations // weir serve's open reservations (reservations.go)
+
+	// last is the limit compiled most recently: a new key under the
+	// same limit as the previous one finds it without the lock.
+	last atomic.Pointer[compiled]
 }
 
 // maxCompiled bounds the shared-limit cache; beyond it (a program that
@@ -54,9 +58,13 @@ type compiled struct {
 
 // compile returns l compiled, from the cache when possible.
 func (s *Store) compile(l weir.Limit) (*compiled, error) {
+	if c := s.last.Load(); c != nil && sameLimit(&c.limit, &l) {
+		return c, nil
+	}
 	s.limitsMu.Lock()
 	defer s.limitsMu.Unlock()
 	if c := s.limits[l]; c != nil {
+		s.last.Store(c)
 		return c, nil
 	}
 	p, err := l.Compile()
@@ -66,6 +74,7 @@ func (s *Store) compile(l weir.Limit) (*compiled, error) {
 	c := &compiled{l, p}
 	if len(s.limits) < maxCompiled {
 		s.limits[l] = c
+		s.last.Store(c)
 	}
 	return c, nil
 }
@@ -78,14 +87,24 @@ type shard struct {
 	// limit is the most keys the shard may hold; the shards' limits add
 	// up to the store's MaxKeys.
 	limit int
+	// lastHash and lastHead remember the key decided last (its hash and
+	// the head of its chain), so that a key decided again finds its entry
+	// without the map's own hashing and probe. Every change to the map
+	// forgets it (forget).
+	lastHash uint64
+	lastKey  string
+	lastHead *entry
 	// The padding makes a shard 64 bytes on 64-bit platforms, so that
 	// consecutive shards' mutexes lie 64 bytes apart and never share a
 	// 64-byte cache line. It does not align a shard to a line (the array
 	// may start 8 bytes in, after the allocator's header), so a shard can
 	// straddle two lines, holding its neighbour's padding; on 32-bit
 	// platforms a shard is 56 bytes and neighbours can share a line.
-	_ [40]byte
+	_ [8]byte
 }
+
+// forget drops the remembered last key: the map is about to change.
+func (sh *shard) forget() { sh.lastHead, sh.lastKey = nil, "" }
 
 type stateKey struct {
 	key  string
@@ -93,11 +112,14 @@ type stateKey struct {
 }
 
 type entry struct {
-	kind    algorithm.Kind
-	next    *entry    // the same key under another algorithm
-	c       *compiled // the limit this state was last used with
-	state   algorithm.State
+	kind algorithm.Kind
+	next *entry    // the same key under another algorithm
+	c    *compiled // the limit this state was last used with
+	// expires is written by every decision: it sits beside the fields
+	// read first, so that a decision on a key not in cache touches fewer
+	// cache lines.
 	expires int64 // µs: the state no longer matters from here on
+	state   algorithm.State
 }
 
 // get returns the entry for sk, or nil.
@@ -111,6 +133,7 @@ func (sh *shard) get(sk stateKey) *entry {
 
 // put inserts e under sk, which must not be present.
 func (sh *shard) put(sk stateKey, e *entry) {
+	sh.forget()
 	e.kind = sk.kind
 	e.next = sh.m[sk.key]
 	sh.m[sk.key] = e
@@ -118,6 +141,7 @@ func (sh *shard) put(sk stateKey, e *entry) {
 
 // remove deletes sk's entry, keeping any other algorithm's.
 func (sh *shard) remove(sk stateKey) {
+	sh.forget()
 	head := sh.m[sk.key]
 	if head == nil {
 		return
@@ -289,13 +313,21 @@ func (s *Store) Take(ctx context.Context, key string, l weir.Limit, n int64) (we
 }
 
 func (s *Store) take(key string, l weir.Limit, n int64, mode algorithm.Mode, lease string) (weir.Result, error) {
-	sh := s.shardOf(key)
+	h := maphash.String(s.seed, key)
+	sh := &s.shards[h&s.mask]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	// The common case first: the key holds a state last used with this
 	// very limit (so of its algorithm), found without parsing the
-	// algorithm's name or looking at the compiled-limit cache.
-	head := sh.m[key]
+	// algorithm's name or looking at the compiled-limit cache. The key
+	// decided last in this shard is found without a map lookup.
+	var head *entry
+	if sh.lastHead != nil && sh.lastHash == h && sh.lastKey == key {
+		head = sh.lastHead
+	} else {
+		head = sh.m[key]
+		sh.lastHash, sh.lastKey, sh.lastHead = h, key, head
+	}
 	e := head
 	for e != nil && !sameLimit(&e.c.limit, &l) {
 		e = e.next
@@ -373,6 +405,7 @@ func (s *Store) makeRoom(sh *shard, now int64, need int, keep func(string) bool)
 		seen, expired := 0, 0
 		for k, e := range sh.m { // map iteration starts at a random place
 			if chainExpired(e, now) && (keep == nil || !keep(k)) {
+				sh.forget()
 				delete(sh.m, k)
 				expired++
 			}
@@ -403,6 +436,7 @@ func (s *Store) evict(sh *shard, now int64, keep func(string) bool) bool {
 		switch {
 		case keep != nil && keep(k):
 		case chainExpired(e, now):
+			sh.forget()
 			delete(sh.m, k)
 			dropped = true
 		case e.expires < soonest:
@@ -413,6 +447,7 @@ func (s *Store) evict(sh *shard, now int64, keep func(string) bool) bool {
 		}
 	}
 	if !dropped && soonest != 1<<63-1 {
+		sh.forget()
 		delete(sh.m, victim)
 		dropped = true
 	}
@@ -424,6 +459,7 @@ func (s *Store) evict(sh *shard, now int64, keep func(string) bool) bool {
 			}
 		}
 		if soonest != 1<<63-1 {
+			sh.forget()
 			delete(sh.m, victim)
 			dropped = true
 		}
