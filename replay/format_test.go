@@ -299,3 +299,54 @@ func TestBar(t *testing.T) {
 		t.Fatalf("%q", got)
 	}
 }
+
+// TestCountAndCostRules: a count rule counts the lines whose logged status
+// it lists (peeking before, counting after, as the middleware does), a cost
+// from a header the log lacks is not evaluated, and a lease is replayed as
+// without one, each with a note.
+func TestCountAndCostRules(t *testing.T) {
+	cfg := `
+rules:
+  - name: failed_logins
+    match: { path: /login }
+    limit: 3/15m
+    algorithm: fixed_window
+    count: { status: [401] }
+  - name: tokens
+    match: { path: /chat }
+    limit: 1000/m
+    algorithm: token_bucket
+    cost: header:X-Max-Tokens
+  - name: hot
+    match: { path: /hot }
+    limit: 100/m
+    algorithm: fixed_window
+    lease: 10
+`
+	line := func(sec, status int, path string) string {
+		return fmt.Sprintf("198.51.100.7 - - [23/Nov/2026:09:%02d:%02d +0000] \"POST %s HTTP/1.1\" %d 1 \"-\" \"ua\"\n", sec/60, sec%60, path, status)
+	}
+	var b strings.Builder
+	// Two good logins count nothing; three failures fill the limit; the
+	// next two attempts are limited whatever their outcome.
+	for i, st := range []int{200, 200, 401, 401, 401, 401, 200} {
+		b.WriteString(line(i, st, "/login"))
+	}
+	b.WriteString(line(10, 200, "/chat"))
+	b.WriteString(line(11, 200, "/hot"))
+	rep, _ := run(t, cfg, b.String(), Options{})
+	fl := ruleOf(t, rep, "failed_logins")
+	if fl.Matched != 7 || fl.Limited != 2 {
+		t.Fatalf("failed_logins: matched %d limited %d, want 7 and 2", fl.Matched, fl.Limited)
+	}
+	if len(rep.NotEvaluated) != 1 || rep.NotEvaluated[0].Rule != "tokens" || !strings.Contains(rep.NotEvaluated[0].Reason, "X-Max-Tokens") {
+		t.Fatalf("not evaluated: %+v", rep.NotEvaluated)
+	}
+	if hot := ruleOf(t, rep, "hot"); hot.Matched != 1 || hot.Limited != 0 {
+		t.Fatalf("hot: %+v", hot)
+	}
+	notes := strings.Join(rep.Notes, "\n")
+	if !strings.Contains(notes, "lease 10 is not replayed") || !strings.Contains(notes, "failed_logins: count") {
+		t.Fatalf("notes: %s", notes)
+	}
+}

@@ -32,7 +32,20 @@ func prepare(cfg *policy.Config, f *recorded) (*policy.Config, []NotEvaluated, [
 			skipped = append(skipped, NotEvaluated{Rule: rc.Name, Reason: why})
 			continue
 		}
-		out.Rules = append(out.Rules, *rc)
+		r := *rc
+		if r.Lease > 0 {
+			// One simulated instance: a lease would only hold units back
+			// at each window's end, which the fleet would not.
+			notes = append(notes, fmt.Sprintf("rule %s: lease %d is not replayed; decisions are made as without a lease (what a fleet admits at most)", r.Name, r.Lease))
+			r.Lease = 0
+		}
+		if r.Cost != "" {
+			notes = append(notes, fmt.Sprintf("rule %s: cost %s is charged at its estimate; the real cost a handler settles with httplimit.Charge is not in the log", r.Name, r.Cost))
+		}
+		if r.Count != nil {
+			notes = append(notes, fmt.Sprintf("rule %s: count counts the lines whose logged status it lists; a line without a status counts nothing", r.Name))
+		}
+		out.Rules = append(out.Rules, r)
 	}
 	lists := func(name string, vl []policy.ValueList) []policy.ValueList {
 		var keep []policy.ValueList
@@ -96,6 +109,11 @@ func ruleNeeds(rc *policy.RuleConfig, f *recorded) string {
 	}
 	if conc {
 		return "algorithm concurrency: a slot is held for as long as the request runs, which replay does not model"
+	}
+	if kind, arg, _ := strings.Cut(rc.Cost, ":"); kind == "header" && !f.header(http.CanonicalHeaderKey(arg)) {
+		return "cost " + rc.Cost + ": the log does not record the header " + arg
+	} else if kind == "query" && !f.uri {
+		return "cost " + rc.Cost + ": the log does not record the request's path and query"
 	}
 	return ""
 }

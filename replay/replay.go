@@ -552,6 +552,11 @@ func (w *worker) decide(ctx context.Context, rec *Record) {
 	for i, s := range w.sims {
 		s.now.Store(rec.Time)
 		v := s.pol.Check(ctx, r)
+		if v.Metered() {
+			// cost and count rules settle after the handler: at the
+			// estimate (no Charge is logged), and by the logged status.
+			_ = s.pol.Finish(ctx, &v, policy.Charges{Status: rec.Status})
+		}
 		if w.e.o.observe != nil {
 			w.e.o.observe(rec, i, &v)
 		}
