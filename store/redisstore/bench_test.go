@@ -60,7 +60,7 @@ func BenchmarkTake(b *testing.B) {
 					var next atomic.Int64
 					var failed atomic.Value
 					var wg sync.WaitGroup
-					calls0, decisions0 := s.coalesce.batches.Load(), s.coalesce.decisions.Load()
+					calls0, decisions0 := s.batchStats()
 					b.ResetTimer()
 					start := time.Now()
 					for w := range g {
@@ -83,8 +83,8 @@ func BenchmarkTake(b *testing.B) {
 						b.Fatal(err)
 					}
 					b.ReportMetric(float64(b.N)/elapsed.Seconds(), "decisions/s")
-					if calls := s.coalesce.batches.Load() - calls0; calls > 0 {
-						b.ReportMetric(float64(s.coalesce.decisions.Load()-decisions0)/float64(calls), "decisions/call")
+					if calls, decisions := s.batchStats(); calls > calls0 {
+						b.ReportMetric(float64(decisions-decisions0)/float64(calls-calls0), "decisions/call")
 					}
 				})
 			}
