@@ -28,17 +28,23 @@
 -- ARGV[2 .. K+1]  the keys, as batch's KEYS
 -- then batch's ARGV
 --
--- Before a decision touches anything it probes its slot: EXISTS on a key
--- of the same slot that no one writes (the penalty-box key and '?'). The
--- probe fails unless the node serves the slot and no migration of it is
--- under way: a slot served elsewhere answers MOVED, a slot migrating away
--- ASK (the probe key is missing), a slot being imported MOVED (no
--- ASKING), a cluster that is down CLUSTERDOWN. Then that decision is not
--- made, and its reply is an error beginning WEIRNOTLOCAL: nothing of it
--- ran, and the store sends it again alone, through the cluster client,
--- which follows the redirection. A script runs atomically, so a slot that
--- passes its probe stays put until the call ends, and every write of the
--- decision succeeds as it does on a standalone Redis.
+-- A decision must run whole or not at all. Every keyed command of a
+-- decision names a key of its one slot. Where that slot is stable (no
+-- migration under way on this node), Redis checks each command against the
+-- slot's owner: if the node does not serve it, or the cluster is down, the
+-- decision's first command already fails, having changed nothing, and so
+-- does the decision. Within a migrating slot that is not so: Redis refuses
+-- a command there only if one of its keys is missing, which a decision can
+-- meet after it has written. So nbatch first asks CLUSTER NODES whether any
+-- slot of this node is migrating or importing ('[' in the reply); if one
+-- is, each decision first probes its slot: EXISTS on a key of the same slot
+-- that no one writes (the penalty-box key and '?'), which fails in a slot
+-- migrating away (the probe key is missing: ASK), in a slot being imported
+-- (no ASKING: MOVED) and wherever the first command would. A decision that
+-- fails either way was not made; its reply is an error beginning
+-- WEIRNOTLOCAL, and the store sends it again alone through the cluster
+-- client, which follows the redirection. A script runs atomically, so
+-- nothing moves while it runs.
 
 -- batch_run makes the decisions whose keys are K[ko+1 ..] (2 each, nk in
 -- all) and whose other arguments are A[ao+1 ..], laid out as batch's ARGV.
@@ -51,12 +57,16 @@ local function batch_run(K, ko, nk, A, ao, probe)
   end
   local base = ao + 3 + nl * 14
   local out = { now }
-  local probed = probe and {} or nil
+  local careful, probed = false, {}
+  if probe then
+    local ok, nodes = pcall(redis.call, 'CLUSTER', 'NODES')
+    careful = not ok or type(nodes) ~= 'string' or string.find(nodes, '[', 1, true) ~= nil
+  end
   for i = 1, nk / 2 do
     local a = base + (i - 1) * 4
     local skey, bkey = K[ko + 2 * i - 1], K[ko + 2 * i]
     local refused
-    if probe then
+    if careful then
       refused = probed[bkey]
       if refused == nil then
         local r = redis.pcall('EXISTS', bkey .. '?')
@@ -90,7 +100,10 @@ local function batch_run(K, ko, nk, A, ao, probe)
           -- changed: answer for the whole batch, which the store retries.
           return { err = msg }
         end
-        if not string.find(msg, '^%u+ ') then
+        if probe and (string.find(msg, 'non local key', 1, true) or string.find(msg, 'cluster is down', 1, true)) then
+          -- Refused at the decision's first command: nothing of it ran.
+          msg = 'WEIRNOTLOCAL not run: ' .. msg
+        elseif not string.find(msg, '^%u+ ') then
           msg = 'ERR weir batch decision ' .. i .. ': ' .. msg
         end
         r = { err = msg } -- Redis's own error code first, as redis.call gave it
