@@ -136,3 +136,39 @@ for algo in $algos; do
 		"$(ratio "${rate[64]}" "$ceiling")" "$(ratio "${rate[256]}" "$ceiling")" "$mem1" "$mem100"
 	unset rate per
 done
+
+# Redis Cluster against standalone, per node (BenchmarkClusterNodes starts
+# its own standalone Redis and three-node Cluster): the redis-server CPU
+# time per decision at the same load per node (256 goroutines per busy
+# Redis), with the store's coalescing (per node on the Cluster) and without
+# it (MaxBatch 1, what a Cluster store did before it coalesced per node).
+# "one node" draws only keys of the first node's slots, so one redis-server
+# works as in the standalone run; "3 nodes" spreads keys over all three
+# (on a 2-core machine the three servers and the client then share cores).
+echo
+echo "Redis Cluster per node: redis-server CPU µs per decision (and mean batch), go bench -benchtime $BENCHTIME"
+echo
+echo "| algorithm | standalone | standalone, unbatched | Cluster, one node | one node, unbatched | Cluster, 3 nodes | 3 nodes, unbatched | one node / standalone (decisions/s per node) |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+for algo in $algos; do
+	declare -A cpu=() per=()
+	while read -r name value batch; do
+		d=${name#*/}
+		d=${d#*/}
+		d=${d%-*}
+		cpu[$d]=$value
+		per[$d]=$batch
+	done < <(go test -count=1 -run '^$' -bench "^BenchmarkClusterNodes/$algo/" -benchtime "$BENCHTIME" ./store/redisstore/ | awk '/cpu-µs\/decision/ {
+			v = ""; b = "1"
+			for (i = 2; i <= NF; i++) {
+				if ($i == "cpu-µs/decision") v = $(i - 1)
+				if ($i == "decisions/call") b = $(i - 1)
+			}
+			print $1, v, b
+		}')
+	cell() { printf '%s (%s)' "${cpu[$1]}" "${per[$1]}"; }
+	printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' "$algo" "$(cell standalone)" "$(cell standalone-unbatched)" \
+		"$(cell cluster-one-node)" "$(cell cluster-one-node-unbatched)" "$(cell cluster)" "$(cell cluster-unbatched)" \
+		"$(awk -v a="${cpu[standalone]}" -v b="${cpu[cluster-one-node]}" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }')"
+	unset cpu per
+done
