@@ -11,6 +11,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/internal/redistest"
+	"github.com/weir-dev/weir/storetest"
 )
 
 // TestClusterNodeBatches: on a Redis Cluster the store coalesces decisions
@@ -21,6 +22,7 @@ func TestClusterNodeBatches(t *testing.T) {
 	t.Run("SlotTable", func(t *testing.T) { nodeSlotTable(t, c) })
 	t.Run("CrossSlotCall", func(t *testing.T) { nodeCrossSlotCall(t, c) })
 	t.Run("Exact", func(t *testing.T) { nodeExact(t, c) })
+	t.Run("ProbeInMigratingSlot", func(t *testing.T) { nodeProbe(t, c) })
 	t.Run("MigratingSlot", func(t *testing.T) { nodeMigratingSlot(t, c) })
 	t.Run("MigrationUnderLoad", func(t *testing.T) { nodeMigrationUnderLoad(t, c) })
 }
@@ -68,59 +70,63 @@ func nodeSlotTable(t *testing.T, c *redistest.ClusterGroup) {
 
 // nodeCrossSlotCall sends the node batch function by hand: one call makes
 // the decisions of keys in several slots of its node, and refuses, having
-// written nothing, the decision of a key another node serves.
+// written nothing, the decision of a key another node serves. A call of 4
+// decisions probes each slot first; one of 20, on a cluster with no
+// migration, relies on each decision's first command being refused.
 func nodeCrossSlotCall(t *testing.T, c *redistest.ClusterGroup) {
 	s := newTestStore(t, Config{Addrs: c.Addrs, Prefix: "cross"})
 	ctx := context.Background()
 	node := c.Nodes[0]
-	local := keysOnNode(c, node, "local", 3, -1)
-	foreign := keysOnNode(c, c.Nodes[1], "foreign", 1, -1)[0]
 	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 5, Period: time.Hour}
 	cl, err := s.compile(l)
 	if err != nil {
 		t.Fatal(err)
 	}
-	all := []string{local[0], foreign, local[1], local[2]}
-	args := []string{strconv.Itoa(2 * len(all))}
-	for _, k := range all {
-		n := s.names(k, cl.algo)
-		args = append(args, n.state, n.block)
-	}
-	args = append(args, "", "1")
-	args = append(args, cl.args[:]...)
-	for i := range all {
-		args = append(args, "1", "2", "0", "m"+strconv.Itoa(i))
-	}
-	arr, err := s.callNode(ctx, node.Addr, args)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(arr) != len(all)+1 {
-		t.Fatalf("%d values in the reply, want %d", len(arr), len(all)+1)
-	}
-	for i, k := range all {
-		var vals [8]int64
-		err := decodeInts(&arr[i+1], vals[:])
-		if k == foreign {
-			if !notLocal(err) {
-				t.Fatalf("foreign key: %v, want WEIRNOTLOCAL", err)
+	for _, size := range []int{4, 20} {
+		local := keysOnNode(c, node, fmt.Sprintf("local%d", size), size-1, -1)
+		foreign := keysOnNode(c, c.Nodes[1], fmt.Sprintf("foreign%d", size), 1, -1)[0]
+		all := append([]string{local[0], foreign}, local[1:]...)
+		args := []string{strconv.Itoa(2 * len(all))}
+		for _, k := range all {
+			n := s.names(k, cl.algo)
+			args = append(args, n.state, n.block)
+		}
+		args = append(args, "", "1")
+		args = append(args, cl.args[:]...)
+		for i := range all {
+			args = append(args, "1", "2", "0", "m"+strconv.Itoa(i))
+		}
+		arr, err := s.callNode(ctx, node.Addr, args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(arr) != len(all)+1 {
+			t.Fatalf("%d values in the reply, want %d", len(arr), len(all)+1)
+		}
+		for i, k := range all {
+			var vals [8]int64
+			err := decodeInts(&arr[i+1], vals[:])
+			if k == foreign {
+				if !notLocal(err) {
+					t.Fatalf("size %d: foreign key: %v, want WEIRNOTLOCAL", size, err)
+				}
+				continue
 			}
-			continue
+			if err != nil || vals[0] != 1 || vals[3] != 3 {
+				t.Fatalf("size %d: key %s: %v %v, want admitted with 3 remaining", size, k, vals, err)
+			}
 		}
-		if err != nil || vals[0] != 1 || vals[3] != 3 {
-			t.Fatalf("key %s: %v %v, want admitted with 3 remaining", k, vals, err)
+		// The foreign key was not touched, on any node.
+		n := s.names(foreign, cl.algo)
+		for _, nd := range c.Nodes {
+			if got := countKeys(t, nd, n.state); got != 0 {
+				t.Fatalf("size %d: the refused decision's state exists on %s", size, nd.Addr)
+			}
 		}
-	}
-	// The foreign key was not touched, on any node.
-	n := s.names(foreign, cl.algo)
-	for _, nd := range c.Nodes {
-		if got := countKeys(t, nd, n.state); got != 0 {
-			t.Fatalf("the refused decision's state exists on %s", nd.Addr)
+		r, err := s.Take(ctx, foreign, l, 0)
+		if err != nil || r.Remaining != 5 {
+			t.Fatalf("size %d: foreign key after the refusal: %+v %v, want 5 remaining", size, r, err)
 		}
-	}
-	r, err := s.Take(ctx, foreign, l, 0)
-	if err != nil || r.Remaining != 5 {
-		t.Fatalf("foreign key after the refusal: %+v %v, want 5 remaining", r, err)
 	}
 }
 
@@ -262,6 +268,79 @@ func nodeMigratingSlot(t *testing.T, c *redistest.ClusterGroup) {
 		}
 		s.nodes.refresh()
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// nodeProbe: while a slot migrates, a decision on it is refused before
+// its first command. A sliding_log decision whose key exists on the
+// migrating node with only events that left the window would otherwise
+// prune them (its first command, which Redis lets through: the key
+// exists) and then fail on the emptied, so missing, key: a decision run in
+// part. Both ways of knowing are checked: a call of 1 decision (which
+// probes every slot) and one of 20 (which asks CLUSTER NODES first).
+func nodeProbe(t *testing.T, c *redistest.ClusterGroup) {
+	clock := storetest.NewClock(storetest.Epoch)
+	s := newTestStore(t, Config{Addrs: c.Addrs, Prefix: "probe", Clock: clock.Now})
+	ctx := context.Background()
+	from, to := c.Nodes[0], c.Nodes[1]
+	l := weir.Limit{Algorithm: weir.SlidingLog, Rate: 5, Period: time.Minute}
+	cl, err := s.compile(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, size := range []int{1, 20} {
+		keys := keysOnNode(c, from, fmt.Sprintf("probe%d", size), size, -1)
+		moving := keys[0]
+		sl := strconv.Itoa(int(slot(tagOf(moving))))
+		if _, err := s.Take(ctx, moving, l, 1); err != nil {
+			t.Fatal(err)
+		}
+		state := s.names(moving, cl.algo).state
+		fromID, _ := from.Do("CLUSTER", "MYID")
+		toID, _ := to.Do("CLUSTER", "MYID")
+		t.Cleanup(func() { // also when the test fails: later subtests need a stable slot
+			for _, nd := range []*redistest.Server{from, to} {
+				_, _ = nd.Do("CLUSTER", "SETSLOT", sl, "STABLE")
+			}
+		})
+		if _, err := to.Do("CLUSTER", "SETSLOT", sl, "IMPORTING", fromID.(string)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := from.Do("CLUSTER", "SETSLOT", sl, "MIGRATING", toID.(string)); err != nil {
+			t.Fatal(err)
+		}
+		clock.Advance(2 * time.Minute) // the event has left the window
+		args := []string{strconv.Itoa(2 * len(keys))}
+		for _, k := range keys {
+			n := s.names(k, cl.algo)
+			args = append(args, n.state, n.block)
+		}
+		args = append(args, s.nowArg(), "1")
+		args = append(args, cl.args[:]...)
+		for i := range keys {
+			args = append(args, "1", "1", "0", fmt.Sprintf("p%d-%d", size, i))
+		}
+		arr, err := s.callNode(ctx, from.Addr, args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var vals [8]int64
+		if err := decodeInts(&arr[1], vals[:]); !notLocal(err) {
+			t.Fatalf("size %d: decision on the migrating slot: %v %v, want WEIRNOTLOCAL", size, vals, err)
+		}
+		for i := 2; i < len(arr); i++ {
+			if err := decodeInts(&arr[i], vals[:]); err != nil || vals[0] != 1 {
+				t.Fatalf("size %d: decision %d on a stable slot: %v %v, want admitted", size, i-1, vals, err)
+			}
+		}
+		if n, err := from.Do("ZCARD", state); err != nil || n.(int64) != 1 {
+			t.Fatalf("size %d: the refused decision changed its state: ZCARD %v %v, want the 1 old event", size, n, err)
+		}
+		for _, nd := range []*redistest.Server{from, to} {
+			if _, err := nd.Do("CLUSTER", "SETSLOT", sl, "STABLE"); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 }
 
