@@ -38,6 +38,7 @@ type call struct {
 	state int8
 	vals  [9]int64 // the 8 decision values and the batch's now
 	err   error
+	again bool // a Cluster node did not make it: to be sent again alone (nodes.go)
 	done  chan struct{} // receives once the outcome is set
 }
 
@@ -86,10 +87,13 @@ func (q *coalescer) do(ctx context.Context, c *call) error {
 		one := [1]*call{c}
 		dctx, cancel := context.WithDeadline(ctx, c.deadline)
 		q.send(dctx, one[:])
-		cancel()
 		if next, deadline := q.next(); next != nil {
 			go q.drain(next, deadline)
 		}
+		if c.again { // after giving the call back: a resend may wait out a migration
+			q.s.resend(dctx, c)
+		}
+		cancel()
 		return nil
 	}
 	c.ctx = ctx
@@ -192,6 +196,17 @@ func (q *coalescer) drain(batch []*call, deadline time.Time) {
 		q.send(ctx, batch)
 		cancel()
 		for _, c := range batch {
+			if c.again {
+				// Sent again alone, by its own deadline, without holding
+				// up this queue's call: a resend may wait out a migration.
+				go func() {
+					rctx, cancel := context.WithDeadline(context.Background(), c.deadline)
+					q.s.resend(rctx, c)
+					cancel()
+					c.done <- struct{}{}
+				}()
+				continue
+			}
 			c.done <- struct{}{}
 		}
 		batch, deadline = q.next()
@@ -199,7 +214,8 @@ func (q *coalescer) drain(batch []*call, deadline time.Time) {
 }
 
 // send makes the decisions of batch in one call of the batch function and
-// sets each call's outcome.
+// sets each call's outcome; or, for those a Cluster node did not make,
+// sets again (the caller sends them again alone).
 func (q *coalescer) send(ctx context.Context, batch []*call) {
 	q.batches.Add(1)
 	q.decisions.Add(int64(len(batch)))
@@ -248,7 +264,9 @@ func (q *coalescer) send(ctx context.Context, batch []*call) {
 	if q.node == "" {
 		arr, err = s.call(ctx, &batchRoutine, keys, args)
 	} else if arr, err = s.callNode(ctx, q.node, args); errors.Is(err, errNodeRefused) {
-		s.resend(ctx, batch) // the node ran none of it
+		for _, c := range batch {
+			c.again = true // the node ran none of it
+		}
 		return
 	}
 	if err == nil && len(arr) != len(batch)+1 {
@@ -258,7 +276,6 @@ func (q *coalescer) send(ctx context.Context, batch []*call) {
 	if err == nil {
 		now, err = arr[0].AsInt64()
 	}
-	var again []*call
 	for i, c := range batch {
 		if err != nil {
 			c.err = err
@@ -267,10 +284,9 @@ func (q *coalescer) send(ctx context.Context, batch []*call) {
 		c.err = decodeInts(&arr[i+1], c.vals[:8])
 		c.vals[8] = now
 		if c.err != nil && q.node != "" && notLocal(c.err) {
-			again = append(again, c) // not made: its slot is elsewhere, or moving
+			c.again = true // not made: its slot is elsewhere, or moving
 		}
 	}
-	s.resend(ctx, again)
 }
 
 // smallInt formats the limit numbers of a batch without allocating.

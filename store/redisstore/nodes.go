@@ -235,24 +235,11 @@ func notLocal(err error) bool {
 	return ok && strings.HasPrefix(re.Error(), "WEIRNOTLOCAL")
 }
 
-// resend makes the decisions of calls alone, at once, through the cluster
-// client, which follows MOVED and ASK; call retries TRYAGAIN. They were
-// not made where the store sent them first, so none is made twice.
-func (s *Store) resend(ctx context.Context, calls []*call) {
-	if len(calls) == 0 {
-		return
-	}
-	s.nodes.resent.Add(int64(len(calls)))
+// resend makes c's decision alone, through the cluster client, which
+// follows MOVED and ASK; call retries TRYAGAIN. A node did not make it
+// where the store sent it first, so it is not made twice.
+func (s *Store) resend(ctx context.Context, c *call) {
+	s.nodes.resent.Add(1)
 	s.nodes.refresh()
-	var wg sync.WaitGroup
-	for _, c := range calls[1:] {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c.vals, c.err = s.takeAlone(ctx, c.c, c.keys, c.n, c.mode, c.id)
-		}()
-	}
-	c := calls[0]
 	c.vals, c.err = s.takeAlone(ctx, c.c, c.keys, c.n, c.mode, c.id)
-	wg.Wait()
 }

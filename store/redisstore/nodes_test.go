@@ -187,9 +187,11 @@ func nodeExact(t *testing.T, c *redistest.ClusterGroup) {
 // nodeMigratingSlot: a decision whose slot is being migrated is refused
 // by the node batch before it runs, sent again alone (TRYAGAIN from the
 // importing node while the slot's keys are split, retried), and made
-// exactly once, on the new owner, when the migration ends.
+// exactly once, on the new owner, when the migration ends. Meanwhile it
+// does not hold the node's only call (MaxInFlight 1): decisions on the
+// node's other slots go on.
 func nodeMigratingSlot(t *testing.T, c *redistest.ClusterGroup) {
-	s := newTestStore(t, Config{Addrs: c.Addrs, Prefix: "moving", Timeout: 30 * time.Second})
+	s := newTestStore(t, Config{Addrs: c.Addrs, Prefix: "moving", Timeout: 30 * time.Second, MaxInFlight: 1})
 	ctx := context.Background()
 	from, to := c.Nodes[0], c.Nodes[1]
 	key := keysOnNode(c, from, "mig", 1, -1)[0]
@@ -239,6 +241,18 @@ func nodeMigratingSlot(t *testing.T, c *redistest.ClusterGroup) {
 			t.Fatal("the decision was never refused by the node batch")
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+	// While it waits out the migration, the node's queue (one call at a
+	// time) is free: decisions on other slots of the node are made.
+	for _, k := range keysOnNode(c, from, "other", 8, int(slot(tagOf(key)))) {
+		if r, err := s.Take(ctx, k, l, 1); err != nil || !r.Allowed {
+			t.Fatalf("another slot of the node during the migration: %+v %v", r, err)
+		}
+	}
+	select {
+	case got := <-done:
+		t.Fatalf("the decision on the moving slot ended before the migration did: %+v %v", got.r, got.err)
+	default:
 	}
 	for _, nd := range []*redistest.Server{to, from, c.Nodes[2]} {
 		if _, err := nd.Do("CLUSTER", "SETSLOT", sl, "NODE", toID.(string)); err != nil {
