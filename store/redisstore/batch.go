@@ -38,7 +38,7 @@ type call struct {
 	state int8
 	vals  [9]int64 // the 8 decision values and the batch's now
 	err   error
-	again bool // a Cluster node did not make it: to be sent again alone (nodes.go)
+	again bool          // a Cluster node did not make it: to be sent again alone (nodes.go)
 	done  chan struct{} // receives once the outcome is set
 }
 
