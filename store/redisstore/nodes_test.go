@@ -22,6 +22,8 @@ func TestClusterNodeBatches(t *testing.T) {
 	t.Run("SlotTable", func(t *testing.T) { nodeSlotTable(t, c) })
 	t.Run("CrossSlotCall", func(t *testing.T) { nodeCrossSlotCall(t, c) })
 	t.Run("Exact", func(t *testing.T) { nodeExact(t, c) })
+	t.Run("StaleTable", func(t *testing.T) { nodeStaleTable(t, c) })
+	t.Run("EvalFallback", func(t *testing.T) { nodeEvalFallback(t, c) })
 	t.Run("ProbeInMigratingSlot", func(t *testing.T) { nodeProbe(t, c) })
 	t.Run("MigratingSlot", func(t *testing.T) { nodeMigratingSlot(t, c) })
 	t.Run("MigrationUnderLoad", func(t *testing.T) { nodeMigrationUnderLoad(t, c) })
@@ -181,6 +183,114 @@ func nodeExact(t *testing.T, c *redistest.ClusterGroup) {
 	}
 	if s.nodes.resent.Load() != 0 {
 		t.Errorf("%d decisions resent on a stable cluster", s.nodes.resent.Load())
+	}
+}
+
+// nodeStaleTable: a slot table that names the wrong node for two thirds
+// of the slots, and an address the client does not know for the rest.
+// Each decision is refused where the table sends it, having run nothing,
+// is made once through the cluster client, and the table is read again.
+func nodeStaleTable(t *testing.T, c *redistest.ClusterGroup) {
+	s := newTestStore(t, Config{Addrs: c.Addrs, Prefix: "stale"})
+	ctx := context.Background()
+	bad := &slotTable{addrs: []string{c.Nodes[0].Addr, "127.0.0.1:1"}}
+	for i := range bad.owner {
+		bad.owner[i] = 1
+		if i >= 10923 {
+			bad.owner[i] = 2 // node 2's slots: an address no client has
+		}
+	}
+	s.nodes.table.Store(bad)
+	s.nodes.lastRefresh.Store(time.Now().Add(time.Hour).UnixNano()) // no refresh until the test allows it
+	var keys []string
+	for i, n := range c.Nodes {
+		keys = append(keys, keysOnNode(c, n, "st"+strconv.Itoa(i), 4, -1)...)
+	}
+	const limit = 5
+	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: limit, Period: time.Hour}
+	var wg sync.WaitGroup
+	admitted := make([]atomic.Int64, len(keys))
+	var failed atomic.Value
+	for g := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 2 * limit * len(keys) / 16 {
+				k := (g + i) % len(keys)
+				r, err := s.Take(ctx, keys[k], l, 1)
+				if err != nil {
+					failed.CompareAndSwap(nil, err)
+					return
+				}
+				if r.Allowed {
+					admitted[k].Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err := failed.Load(); err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range keys {
+		if got := admitted[i].Load(); got != limit {
+			t.Errorf("%s: %d admitted, want exactly %d", k, got, limit)
+		}
+		r, err := s.Take(ctx, k, l, 0)
+		if err != nil || r.Remaining != 0 {
+			t.Errorf("%s: %+v %v, want all %d used, each once", k, r, err, limit)
+		}
+	}
+	if s.nodes.resent.Load() == 0 {
+		t.Error("no decision was resent under a wrong slot table")
+	}
+	s.nodes.lastRefresh.Store(0)
+	s.nodes.refresh()
+	deadline := time.Now().Add(20 * time.Second)
+	for s.nodes.table.Load() == bad {
+		if time.Now().After(deadline) {
+			t.Fatal("the slot table was never read again")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if tab := s.nodes.table.Load(); tab.addrs[tab.owner[16383]-1] != c.Nodes[2].Addr {
+		t.Errorf("slot 16383 now on %s, want %s", tab.addrs[tab.owner[16383]-1], c.Nodes[2].Addr)
+	}
+}
+
+// nodeEvalFallback: without Functions there is no node batch; every
+// decision is a call of its own, and counts stay exact.
+func nodeEvalFallback(t *testing.T, c *redistest.ClusterGroup) {
+	s := newTestStore(t, Config{Addrs: c.Addrs, Prefix: "evalonly", evalOnly: true})
+	ctx := context.Background()
+	keys := append(keysOnNode(c, c.Nodes[0], "ev0", 3, -1), keysOnNode(c, c.Nodes[1], "ev1", 3, -1)...)
+	const limit = 7
+	l := weir.Limit{Algorithm: weir.GCRA, Rate: limit, Period: time.Hour}
+	admitted := make([]atomic.Int64, len(keys))
+	var wg sync.WaitGroup
+	for g := range 12 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 3 * limit {
+				k := (g + i) % len(keys)
+				if r, err := s.Take(ctx, keys[k], l, 1); err != nil {
+					t.Error(err)
+					return
+				} else if r.Allowed {
+					admitted[k].Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for i, k := range keys {
+		if got := admitted[i].Load(); got != limit {
+			t.Errorf("%s: %d admitted, want exactly %d", k, got, limit)
+		}
+	}
+	if _, decisions := s.batchStats(); decisions != 0 {
+		t.Errorf("%d decisions in node batches without Functions", decisions)
 	}
 }
 
