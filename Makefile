@@ -62,6 +62,8 @@ bench-debt:
 
 # Redis: decisions/s through redisstore against redis-benchmark's ceiling,
 # and MEMORY USAGE per key; prints the tables in docs/benchmarks.md.
+# Then a Redis Cluster node's CPU per decision against standalone's
+# (CLUSTER_ONLY=1 for that table alone).
 bench-redis:
 	./bench/redis/run.sh
 

@@ -18,8 +18,12 @@
 #     (limit 100/minute).
 # Prints a markdown table. Never touches a Redis it did not start.
 #
+# Then, per Redis Cluster node against standalone, the redis-server CPU
+# time per decision (BenchmarkClusterNodes; the second table).
+#
 #   bench/redis/run.sh                 # N=200000 requests, BENCHTIME=3s
 #   N=500000 BENCHTIME=5s bench/redis/run.sh
+#   CLUSTER_ONLY=1 COUNT=5 bench/redis/run.sh   # only the second table, median of 5 runs (3 by default)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -66,6 +70,7 @@ loaded=$(cli -x FUNCTION LOAD <"$tmp/library.lua")
 algos="fixed_window sliding_log sliding_window token_bucket leaky_bucket gcra concurrency"
 echo "Machine: $(nproc) cores, $(redis-server --version | cut -d' ' -f3), $(go version | cut -d' ' -f3), redis-benchmark -n $N -c 64 -P 1, go bench -benchtime $BENCHTIME"
 echo
+if [ -z "${CLUSTER_ONLY:-}" ]; then
 echo "| algorithm | FCALL -P 1 (ceiling) | FCALL -P 16 | EVALSHA -P 16 | batches of 16, -P 1 | g=1 | g=16 | g=64 | g=256 | batch at g=64, g=256 | g=64 / ceiling | g=256 / ceiling | bytes/key, 1 event | bytes/key, 100 events |"
 echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for algo in $algos; do
@@ -135,4 +140,50 @@ for algo in $algos; do
 		"${rate[1]%.*}" "${rate[16]%.*}" "${rate[64]%.*}" "${rate[256]%.*}" "${per[64]}" "${per[256]}" \
 		"$(ratio "${rate[64]}" "$ceiling")" "$(ratio "${rate[256]}" "$ceiling")" "$mem1" "$mem100"
 	unset rate per
+done
+fi
+
+# Redis Cluster against standalone, per node (BenchmarkClusterNodes starts
+# its own standalone Redis and three-node Cluster): the redis-server CPU
+# time per decision at the same load per node (256 goroutines per busy
+# Redis), with the store's coalescing (per node on the Cluster) and without
+# it (MaxBatch 1, what a Cluster store did before it coalesced per node).
+# "one node" draws only keys of the first node's slots, so one redis-server
+# works as in the standalone run; "3 nodes" spreads keys over all three
+# (on a 2-core machine the three servers and the client then share cores).
+COUNT=${COUNT:-3}
+echo
+echo "Redis Cluster per node: redis-server CPU µs per decision (and mean batch), median of $COUNT runs, go bench -benchtime $BENCHTIME"
+echo
+echo "| algorithm | standalone | standalone, unbatched | Cluster, one node | one node, unbatched | Cluster, 3 nodes | 3 nodes, unbatched | one node / standalone (decisions/s per node) |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+for algo in $algos; do
+	declare -A cpu=() per=()
+	# Each deployment's median CPU time over the runs, and that run's batch.
+	while read -r name value batch; do
+		d=${name#*/}
+		d=${d#*/}
+		d=${d%-*}
+		cpu[$d]=$value
+		per[$d]=$batch
+	done < <(go test -count="$COUNT" -run '^$' -bench "^BenchmarkClusterNodes/$algo/" -benchtime "$BENCHTIME" ./store/redisstore/ | awk '/cpu-µs\/decision/ {
+			v = ""; b = "1"
+			for (i = 2; i <= NF; i++) {
+				if ($i == "cpu-µs/decision") v = $(i - 1)
+				if ($i == "decisions/call") b = $(i - 1)
+			}
+			print $1, v, b
+		}' | sort -k1,1 -k2,2g | awk '{ name[NR] = $1; line[NR] = $0; n[$1]++ }
+		END {
+			for (i = 1; i <= NR; i++) {
+				if (name[i] != prev) { seen = 0; prev = name[i] }
+				seen++
+				if (seen == int((n[name[i]] + 1) / 2)) print line[i]
+			}
+		}')
+	cell() { printf '%s (%s)' "${cpu[$1]}" "${per[$1]}"; }
+	printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' "$algo" "$(cell standalone)" "$(cell standalone-unbatched)" \
+		"$(cell cluster-one-node)" "$(cell cluster-one-node-unbatched)" "$(cell cluster)" "$(cell cluster-unbatched)" \
+		"$(awk -v a="${cpu[standalone]}" -v b="${cpu[cluster-one-node]}" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }')"
+	unset cpu per
 done

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -37,6 +38,7 @@ type call struct {
 	state int8
 	vals  [9]int64 // the 8 decision values and the batch's now
 	err   error
+	again bool          // a Cluster node did not make it: to be sent again alone (nodes.go)
 	done  chan struct{} // receives once the outcome is set
 }
 
@@ -53,6 +55,7 @@ type coalescer struct {
 	s        *Store
 	inFlight int // most calls out at once
 	maxBatch int
+	node     string // on a Cluster, the address of the primary this queue sends to (nodes.go)
 
 	mu    sync.Mutex
 	busy  int // calls out now; len(queue) > 0 only when busy == inFlight
@@ -84,10 +87,13 @@ func (q *coalescer) do(ctx context.Context, c *call) error {
 		one := [1]*call{c}
 		dctx, cancel := context.WithDeadline(ctx, c.deadline)
 		q.send(dctx, one[:])
-		cancel()
 		if next, deadline := q.next(); next != nil {
 			go q.drain(next, deadline)
 		}
+		if c.again { // after giving the call back: a resend may wait out a migration
+			q.s.resend(dctx, c)
+		}
+		cancel()
 		return nil
 	}
 	c.ctx = ctx
@@ -190,6 +196,17 @@ func (q *coalescer) drain(batch []*call, deadline time.Time) {
 		q.send(ctx, batch)
 		cancel()
 		for _, c := range batch {
+			if c.again {
+				// Sent again alone, by its own deadline, without holding
+				// up this queue's call: a resend may wait out a migration.
+				go func() {
+					rctx, cancel := context.WithDeadline(context.Background(), c.deadline)
+					q.s.resend(rctx, c)
+					cancel()
+					c.done <- struct{}{}
+				}()
+				continue
+			}
 			c.done <- struct{}{}
 		}
 		batch, deadline = q.next()
@@ -197,7 +214,8 @@ func (q *coalescer) drain(batch []*call, deadline time.Time) {
 }
 
 // send makes the decisions of batch in one call of the batch function and
-// sets each call's outcome.
+// sets each call's outcome; or, for those a Cluster node did not make,
+// sets again (the caller sends them again alone).
 func (q *coalescer) send(ctx context.Context, batch []*call) {
 	q.batches.Add(1)
 	q.decisions.Add(int64(len(batch)))
@@ -216,17 +234,41 @@ func (q *coalescer) send(ctx context.Context, batch []*call) {
 		}
 		index[i] = j + 1
 	}
-	keys := make([]string, 0, 2*len(batch))
-	args := make([]string, 0, 2+nLimitArgs*len(ls)+4*len(batch))
+	// On a Cluster node the keys go first in ARGV, undeclared (nbatch).
+	nk := 0
+	if q.node != "" {
+		nk = 1 + 2*len(batch)
+	}
+	args := make([]string, nk, nk+2+nLimitArgs*len(ls)+4*len(batch))
+	var keys []string
+	if q.node != "" {
+		args[0] = strconv.Itoa(2 * len(batch))
+		for i, c := range batch {
+			args[1+2*i], args[2+2*i] = c.keys[0], c.keys[1]
+		}
+	} else {
+		keys = make([]string, 0, 2*len(batch))
+		for _, c := range batch {
+			keys = append(keys, c.keys[0], c.keys[1])
+		}
+	}
 	args = append(args, s.nowArg(), strconv.Itoa(len(ls)))
 	for _, c := range ls {
 		args = append(args, s.argsOf(c)[:]...)
 	}
 	for i, c := range batch {
-		keys = append(keys, c.keys[0], c.keys[1])
 		args = append(args, smallInt(index[i]), strconv.FormatInt(c.n, 10), modeArg(c.mode), c.id)
 	}
-	arr, err := s.call(ctx, &batchRoutine, keys, args)
+	var arr []rueidis.RedisMessage
+	var err error
+	if q.node == "" {
+		arr, err = s.call(ctx, &batchRoutine, keys, args)
+	} else if arr, err = s.callNode(ctx, q.node, args); errors.Is(err, errNodeRefused) {
+		for _, c := range batch {
+			c.again = true // the node ran none of it
+		}
+		return
+	}
 	if err == nil && len(arr) != len(batch)+1 {
 		err = fmt.Errorf("unexpected reply of %d values for %d decisions", len(arr), len(batch))
 	}
@@ -241,6 +283,9 @@ func (q *coalescer) send(ctx context.Context, batch []*call) {
 		}
 		c.err = decodeInts(&arr[i+1], c.vals[:8])
 		c.vals[8] = now
+		if c.err != nil && q.node != "" && notLocal(c.err) {
+			c.again = true // not made: its slot is elsewhere, or moving
+		}
 	}
 }
 
@@ -278,14 +323,30 @@ func decodeInts(m *rueidis.RedisMessage, dst []int64) error {
 
 // takeCoalesced makes one decision through the coalescer and returns its
 // eight values and the clock reading it was made at.
-func (s *Store) takeCoalesced(ctx context.Context, c *compiled, k keyNames, n int64, mode algorithm.Mode, id string) ([9]int64, error) {
+func (s *Store) takeCoalesced(ctx context.Context, q *coalescer, c *compiled, k keyNames, n int64, mode algorithm.Mode, id string) ([9]int64, error) {
 	cl := callPool.Get().(*call)
 	cl.c, cl.keys, cl.n, cl.mode, cl.id = c, [2]string{k.state, k.block}, n, mode, id
-	if err := s.coalesce.do(ctx, cl); err != nil {
+	if err := q.do(ctx, cl); err != nil {
 		return [9]int64{}, err // cl may still be in a batch: not reused
 	}
 	vals, err := cl.vals, cl.err
 	*cl = call{done: cl.done}
 	callPool.Put(cl)
 	return vals, err
+}
+
+// batchStats returns the calls of the batch functions the store has sent
+// and the decisions they carried, over all its queues (tests and
+// benchmarks report them).
+func (s *Store) batchStats() (batches, decisions int64) {
+	if q := s.coalesce; q != nil {
+		batches, decisions = q.batches.Load(), q.decisions.Load()
+	}
+	if s.nodes != nil {
+		for _, q := range *s.nodes.queues.Load() {
+			batches += q.batches.Load()
+			decisions += q.decisions.Load()
+		}
+	}
+	return batches, decisions
 }

@@ -60,7 +60,7 @@ func BenchmarkTake(b *testing.B) {
 					var next atomic.Int64
 					var failed atomic.Value
 					var wg sync.WaitGroup
-					calls0, decisions0 := s.coalesce.batches.Load(), s.coalesce.decisions.Load()
+					calls0, decisions0 := s.batchStats()
 					b.ResetTimer()
 					start := time.Now()
 					for w := range g {
@@ -83,8 +83,8 @@ func BenchmarkTake(b *testing.B) {
 						b.Fatal(err)
 					}
 					b.ReportMetric(float64(b.N)/elapsed.Seconds(), "decisions/s")
-					if calls := s.coalesce.batches.Load() - calls0; calls > 0 {
-						b.ReportMetric(float64(s.coalesce.decisions.Load()-decisions0)/float64(calls), "decisions/call")
+					if calls, decisions := s.batchStats(); calls > calls0 {
+						b.ReportMetric(float64(decisions-decisions0)/float64(calls-calls0), "decisions/call")
 					}
 				})
 			}
@@ -126,5 +126,132 @@ func TestDumpScripts(t *testing.T) {
 			args := limitArgs(&p)
 			write(name, strings.Join(args[:], " ")+"\n")
 		}
+	}
+}
+
+// redisWork sums, over servers, the CPU time of the redis-server processes
+// (INFO cpu: user and system) and the time spent in weir's scripts (INFO
+// commandstats: FCALL, EVALSHA and EVAL), in µs.
+func redisWork(b *testing.B, servers []*redistest.Server) (cpu, scripts float64) {
+	b.Helper()
+	for _, srv := range servers {
+		for _, section := range []string{"cpu", "commandstats"} {
+			v, err := srv.Do("INFO", section)
+			if err != nil {
+				b.Fatal(err)
+			}
+			text, _ := v.(string)
+			for _, line := range strings.Split(text, "\n") {
+				line = strings.TrimSpace(line)
+				name, value, ok := strings.Cut(line, ":")
+				if !ok {
+					continue
+				}
+				switch name {
+				case "used_cpu_user", "used_cpu_sys":
+					f, _ := strconv.ParseFloat(value, 64)
+					cpu += f * 1e6
+				case "cmdstat_fcall", "cmdstat_evalsha", "cmdstat_eval":
+					for _, kv := range strings.Split(value, ",") {
+						if u, ok := strings.CutPrefix(kv, "usec="); ok {
+							f, _ := strconv.ParseFloat(u, 64)
+							scripts += f
+						}
+					}
+				}
+			}
+		}
+	}
+	return cpu, scripts
+}
+
+// BenchmarkClusterNodes compares the work a Redis Cluster node does per
+// decision with a standalone Redis's, at the same load per node (256
+// goroutines per Redis) on keys drawn from 100k: a standalone Redis (coalesced batches), a three-node Cluster with
+// per-node batches, and the same Cluster with MaxBatch 1 (every decision a
+// call of its own, as before per-node coalescing). It starts its own
+// servers. Besides decisions/s (which on a small machine the client's
+// CPU bounds) it reports what bounds a Redis: the CPU time of the
+// redis-server processes per decision (cpu-µs/decision, summed over the
+// nodes), its inverse node-decisions/s (what one fully busy Redis core
+// would make), and the scripts' own time per decision (script-µs/decision,
+// INFO commandstats). bench/redis/run.sh prints them as a table.
+func BenchmarkClusterNodes(b *testing.B) {
+	standalone := redistest.Standalone(b)
+	cluster := redistest.Cluster(b)
+	keys := make([]string, benchKeys)
+	var node0Keys []string // keys of the first node's slots (0-5460)
+	for i := range keys {
+		keys[i] = "b" + strconv.Itoa(i)
+		if slot(tagOf(keys[i])) <= 5460 {
+			node0Keys = append(node0Keys, keys[i])
+		}
+	}
+	// The same load per node: 256 goroutines per busy Redis. "one-node"
+	// runs draw only keys of the first node, so that one redis-server
+	// works, as in the standalone runs, and the others idle.
+	deployments := []struct {
+		name     string
+		addrs    []string
+		servers  []*redistest.Server // the busy ones
+		keys     []string
+		maxBatch int
+	}{
+		{"standalone", []string{standalone.Addr}, []*redistest.Server{standalone}, keys, 0},
+		{"standalone-unbatched", []string{standalone.Addr}, []*redistest.Server{standalone}, keys, 1},
+		{"cluster", cluster.Addrs, cluster.Nodes, keys, 0},
+		{"cluster-unbatched", cluster.Addrs, cluster.Nodes, keys, 1},
+		{"cluster-one-node", cluster.Addrs, cluster.Nodes[:1], node0Keys, 0},
+		{"cluster-one-node-unbatched", cluster.Addrs, cluster.Nodes[:1], node0Keys, 1},
+	}
+	for _, a := range weir.Algorithms() {
+		l := benchLimit(a)
+		b.Run(string(a), func(b *testing.B) {
+			for _, d := range deployments {
+				b.Run(d.name, func(b *testing.B) {
+					s, err := New(context.Background(), Config{Addrs: d.addrs, Prefix: "gobench", Timeout: 10 * time.Second, MaxBatch: d.maxBatch})
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer s.Close()
+					g := 256 * len(d.servers)
+					var next atomic.Int64
+					var failed atomic.Value
+					var wg sync.WaitGroup
+					calls0, decisions0 := s.batchStats()
+					cpu0, scripts0 := redisWork(b, d.servers)
+					b.ResetTimer()
+					start := time.Now()
+					for w := range g {
+						wg.Add(1)
+						go func() {
+							defer wg.Done()
+							rng := rand.New(rand.NewPCG(uint64(w), 2))
+							for next.Add(1) <= int64(b.N) {
+								if _, err := s.Take(context.Background(), d.keys[rng.IntN(len(d.keys))], l, 1); err != nil {
+									failed.CompareAndSwap(nil, err)
+									return
+								}
+							}
+						}()
+					}
+					wg.Wait()
+					elapsed := time.Since(start)
+					b.StopTimer()
+					if err := failed.Load(); err != nil {
+						b.Fatal(err)
+					}
+					cpu1, scripts1 := redisWork(b, d.servers)
+					perDecision := (cpu1 - cpu0) / float64(b.N)
+					b.ReportMetric(float64(b.N)/elapsed.Seconds(), "decisions/s")
+					b.ReportMetric(perDecision, "cpu-µs/decision")
+					b.ReportMetric(1e6/perDecision, "node-decisions/s")
+					b.ReportMetric((scripts1-scripts0)/float64(b.N), "script-µs/decision")
+					if calls, decisions := s.batchStats(); calls > calls0 {
+						b.ReportMetric(float64(decisions-decisions0)/float64(calls-calls0), "decisions/call")
+					}
+				})
+			}
+		})
 	}
 }

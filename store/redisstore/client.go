@@ -222,13 +222,18 @@ func (s *Store) setup(ctx context.Context, c rueidis.Client, cfg *Config) error 
 	}
 	s.cluster = cluster
 	s.standalone = !cluster && cfg.MasterName == "" && len(cfg.Addrs) == 1
-	if !cluster && cfg.MaxBatch != 1 {
-		s.coalesce = &coalescer{s: s, inFlight: cfg.MaxInFlight, maxBatch: cfg.MaxBatch}
-		if s.coalesce.inFlight == 0 {
-			s.coalesce.inFlight = DefaultMaxInFlight
+	if cfg.MaxBatch != 1 {
+		inFlight, maxBatch := cfg.MaxInFlight, cfg.MaxBatch
+		if inFlight == 0 {
+			inFlight = DefaultMaxInFlight
 		}
-		if s.coalesce.maxBatch == 0 {
-			s.coalesce.maxBatch = DefaultMaxBatch
+		if maxBatch == 0 {
+			maxBatch = DefaultMaxBatch
+		}
+		if cluster {
+			s.nodes = newNodeQueues(s, inFlight, maxBatch)
+		} else {
+			s.coalesce = &coalescer{s: s, inFlight: inFlight, maxBatch: maxBatch}
 		}
 	}
 	s.client.swap(c) // the closed stand-in needs no closing
@@ -237,6 +242,11 @@ func (s *Store) setup(ctx context.Context, c rueidis.Client, cfg *Config) error 
 	s.functions.Store(!cfg.evalOnly)
 	if !cfg.evalOnly {
 		_ = s.loadLibrary(ctx)
+	}
+	if s.nodes != nil {
+		// The slot table, so the first decisions find their nodes' queues;
+		// if it cannot be read now, they go alone until it is.
+		_ = s.nodes.load(ctx)
 	}
 	s.conn.connected.Store(true)
 	return nil

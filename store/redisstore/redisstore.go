@@ -152,6 +152,9 @@ type Store struct {
 	// coalesce queues single decisions behind the calls in flight; nil
 	// on a cluster or with a MaxBatch of 1.
 	coalesce *coalescer
+	// nodes does the same on a cluster, one queue per primary (nodes.go);
+	// nil elsewhere or with a MaxBatch of 1.
+	nodes *nodeQueues
 
 	limitsMu sync.Mutex
 	limits   atomic.Pointer[map[weir.Limit]*compiled] // copy on write
@@ -504,14 +507,25 @@ func (s *Store) take(ctx context.Context, key string, l weir.Limit, n int64, mod
 	}
 	k := s.names(key, c.algo)
 	id := s.memberID(c, n, lease)
-	if s.coalesce != nil {
-		vals, err := s.takeCoalesced(ctx, c, k, n, mode, id)
-		if err != nil {
-			return algorithm.Decision{}, 0, fmt.Errorf("%w: take %d from %s under %s %v: %w", weir.ErrStore, n, keyRef(key), c.algo, l, err)
-		}
-		return decodeDecision(vals[:]), vals[8], nil
+	q := s.coalesce
+	if s.nodes != nil && s.functions.Load() {
+		q = s.nodes.queue(k.tag) // nil until the store knows the slot's node
 	}
-	keys := [2]string{k.state, k.block}
+	var vals [9]int64
+	if q != nil {
+		vals, err = s.takeCoalesced(ctx, q, c, k, n, mode, id)
+	} else {
+		vals, err = s.takeAlone(ctx, c, [2]string{k.state, k.block}, n, mode, id)
+	}
+	if err != nil {
+		return algorithm.Decision{}, 0, fmt.Errorf("%w: take %d from %s under %s %v: %w", weir.ErrStore, n, keyRef(key), c.algo, l, err)
+	}
+	return decodeDecision(vals[:]), vals[8], nil
+}
+
+// takeAlone makes one decision in a call of its own and returns its eight
+// values and the clock reading it was made at.
+func (s *Store) takeAlone(ctx context.Context, c *compiled, keys [2]string, n int64, mode algorithm.Mode, id string) ([9]int64, error) {
 	var args [4 + nLimitArgs]string
 	args[0], args[1], args[2], args[3] = s.nowArg(), strconv.FormatInt(n, 10), modeArg(mode), id
 	copy(args[4:], s.argsOf(c)[:])
@@ -521,9 +535,9 @@ func (s *Store) take(ctx context.Context, key string, l weir.Limit, n int64, mod
 		err = fmt.Errorf("unexpected reply of %d values", len(vals))
 	}
 	if err != nil {
-		return algorithm.Decision{}, 0, fmt.Errorf("%w: take %d from %s under %s %v: %w", weir.ErrStore, n, keyRef(key), c.algo, l, err)
+		return [9]int64{}, err
 	}
-	return decodeDecision(vals), vals[8], nil
+	return buf, nil
 }
 
 // decodeDecision reads the eight values that the scripts' put() writes.

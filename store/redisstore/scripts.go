@@ -79,6 +79,11 @@ var (
 	takeRoutines []routine
 	// batchRoutine decides the independent requests of many callers.
 	batchRoutine routine
+	// nodeBatchFn is the library function that decides the requests of
+	// many callers whose keys one Redis Cluster node serves, in several
+	// slots. It has no EVAL form: without Functions, a Cluster store sends
+	// each decision alone.
+	nodeBatchFn string
 	// multiRoutine decides a batch all or nothing, and refunds one.
 	multiRoutine routine
 	// releaseRoutine gives a concurrency lease back.
@@ -100,12 +105,15 @@ func init() {
 	for _, d := range []string{"take", "batch", "multi", "release"} {
 		fmt.Fprintf(&reg, "redis.register_function('%s', weir_%s)\n", fn(d), d)
 	}
+	// nbatch touches keys of several slots of one Cluster node (batch.lua).
+	fmt.Fprintf(&reg, "redis.register_function{function_name='%s', callback=weir_nbatch, flags={'allow-cross-slot-keys'}}\n", fn("nbatch"))
 	lib.src = "#!lua name=" + lib.name + "\n" + body + reg.String()
 
 	takeRoutines = make([]routine, len(all))
 	for _, k := range algorithm.Kinds() {
 		takeRoutines[k] = routine{fn: fn("take"), script: newScript("weir_take", "prelude", k.String(), "warmup", "take")}
 	}
+	nodeBatchFn = fn("nbatch")
 	batchRoutine = routine{fn: fn("batch"), script: newScript("weir_batch", append(all, "batch")...)}
 	multiRoutine = routine{fn: fn("multi"), script: newScript("weir_multi", append(all, "multi")...)}
 	releaseRoutine = routine{fn: fn("release"), script: newScript("weir_release", "prelude", algorithm.Concurrency.String(), "release")}

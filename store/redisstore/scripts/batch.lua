@@ -17,43 +17,111 @@
 -- the others stand, and the reply says which failed. On a replica the
 -- reply is READONLY for the whole batch.
 
-local function weir_batch(KEYS, ARGV)
-  local now = clock(ARGV[1])
-  local nl = tonumber(ARGV[2])
+-- nbatch is the same for the decisions a Redis Cluster node owns, whatever
+-- their slots (batch.go's node queues send it to one node): its keys are
+-- not declared, since Redis refuses declared keys of several slots
+-- (CROSSSLOT) whatever a function's flags; the library registers it with
+-- the flag allow-cross-slot-keys, which lets it touch undeclared keys of
+-- every slot the node serves.
+--
+-- ARGV[1]  K, the number of keys (2 per decision)
+-- ARGV[2 .. K+1]  the keys, as batch's KEYS
+-- then batch's ARGV
+--
+-- A decision must run whole or not at all. Every keyed command of a
+-- decision names a key of its one slot. Where that slot is stable (no
+-- migration under way on this node), Redis checks each command against the
+-- slot's owner: if the node does not serve it, or the cluster is down, the
+-- decision's first command already fails, having changed nothing, and so
+-- does the decision. Within a migrating slot that is not so: Redis refuses
+-- a command there only if one of its keys is missing, which a decision can
+-- meet after it has written. So nbatch first asks CLUSTER NODES whether any
+-- slot of this node is migrating or importing ('[' in the reply; it costs
+-- Redis about as much as 14 probes, so a call of fewer than 16 decisions
+-- probes them all instead); if one is, each decision first probes its
+-- slot: EXISTS on a key of the same slot that no one writes (the
+-- penalty-box key and '?'), which fails in a slot migrating away (the probe key is missing: ASK), in a slot being imported
+-- (no ASKING: MOVED) and wherever the first command would. A decision that
+-- fails either way was not made; its reply is an error beginning
+-- WEIRNOTLOCAL, and the store sends it again alone through the cluster
+-- client, which follows the redirection. A script runs atomically, so
+-- nothing moves while it runs.
+
+-- batch_run makes the decisions whose keys are K[ko+1 ..] (2 each, nk in
+-- all) and whose other arguments are A[ao+1 ..], laid out as batch's ARGV.
+local function batch_run(K, ko, nk, A, ao, probe)
+  local now = clock(A[ao + 1])
+  local nl = tonumber(A[ao + 2])
   local limits = {}
   for j = 1, nl do
-    limits[j] = params(ARGV, 3 + (j - 1) * NLIMIT)
+    limits[j] = params(A, ao + 3 + (j - 1) * NLIMIT)
   end
-  local base = 3 + nl * NLIMIT
+  local base = ao + 3 + nl * NLIMIT
   local out = { now }
-  for i = 1, #KEYS / 2 do
+  local careful, probed = false, {}
+  if probe and nk < 32 then
+    careful = true -- fewer probes than CLUSTER NODES costs (~14 probes)
+  elseif probe then
+    local ok, nodes = pcall(redis.call, 'CLUSTER', 'NODES')
+    careful = not ok or type(nodes) ~= 'string' or string.find(nodes, '[', 1, true) ~= nil
+  end
+  for i = 1, nk / 2 do
     local a = base + (i - 1) * 4
-    local ok, d = pcall(take_one, limits[tonumber(ARGV[a])], KEYS[2 * i - 1], KEYS[2 * i],
-      ARGV[a + 3], now, tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]))
+    local skey, bkey = K[ko + 2 * i - 1], K[ko + 2 * i]
+    local refused
+    if careful then
+      refused = probed[bkey]
+      if refused == nil then
+        local r = redis.pcall('EXISTS', bkey .. '?')
+        refused = false
+        if type(r) == 'table' and r.err then
+          refused = 'WEIRNOTLOCAL not run: ' .. tostring(r.err)
+        end
+        probed[bkey] = refused
+      end
+    end
     local r
-    if ok then
-      r = {}
-      put(r, d)
+    if refused then
+      r = { err = refused }
     else
-      -- redis.call raises a table {err = ...} in a function and may raise
-      -- the bare message in an EVAL script; a bug in the Lua, a string.
-      local msg = d
-      if type(d) == 'table' then
-        msg = d.err
+      local ok, d = pcall(take_one, limits[tonumber(A[a])], skey, bkey,
+        A[a + 3], now, tonumber(A[a + 1]), tonumber(A[a + 2]))
+      if ok then
+        r = {}
+        put(r, d)
+      else
+        -- redis.call raises a table {err = ...} in a function and may raise
+        -- the bare message in an EVAL script; a bug in the Lua, a string.
+        local msg = d
+        if type(d) == 'table' then
+          msg = d.err
+        end
+        msg = tostring(msg)
+        if string.sub(msg, 1, 8) == 'READONLY' then
+          -- A replica (an EVAL script on a demoted primary; an FCALL is
+          -- refused before it runs). No decision could write, so nothing
+          -- changed: answer for the whole batch, which the store retries.
+          return { err = msg }
+        end
+        if probe and (string.find(msg, 'non local key', 1, true) or string.find(msg, 'cluster is down', 1, true)) then
+          -- Refused at the decision's first command: nothing of it ran.
+          msg = 'WEIRNOTLOCAL not run: ' .. msg
+        elseif not string.find(msg, '^%u+ ') then
+          msg = 'ERR weir batch decision ' .. i .. ': ' .. msg
+        end
+        r = { err = msg } -- Redis's own error code first, as redis.call gave it
       end
-      msg = tostring(msg)
-      if string.sub(msg, 1, 8) == 'READONLY' then
-        -- A replica (an EVAL script on a demoted primary; an FCALL is
-        -- refused before it runs). No decision could write, so nothing
-        -- changed: answer for the whole batch, which the store retries.
-        return { err = msg }
-      end
-      if not string.find(msg, '^%u+ ') then
-        msg = 'ERR weir batch decision ' .. i .. ': ' .. msg
-      end
-      r = { err = msg } -- Redis's own error code first, as redis.call gave it
     end
     out[i + 1] = r
   end
   return out
+end
+
+local function weir_batch(KEYS, ARGV)
+  return batch_run(KEYS, 0, #KEYS, ARGV, 0, false)
+end
+
+local function weir_nbatch(KEYS, ARGV)
+  local nk = tonumber(ARGV[1])
+  return batch_run(ARGV, 1, nk, ARGV, 1 + nk, true)
 end
