@@ -278,19 +278,6 @@ func (l Limit) String() string {
 		b.WriteString(" buckets ")
 		b.WriteString(strconv.FormatInt(l.Buckets, 10))
 	}
-	if l.Calendar != 0 && (l.Timezone != "" || l.ResetAt != 0) {
-		tz := l.Timezone
-		if tz == "" {
-			tz = "UTC"
-		}
-		b.WriteString(" " + tz)
-		if l.ResetAt != 0 {
-			b.WriteString(" from " + l.ResetAt.String())
-		}
-	}
-	if l.Warmup != 0 {
-		b.WriteString(" warmup " + l.Warmup.String())
-	}
 	return b.String()
 }
 

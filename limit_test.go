@@ -146,16 +146,3 @@ func TestParseCalendarLimit(t *testing.T) {
 		t.Errorf("unknown zone: %v", err)
 	}
 }
-
-// TestLimitStringShowsCalendarAndWarmup: two limits that decide
-// differently never print alike.
-func TestLimitStringShowsCalendarAndWarmup(t *testing.T) {
-	day := weir.Limit{Algorithm: weir.FixedWindow, Rate: 10, Period: 24 * time.Hour, Calendar: weir.CalendarDay, Timezone: "Asia/Shanghai", ResetAt: 2 * time.Hour}
-	if got := day.String(); got != "10/day Asia/Shanghai from 2h0m0s" {
-		t.Errorf("calendar day: %q", got)
-	}
-	warm := weir.Limit{Algorithm: weir.TokenBucket, Rate: 100, Period: time.Second, Warmup: 10 * time.Minute}
-	if got := warm.String(); got != "100/s warmup 10m0s" {
-		t.Errorf("warm-up: %q", got)
-	}
-}
