@@ -415,38 +415,53 @@ func (w *walker) list(path string, n *yaml.Node) (cidrs []string, values []Value
 }
 
 func (w *walker) rules(path string, n *yaml.Node, c *Config) {
+	w.namedList(path, n, "rules", "rule", func(rp string, e *yaml.Node) {
+		var r RuleConfig
+		if e != nil {
+			w.rule(rp, e, &r)
+		}
+		c.Rules = append(c.Rules, r)
+	})
+}
+
+// namedList walks a list of mappings that each have a name (rules,
+// protect rules): each is called with an entry's path and its mapping, or
+// nil for an entry that is no mapping (reported here), so that positions
+// stay in step with the list.
+func (w *walker) namedList(path string, n *yaml.Node, list, what string, each func(rp string, e *yaml.Node)) {
 	if yamlnode.IsNull(n) {
 		return
 	}
 	if n.Kind != yaml.SequenceNode {
-		w.add(n, path, "rules must be a list of rules, got "+yamlnode.Describe(n))
+		w.add(n, path, list+" must be a list of "+what+"s, got "+yamlnode.Describe(n))
 		return
 	}
 	for i, e := range n.Content {
 		e = yamlnode.Resolve(e)
 		rp := index(path, i)
 		w.nodes[rp] = e
-		var r RuleConfig
 		if e.Kind != yaml.MappingNode {
-			w.add(e, rp, "a rule must be a mapping with a name, got "+yamlnode.Describe(e))
-		} else {
-			w.rule(rp, e, &r)
+			w.add(e, rp, "a "+what+" must be a mapping with a name, got "+yamlnode.Describe(e))
+			each(rp, nil)
+			continue
 		}
-		c.Rules = append(c.Rules, r)
+		each(rp, e)
 	}
+}
+
+// match reads a rule's or a protect rule's match: mapping into m.
+func (w *walker) match(p string, v *yaml.Node, m *MatchConfig) {
+	w.mapping(v, p, "match", []field{
+		{"methods", func(p string, v *yaml.Node) { m.Methods = w.strList(p, v, true) }},
+		{"path", func(p string, v *yaml.Node) { m.Path = w.str(p, v) }},
+		{"host", func(p string, v *yaml.Node) { m.Host = w.str(p, v) }},
+	}, nil)
 }
 
 func (w *walker) rule(path string, n *yaml.Node, r *RuleConfig) {
 	w.mapping(n, path, "rule", []field{
 		{"name", func(p string, v *yaml.Node) { r.Name = w.str(p, v) }},
-		{"match", func(p string, v *yaml.Node) {
-			m := &r.Match
-			w.mapping(v, p, "match", []field{
-				{"methods", func(p string, v *yaml.Node) { m.Methods = w.strList(p, v, true) }},
-				{"path", func(p string, v *yaml.Node) { m.Path = w.str(p, v) }},
-				{"host", func(p string, v *yaml.Node) { m.Host = w.str(p, v) }},
-			}, nil)
-		}},
+		{"match", func(p string, v *yaml.Node) { w.match(p, v, &r.Match) }},
 		{"identity", func(p string, v *yaml.Node) { r.Identity = w.strList(p, v, true) }},
 		{"on_missing", func(p string, v *yaml.Node) { r.OnMissing = w.str(p, v) }},
 		{"limit", func(p string, v *yaml.Node) { r.Limit = w.str(p, v) }},
@@ -530,38 +545,19 @@ func (w *walker) tiers(path string, n *yaml.Node) *TiersConfig {
 }
 
 func (w *walker) protects(path string, n *yaml.Node, c *Config) {
-	if yamlnode.IsNull(n) {
-		return
-	}
-	if n.Kind != yaml.SequenceNode {
-		w.add(n, path, "protect must be a list of protect rules, got "+yamlnode.Describe(n))
-		return
-	}
-	for i, e := range n.Content {
-		e = yamlnode.Resolve(e)
-		rp := index(path, i)
-		w.nodes[rp] = e
+	w.namedList(path, n, "protect", "protect rule", func(rp string, e *yaml.Node) {
 		var pc ProtectConfig
-		if e.Kind != yaml.MappingNode {
-			w.add(e, rp, "a protect rule must be a mapping with a name, got "+yamlnode.Describe(e))
-		} else {
+		if e != nil {
 			w.protect(rp, e, &pc)
 		}
 		c.Protect = append(c.Protect, pc)
-	}
+	})
 }
 
 func (w *walker) protect(path string, n *yaml.Node, pc *ProtectConfig) {
 	w.mapping(n, path, "protect rule", []field{
 		{"name", func(p string, v *yaml.Node) { pc.Name = w.str(p, v) }},
-		{"match", func(p string, v *yaml.Node) {
-			m := &pc.Match
-			w.mapping(v, p, "match", []field{
-				{"methods", func(p string, v *yaml.Node) { m.Methods = w.strList(p, v, true) }},
-				{"path", func(p string, v *yaml.Node) { m.Path = w.str(p, v) }},
-				{"host", func(p string, v *yaml.Node) { m.Host = w.str(p, v) }},
-			}, nil)
-		}},
+		{"match", func(p string, v *yaml.Node) { w.match(p, v, &pc.Match) }},
 		{"concurrency", func(p string, v *yaml.Node) {
 			if r := yamlnode.Resolve(v); r.Kind == yaml.ScalarNode && r.Value == "adaptive" {
 				pc.Adaptive = true
