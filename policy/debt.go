@@ -20,18 +20,10 @@ func (p *Policy) CheckKeyMode(ctx context.Context, rule, tierName, key string, n
 	if mode == weir.ModeTake {
 		return p.CheckKeyTier(ctx, rule, tierName, key, n)
 	}
-	r, err := p.rule(rule)
+	r, t, rr, err := p.keyResult(rule, tierName, key)
 	if err != nil {
 		return RuleResult{}, err
 	}
-	if key == "" {
-		return RuleResult{}, fmt.Errorf("policy: rule %q: empty key", rule)
-	}
-	if key, err = r.canonicalKey(key); err != nil {
-		return RuleResult{}, err
-	}
-	t := r.pick(tierName)
-	rr := RuleResult{Rule: r.name, Identity: key, Key: weir.Key(r.name, key), Limit: t.limit, Tier: t.name, Shadow: r.shadow, NearLimit: r.nearLimit}
 	reqs := [1]weir.Request{{Key: rr.Key, Limit: t.limit, N: n, Mode: mode}}
 	var out [1]weir.Result
 	start := time.Now()

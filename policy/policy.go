@@ -929,21 +929,31 @@ func (p *Policy) CheckKey(ctx context.Context, rule, key string, hits int64) (Ru
 	return p.CheckKeyTier(ctx, rule, "", key, hits)
 }
 
-// CheckKeyTier is CheckKey under the named tier; a tier the rule lacks,
-// or "", is the default tier.
-func (p *Policy) CheckKeyTier(ctx context.Context, rule, tierName, key string, hits int64) (RuleResult, error) {
+// keyResult finds rule and its tier for a key that a caller names (not
+// a request) and returns the result to fill, keyed by the canonical key.
+func (p *Policy) keyResult(rule, tierName, key string) (*rule, *tier, RuleResult, error) {
 	r, err := p.rule(rule)
 	if err != nil {
-		return RuleResult{}, err
+		return nil, nil, RuleResult{}, err
 	}
 	if key == "" {
-		return RuleResult{}, fmt.Errorf("policy: rule %q: empty key", rule)
+		return nil, nil, RuleResult{}, fmt.Errorf("policy: rule %q: empty key", rule)
 	}
 	if key, err = r.canonicalKey(key); err != nil {
-		return RuleResult{}, err
+		return nil, nil, RuleResult{}, err
 	}
 	t := r.pick(tierName)
 	rr := RuleResult{Rule: r.name, Identity: key, Key: weir.Key(r.name, key), Limit: t.limit, Tier: t.name, Shadow: r.shadow, NearLimit: r.nearLimit}
+	return r, t, rr, nil
+}
+
+// CheckKeyTier is CheckKey under the named tier; a tier the rule lacks,
+// or "", is the default tier.
+func (p *Policy) CheckKeyTier(ctx context.Context, rule, tierName, key string, hits int64) (RuleResult, error) {
+	r, t, rr, err := p.keyResult(rule, tierName, key)
+	if err != nil {
+		return RuleResult{}, err
+	}
 	start := time.Now()
 	var res weir.Result
 	if r.lease > 0 && p.guard.Multi() {
