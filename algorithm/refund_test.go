@@ -31,6 +31,13 @@ func refundLimits(t *testing.T) []algorithm.Params {
 			ls = append(ls, weir.Limit{Rate: 7, Period: 3 * time.Second, Buckets: 3},
 				weir.Limit{Rate: 10, Period: time.Minute, Buckets: 60})
 		}
+		if a == weir.TokenBucket || a == weir.GCRA {
+			// Warm-ups: a take that starts one on a cold key, given back,
+			// leaves the key cold; steps of 2s (a step's refill smaller
+			// than its rise in capacity) and of 300ms.
+			ls = append(ls, weir.Limit{Rate: 3, Period: 10 * time.Second, Burst: 5, Warmup: 20 * time.Second},
+				weir.Limit{Rate: 1000, Period: 7 * time.Second, Burst: 9, Warmup: 3 * time.Second, Block: 2 * time.Second})
+		}
 		if a == weir.LeakyBucket {
 			ls = append(ls, weir.Limit{Rate: 4, Period: time.Minute, Burst: 6, DelayAfter: 3, MaxDelay: time.Hour},
 				weir.Limit{Rate: 3, Period: 10 * time.Second, Burst: 8, MaxDelay: 7 * time.Second})
@@ -87,7 +94,7 @@ func TestRefundRestores(t *testing.T) {
 	rng := rand.New(rand.NewPCG(13, 2))
 	refunds := 0
 	for _, p := range refundLimits(t) {
-		t.Run(fmt.Sprintf("%s/%d_per_%dus_burst%d_block%d_delay%d_buckets%d", p.Kind, p.Rate, p.Period, p.Burst, p.Block, p.MaxDelay, p.Buckets), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%s/%d_per_%dus_burst%d_block%d_delay%d_buckets%d_warmup%d", p.Kind, p.Rate, p.Period, p.Burst, p.Block, p.MaxDelay, p.Buckets, p.Warmup), func(t *testing.T) {
 			for trial := range 300 {
 				history := randomOps(rng, &p, rng.IntN(12))
 				orig, now := replay(&p, epochUs, history)

@@ -122,17 +122,35 @@ func warmBucket(p *Params, s *State, now, cost int64, mode Mode, apply bool) Dec
 	return d
 }
 
-// warmRefund puts g events back at now, capped at the capacity of the
-// warm-up's step now.
+// warmRefund gives back the g events that an admitted take at takeNow
+// granted (warm_refund). While nothing has refilled the bucket since (its
+// state is still the take's, at takeNow), the events go back at takeNow,
+// which restores the state before the take exactly; and if that take found
+// the key cold and started its warm-up, the key is cold again (no state):
+// a warm-up started at takeNow and kept would, by its later steps, grant
+// more than the key that never saw the take. A refused request that
+// started the warm-up in the take's very microsecond is forgotten with it,
+// which grants less, never more. Once the state has moved on, the events
+// go back at now, capped at the capacity of the warm-up's step now.
 func warmRefund(p *Params, s *State, takeNow, now, g int64, id string) bool {
 	if s.TS == 0 {
 		return false
+	}
+	u := p.warmUnit()
+	if s.TS == takeNow {
+		lvl := min(s.Level+g*u, p.warmCap(p.warmStep(s.WarmStart, takeNow)))
+		if s.WarmStart == takeNow && lvl >= p.warmCap(0) {
+			s.Level, s.TS, s.WarmStart = 0, 0, 0 // cold, as before the take
+			return true
+		}
+		s.Level = lvl
+		return true
 	}
 	tokens, t0 := warmTokens(p, s, now)
 	if t0 != s.WarmStart {
 		return false // cold again: nothing to give back
 	}
-	s.Level = min(tokens+g*p.warmUnit(), p.warmCap(p.warmStep(t0, now)))
+	s.Level = min(tokens+g*u, p.warmCap(p.warmStep(t0, now)))
 	s.TS = max(now, s.TS)
 	return true
 }

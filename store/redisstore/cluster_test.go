@@ -12,6 +12,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/internal/redistest"
+	"github.com/weir-dev/weir/store/memstore"
 	"github.com/weir-dev/weir/storetest"
 )
 
@@ -26,6 +27,7 @@ func TestCluster(t *testing.T) {
 	t.Run("SameSlotBatch", func(t *testing.T) { clusterSameSlotBatch(t, c) })
 	t.Run("CrossSlotRefund", func(t *testing.T) { clusterCrossSlotRefund(t, c) })
 	t.Run("RefundThenLoweredLimit", func(t *testing.T) { clusterRefundThenLoweredLimit(t, c) })
+	t.Run("WarmupRefund", func(t *testing.T) { clusterWarmupRefund(t, c) })
 	t.Run("Library", func(t *testing.T) { clusterLibrary(t, c) })
 	t.Run("Migration", func(t *testing.T) { clusterMigration(t, c) })
 }
@@ -290,6 +292,86 @@ func clusterRefundThenLoweredLimit(t *testing.T, c *redistest.ClusterGroup) {
 					t.Fatalf("%s at +%v, %d under %+v:\n after the refund %+v\n never batched    %+v",
 						name, clock.Now().Sub(storetest.Epoch), step.n, step.l, got[0], got[1])
 				}
+			}
+		}
+	}
+}
+
+// clusterWarmupRefund: a cross-slot batch whose take started a key's
+// warm-up, then sunk by another slot, leaves the key cold, as if the batch
+// had never run: its warm-up state is deleted, and from then on the key
+// answers exactly as a twin that never joined the batch and as memstore
+// (which decides a batch under one lock and never takes). The refund once
+// kept the warm-up it had started, so the key later reached the full rate
+// sooner (a smaller ResetAfter) and admitted what the twin refused
+// (WEIR_SAME_SEED=13 of TestCluster/SameAsMemstore).
+func clusterWarmupRefund(t *testing.T, c *redistest.ClusterGroup) {
+	clock := storetest.NewClock(storetest.Epoch)
+	s := newTestStore(t, Config{Addrs: c.Addrs, Clock: clock.Now, Prefix: fmt.Sprintf("warmref%d", prefixSeq.Add(1))})
+	ms := memstore.New(memstore.WithClock(clock.Now))
+	ctx := context.Background()
+	for _, a := range []weir.Algorithm{weir.TokenBucket, weir.GCRA} {
+		// 5/3 of an event at first; steps of 2s.
+		l := weir.Limit{Algorithm: a, Rate: 3, Period: 10 * time.Second, Burst: 5, Warmup: 20 * time.Second}
+		p, err := l.Compile()
+		if err != nil {
+			t.Fatal(err)
+		}
+		key, twin, sink := "warm-"+string(a), "twin-"+string(a), "sink-"+string(a)
+		if slot(tagOf(key)) == slot(tagOf(sink)) {
+			t.Fatalf("%s: %q and %q share a slot", a, key, sink)
+		}
+		narrow := weir.Limit{Algorithm: a, Rate: 1, Period: time.Hour}
+		if r, err := s.Take(ctx, sink, narrow, 1); err != nil || !r.Allowed {
+			t.Fatalf("%s: the sink's one: %+v %v", a, r, err)
+		}
+		clock.Advance(time.Second)
+		reqs := []weir.Request{{Key: key, Limit: l, N: 1}, {Key: sink, Limit: narrow, N: 1}}
+		res := make([]weir.Result, 2)
+		if err := s.TakeAll(ctx, reqs, res); err != nil {
+			t.Fatal(err)
+		}
+		if !res[0].Allowed || res[0].Granted != 0 || res[1].Allowed {
+			t.Fatalf("%s: the sunk batch: %+v, want the warm-up key admissible with nothing granted, the sink rejected", a, res)
+		}
+		state := s.names(key, stateAlgo(p.Kind, l)).state
+		left := int64(0)
+		for _, n := range c.Nodes {
+			left += countKeys(t, n, state)
+		}
+		if left != 0 {
+			t.Fatalf("%s: %d warm-up state key %q left after the refund, want none (the key is cold)", a, left, state)
+		}
+		// Later, at each step's start and within steps: takes of 2 (more
+		// than a cold key's 5/3), peeks, and a partial grant.
+		for i, step := range []struct {
+			d      time.Duration
+			n      int64
+			atMost bool
+		}{{7 * time.Second, 2, false}, {0, 0, false}, {1500 * time.Millisecond, 1, false}, {2 * time.Second, 0, false}, {3 * time.Second, 2, true}, {9 * time.Second, 3, true}, {0, 0, false}} {
+			clock.Advance(step.d)
+			var got [3]weir.Result
+			for j, k := range []string{key, twin} {
+				if step.atMost {
+					got[j], err = weir.NewLimiter(s).AllowAtMost(ctx, k, l, step.n)
+				} else {
+					got[j], err = s.Take(ctx, k, l, step.n)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			if step.atMost {
+				got[2], err = weir.NewLimiter(ms).AllowAtMost(ctx, key, l, step.n)
+			} else {
+				got[2], err = ms.Take(ctx, key, l, step.n)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got[0] != got[1] || got[0] != got[2] {
+				t.Fatalf("%s step %d at +%v, %d (at most: %v):\n after the refund %+v\n never batched    %+v\n memstore         %+v",
+					a, i, clock.Now().Sub(storetest.Epoch), step.n, step.atMost, got[0], got[1], got[2])
 			}
 		}
 	}

@@ -95,11 +95,23 @@ local function warm_refund(p, s, take_now, now, g)
   if s.ts == 0 then
     return false
   end
+  local u = p.a * 3 * WARMUP_STEPS
+  if s.ts == take_now then
+    -- Nothing has refilled since the take: give back at take_now, exactly;
+    -- a take that started the warm-up leaves the key cold again.
+    local lvl = min(s.level + g * u, warm_cap(p, warm_step(p, s.t0, take_now)))
+    if s.t0 == take_now and lvl >= warm_cap(p, 0) then
+      s.level, s.ts, s.t0 = 0, 0, 0 -- cold, as before the take (save deletes the key)
+      return true
+    end
+    s.level = lvl
+    return true
+  end
   local tokens, t0 = warm_tokens(p, s, now)
   if t0 ~= s.t0 then
     return false -- cold again: nothing to give back
   end
-  s.level = min(tokens + g * p.a * 3 * WARMUP_STEPS, warm_cap(p, warm_step(p, t0, now)))
+  s.level = min(tokens + g * u, warm_cap(p, warm_step(p, t0, now)))
   s.ts = max(now, s.ts)
   return true
 end
@@ -131,6 +143,10 @@ local function warmable(alg)
   alg.save = function(s, pttl)
     if not s.warm then
       return save_plain(s, pttl)
+    end
+    if s.ts == 0 then
+      redis.call('DEL', s.key) -- a refund left the key cold: no state
+      return
     end
     set_hash(s.key, pttl, 'tokens', fmt(s.level), 'ts', fmt(s.ts), 't0', fmt(s.t0))
   end
