@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/weir-dev/weir/algorithm"
 	"github.com/weir-dev/weir/policy"
 )
 
@@ -98,13 +99,13 @@ func ruleNeeds(rc *policy.RuleConfig, f *recorded) string {
 	if rc.OnMissing == policy.OnMissingUseIP && !f.ip {
 		return "on_missing use_ip: the log does not record the client address"
 	}
-	conc := rc.Algorithm == "concurrency"
+	conc := rc.Algorithm == algorithm.NameConcurrency
 	if rc.Tiers != nil {
 		if why := identityNeeds(rc.Tiers.By, f); why != "" {
 			return "tiers.by " + why
 		}
 		for _, t := range rc.Tiers.Tiers {
-			conc = conc || t.Algorithm == "concurrency"
+			conc = conc || t.Algorithm == algorithm.NameConcurrency
 		}
 	}
 	if conc {

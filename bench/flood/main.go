@@ -67,7 +67,7 @@ func main() {
 	flag.IntVar(&c.abusiveKeys, "abusive-keys", 10, "how many abusive keys")
 	flag.IntVar(&c.keys, "keys", 100_000, "the other keys")
 	flag.Int64Var(&c.rate, "rate", 100, "the limit per second of every key")
-	flag.StringVar(&c.algorithm, "algorithm", "fixed_window", "the limit's algorithm")
+	flag.StringVar(&c.algorithm, "algorithm", string(weir.FixedWindow), "the limit's algorithm")
 	flag.DurationVar(&c.duration, "duration", 10*time.Second, "how long to run")
 	flag.BoolVar(&c.jsonOut, "json", false, "print JSON instead of a line")
 	flag.Parse()
