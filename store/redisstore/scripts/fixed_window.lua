@@ -1,6 +1,8 @@
 -- fixed_window: a counter per window, windows aligned to the Unix epoch.
 -- A calendar window (algorithm/calendar.go) is identified by its start.
--- State: a string "<window>:<count>" with PEXPIRE at the window's end.
+-- State: a string "<window>:<count>" with PEXPIRE at the window's end; in
+-- debt "<window>:<count>:d<rate>", the rate its debt is paid back at
+-- (algorithm.carryRate; a bare ":d" from a version that kept none).
 
 -- fw_count mirrors fwCount: the count of window w, capped at the rate (a
 -- lowered limit); 0 in a later window, unless the state is in debt, whose

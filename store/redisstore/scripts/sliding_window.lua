@@ -1,7 +1,8 @@
 -- sliding_window: Cloudflare's two-counter approximation. The previous
 -- window's count is weighted by the part of it still inside the sliding
 -- window, in ticks of Tick µs: estimate = ceil(prev * (P - e) / P) + cur.
--- State: a hash {w, cur, prev} with PEXPIRE when both counts are forgotten.
+-- State: a hash {w, cur, prev} with PEXPIRE when both counts are forgotten,
+-- and in debt d, the rate the debt is paid back at (algorithm.carryRate).
 --
 -- With buckets (p.buckets > 0) it mirrors algorithm.slidingBuckets: the
 -- period is split into p.buckets buckets, the estimate weighs only the
