@@ -197,7 +197,7 @@ type State struct {
 	Window int64   // fixed/sliding window: index of the current window
 	Count  int64   // fixed/sliding window: events in the current window
 	Prev   int64   // sliding window: events in the previous window
-	Level  int64   // token bucket: tokens; leaky bucket: level (both in units of 1/A event)
+	Level  int64   // token bucket: tokens; leaky bucket: level (both in units of 1/A event); a window in debt: its debt rate (see carryRate)
 	TS     int64   // token/leaky bucket: µs of the last update; 0 = never
 	TAT    int64   // gcra: theoretical arrival time, whole µs
 	Frac   int64   // gcra: TAT's fraction, in units of 1/B µs

@@ -25,6 +25,36 @@ package algorithm
 // debit says so (State.Debt), so that its excess counts in full instead of
 // being capped, as a state left over by a lowered limit is.
 
+// A window's debt (fixed_window, sliding_window without buckets) is paid
+// back at the rate of the limit it was written under, which the state
+// keeps (State.Level, which a window does not otherwise use; Redis: after
+// the ":d" of a fixed window's string, the value of a sliding window's "d"
+// field). A limit lowered since neither caps what is left of the debt nor
+// slows its payback, so the debt ends when the store's TTL for the state,
+// set when it was written, ends: a lowered limit cannot bring back a debt
+// that a store has forgotten, nor one that an admitted take, or a take and
+// its refund on a Redis Cluster, has rewritten as the count it carried.
+
+// carryRate returns what a window's count over the rate pays back per
+// window: the debt's rate, or p's if that is higher (a raised limit).
+// Without debt it is p's rate.
+func carryRate(p *Params, s *State) int64 {
+	if s.Debt {
+		return max(p.Rate, s.Level)
+	}
+	return p.Rate
+}
+
+// setDebt sets a window's debt flag, and with it the debt's rate: p's.
+// (A bucketed window's debt counts in full until it leaves the trailing
+// period, whatever the rate: it keeps none.)
+func setDebt(p *Params, s *State, debt bool) {
+	s.Debt, s.Level = debt, 0
+	if debt && p.Buckets == 0 {
+		s.Level = p.Rate
+	}
+}
+
 // Debit and Credit are the Modes of Take for debt: Take(p, s, now, n,
 // Debit) is Debit(p, s, now, n), and likewise for Credit. A store passes
 // them through its usual path (the Redis scripts' mode argument).

@@ -51,3 +51,66 @@ func TestDebtBounds(t *testing.T) {
 		}
 	}
 }
+
+// TestDebtLoweredLimit: a window's debt is paid back at the rate of the
+// limit it was written under, so under a lowered limit (a reload halving
+// the rate) a key decides the same whether or not its state was rewritten
+// in between, and the state matters no longer than the TTL the store set
+// when it wrote it. A debt repaid at the lowered rate broke both: a take
+// and its refund (a failed batch across Redis Cluster slots) left a state
+// that forgot the debt memstore still carried, and Redis expired a state
+// that memstore still counted (the differential test, seeds 1 and 4).
+func TestDebtLoweredLimit(t *testing.T) {
+	const epoch = int64(1_893_456_000_000_000) // 2030-01-01, in µs: a whole day
+	for _, c := range []Config{
+		{Kind: FixedWindow, Rate: 4, Period: 60_000_000},
+		{Kind: FixedWindow, Rate: 500, Period: 7_000_000},
+		{Kind: SlidingWindow, Rate: 4, Period: 60_000_000},
+		{Kind: SlidingWindow, Rate: 500, Period: 7_000_000},
+	} {
+		p, err := Compile(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		debitAt := epoch + c.Period/3
+		var debt State
+		dd := DebitTake(&p, &debt, debitAt, c.Rate*5/2+1) // 2.5 windows' worth and one
+		expires := debitAt + dd.TTL
+		for _, lo := range []int64{c.Rate / 2, c.Rate / 4, 1} {
+			lc := c
+			lc.Rate = lo
+			q, err := Compile(lc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			peek := func(s State, now int64) Decision {
+				d := Take(&q, &s, now, 0, Exact)
+				d.TTL = 0
+				return d
+			}
+			// Past the TTL, the state is as good as none.
+			for now := expires; now < expires+3*c.Period; now += c.Period / 7 {
+				if got, want := peek(debt, now), peek(State{}, now); got != want {
+					t.Errorf("%s %d/%dµs lowered to %d, %dµs after the debit's TTL ended: %+v, want %+v (an empty key's)", c.Kind, c.Rate, c.Period, lo, now-expires, got, want)
+				}
+			}
+			// An admitted take and its refund, in each window until the
+			// debt is paid, change nothing the lowered limit sees.
+			for w := int64(1); w <= 3; w++ {
+				takeAt := epoch + w*c.Period + c.Period*9/10
+				re := debt
+				if d := Take(&p, &re, takeAt, 1, Exact); !d.Allowed {
+					continue
+				}
+				if !Refund(&p, &re, takeAt, takeAt, 1, "") {
+					t.Fatalf("%+v: the refund at window %d found nothing", c, w)
+				}
+				for now := takeAt; now < expires+c.Period; now += c.Period / 7 {
+					if got, want := peek(re, now), peek(debt, now); got != want {
+						t.Errorf("%s %d/%dµs lowered to %d, rewritten in window %d, at %dµs: %+v, want %+v (as never rewritten)", c.Kind, c.Rate, c.Period, lo, w, now-epoch, got, want)
+					}
+				}
+			}
+		}
+	}
+}

@@ -6,14 +6,16 @@ package algorithm
 
 // fwCount returns the count of window w (fw_count): the stored count in
 // its own window, capped at the rate (a lowered limit); 0 in a later one,
-// unless the state is in debt, whose excess carries on at Rate per window.
+// unless the state is in debt, whose excess carries on, paid back at
+// carryRate per window.
 func fwCount(p *Params, s *State, w int64) int64 {
 	count := s.Count
 	if s.Window != w {
 		count = 0 // a new window starts empty
 		if s.Debt && s.Window < w {
-			if k := w - s.Window; k <= s.Count/p.Rate {
-				count = s.Count - k*p.Rate
+			r := carryRate(p, s)
+			if k := w - s.Window; k <= s.Count/r {
+				count = s.Count - k*r
 			}
 		}
 	}
@@ -28,20 +30,22 @@ func fixedWindow(p *Params, s *State, now, cost int64, mode Mode, apply bool) De
 	d := Decision{Limit: p.Cap}
 	w, wend := fwWindow(p, now) // the window now falls in
 	count := fwCount(p, s, w)
+	r := carryRate(p, s) // what a count over the rate pays back per window
 	g := grant(cost, p.Rate-count, mode)
 	end := wend - now // µs until this window ends
 	if g == 0 {
 		// The next window admits anything up to Rate; in debt, the first
 		// window whose carried count leaves room for cost.
-		d.RetryAfter = end + (ceilDiv(count+cost-p.Rate, p.Rate)-1)*p.Period
+		d.RetryAfter = end + (ceilDiv(count+cost-p.Rate, r)-1)*p.Period
 	} else if apply {
 		count += g
-		s.Window, s.Count, s.Debt = w, count, false
+		s.Window, s.Count = w, count
+		setDebt(p, s, false)
 		d.Changed = true
 	}
 	d.Granted, d.Remaining = g, max(p.Rate-count, 0)
 	if count > 0 {
-		d.ResetAfter = end + (ceilDiv(count, p.Rate)-1)*p.Period
+		d.ResetAfter = end + (ceilDiv(count, r)-1)*p.Period
 	}
 	return d
 }
@@ -53,7 +57,9 @@ func fixedWindowRefund(p *Params, s *State, takeNow, now, g int64, id string) bo
 		return false
 	}
 	s.Count = max(s.Count-g, 0)
-	s.Debt = s.Debt && s.Count > p.Rate
+	if s.Count <= p.Rate {
+		setDebt(p, s, false)
+	}
 	return true
 }
 
@@ -62,7 +68,8 @@ func fixedWindowRefund(p *Params, s *State, takeNow, now, g int64, id string) bo
 func fixedWindowDebit(p *Params, s *State, now, n int64) {
 	w, _ := fwWindow(p, now)
 	count := addCapped(fwCount(p, s, w), n, 1, debtCapEvents(p))
-	s.Window, s.Count, s.Debt = w, count, count > p.Rate
+	s.Window, s.Count = w, count
+	setDebt(p, s, count > p.Rate)
 }
 
 // fixedWindowCredit counts n fewer in the current window, floored at 0
@@ -70,5 +77,6 @@ func fixedWindowDebit(p *Params, s *State, now, n int64) {
 func fixedWindowCredit(p *Params, s *State, now, n int64) {
 	w, _ := fwWindow(p, now)
 	count := max(fwCount(p, s, w)-n, 0)
-	s.Window, s.Count, s.Debt = w, count, count > p.Rate
+	s.Window, s.Count = w, count
+	setDebt(p, s, count > p.Rate)
 }

@@ -19,24 +19,26 @@ func slidingWindow(p *Params, s *State, now, cost int64, mode Mode, apply bool) 
 	w := nt / pt            // the current window
 	e := nt - w*pt          // ticks elapsed in it
 	cur, prev := swCounts(p, s, w)
+	r := carryRate(p, s) // what a count over the rate pays back per window
 	// prev·(pt−e) ≤ Rate·pt < 2^53: Compile chose Tick to make it so.
 	weighted := ceilDiv(prev*(pt-e), pt)
 	est := weighted + cur
 	g := grant(cost, max(p.Rate-est, 0), mode)
 	if g == 0 {
-		d.RetryAfter = swRetry(p, w, pt, cur, prev, cost)*p.Tick - now
+		d.RetryAfter = swRetry(p, w, pt, cur, prev, cost, r)*p.Tick - now
 	} else if apply {
 		cur += g
 		est += g
-		s.Window, s.Count, s.Prev, s.Debt = w, cur, prev, false
+		s.Window, s.Count, s.Prev = w, cur, prev
+		setDebt(p, s, false)
 		d.Changed = true
 	}
 	d.Granted, d.Remaining = g, max(p.Rate-est, 0)
 	switch {
 	case cur > 0:
 		// cur weighs nothing two windows on; in debt it carries on for
-		// ceil(cur/Rate) windows first.
-		d.ResetAfter = (w+1+ceilDiv(cur, p.Rate))*pt*p.Tick - now
+		// ceil(cur/r) windows first.
+		d.ResetAfter = (w+1+ceilDiv(cur, r))*pt*p.Tick - now
 	case prev > 0:
 		d.ResetAfter = (w+1)*pt*p.Tick - now
 	}
@@ -46,17 +48,19 @@ func slidingWindow(p *Params, s *State, now, cost int64, mode Mode, apply bool) 
 // swCounts returns the current and previous windows' counts in window w
 // (sw_counts): the stored ones, capped at the rate (a lowered limit). In
 // debt the current count is not capped, and what is over the rate carries
-// into the next window, Rate per window: k windows on, the current count
-// is cur − k·Rate and the previous one min(cur − (k−1)·Rate, Rate).
+// into the next window, paid back at r = carryRate per window: k windows
+// on, the current count is cur − k·r and the previous one
+// min(cur − (k−1)·r, Rate).
 func swCounts(p *Params, s *State, w int64) (cur, prev int64) {
 	switch k := w - s.Window; {
 	case k == 0:
 		cur, prev = s.Count, s.Prev
 	case k == 1 && !s.Debt:
 		prev = s.Count // the stored window is now the previous one
-	case k >= 1 && s.Debt && k-1 <= s.Count/p.Rate:
-		prev = s.Count - (k-1)*p.Rate
-		cur = max(prev-p.Rate, 0)
+	case k >= 1 && s.Debt && k-1 <= s.Count/carryRate(p, s):
+		r := carryRate(p, s)
+		prev = s.Count - (k-1)*r
+		cur = max(prev-r, 0)
 	}
 	if !s.Debt {
 		cur = min(cur, p.Rate)
@@ -65,17 +69,18 @@ func swCounts(p *Params, s *State, w int64) (cur, prev int64) {
 }
 
 // swRetry returns the tick at which a request of cost fits (sw_retry),
-// given the counts in window w (of pt ticks). The estimate only falls: the
-// request fits in the first window w+m where the (carried) current count
-// leaves k = Rate − cur_m − cost ≥ 0, once the weighted previous count is
-// at most k: ceil(prev(P−e')/P) ≤ k ⇔ e' ≥ P − floor(kP/prev).
-func swRetry(p *Params, w, pt, cur, prev, cost int64) int64 {
+// given the counts in window w (of pt ticks) and r, what the current count
+// pays back per window (carryRate). The estimate only falls: the request
+// fits in the first window w+m where the (carried) current count
+// cur_m = cur − m·r leaves k = Rate − cur_m − cost ≥ 0, once the weighted
+// previous count is at most k: ceil(prev(P−e')/P) ≤ k ⇔ e' ≥ P − floor(kP/prev).
+func swRetry(p *Params, w, pt, cur, prev, cost, r int64) int64 {
 	if k := p.Rate - cur - cost; k >= 0 {
 		return w*pt + pt - (k*pt)/prev // same window: prev > 0, as it weighs more than k
 	}
-	m := ceilDiv(cur+cost-p.Rate, p.Rate) // ≥ 1
-	curM := max(cur-m*p.Rate, 0)
-	prevM := min(cur-(m-1)*p.Rate, p.Rate) // > Rate − cost ≥ 0, as m is the first
+	m := ceilDiv(cur+cost-p.Rate, r) // ≥ 1
+	curM := max(cur-m*r, 0)
+	prevM := min(cur-(m-1)*r, p.Rate) // > Rate − cost ≥ 0, as m is the first
 	k := p.Rate - curM - cost
 	return (w+m)*pt + max(pt-(k*pt)/prevM, 0)
 }
@@ -162,7 +167,7 @@ func slidingBuckets(p *Params, s *State, now, cost int64, mode Mode, apply bool)
 			c[i%ring] = swCount(p, s, valid, i)
 		}
 		c[w%ring] += g
-		s.Debt = s.Debt && ringOver(p, c)
+		setDebt(p, s, s.Debt && ringOver(p, c))
 		s.Window, s.Count, s.Prev = w, 0, 0
 		valid = true
 		est += g
@@ -199,7 +204,9 @@ func slidingWindowRefund(p *Params, s *State, takeNow, now, g int64, id string) 
 	tw := takeNow / p.Tick / (p.Period / p.Tick)
 	if s.Window == tw && s.Count > 0 {
 		s.Count = max(s.Count-g, 0)
-		s.Debt = s.Debt && s.Count > p.Rate
+		if s.Count <= p.Rate {
+			setDebt(p, s, false)
+		}
 		return true
 	} else if s.Window == tw+1 && s.Prev > 0 {
 		s.Prev = max(s.Prev-g, 0)
@@ -219,7 +226,8 @@ func slidingWindowDebit(p *Params, s *State, now, n int64) {
 	w := now / p.Tick / (p.Period / p.Tick)
 	cur, prev := swCounts(p, s, w)
 	cur = addCapped(cur, n, 1, debtCapEvents(p))
-	s.Window, s.Count, s.Prev, s.Debt = w, cur, prev, cur > p.Rate
+	s.Window, s.Count, s.Prev = w, cur, prev
+	setDebt(p, s, cur > p.Rate)
 }
 
 // slidingWindowCredit counts n fewer: first in the current window, then
@@ -234,7 +242,8 @@ func slidingWindowCredit(p *Params, s *State, now, n int64) {
 	from := min(n, cur)
 	cur -= from
 	prev = max(prev-(n-from), 0)
-	s.Window, s.Count, s.Prev, s.Debt = w, cur, prev, cur > p.Rate
+	s.Window, s.Count, s.Prev = w, cur, prev
+	setDebt(p, s, cur > p.Rate)
 }
 
 // ringOver reports whether a bucket of the ring counts more than the rate
@@ -278,7 +287,7 @@ func bucketsDebit(p *Params, s *State, now, n int64) {
 		total += x
 	}
 	c[w%(p.Buckets+1)] += min(n, max(2*p.Rate-total, 0))
-	s.Debt = ringOver(p, c)
+	setDebt(p, s, ringOver(p, c))
 }
 
 // bucketsCredit takes n back from the newest buckets first, floored at 0
@@ -291,5 +300,5 @@ func bucketsCredit(p *Params, s *State, now, n int64) {
 		c[i%ring] -= t
 		n -= t
 	}
-	s.Debt = ringOver(p, c)
+	setDebt(p, s, ringOver(p, c))
 }

@@ -597,5 +597,5 @@ func failures(tests map[string]*testRun, prefix string) string {
 // notForEveryAlgorithm reports whether the subtest name is one that skips
 // the algorithms it does not apply to.
 func notForEveryAlgorithm(name string) bool {
-	return strings.HasSuffix(name, "/SameAsTokenBucket") || strings.HasSuffix(name, "/LoweredBurst")
+	return strings.HasSuffix(name, "/SameAsTokenBucket") || strings.HasSuffix(name, "/LoweredBurst") || strings.HasSuffix(name, "/DebtLoweredLimit")
 }

@@ -24,6 +24,7 @@ var debtTests = []struct {
 	{"DebtRefund", true, (*tester).debtRefund},
 	{"DebtSettle", true, (*tester).debtSettle},
 	{"DebtPenaltyBox", true, (*tester).debtPenaltyBox},
+	{"DebtLoweredLimit", true, (*tester).debtLoweredLimit},
 	{"DebtBadInput", false, (*tester).debtBadInput},
 	{"DebtHammer", false, (*tester).debtHammer},
 }
@@ -194,6 +195,62 @@ func (t *tester) debtSettle() {
 	r3, _, _ := t.lim.Reserve(ctx, t.key("e"), l, 2)
 	if res, err = r3.Settle(ctx, 2); err != nil || res.Remaining != 2 {
 		t.Fatalf("Settle at the estimate: %+v %v", res, err)
+	}
+}
+
+// debtLoweredLimit: a window's debt is paid back at the rate of the limit
+// it was written under. A limit lowered since (4 per minute to 2) counts
+// what is left of it in full, but does not slow its payback: the debt
+// ends when the TTL the store set at the debit ends, so a store that
+// expires the key then (Redis) and one that keeps it longer (memstore)
+// decide alike.
+func (t *tester) debtLoweredLimit() {
+	if t.algo != weir.FixedWindow && t.algo != weir.SlidingWindow {
+		t.Skip("only the windows' debt carries over windows of the limit's rate")
+	}
+	l, lo := t.base(), t.limit(2, time.Minute)
+	u, us := unit, time.Microsecond
+	res, err := t.lim.Debit(context.Background(), t.key("k"), l, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, end := t.debtRetry()
+	if res.ResetAfter != end {
+		t.Fatalf("Debit 10 of 4: %+v, want ResetAfter %v", res, end)
+	}
+	if t.h.TTL != nil {
+		if ttl, ok := t.h.TTL(t.key("k"), l); !ok || ttl > end+t.h.TTLSlack {
+			t.Fatalf("after Debit 10 of 4: TTL %v (kept %v), want at most ResetAfter %v", ttl, ok, end)
+		}
+	}
+	// A minute on, under 2 per minute: what is carried counts in full,
+	// and is paid back 4 a window.
+	var retry, reset time.Duration
+	switch {
+	case t.algo == weir.FixedWindow:
+		// 6 carried (10 − 4): 2 more at 2:00; empty at 3:00.
+		retry, reset = 8*u, 8*u
+	case t.buckets > 0:
+		// The ring's 8 in the bucket of 0:00 leave over 1:00..1:15 (a
+		// bucketed debt counts in full until it leaves, whatever the rate):
+		// 8·(1−e) + 1 ≤ 2 from e = 7/8.
+		retry, reset = u*7/8, u
+	default:
+		// cur 6, prev 10 capped at 2; at 3:00 prev is 2 and cur 0, the
+		// estimate ceil(2(1−e)) + 1 ≤ 2 from e = 1/2; cur empties at 4:00.
+		retry, reset = 10*u, 12*u
+	}
+	t.at(4 * u)
+	r := t.take("k", lo, 0)
+	if r.Allowed || r.Remaining != 0 || r.RetryAfter != retry || r.ResetAfter != reset {
+		t.Fatalf("a peek under 2/min a minute after Debit 10 of 4: %+v, want retry %v, reset %v", r, retry, reset)
+	}
+	t.at(4*u + retry - us)
+	t.expect("a peek under 2/min 1µs before RetryAfter", t.take("k", lo, 0), want{false, 0, us})
+	// When the debit's TTL ends, the key is empty under the lowered limit.
+	t.at(end)
+	if r := t.take("k", lo, 0); !r.Allowed || r.Remaining != 2 || r.ResetAfter != 0 {
+		t.Fatalf("a peek under 2/min when the debit's TTL ends: %+v, want an empty key", r)
 	}
 }
 

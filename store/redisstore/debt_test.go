@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -54,5 +55,59 @@ func TestDebtExtremesSame(t *testing.T) {
 		step("Peek", func(lim *weir.Limiter) (weir.Result, error) { return lim.Peek(ctx, key, l) })
 		step("Refund(MaxDebt/3)", func(lim *weir.Limiter) (weir.Result, error) { return lim.Refund(ctx, key, l, algorithm.MaxDebt/3) })
 		step("Debit(12345)", func(lim *weir.Limiter) (weir.Result, error) { return lim.Debit(ctx, key, l, 12345) })
+	}
+}
+
+// TestDebtRateStored: a window in debt keeps the rate its debt is paid
+// back at (":d<rate>" on a fixed window's string, the sliding window's
+// "d" field), and a state written by a version that kept none (a bare
+// ":d", d = "1") still decides as memstore's does under its own limit.
+func TestDebtRateStored(t *testing.T) {
+	srv := redistest.Standalone(t)
+	ctx := context.Background()
+	for _, a := range []weir.Algorithm{weir.FixedWindow, weir.SlidingWindow} {
+		clock := storetest.NewClock(storetest.Epoch)
+		rs := newTestStore(t, Config{Addrs: []string{srv.Addr}, Clock: clock.Now, Prefix: fmt.Sprintf("dr%d", prefixSeq.Add(1))})
+		lims := [2]*weir.Limiter{weir.NewLimiter(rs), weir.NewLimiter(memstore.New(memstore.WithClock(clock.Now)))}
+		l := weir.Limit{Algorithm: a, Rate: 4, Period: time.Minute}
+		for _, lim := range lims {
+			if _, err := lim.Debit(ctx, "k", l, 10); err != nil {
+				t.Fatal(err)
+			}
+		}
+		kind, _ := a.Kind()
+		name := rs.names("k", stateAlgo(kind, l)).state
+		c := rs.Client()
+		if a == weir.FixedWindow {
+			v, err := c.Do(ctx, c.B().Get().Key(name).Build()).ToString()
+			if err != nil || !strings.HasSuffix(v, ":10:d4") {
+				t.Fatalf("fixed_window state after Debit(10) of 4/min: %q %v, want …:10:d4", v, err)
+			}
+			old := strings.TrimSuffix(v, "4")
+			if err := c.Do(ctx, c.B().Set().Key(name).Value(old).Px(time.Hour).Build()).Error(); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			v, err := c.Do(ctx, c.B().Hget().Key(name).Field("d").Build()).ToString()
+			if err != nil || v != "4" {
+				t.Fatalf("sliding_window field d after Debit(10) of 4/min: %q %v, want 4", v, err)
+			}
+			if err := c.Do(ctx, c.B().Hset().Key(name).FieldValue().FieldValue("d", "1").Build()).Error(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, at := range []time.Duration{time.Minute, 2 * time.Minute, 2*time.Minute + 45*time.Second, 3 * time.Minute} {
+			clock.Set(storetest.Epoch.Add(at))
+			var r [2]weir.Result
+			for i, lim := range lims {
+				var err error
+				if r[i], err = lim.Peek(ctx, "k", l); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if r[0] != r[1] || r[0].Allowed && at < 2*time.Minute {
+				t.Fatalf("%s, old-format debt, peek at %v:\n redisstore %+v\n memstore   %+v", a, at, r[0], r[1])
+			}
+		}
 	}
 }

@@ -1,18 +1,21 @@
 -- fixed_window: a counter per window, windows aligned to the Unix epoch.
 -- A calendar window (algorithm/calendar.go) is identified by its start.
--- State: a string "<window>:<count>" with PEXPIRE at the window's end.
+-- State: a string "<window>:<count>" with PEXPIRE at the window's end; in
+-- debt "<window>:<count>:d<rate>", the rate its debt is paid back at
+-- (algorithm.carryRate; a bare ":d" from a version that kept none).
 
 -- fw_count mirrors fwCount: the count of window w, capped at the rate (a
 -- lowered limit); 0 in a later window, unless the state is in debt, whose
--- excess carries on at Rate per window.
+-- excess carries on, paid back at carry_rate per window.
 local function fw_count(p, s, w)
   local count = s.count
   if s.window ~= w then
     count = 0 -- a new window starts empty
     if s.debt and s.window < w then
+      local r = carry_rate(p, s)
       local k = w - s.window
-      if k <= idiv(s.count, p.rate) then
-        count = s.count - k * p.rate
+      if k <= idiv(s.count, r) then
+        count = s.count - k * r
       end
     end
   end
@@ -24,27 +27,29 @@ end
 
 ALG.fixed_window = {
   load = function(s, p, now)
-    s.window, s.count, s.debt = get_pair(s.key)
+    s.window, s.count, s.debt, s.drate = get_pair(s.key)
   end,
 
   decide = function(p, s, now, cost, mode, apply)
     local d = decision(p)
     local w, wend = fw_window(p, now) -- the window now falls in
     local count = fw_count(p, s, w)
+    local r = carry_rate(p, s) -- what a count over the rate pays back per window
     local g = grant(cost, p.rate - count, mode)
     local fin = wend - now -- µs until this window ends
     if g == 0 then
       -- The next window admits anything up to Rate; in debt, the first
       -- window whose carried count leaves room for cost.
-      d.retry = fin + (ceil_div(count + cost - p.rate, p.rate) - 1) * p.period
+      d.retry = fin + (ceil_div(count + cost - p.rate, r) - 1) * p.period
     elseif apply then
       count = count + g
-      s.window, s.count, s.debt = w, count, false
+      s.window, s.count = w, count
+      set_debt(p, s, false)
       d.changed = true
     end
     d.granted, d.remaining = g, max(p.rate - count, 0)
     if count > 0 then
-      d.reset = fin + (ceil_div(count, p.rate) - 1) * p.period
+      d.reset = fin + (ceil_div(count, r) - 1) * p.period
     end
     return d
   end,
@@ -60,7 +65,9 @@ ALG.fixed_window = {
       return false
     end
     s.count = max(s.count - g, 0)
-    s.debt = s.debt and s.count > p.rate
+    if s.count <= p.rate then
+      set_debt(p, s, false)
+    end
     return true
   end,
 
@@ -69,7 +76,8 @@ ALG.fixed_window = {
   debit = function(p, s, now, n)
     local w = fw_window(p, now)
     local count = add_capped(fw_count(p, s, w), n, 1, debt_cap_events(p))
-    s.window, s.count, s.debt = w, count, count > p.rate
+    s.window, s.count = w, count
+    set_debt(p, s, count > p.rate)
   end,
 
   -- credit: count n fewer in the current window, floored at 0
@@ -77,6 +85,7 @@ ALG.fixed_window = {
   credit = function(p, s, now, n)
     local w = fw_window(p, now)
     local count = max(fw_count(p, s, w) - n, 0)
-    s.window, s.count, s.debt = w, count, count > p.rate
+    s.window, s.count = w, count
+    set_debt(p, s, count > p.rate)
   end,
 }

@@ -243,36 +243,65 @@ local function save(alg, s, ttl)
 end
 
 -- get_pair reads a string state "<x>:<y>" (fixed_window, gcra) as two
--- numbers, 0 and 0 when the key is absent, and whether it ends in ":d"
--- (in debt: algorithm.State.Debt).
+-- numbers, 0 and 0 when the key is absent, whether it ends in ":d" (in
+-- debt: algorithm.State.Debt), and the debt's rate that may follow the
+-- ":d" (a fixed window's; 0 if none).
 local function get_pair(key)
   local v = redis.call('GET', key)
   if not v then
-    return 0, 0, false
+    return 0, 0, false, 0
   end
-  local debt = false
-  if string.sub(v, -2) == ':d' then
-    debt, v = true, string.sub(v, 1, -3)
+  local debt, drate = false, 0
+  local j = string.find(v, ':d', 1, true)
+  if j then
+    debt, drate, v = true, tonumber(string.sub(v, j + 2)) or 0, string.sub(v, 1, j - 1)
   end
   local i = string.find(v, ':', 1, true)
-  return tonumber(string.sub(v, 1, i - 1)), tonumber(string.sub(v, i + 1)), debt
+  return tonumber(string.sub(v, 1, i - 1)), tonumber(string.sub(v, i + 1)), debt, drate
 end
 
--- debt_suffix is what a string state in debt ends with.
+-- debt_suffix is what a string state in debt ends with: ":d", then the
+-- debt's rate if it has one.
 local function debt_suffix(s)
   if s.debt then
+    if s.drate and s.drate > 0 then
+      return ':d' .. fmt(s.drate)
+    end
     return ':d'
   end
   return ''
 end
 
 -- set_debt_field writes a hash state's debt flag 'd' (leaky_bucket,
--- sliding_window), or removes one a debit left.
+-- sliding_window): the debt's rate if it has one, else '1'; or removes
+-- one a debit left.
 local function set_debt_field(s)
   if s.debt then
-    redis.call('HSET', s.key, 'd', '1')
+    local v = '1'
+    if s.drate and s.drate > 0 then
+      v = fmt(s.drate)
+    end
+    redis.call('HSET', s.key, 'd', v)
   elseif s.had_debt then
     redis.call('HDEL', s.key, 'd')
+  end
+end
+
+-- carry_rate mirrors carryRate: what a window's count over the rate pays
+-- back per window, the debt's rate or p's if higher; p's without debt.
+local function carry_rate(p, s)
+  if s.debt then
+    return max(p.rate, s.drate or 0)
+  end
+  return p.rate
+end
+
+-- set_debt mirrors setDebt: a window's debt flag and the debt's rate, p's
+-- (none for a bucketed window).
+local function set_debt(p, s, debt)
+  s.debt, s.drate = debt, 0
+  if debt and p.buckets == 0 then
+    s.drate = p.rate
   end
 end
 

@@ -1,7 +1,8 @@
 -- sliding_window: Cloudflare's two-counter approximation. The previous
 -- window's count is weighted by the part of it still inside the sliding
 -- window, in ticks of Tick µs: estimate = ceil(prev * (P - e) / P) + cur.
--- State: a hash {w, cur, prev} with PEXPIRE when both counts are forgotten.
+-- State: a hash {w, cur, prev} with PEXPIRE when both counts are forgotten,
+-- and in debt d, the rate the debt is paid back at (algorithm.carryRate).
 --
 -- With buckets (p.buckets > 0) it mirrors algorithm.slidingBuckets: the
 -- period is split into p.buckets buckets, the estimate weighs only the
@@ -85,7 +86,7 @@ local function sw_buckets(p, s, now, cost, mode, apply)
     end
     local j = imod(w, ring) + 1
     s.b[j] = s.b[j] + g
-    s.debt = s.debt and ring_over(p, s.b)
+    set_debt(p, s, s.debt and ring_over(p, s.b))
     s.window, s.count, s.prev = w, 0, 0
     valid = true
     est = est + g
@@ -105,7 +106,8 @@ end
 
 -- sw_counts mirrors swCounts: the current and previous windows' counts in
 -- window w, capped at the rate; in debt the current count is not capped,
--- and what is over the rate carries into the next windows, Rate per window.
+-- and what is over the rate carries into the next windows, paid back at
+-- carry_rate per window.
 local function sw_counts(p, s, w)
   local cur, prev = 0, 0
   local k = w - s.window
@@ -113,9 +115,10 @@ local function sw_counts(p, s, w)
     cur, prev = s.count, s.prev
   elseif k == 1 and not s.debt then
     prev = s.count -- the stored window is now the previous one
-  elseif k >= 1 and s.debt and k - 1 <= idiv(s.count, p.rate) then
-    prev = s.count - (k - 1) * p.rate
-    cur = max(prev - p.rate, 0)
+  elseif k >= 1 and s.debt and k - 1 <= idiv(s.count, carry_rate(p, s)) then
+    local r = carry_rate(p, s)
+    prev = s.count - (k - 1) * r
+    cur = max(prev - r, 0)
   end
   if not s.debt then
     cur = min(cur, p.rate)
@@ -123,16 +126,17 @@ local function sw_counts(p, s, w)
   return cur, min(prev, p.rate)
 end
 
--- sw_retry mirrors swRetry: the tick at which a request of cost fits.
-local function sw_retry(p, w, pt, cur, prev, cost)
+-- sw_retry mirrors swRetry: the tick at which a request of cost fits, the
+-- current count paying back r per window.
+local function sw_retry(p, w, pt, cur, prev, cost, r)
   local k = p.rate - cur - cost
   if k >= 0 then
     -- Same window: ceil(prev(P-e')/P) <= k  <=>  e' >= P - floor(kP/prev).
     return w * pt + pt - idiv(k * pt, prev)
   end
-  local m = ceil_div(cur + cost - p.rate, p.rate)
-  local cur_m = max(cur - m * p.rate, 0)
-  local prev_m = min(cur - (m - 1) * p.rate, p.rate)
+  local m = ceil_div(cur + cost - p.rate, r)
+  local cur_m = max(cur - m * r, 0)
+  local prev_m = min(cur - (m - 1) * r, p.rate)
   k = p.rate - cur_m - cost
   return (w + m) * pt + max(pt - idiv(k * pt, prev_m), 0)
 end
@@ -163,7 +167,7 @@ ALG.sliding_window = {
     if p.buckets > 0 then
       s.bucketed, s.b = true, {}
       local v = redis.call('HMGET', s.key, 'w', 'b', 'd')
-      s.debt = v[3] == '1'
+      s.debt, s.drate = v[3] ~= false, tonumber(v[3]) or 0
       s.had_debt = s.debt
       if v[1] and v[2] then
         s.window = tonumber(v[1])
@@ -177,7 +181,8 @@ ALG.sliding_window = {
     if v[1] then
       s.window, s.count, s.prev = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
     end
-    s.debt = v[4] == '1'
+    -- 'd' is the debt's rate ('1' from a version that kept none).
+    s.debt, s.drate = v[4] ~= false, tonumber(v[4]) or 0
     s.had_debt = s.debt
   end,
 
@@ -191,23 +196,25 @@ ALG.sliding_window = {
     local w = idiv(nt, pt) -- the current window
     local e = nt - w * pt -- ticks elapsed in it
     local cur, prev = sw_counts(p, s, w)
+    local r = carry_rate(p, s) -- what a count over the rate pays back per window
     -- prev*(pt-e) <= Rate*pt < 2^53: Compile chose Tick to make it so.
     local weighted = ceil_div(prev * (pt - e), pt)
     local est = weighted + cur
     local g = grant(cost, max(p.rate - est, 0), mode)
     if g == 0 then
-      d.retry = sw_retry(p, w, pt, cur, prev, cost) * p.tick - now
+      d.retry = sw_retry(p, w, pt, cur, prev, cost, r) * p.tick - now
     elseif apply then
       cur = cur + g
       est = est + g
-      s.window, s.count, s.prev, s.debt = w, cur, prev, false
+      s.window, s.count, s.prev = w, cur, prev
+      set_debt(p, s, false)
       d.changed = true
     end
     d.granted, d.remaining = g, max(p.rate - est, 0)
     if cur > 0 then
       -- cur weighs nothing two windows on; in debt it carries on for
-      -- ceil(cur/Rate) windows first.
-      d.reset = (w + 1 + ceil_div(cur, p.rate)) * pt * p.tick - now
+      -- ceil(cur/r) windows first.
+      d.reset = (w + 1 + ceil_div(cur, r)) * pt * p.tick - now
     elseif prev > 0 then
       d.reset = (w + 1) * pt * p.tick - now
     end
@@ -247,7 +254,9 @@ ALG.sliding_window = {
     local tw = idiv(idiv(take_now, p.tick), idiv(p.period, p.tick))
     if s.window == tw and s.count > 0 then
       s.count = max(s.count - g, 0)
-      s.debt = s.debt and s.count > p.rate
+      if s.count <= p.rate then
+        set_debt(p, s, false)
+      end
       return true
     elseif s.window == tw + 1 and s.prev > 0 then
       s.prev = max(s.prev - g, 0)
@@ -268,13 +277,14 @@ ALG.sliding_window = {
       end
       local j = imod(w, p.buckets + 1) + 1
       s.b[j] = s.b[j] + min(n, max(2 * p.rate - total, 0))
-      s.debt = ring_over(p, s.b)
+      set_debt(p, s, ring_over(p, s.b))
       return
     end
     local w = idiv(idiv(now, p.tick), idiv(p.period, p.tick))
     local cur, prev = sw_counts(p, s, w)
     cur = add_capped(cur, n, 1, debt_cap_events(p))
-    s.window, s.count, s.prev, s.debt = w, cur, prev, cur > p.rate
+    s.window, s.count, s.prev = w, cur, prev
+    set_debt(p, s, cur > p.rate)
   end,
 
   -- credit: count n fewer, first in the current window, then in the
@@ -292,7 +302,7 @@ ALG.sliding_window = {
         n = n - t
         i = i - 1
       end
-      s.debt = ring_over(p, s.b)
+      set_debt(p, s, ring_over(p, s.b))
       return
     end
     local w = idiv(idiv(now, p.tick), idiv(p.period, p.tick))
@@ -300,6 +310,7 @@ ALG.sliding_window = {
     local from = min(n, cur)
     cur = cur - from
     prev = max(prev - (n - from), 0)
-    s.window, s.count, s.prev, s.debt = w, cur, prev, cur > p.rate
+    s.window, s.count, s.prev = w, cur, prev
+    set_debt(p, s, cur > p.rate)
   end,
 }
