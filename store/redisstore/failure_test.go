@@ -395,15 +395,42 @@ func (lateContext) Err() error                  { return nil }
 func TestRetryableLateDeadline(t *testing.T) {
 	s := &Store{}
 	netErr := &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("i/o timeout")}
-	backoff := time.Millisecond
-	err := s.retryable(lateContext{context.Background()}, netErr, &backoff)
+	err := s.retryable(lateContext{context.Background()}, netErr, &retries{backoff: time.Millisecond})
 	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, netErr) {
 		t.Fatalf("retryable = %v, want the network error wrapped with context.DeadlineExceeded", err)
 	}
 	// Before the deadline the error is given back as it is.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
 	defer cancel()
-	if err := s.retryable(ctx, netErr, &backoff); err != netErr {
+	if err := s.retryable(ctx, netErr, &retries{backoff: time.Millisecond}); err != netErr {
 		t.Fatalf("retryable before the deadline = %v, want %v", err, netErr)
+	}
+}
+
+// TestRetryableNamesRefusal: a call refused with READONLY (which ran
+// nothing) is retried; when the deadline then cuts the retry short in
+// flight, the error still names the refusal it was retrying after, and
+// reads as the timeout it is.
+func TestRetryableNamesRefusal(t *testing.T) {
+	primary := redistest.Standalone(t)
+	replica := redistest.Standalone(t)
+	host, port, _ := strings.Cut(primary.Addr, ":")
+	if _, err := replica.Do("REPLICAOF", host, port); err != nil {
+		t.Fatal(err)
+	}
+	s := newTestStore(t, Config{Addrs: []string{replica.Addr}})
+	ctx := context.Background()
+	refusal := s.client.Do(ctx, s.client.B().Set().Key("k").Value("v").Build()).Error()
+	if refusal == nil || !strings.HasPrefix(refusal.Error(), "READONLY") {
+		t.Fatalf("SET on a replica: %v, want READONLY", refusal)
+	}
+	rs := retries{backoff: time.Millisecond}
+	if err := s.retryable(ctx, refusal, &rs); err != nil {
+		t.Fatalf("READONLY with time left: %v, want a retry", err)
+	}
+	netErr := &net.OpError{Op: "read", Net: "tcp", Err: errors.New("i/o timeout")}
+	err := s.retryable(lateContext{ctx}, netErr, &rs)
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "READONLY") || errors.Is(err, weir.ErrNotSent) {
+		t.Fatalf("retry cut short by the deadline: %v; want a timeout naming the READONLY refusal, not ErrNotSent", err)
 	}
 }
