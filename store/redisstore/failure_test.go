@@ -420,10 +420,12 @@ func TestRetryableNamesRefusal(t *testing.T) {
 	}
 	s := newTestStore(t, Config{Addrs: []string{replica.Addr}})
 	ctx := context.Background()
-	refusal := s.client.Do(ctx, s.client.B().Set().Key("k").Value("v").Build()).Error()
-	if refusal == nil || !strings.HasPrefix(refusal.Error(), "READONLY") {
-		t.Fatalf("SET on a replica: %v, want READONLY", refusal)
-	}
+	// While the replica loads the primary's data it answers LOADING.
+	var refusal error
+	eventually(t, 30*time.Second, "READONLY from the replica", func() bool {
+		refusal = s.client.Do(ctx, s.client.B().Set().Key("k").Value("v").Build()).Error()
+		return refusal != nil && strings.HasPrefix(refusal.Error(), "READONLY")
+	})
 	rs := retries{backoff: time.Millisecond}
 	if err := s.retryable(ctx, refusal, &rs); err != nil {
 		t.Fatalf("READONLY with time left: %v, want a retry", err)
