@@ -21,7 +21,7 @@ import (
 func TestRedisInvalidProbeKeepsBreakerOpen(t *testing.T) {
 	srv := redistest.Standalone(t)
 	clock := newClock()
-	p := mustPolicy(t, "store: {breaker: {failures: 1, cooldown: 5s}}\nrules:\n  - {name: r, limit: 3/m}\n",
+	p := mustPolicy(t, "store: {timeout: 5s, breaker: {failures: 1, cooldown: 5s}}\nrules:\n  - {name: r, limit: 3/m}\n",
 		redisStore(t, []string{srv.Addr}, 5*time.Second), WithClock(clock.Now), WithLogger(slog.New(&countingHandler{})))
 	if rr, err := p.CheckKey(ctx, "r", "k", 1); err != nil || rr.Err != nil {
 		t.Fatalf("Redis up: %+v %v", rr, err)
