@@ -84,11 +84,13 @@ func TestRedisClusterAllOrNothing(t *testing.T) {
 // without any intervention.
 func TestRedisOutage(t *testing.T) {
 	srv := redistest.Standalone(t)
-	store := redisStore(t, []string{srv.Addr}, time.Second)
+	// Generous timeouts: a killed Redis refuses at once, and a loaded
+	// machine must not turn a slow call before the outage into a fallback.
+	store := redisStore(t, []string{srv.Addr}, 5*time.Second)
 	var states []string
 	stateCh := make(chan string, 16)
 	guard := NewGuard(store, GuardConfig{
-		Timeout: time.Second,
+		Timeout: 5 * time.Second,
 		Breaker: BreakerConfig{Failures: 3, Cooldown: 100 * time.Millisecond},
 		Logger:  slog.New(&countingHandler{}),
 		OnStateChange: func(_, to BreakerState) {

@@ -219,13 +219,13 @@ func TestConfigFileReload(t *testing.T) {
 		t.Fatalf("rule one: %d", code)
 	}
 	write("rules:\n  - name: two\n    limit: 2/m\n")
-	eventually(t, 5*time.Second, "the new file", func() bool {
+	eventually(t, 30*time.Second, "the new file", func() bool {
 		_, err := s.Policy().Limit("two", "")
 		return err == nil
 	})
 	write("rules:\n  - name: three\n    limit: nonsense\n")
 	_, b := call(t, "GET", ts.URL+"/metrics", "")
-	eventually(t, 5*time.Second, "the bad file to be counted", func() bool {
+	eventually(t, 30*time.Second, "the bad file to be counted", func() bool {
 		_, b = call(t, "GET", ts.URL+"/metrics", "")
 		return strings.Contains(string(b), `weir_config_reloads_total{result="failure"} 1`)
 	})

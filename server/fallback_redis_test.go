@@ -113,7 +113,7 @@ func TestRedisOutageMetricsShowFallbacks(t *testing.T) {
 
 			// The series holds complete seconds: wait for this one to end.
 			var snap Snapshot
-			eventually(t, 3*time.Second, "the snapshot to count the fallback decisions", func() bool {
+			eventually(t, 30*time.Second, "the snapshot to count the fallback decisions", func() bool {
 				snap = s.snapshot(httptest.NewRequest("GET", "/v1/dashboard/snapshot", nil))
 				return sum(snap.Series.Total.Fallback) == 10
 			})

@@ -193,7 +193,7 @@ func TestEnvoyDeciderBounded(t *testing.T) {
 	res, fb := make([]weir.Result, n), make([]string, n)
 	done := make(chan error, 1)
 	go func() { done <- s.envoyDecider(ctx(), reqs, res, fb) }()
-	eventually(t, 5*time.Second, "the first decisions to reach the store", func() bool {
+	eventually(t, 30*time.Second, "the first decisions to reach the store", func() bool {
 		in, _ := store.now()
 		return in >= maxEnvoyInFlight
 	})

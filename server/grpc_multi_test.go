@@ -25,7 +25,10 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 2, algorithm: sliding_log}
   - key: ip
     rate_limit: {unit: minute, requests_per_unit: 3, algorithm: sliding_log}
-`, WithRedisURL("redis://"+r.Addr+"/0"))
+`, WithRedisURL("redis://"+r.Addr+"/0"),
+		// Not the default 50ms: on a loaded machine a slow script would send
+		// a decision to the local fallback, and the counts would be off.
+		WithConfig(mustParse(t, testConfig+"store:\n  timeout: 5s\n")))
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)

@@ -31,7 +31,7 @@ func TestRedisLeaseAndInstancesAuto(t *testing.T) {
 	cfg := WithConfig(mustParse(t, leaseConfig))
 	a, baseA := newRedisServer(t, r.Addr, "a", cfg)
 	b, baseB := newRedisServer(t, r.Addr, "b", cfg)
-	eventually(t, 5*time.Second, "both instances to count two", func() bool {
+	eventually(t, 30*time.Second, "both instances to count two", func() bool {
 		return a.Policy().Instances() == 2 && b.Policy().Instances() == 2
 	})
 	allowed := 0
@@ -72,5 +72,5 @@ func TestRedisLeaseAndInstancesAuto(t *testing.T) {
 	}
 	// b shuts down: it withdraws its report, and a counts one.
 	b.Close()
-	eventually(t, 5*time.Second, "a to count one instance", func() bool { return a.Policy().Instances() == 1 })
+	eventually(t, 30*time.Second, "a to count one instance", func() bool { return a.Policy().Instances() == 1 })
 }

@@ -81,7 +81,7 @@ rules:
 	// A peek at a full key counts as limited (its answer), not as near.
 	want = "ten 3/12@0.8, quiet 0/12@0, edge.remote_address 2/11@0.9"
 	var snap Snapshot
-	eventually(t, 3*time.Second, "the snapshot to count the near-limit decisions", func() bool {
+	eventually(t, 30*time.Second, "the snapshot to count the near-limit decisions", func() bool {
 		snap = s.snapshot(httptest.NewRequest("GET", "/v1/dashboard/snapshot", nil))
 		return figures(snap) == want
 	})

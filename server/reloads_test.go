@@ -268,7 +268,7 @@ func TestRedisPrefixSeparatesDeployments(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("PUT: %d %s", resp.StatusCode, body)
 	}
-	eventually(t, 5*time.Second, "blue's second instance to pick the rules up", func() bool {
+	eventually(t, 30*time.Second, "blue's second instance to pick the rules up", func() bool {
 		return slices.Equal(ruleNamesOf(blue2), []string{"bluerule"})
 	})
 	time.Sleep(200 * time.Millisecond) // several of green's polls
@@ -278,7 +278,7 @@ func TestRedisPrefixSeparatesDeployments(t *testing.T) {
 	if resp, _ := call(t, "DELETE", baseBlue+"/v1/rules", "", bearer(token)...); resp.StatusCode != 200 {
 		t.Fatalf("DELETE: %d", resp.StatusCode)
 	}
-	eventually(t, 5*time.Second, "blue to restore its config", func() bool {
+	eventually(t, 30*time.Second, "blue to restore its config", func() bool {
 		return slices.Contains(ruleNamesOf(blue), "login") && slices.Contains(ruleNamesOf(blue2), "login")
 	})
 
@@ -300,7 +300,7 @@ func TestRedisPrefixSeparatesDeployments(t *testing.T) {
 		}
 		return list.Blocked
 	}
-	eventually(t, 5*time.Second, "green to list its block", func() bool { return len(blockedOn(baseGreen)) == 1 })
+	eventually(t, 30*time.Second, "green to list its block", func() bool { return len(blockedOn(baseGreen)) == 1 })
 	if got := blockedOn(baseBlue); len(got) != 0 {
 		t.Fatalf("blue lists green's blocks: %+v", got)
 	}
@@ -319,7 +319,7 @@ func TestRedisPrefixSeparatesDeployments(t *testing.T) {
 		slices.Sort(ids)
 		return ids
 	}
-	eventually(t, 5*time.Second, "blue's fleet view", func() bool {
+	eventually(t, 30*time.Second, "blue's fleet view", func() bool {
 		return slices.Equal(instances(baseBlue), []string{"blue-1", "blue-2"})
 	})
 	if got := instances(baseGreen); !slices.Equal(got, []string{"green-1"}) {
@@ -370,7 +370,7 @@ func TestRedisClusterPrefixAndRules(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("PUT: %d %s", resp.StatusCode, body)
 	}
-	eventually(t, 5*time.Second, "blue's second instance to pick the rules up", func() bool {
+	eventually(t, 30*time.Second, "blue's second instance to pick the rules up", func() bool {
 		return slices.Equal(ruleNamesOf(blue2), []string{"bluerule"})
 	})
 	check(t, baseGreen, "login", "192.0.2.1", 1)

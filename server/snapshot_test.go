@@ -144,7 +144,7 @@ func TestSnapshotCountsDecisions(t *testing.T) {
 	for range 4 {
 		check(t, ts.URL, "login", "1.2.3.4", 1)
 	}
-	eventually(t, 3e9, "the second to complete", func() bool {
+	eventually(t, 30e9, "the second to complete", func() bool {
 		snap := s.snapshot(newReq())
 		login := snap.Series.Rules["login"]
 		return login != nil && sum(login.Allowed) == 3 && sum(login.Limited) == 1 &&

@@ -270,7 +270,7 @@ func TestServeReloadsOnSignal(t *testing.T) {
 	// Changing the file reloads it by itself; SIGHUP forces a reload.
 	os.WriteFile(cfg, []byte("rules:\n  - name: two\n    limit: 1/s\n"), 0o644)
 	reload <- syscall.SIGHUP
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		rules := getJSON(t, base+"/v1/rules")["rules"].([]any)
 		if len(rules) == 1 && rules[0].(map[string]any)["name"] == "two" {
@@ -356,26 +356,49 @@ func TestServeSIGTERMDrains(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	fmt.Fprintf(conn, "POST /v1/check HTTP/1.1\r\nHost: weir\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body[:10])
-	time.Sleep(200 * time.Millisecond) // the handler is now reading the body
+	// Expect: 100-continue makes the server say when the handler starts
+	// reading the body: from then on the request is in flight, however
+	// slow the machine.
+	fmt.Fprintf(conn, "POST /v1/check HTTP/1.1\r\nHost: weir\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n", len(body))
+	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	br := bufio.NewReader(conn)
+	if line, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(line, "HTTP/1.1 100 ") {
+		t.Fatalf("waiting for 100 Continue: %q %v", line, err)
+	}
+	if blank, err := br.ReadString('\n'); err != nil || blank != "\r\n" {
+		t.Fatalf("after 100 Continue: %q %v", blank, err)
+	}
+	if _, err := io.WriteString(conn, body[:10]); err != nil {
+		t.Fatal(err)
+	}
 
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond)
+	// The listener closes once the signal is handled; the request in
+	// flight keeps the process up meanwhile.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			break
+		}
+		c.Close()
+		if time.Now().After(deadline) {
+			t.Fatal("still accepting connections 30s after SIGTERM")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond) // a chance to exit early; this asserts no time
 	select {
 	case err := <-exited:
 		t.Fatalf("exited with a request in flight: %v\n%s", err, stderr.String())
 	default:
 	}
-	if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
-		c.Close()
-		t.Fatal("still accepting connections after SIGTERM")
-	}
 	if _, err := io.WriteString(conn, body[10:]); err != nil {
 		t.Fatal(err)
 	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	resp, err := http.ReadResponse(br, nil)
 	if err != nil {
 		t.Fatalf("reading the in-flight response: %v", err)
 	}

@@ -31,11 +31,26 @@ const (
 
 // hammerLimits are the leased limits the hammer runs, one key each (k0,
 // k1, k2: both sliding windows would otherwise share one Redis key).
+// Their windows are a day long, and runs keep clear of a day's end
+// (awayFromDayEnd): deciding by Redis TIME, no run may cross a window,
+// however slow the machine.
 var hammerLimits = []weir.Limit{
-	{Algorithm: weir.FixedWindow, Rate: hammerLimit, Period: time.Minute},
-	{Algorithm: weir.SlidingWindow, Rate: hammerLimit, Period: time.Minute},
-	{Algorithm: weir.SlidingWindow, Rate: hammerLimit, Period: time.Minute, Buckets: 4},
-	{Algorithm: weir.FixedWindow, Rate: hammerLimit, Period: time.Minute}, // quiet: see quietLimit
+	{Algorithm: weir.FixedWindow, Rate: hammerLimit, Period: 24 * time.Hour},
+	{Algorithm: weir.SlidingWindow, Rate: hammerLimit, Period: 24 * time.Hour},
+	{Algorithm: weir.SlidingWindow, Rate: hammerLimit, Period: 24 * time.Hour, Buckets: 4},
+	{Algorithm: weir.FixedWindow, Rate: hammerLimit, Period: 24 * time.Hour}, // quiet: see quietLimit
+}
+
+// awayFromDayEnd returns at once unless the clock is within two minutes
+// of the end of a UTC day, where the day-long windows of these tests turn
+// over; then it waits for the new day, so that no run crosses a window.
+func awayFromDayEnd(t *testing.T) {
+	now := time.Now()
+	end := now.Truncate(24 * time.Hour).Add(24 * time.Hour)
+	if end.Sub(now) < 2*time.Minute {
+		t.Logf("waiting %v for the next UTC day: the test's windows are a day long", end.Sub(now).Round(time.Second))
+		time.Sleep(time.Until(end) + 500*time.Millisecond)
+	}
 }
 
 // quietLimit is the index of the limit on which processes 2 and 3 ask
@@ -79,22 +94,20 @@ func hammer(t testing.TB, tb *lease.Table, st weir.MultiStore, key string, l wei
 
 // TestLeaseAcrossProcesses: 4 OS processes × 64 goroutines, each process
 // with its own Store and Table, on one key per leased limit of 1000 per
-// minute with lease 100, deciding by Redis TIME. Every goroutine asks
+// day with lease 100, deciding by Redis TIME. Every goroutine asks
 // until it is refused (but on the quiet limit two processes ask once and
 // stop). The fleet must admit at most 1000, and at least 1000 − 4 × 100
 // (the stated bound: instances × lease); the units debited in Redis are
 // exactly those admitted plus those the processes still hold.
-// The start is placed at least 8s before a minute boundary so that the
-// whole run falls in one window.
+// The run keeps two minutes clear of a day's end, so that it falls in one
+// window.
 func TestLeaseAcrossProcesses(t *testing.T) {
 	if os.Getenv(childEnv) != "" {
 		t.Skip("running as a hammer child")
 	}
 	srv := redistest.Standalone(t)
+	awayFromDayEnd(t)
 	start := time.Now().Add(1500 * time.Millisecond)
-	if start.Second() >= 52 {
-		start = start.Truncate(time.Minute).Add(time.Minute + 500*time.Millisecond)
-	}
 	prefix := fmt.Sprintf("lease%d", time.Now().UnixNano())
 	var wg sync.WaitGroup
 	outs := make([]bytes.Buffer, hammerProcs)
@@ -140,8 +153,8 @@ func TestLeaseAcrossProcesses(t *testing.T) {
 			t.Fatalf("child %d reported %d limits:\n%s", p, seen, outs[p].String())
 		}
 	}
-	if time.Now().Truncate(time.Minute) != start.Truncate(time.Minute) {
-		t.Logf("warning: the hammer crossed a minute boundary (started %v)", start)
+	if time.Now().Truncate(24*time.Hour) != start.Truncate(24*time.Hour) {
+		t.Logf("warning: the hammer crossed a day's end (started %v)", start)
 	}
 	s, err := redisstore.New(context.Background(), redisstore.Config{Addrs: []string{srv.Addr}, Prefix: prefix, Timeout: 5 * time.Second})
 	if err != nil {
@@ -231,7 +244,9 @@ func TestLeaseSentinelAndCluster(t *testing.T) {
 		t.Run(d.name, func(t *testing.T) {
 			cfg := d.cfg(t)
 			cfg.Timeout = 5 * time.Second
-			// A window of a day: the run never crosses one.
+			// A window of a day, kept clear of its end: the run never
+			// crosses one.
+			awayFromDayEnd(t)
 			l := weir.Limit{Algorithm: weir.FixedWindow, Rate: hammerLimit, Period: 24 * time.Hour}
 			var total, held int64
 			var wg sync.WaitGroup
@@ -279,6 +294,7 @@ func TestLeaseClusterMigration(t *testing.T) {
 	cfg := redisstore.Config{Addrs: c.Addrs, Timeout: 5 * time.Second, Prefix: "mig"}
 	const size = 10
 	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 1_000_000, Period: 24 * time.Hour}
+	awayFromDayEnd(t) // Redis's count is read in the same window
 	v, err := c.Nodes[0].Do("CLUSTER", "KEYSLOT", "hot")
 	if err != nil {
 		t.Fatal(err)

@@ -148,25 +148,36 @@ func TestCoalesceFailureIsolated(t *testing.T) {
 }
 
 // TestCoalesceDeadlines: while Redis holds the call in flight (CLIENT
-// PAUSE), callers queued behind it leave when their context ends, and a
-// decision that left the queue is never sent: after the pause only the call
-// that was out has counted. Callers without a deadline of their own end by
-// the store's timeout. A decision never sent wraps weir.ErrNotSent; one sent
-// does not.
+// PAUSE of writes), callers queued behind it leave when their context ends,
+// and a decision that left the queue is never sent: once Redis resumes,
+// only the calls that were out have counted. Callers without a deadline of
+// their own end by the store's timeout. A decision never sent wraps
+// weir.ErrNotSent; one sent does not. Redis stays paused until every caller
+// has returned (CLIENT UNPAUSE ends it), so a slow machine cannot let a call
+// through before its deadline.
 func TestCoalesceDeadlines(t *testing.T) {
 	srv := redistest.Standalone(t)
-	const timeout = time.Second
+	const timeout = 2 * time.Second
 	s := newTestStore(t, Config{Addrs: []string{srv.Addr}, Timeout: timeout, MaxInFlight: 1})
 	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 1000, Period: time.Hour}
 	ctx := context.Background()
 	if r, err := s.Take(ctx, "k", l, 1); err != nil || !r.Allowed {
 		t.Fatalf("first take: %+v %v", r, err)
 	}
-	pause := 1500 * time.Millisecond
-	if _, err := srv.Do("CLIENT", "PAUSE", fmt.Sprint(pause.Milliseconds()), "ALL"); err != nil {
+	// WRITE, not ALL: the decisions wait, CLIENT UNPAUSE does not.
+	if _, err := srv.Do("CLIENT", "PAUSE", "600000", "WRITE"); err != nil {
 		t.Fatal(err)
 	}
-	paused := time.Now()
+	unpaused := false
+	unpause := func() {
+		if !unpaused {
+			unpaused = true
+			if _, err := srv.Do("CLIENT", "UNPAUSE"); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	defer unpause()
 
 	outErr := make(chan error, 1)
 	go func() {
@@ -201,7 +212,7 @@ func TestCoalesceDeadlines(t *testing.T) {
 			case errors.Is(err, weir.ErrNotSent):
 				notSent.Add(1)
 			case i < 20:
-				wrong.Add(1) // a 50ms caller cannot have been sent behind a 1s call
+				wrong.Add(1) // a 50ms caller cannot have been sent behind a 2s call
 				firstWrong.CompareAndSwap(nil, fmt.Sprint(err))
 			default:
 				sentAnyway.Add(1)
@@ -218,13 +229,14 @@ func TestCoalesceDeadlines(t *testing.T) {
 	if notSent.Load() < 20 {
 		t.Fatalf("%d callers reported their decision not sent, want at least the 20 with a 50ms deadline", notSent.Load())
 	}
-	time.Sleep(time.Until(paused.Add(pause + 200*time.Millisecond)))
+	unpause()
 	r, err := s.Take(ctx, "k", l, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Counted: the first take, the call in flight, and at most those
-	// queued callers whose error says their decision may have been made.
+	// queued callers whose error says their decision may have been made
+	// (Redis runs them on resuming, ahead of this call on the connection).
 	if used := l.Rate - r.Remaining; used < 1 || used > 2+sentAnyway.Load() {
 		t.Fatalf("%d counted after the pause; want at most %d: decisions that were never sent must not count", used, 2+sentAnyway.Load())
 	}
@@ -233,7 +245,10 @@ func TestCoalesceDeadlines(t *testing.T) {
 // TestBatchOnReplica: a batch script that runs on a replica (EVAL form; a
 // demoted primary that the store still talks to) answers READONLY for the
 // whole batch, which changed nothing, so the store retries it until the
-// deadline instead of failing each decision on the first try.
+// deadline instead of failing each decision on the first try. The timeout
+// is not what is under test: it leaves a loaded machine ample time for
+// Redis to refuse (EVALSHA, then EVAL) and the store to retry; a retry in
+// flight when the deadline comes still names the READONLY it retried.
 func TestBatchOnReplica(t *testing.T) {
 	primary := redistest.Standalone(t)
 	replica := redistest.Standalone(t)
@@ -241,7 +256,7 @@ func TestBatchOnReplica(t *testing.T) {
 	if _, err := replica.Do("REPLICAOF", host, port); err != nil {
 		t.Fatal(err)
 	}
-	s := newTestStore(t, Config{Addrs: []string{replica.Addr}, evalOnly: true, MaxInFlight: 1, Timeout: 300 * time.Millisecond})
+	s := newTestStore(t, Config{Addrs: []string{replica.Addr}, evalOnly: true, MaxInFlight: 1, Timeout: 2 * time.Second})
 	l := weir.Limit{Algorithm: weir.TokenBucket, Rate: 10, Period: time.Minute}
 	var wg sync.WaitGroup
 	errs := make([]error, 8)

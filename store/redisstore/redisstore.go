@@ -613,7 +613,7 @@ func (s *Store) call(ctx context.Context, r *routine, keys, args []string) ([]ru
 		return nil, notSent{fmt.Errorf("not sent: %w: the deadline passed before the call left for Redis", context.DeadlineExceeded)}
 	}
 	sendSource, reloaded := false, false
-	backoff := time.Millisecond
+	rs := retries{backoff: time.Millisecond}
 	for {
 		fn := s.functions.Load()
 		gen := s.libGen.Load()
@@ -652,34 +652,36 @@ func (s *Store) call(ctx context.Context, r *routine, keys, args []string) ([]ru
 				continue
 			}
 		}
-		if err = s.retryable(ctx, err, &backoff); err != nil {
+		if err = s.retryable(ctx, err, &rs); err != nil {
 			return nil, err
 		}
 	}
 }
 
+// retries is the retry state of one call: the backoff before its next
+// attempt and the last refusal that ran nothing, if any.
+type retries struct {
+	backoff time.Duration
+	last    error
+}
+
 // retryable returns nil, after a backoff, when err is a refusal that ran
 // nothing and the deadline leaves time to try again; otherwise it returns
-// the error to give up with.
-func (s *Store) retryable(ctx context.Context, err error, backoff *time.Duration) error {
+// the error to give up with. An error that ends a call after such a
+// refusal names it too: a deadline that cuts a retry short in flight then
+// still says why the call was being retried (READONLY, LOADING...).
+func (s *Store) retryable(ctx context.Context, err error, rs *retries) error {
 	re, ok := rueidis.IsRedisErr(err)
 	if !ok || !notRun(re) {
-		// Network, timeout: the command may have run. A network error
-		// that came because the deadline passed (a dial or read cut short
-		// by it) is a timeout, and says so.
-		// The socket's own deadline (a dial, a read) can fire a moment
-		// before the context's timer marks the context done, so the
-		// clock is asked too.
-		if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
-			return fmt.Errorf("%w: %w", err, cerr)
-		}
-		if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) && !errors.Is(err, context.DeadlineExceeded) {
-			return fmt.Errorf("%w: %w", err, context.DeadlineExceeded)
+		err = giveUp(ctx, err)
+		if rs.last != nil {
+			err = fmt.Errorf("%w (after a refusal that ran nothing: %v)", err, rs.last)
 		}
 		return err
 	}
+	rs.last = err
 	s.notRunRetries.Add(1)
-	t := time.NewTimer(*backoff)
+	t := time.NewTimer(rs.backoff)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
@@ -692,8 +694,23 @@ func (s *Store) retryable(ctx context.Context, err error, backoff *time.Duration
 			return fmt.Errorf("%w (last reply: %w)", context.DeadlineExceeded, err)
 		}
 	}
-	*backoff = min(2**backoff, 16*time.Millisecond)
+	rs.backoff = min(2*rs.backoff, 16*time.Millisecond)
 	return nil
+}
+
+// giveUp returns err, a failure that may have run (network, timeout),
+// as the call gives up with it. A network error that came because the
+// deadline passed (a dial or read cut short by it) is a timeout, and says
+// so. The socket's own deadline (a dial, a read) can fire a moment before
+// the context's timer marks the context done, so the clock is asked too.
+func giveUp(ctx context.Context, err error) error {
+	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+		return fmt.Errorf("%w: %w", err, cerr)
+	}
+	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) && !errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%w: %w", err, context.DeadlineExceeded)
+	}
+	return err
 }
 
 // notRun reports the error replies with which Redis refuses a script
@@ -721,13 +738,13 @@ func (s *Store) Reset(ctx context.Context, key string, l weir.Limit) error {
 	}
 	ctx, cancel := s.withDeadline(ctx)
 	defer cancel()
-	backoff := time.Millisecond
+	rs := retries{backoff: time.Millisecond}
 	for {
 		err := s.client.Do(ctx, s.client.B().Del().Key(k.state, k.block).Build()).Error()
 		if err == nil {
 			return nil
 		}
-		if err = s.retryable(ctx, err, &backoff); err != nil {
+		if err = s.retryable(ctx, err, &rs); err != nil {
 			return fmt.Errorf("%w: reset %s under %s: %w", weir.ErrStore, keyRef(key), kind, err)
 		}
 	}
