@@ -168,7 +168,6 @@ func (c *monoClock) micros() int64 {
 	return b.wall + el.Microseconds()
 }
 
-
 // hash returns key's shard and its hash's high half (the tag).
 func (s *Store) hash(key string) (*shard, uint32) {
 	h := maphash.String(s.seed, key)

@@ -18,10 +18,10 @@ import (
 type layout uint8
 
 const (
-	layoutNone    layout = iota // nothing inline: only the empty state packs
-	layoutWindow                // Window, Count, Prev (fixed and sliding windows)
-	layoutBucket                // Level, TS, WarmStart (token and leaky buckets, warm-up)
-	layoutGCRA                  // TAT, Frac
+	layoutNone   layout = iota // nothing inline: only the empty state packs
+	layoutWindow               // Window, Count, Prev (fixed and sliding windows)
+	layoutBucket               // Level, TS, WarmStart (token and leaky buckets, warm-up)
+	layoutGCRA                 // TAT, Frac
 )
 
 // layoutOf returns the layout for a compiled limit. A warm-up runs both
