@@ -95,9 +95,6 @@ type batchItem struct {
 // to idx.
 func (s *Store) planBatch(reqs []weir.Request, items []batchItem, idx []int) ([]int, error) {
 	for i, r := range reqs {
-		if err := checkKey(r.Key); err != nil {
-			return nil, err
-		}
 		k, err := kindOf(r.Limit)
 		if err != nil {
 			return nil, err

@@ -225,6 +225,9 @@ func (s *Store) resolve(sh *shard, key string, tag uint32, l *weir.Limit) (int, 
 	if err != nil {
 		return -1, nil, err
 	}
+	if err := checkKey(key); err != nil {
+		return -1, nil, err // a key too long is never held: refused here
+	}
 	c, err := s.compile(*l)
 	if err != nil {
 		return -1, nil, err
@@ -271,9 +274,6 @@ func (s *Store) Take(ctx context.Context, key string, l weir.Limit, n int64) (we
 }
 
 func (s *Store) take(key string, l weir.Limit, n int64, mode algorithm.Mode, lease string) (weir.Result, error) {
-	if err := checkKey(key); err != nil {
-		return weir.Result{}, err
-	}
 	sh, tag := s.hash(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()

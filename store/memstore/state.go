@@ -88,7 +88,11 @@ type logWords [unsafe.Sizeof(algorithm.Log{}) / unsafe.Sizeof(uintptr(0))]uintpt
 // are unexported). Padding is never written, so a Log that was never used
 // is all zeros; one that was, even if empty now, keeps its arrays.
 func logZero(l *algorithm.Log) bool {
-	return *(*logWords)(unsafe.Pointer(l)) == logWords{}
+	var or uintptr
+	for _, w := range (*logWords)(unsafe.Pointer(l)) {
+		or |= w
+	}
+	return or == 0
 }
 
 // spill moves st to a State of its own and leaves st zero.
