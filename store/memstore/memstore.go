@@ -1,7 +1,10 @@
 // Package memstore is weir's in-memory Store: one process, zero set-up.
 //
 // Keys are spread over shards, each with its own mutex, so goroutines
-// working on different keys rarely contend. The number of keys is bounded:
+// working on different keys rarely contend. Each shard is an open-addressed
+// table whose 64-byte slots hold a key's state inline (table.go, state.go),
+// so that a decision on a key not in cache costs one cache miss for its
+// state. The number of keys is bounded:
 // each key's state carries the instant after which it no longer matters
 // (its TTL), every insertion sweeps a couple of keys whose TTL has passed,
 // and a full shard first drops expired keys and otherwise the key whose
@@ -270,14 +273,14 @@ func keep(sl *slot, st *algorithm.State) {
 
 // Take implements weir.Store.
 func (s *Store) Take(ctx context.Context, key string, l weir.Limit, n int64) (weir.Result, error) {
-	return s.take(key, l, n, algorithm.Exact, "")
+	return s.take(key, &l, n, algorithm.Exact, "")
 }
 
-func (s *Store) take(key string, l weir.Limit, n int64, mode algorithm.Mode, lease string) (weir.Result, error) {
+func (s *Store) take(key string, l *weir.Limit, n int64, mode algorithm.Mode, lease string) (weir.Result, error) {
 	sh, tag := s.hash(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	i, c, err := s.resolve(sh, key, tag, &l)
+	i, c, err := s.resolve(sh, key, tag, l)
 	if err != nil {
 		return weir.Result{}, err
 	}
