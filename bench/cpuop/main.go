@@ -100,6 +100,7 @@ func median2(n, rounds int, f func(g int) func()) float64 {
 func main() {
 	n := flag.Int("n", 5_000_000, "decisions per measurement")
 	rounds := flag.Int("rounds", 7, "rounds (the median is printed)")
+	par := flag.Bool("parallel", true, "also measure two goroutines over 100k keys")
 	flag.Parse()
 	x := rate.NewLimiter(rate.Limit(1e9), 1e9)
 	ctx := context.Background()
@@ -121,7 +122,9 @@ func main() {
 			res[i] = append(res[i], measure(*n, s.f))
 		}
 	}
-	parallel(*n, *rounds)
+	if *par {
+		parallel(*n, *rounds)
+	}
 	base := 0.0
 	for i, s := range subjects {
 		sort.Float64s(res[i])

@@ -34,7 +34,11 @@ func (sl *slot) keyString() string { return unsafe.String((*byte)(sl.key), sl.kl
 
 // is reports whether sl holds key, whose hash's high half is tag.
 func (sl *slot) is(key string, tag uint32) bool {
-	return sl.tag == tag && int(sl.klen) == len(key) && sl.keyString() == key
+	if sl.tag != tag || int(sl.klen) != len(key) {
+		return false
+	}
+	// The caller's string is often the very one the slot holds.
+	return sl.key == unsafe.Pointer(unsafe.StringData(key)) || sl.keyString() == key
 }
 
 // maxKeyLen is the longest key a slot holds.
