@@ -9,7 +9,9 @@ import (
 )
 
 // Each shard holds its keys in an open-addressed table: a slice of slots,
-// probed linearly from the home index of the key's hash, at most half full.
+// probed linearly from the home index of the key's hash, at most 7/8 full
+// (a table that fits the caches and the TLB better is worth the longer
+// probes, which stay within adjacent cache lines).
 // A slot holds one key's state under one algorithm inline, so a decision on
 // a held key reads one 64-byte slot (and the key's bytes, which hashing
 // read already) instead of a map group, the key, an entry and its state.
@@ -122,7 +124,7 @@ func (sh *shard) findKey(key string, tag uint32) int {
 // insert adds sl, whose key holds no slot under its algorithm yet. It does
 // not check the shard's limit: the caller made room.
 func (sh *shard) insert(sl slot) {
-	if (sh.used+1)*2 > len(sh.slots) {
+	if (sh.used+1)*8 > len(sh.slots)*7 {
 		sh.grow()
 	}
 	m := sh.mask()
