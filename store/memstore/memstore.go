@@ -194,7 +194,14 @@ func sameLimit(l, m *weir.Limit) bool {
 // sameExtras compares the settings of escalating penalties, calendar
 // quotas and warm-up, which most limits leave zero.
 func sameExtras(l, m *weir.Limit) bool {
-	return l.Escalate == m.Escalate && l.ForgetAfter == m.ForgetAfter &&
+	// Escalate element by element: comparing the arrays whole calls
+	// runtime.memequal (about 5 ns, a twentieth of a decision).
+	for i := range l.Escalate {
+		if l.Escalate[i] != m.Escalate[i] {
+			return false
+		}
+	}
+	return l.ForgetAfter == m.ForgetAfter &&
 		l.Calendar == m.Calendar && l.Timezone == m.Timezone && l.ResetAt == m.ResetAt && l.Warmup == m.Warmup
 }
 
