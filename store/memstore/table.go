@@ -143,9 +143,21 @@ func (sh *shard) insert(sl slot) {
 }
 
 // grow doubles the table (its first size is 8 slots).
-func (sh *shard) grow() {
+func (sh *shard) grow() { sh.resize(max(8, 2*len(sh.slots))) }
+
+// shrinkIfSparse halves a table less than 1/8 full, so that a shard whose
+// keys went (swept, evicted, reset) does not keep a table that samples
+// would have to scan through.
+func (sh *shard) shrinkIfSparse() {
+	if len(sh.slots) > 8 && sh.used*8 < len(sh.slots) {
+		sh.resize(len(sh.slots) / 2)
+	}
+}
+
+// resize moves every slot into a new table n slots long.
+func (sh *shard) resize(n int) {
 	old := sh.slots
-	sh.slots = make([]slot, max(8, 2*len(old)))
+	sh.slots = make([]slot, n)
 	m := sh.mask()
 	for j := range old {
 		if old[j].c == nil {
@@ -193,6 +205,7 @@ func (sh *shard) removeKind(key string, tag uint32, k algorithm.Kind) {
 	if sh.findKey(key, tag) < 0 {
 		sh.keys--
 	}
+	sh.shrinkIfSparse()
 }
 
 // removeKey deletes key under every algorithm, if held.
@@ -205,6 +218,7 @@ func (sh *shard) removeKey(key string, tag uint32) {
 		sh.deleteAt(i)
 	}
 	sh.keys--
+	sh.shrinkIfSparse()
 }
 
 // keyExpired reports whether every algorithm's state under key has

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/algorithm"
@@ -366,4 +367,33 @@ func TestTableChurn(t *testing.T) {
 		}
 	}
 	checkTable(t, s)
+}
+
+// TestTableShrinks: a shard whose keys have gone gives its table back
+// (down to a table at least 1/16 full), and the keys left stay found.
+func TestTableShrinks(t *testing.T) {
+	if unsafe.Sizeof(uintptr(0)) == 8 && unsafe.Sizeof(slot{}) != 64 {
+		t.Fatalf("a slot is %d bytes, want 64 (one cache line)", unsafe.Sizeof(slot{}))
+	}
+	clock := storetest.NewClock(storetest.Epoch)
+	s := New(WithClock(clock.Now), WithShards(1))
+	ctx := context.Background()
+	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 10, Period: time.Hour}
+	for i := range 4000 {
+		s.Take(ctx, fmt.Sprint("k", i), l, 3)
+	}
+	grown := len(s.shards[0].slots)
+	for i := range 3990 {
+		s.Reset(ctx, fmt.Sprint("k", i), l)
+	}
+	checkTable(t, s)
+	sh := &s.shards[0]
+	if len(sh.slots) >= grown || sh.used*16 < len(sh.slots) {
+		t.Fatalf("10 keys left in a table of %d slots (it had grown to %d)", len(sh.slots), grown)
+	}
+	for i := 3990; i < 4000; i++ {
+		if r, _ := s.Take(ctx, fmt.Sprint("k", i), l, 8); r.Allowed {
+			t.Fatalf("k%d admitted 3 + 8 events under 10/h after the table shrank", i)
+		}
+	}
 }
