@@ -1,7 +1,10 @@
 // Package memstore is weir's in-memory Store: one process, zero set-up.
 //
 // Keys are spread over shards, each with its own mutex, so goroutines
-// working on different keys rarely contend. The number of keys is bounded:
+// working on different keys rarely contend. Each shard is an open-addressed
+// table whose 64-byte slots hold a key's state inline (table.go, state.go),
+// so that a decision on a key not in cache costs one cache miss for its
+// state. The number of keys is bounded:
 // each key's state carries the instant after which it no longer matters
 // (its TTL), every insertion sweeps a couple of keys whose TTL has passed,
 // and a full shard first drops expired keys and otherwise the key whose
@@ -14,10 +17,10 @@ import (
 	"context"
 	"fmt"
 	"hash/maphash"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/algorithm"
@@ -54,6 +57,7 @@ const maxCompiled = 4096
 type compiled struct {
 	limit  weir.Limit
 	params algorithm.Params
+	lay    layout // how a state under it packs into a slot (state.go)
 }
 
 // compile returns l compiled, from the cache when possible.
@@ -71,95 +75,12 @@ func (s *Store) compile(l weir.Limit) (*compiled, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &compiled{l, p}
+	c := &compiled{l, p, layoutOf(&p)}
 	if len(s.limits) < maxCompiled {
 		s.limits[l] = c
 		s.last.Store(c)
 	}
 	return c, nil
-}
-
-type shard struct {
-	mu sync.Mutex
-	// m is keyed by the plain key, so lookups take Go's fast string-key
-	// path; the rare key used under several algorithms chains its entries.
-	m map[string]*entry
-	// limit is the most keys the shard may hold; the shards' limits add
-	// up to the store's MaxKeys.
-	limit int
-	// lastHash and lastHead remember the key decided last (its hash and
-	// the head of its chain), so that a key decided again finds its entry
-	// without the map's own hashing and probe. Every change to the map
-	// forgets it (forget).
-	lastHash uint64
-	lastKey  string
-	lastHead *entry
-	// The padding makes a shard 64 bytes on 64-bit platforms, so that
-	// consecutive shards' mutexes lie 64 bytes apart and never share a
-	// 64-byte cache line. It does not align a shard to a line (the array
-	// may start 8 bytes in, after the allocator's header), so a shard can
-	// straddle two lines, holding its neighbour's padding; on 32-bit
-	// platforms a shard is 56 bytes and neighbours can share a line.
-	_ [8]byte
-}
-
-// forget drops the remembered last key: the map is about to change.
-func (sh *shard) forget() { sh.lastHead, sh.lastKey = nil, "" }
-
-type stateKey struct {
-	key  string
-	kind algorithm.Kind
-}
-
-type entry struct {
-	kind algorithm.Kind
-	next *entry    // the same key under another algorithm
-	c    *compiled // the limit this state was last used with
-	// expires is written by every decision: it sits beside the fields
-	// read first, so that a decision on a key not in cache touches fewer
-	// cache lines.
-	expires int64 // µs: the state no longer matters from here on
-	state   algorithm.State
-}
-
-// get returns the entry for sk, or nil.
-func (sh *shard) get(sk stateKey) *entry {
-	e := sh.m[sk.key]
-	for e != nil && e.kind != sk.kind {
-		e = e.next
-	}
-	return e
-}
-
-// put inserts e under sk, which must not be present.
-func (sh *shard) put(sk stateKey, e *entry) {
-	sh.forget()
-	e.kind = sk.kind
-	e.next = sh.m[sk.key]
-	sh.m[sk.key] = e
-}
-
-// remove deletes sk's entry, keeping any other algorithm's.
-func (sh *shard) remove(sk stateKey) {
-	sh.forget()
-	head := sh.m[sk.key]
-	if head == nil {
-		return
-	}
-	if head.kind == sk.kind {
-		if head.next == nil {
-			delete(sh.m, sk.key)
-		} else {
-			sh.m[sk.key] = head.next
-		}
-		return
-	}
-	for p := head; p.next != nil; p = p.next {
-		if p.next.kind == sk.kind {
-			p.next = p.next.next
-			return
-		}
-	}
 }
 
 // Option configures a Store.
@@ -199,7 +120,6 @@ func New(opts ...Option) *Store {
 	s.mask = uint64(n - 1)
 	// The shards share MaxKeys exactly: the first MaxKeys%n get one more.
 	for i := range s.shards {
-		s.shards[i].m = make(map[string]*entry)
 		s.shards[i].limit = s.maxKeys / n
 		if i < s.maxKeys%n {
 			s.shards[i].limit++
@@ -251,37 +171,16 @@ func (c *monoClock) micros() int64 {
 	return b.wall + el.Microseconds()
 }
 
-func (s *Store) shardOf(key string) *shard {
-	return &s.shards[maphash.String(s.seed, key)&s.mask]
+// hash returns key's shard and its hash's high half (the tag).
+func (s *Store) hash(key string) (*shard, uint32) {
+	h := maphash.String(s.seed, key)
+	return &s.shards[h&s.mask], uint32(h >> 32)
 }
 
-func (s *Store) shardIndex(key string) int { return int(maphash.String(s.seed, key) & s.mask) }
-
-// entryFor returns key's entry, creating (but not inserting) one if absent,
-// with its limit compiled as l. The shard must be locked.
-func (s *Store) entryFor(sh *shard, sk stateKey, l weir.Limit) (e *entry, fresh bool, err error) {
-	return s.entryOf(sh.get(sk), l)
-}
-
-// entryOf returns e, a key's entry under l's algorithm (nil if absent, in
-// which case it creates one), with its limit compiled as l.
-func (s *Store) entryOf(e *entry, l weir.Limit) (_ *entry, fresh bool, err error) {
-	if e != nil && sameLimit(&e.c.limit, &l) {
-		return e, false, nil
-	}
-	c, err := s.compile(l)
-	if err != nil {
-		return nil, false, err
-	}
-	if e == nil {
-		e, fresh = &entry{}, true
-	} else if e.c.limit.Warmup != l.Warmup {
-		// A warm-up counts in other units and, in Redis, under another
-		// key: switching it on or off starts the key afresh.
-		e.state = algorithm.State{}
-	}
-	e.c = c
-	return e, fresh, nil
+// hashIndex returns the index of key's shard and its tag.
+func (s *Store) hashIndex(key string) (int, uint32) {
+	h := maphash.String(s.seed, key)
+	return int(h & s.mask), uint32(h >> 32)
 }
 
 // sameLimit is l == m, ordered so the common case (an unchanged limit)
@@ -295,7 +194,14 @@ func sameLimit(l, m *weir.Limit) bool {
 // sameExtras compares the settings of escalating penalties, calendar
 // quotas and warm-up, which most limits leave zero.
 func sameExtras(l, m *weir.Limit) bool {
-	return l.Escalate == m.Escalate && l.ForgetAfter == m.ForgetAfter &&
+	// Escalate element by element: comparing the arrays whole calls
+	// runtime.memequal (about 5 ns, a twentieth of a decision).
+	for i := range l.Escalate {
+		if l.Escalate[i] != m.Escalate[i] {
+			return false
+		}
+	}
+	return l.ForgetAfter == m.ForgetAfter &&
 		l.Calendar == m.Calendar && l.Timezone == m.Timezone && l.ResetAt == m.ResetAt && l.Warmup == m.Warmup
 }
 
@@ -307,49 +213,88 @@ func kindOf(l weir.Limit) (algorithm.Kind, error) {
 	return k, nil
 }
 
-// Take implements weir.Store.
-func (s *Store) Take(ctx context.Context, key string, l weir.Limit, n int64) (weir.Result, error) {
-	return s.take(key, l, n, algorithm.Exact, "")
+// checkKey refuses a key longer than a slot holds.
+func checkKey(key string) error {
+	if uint64(len(key)) > maxKeyLen {
+		return fmt.Errorf("memstore: a key of %d bytes is longer than the %d a key may have", len(key), uint64(maxKeyLen))
+	}
+	return nil
 }
 
-func (s *Store) take(key string, l weir.Limit, n int64, mode algorithm.Mode, lease string) (weir.Result, error) {
-	h := maphash.String(s.seed, key)
-	sh := &s.shards[h&s.mask]
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
+// resolve finds key's slot under l's algorithm, or -1 if it holds none,
+// and the limit compiled, updating the slot's limit if it changed. The
+// shard must be locked.
+func (s *Store) resolve(sh *shard, key string, tag uint32, l *weir.Limit) (int, *compiled, error) {
 	// The common case first: the key holds a state last used with this
 	// very limit (so of its algorithm), found without parsing the
-	// algorithm's name or looking at the compiled-limit cache. The key
-	// decided last in this shard is found without a map lookup.
-	var head *entry
-	if sh.lastHead != nil && sh.lastHash == h && sh.lastKey == key {
-		head = sh.lastHead
-	} else {
-		head = sh.m[key]
-		sh.lastHash, sh.lastKey, sh.lastHead = h, key, head
+	// algorithm's name or looking at the compiled-limit cache.
+	if i := sh.findLimit(key, tag, l); i >= 0 {
+		return i, sh.slots[i].c, nil
 	}
-	e := head
-	for e != nil && !sameLimit(&e.c.limit, &l) {
-		e = e.next
+	k, err := kindOf(*l)
+	if err != nil {
+		return -1, nil, err
 	}
-	fresh := false
-	var sk stateKey
-	if e == nil {
-		k, err := kindOf(l)
-		if err != nil {
-			return weir.Result{}, err
-		}
-		sk = stateKey{key, k}
-		for e = head; e != nil && e.kind != k; e = e.next {
-		}
-		if e, fresh, err = s.entryOf(e, l); err != nil {
-			return weir.Result{}, err
-		}
+	if err := checkKey(key); err != nil {
+		return -1, nil, err // a key too long is never held: refused here
 	}
-	maxCost := e.c.params.MaxCost()
+	c, err := s.compile(*l)
+	if err != nil {
+		return -1, nil, err
+	}
+	i := sh.findKind(key, tag, k)
+	if i >= 0 {
+		sl := &sh.slots[i]
+		if sl.c.limit.Warmup != l.Warmup {
+			// A warm-up counts in other units and, in Redis, under another
+			// key: switching it on or off starts the key afresh.
+			sl.v, sl.x = [3]int64{}, nil
+		}
+		sl.c = c
+	}
+	return i, c, nil
+}
+
+// open returns the State a decision on slot i (-1: a new key) under c
+// runs on: the slot's own, or the scratch st loaded from the slot.
+func (sh *shard) open(i int, c *compiled, st *algorithm.State) *algorithm.State {
+	if i < 0 {
+		unpack(layoutNone, nil, st)
+		return st
+	}
+	sl := &sh.slots[i]
+	if sl.x != nil {
+		return sl.x
+	}
+	unpack(c.lay, &sl.v, st)
+	return st
+}
+
+// keep stores st, which open returned for sl, back into sl.
+func keep(sl *slot, st *algorithm.State) {
+	if st == sl.x || pack(sl.c.lay, st, &sl.v) {
+		return
+	}
+	sl.x = spill(st)
+}
+
+// Take implements weir.Store.
+func (s *Store) Take(ctx context.Context, key string, l weir.Limit, n int64) (weir.Result, error) {
+	return s.take(key, &l, n, algorithm.Exact, "")
+}
+
+func (s *Store) take(key string, l *weir.Limit, n int64, mode algorithm.Mode, lease string) (weir.Result, error) {
+	sh, tag := s.hash(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	i, c, err := s.resolve(sh, key, tag, l)
+	if err != nil {
+		return weir.Result{}, err
+	}
+	maxCost := c.params.MaxCost()
 	if mode >= algorithm.Debit {
 		// A debit or refund may pass the limit (debt.go).
-		if err := weir.CheckDebt(key, n, &e.c.params, mode); err != nil {
+		if err := weir.CheckDebt(key, n, &c.params, mode); err != nil {
 			return weir.Result{}, err
 		}
 		maxCost = algorithm.MaxDebt
@@ -361,302 +306,135 @@ func (s *Store) take(key string, l weir.Limit, n int64, mode algorithm.Mode, lea
 		return weir.Result{}, weir.CheckCost(key, n, maxCost)
 	}
 	now := s.micros()
-	d := algorithm.Take(&e.c.params, &e.state, now, n, mode)
+	st := sh.open(i, c, &sh.scratch)
+	d := algorithm.Take(&c.params, st, now, n, mode)
 	if d.Granted > 0 && lease != "" {
-		algorithm.SetLeaseID(&e.state, lease)
+		algorithm.SetLeaseID(st, lease)
 	}
-	if fresh {
-		s.save(sh, sk, e, fresh, now, d.TTL, false)
+	if i >= 0 {
+		sl := &sh.slots[i]
+		keep(sl, st)
+		sl.expires = now + d.TTL
 	} else {
-		e.expires = now + d.TTL // what save does for a held entry
+		s.add(sh, key, tag, c, st, now, d.TTL, false)
 	}
 	return weir.ResultOf(d), nil
 }
 
-// save records e's new expiry and inserts it if it is new and matters,
-// first making room unless the caller already did.
-func (s *Store) save(sh *shard, sk stateKey, e *entry, fresh bool, now, ttl int64, swept bool) {
-	e.expires = now + ttl
-	if !fresh {
-		return
-	}
+// add inserts a new key's state st (a scratch State, left with only
+// packed fields set) under c if it matters, first making room unless the
+// caller already did.
+func (s *Store) add(sh *shard, key string, tag uint32, c *compiled, st *algorithm.State, now, ttl int64, swept bool) {
 	if ttl <= 0 {
-		return // an untouched key: nothing worth keeping
+		*st = algorithm.State{} // an untouched key: nothing worth keeping
+		return
 	}
 	if !swept {
-		s.makeRoom(sh, now, 1, nil)
+		need := 1
+		if sh.findKey(key, tag) >= 0 {
+			need = 0 // held under another algorithm: no new key
+		}
+		s.makeRoom(sh, now, need, nil)
 	}
-	if sh.m[sk.key] == nil && len(sh.m) >= sh.limit {
+	if sh.keys >= sh.limit && sh.findKey(key, tag) < 0 {
 		// A batch with more new keys than its shard holds: the state is
 		// forgotten at once, as if evicted, so the bound always holds.
+		*st = algorithm.State{}
 		return
 	}
-	sh.put(sk, e)
+	sl := slot{key: unsafe.Pointer(unsafe.StringData(key)), klen: uint32(len(key)), tag: tag, c: c, expires: now + ttl}
+	if !pack(c.lay, st, &sl.v) {
+		sl.x = spill(st)
+	}
+	sh.insert(sl)
 }
 
 // makeRoom sweeps a few expired keys and then, while the shard has no
-// room for need more keys, evicts: never a key for which keep (if not nil)
-// is true. The shard must be locked.
-func (s *Store) makeRoom(sh *shard, now int64, need int, keep func(string) bool) {
+// room for need more keys, evicts: never a key for which protect (if not
+// nil) is true. The shard must be locked.
+func (s *Store) makeRoom(sh *shard, now int64, need int, protect func(string) bool) {
 	// Like Redis's active expiry: sample a few keys, drop the expired ones,
 	// and sample again while at least half of a sample had expired.
 	const sweep, rounds = 4, 8
-	for r := 0; r < rounds; r++ {
-		seen, expired := 0, 0
-		for k, e := range sh.m { // map iteration starts at a random place
-			if chainExpired(e, now) && (keep == nil || !keep(k)) {
-				sh.forget()
-				delete(sh.m, k)
+	for r := 0; r < rounds && sh.used > 0; r++ {
+		var gone [sweep]int
+		expired := 0
+		for j := 0; j < sweep && j < sh.used; j++ {
+			i := sh.next()
+			sl := &sh.slots[i]
+			k := sl.keyString()
+			if sh.keyExpired(k, sl.tag, now) && (protect == nil || !protect(k)) {
+				gone[expired] = i
 				expired++
 			}
-			if seen++; seen >= sweep {
-				break
-			}
 		}
+		sh.dropKeys(gone[:expired])
 		if expired*2 < sweep {
 			break
 		}
 	}
-	for len(sh.m)+need > sh.limit {
-		if !s.evict(sh, now, keep) {
+	for sh.keys+need > sh.limit {
+		if !s.evict(sh, now, protect) {
 			return
 		}
+	}
+}
+
+// dropKeys removes the keys of the slots at idx, every algorithm's state
+// under each. Slots move as keys go, so it reads every key first.
+func (sh *shard) dropKeys(idx []int) {
+	var keys [16]string
+	var tags [16]uint32
+	for j, i := range idx {
+		keys[j], tags[j] = sh.slots[i].keyString(), sh.slots[i].tag
+	}
+	for j := range idx {
+		sh.removeKey(keys[j], tags[j]) // a key sampled twice goes once
 	}
 }
 
 // evict drops the expired keys of a sample or, if none had expired, the
 // one whose state expires soonest, and reports whether it dropped any.
 // The shard must be locked.
-func (s *Store) evict(sh *shard, now int64, keep func(string) bool) bool {
+func (s *Store) evict(sh *shard, now int64, protect func(string) bool) bool {
 	const sample = 16
-	var victim string
-	soonest := int64(1<<63 - 1)
-	i, dropped := 0, false
-	for k, e := range sh.m {
-		switch {
-		case keep != nil && keep(k):
-		case chainExpired(e, now):
-			sh.forget()
-			delete(sh.m, k)
-			dropped = true
-		case e.expires < soonest:
-			victim, soonest = k, e.expires
-		}
-		if i++; i >= sample {
-			break
-		}
-	}
-	if !dropped && soonest != 1<<63-1 {
-		sh.forget()
-		delete(sh.m, victim)
-		dropped = true
-	}
-	if !dropped && keep != nil {
-		// The sample held only protected keys: look at them all.
-		for k, e := range sh.m {
-			if !keep(k) && e.expires < soonest {
-				victim, soonest = k, e.expires
-			}
-		}
-		if soonest != 1<<63-1 {
-			sh.forget()
-			delete(sh.m, victim)
-			dropped = true
-		}
-	}
-	return dropped
-}
-
-// chainExpired reports whether every algorithm's state under one key has expired.
-func chainExpired(e *entry, now int64) bool {
-	for ; e != nil; e = e.next {
-		if e.expires > now {
-			return false
-		}
-	}
-	return true
-}
-
-// TakeAll implements weir.MultiStore: every request is decided under the
-// locks of all their shards, taken in index order so batches cannot
-// deadlock. Keys in one batch must be distinct.
-func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
-	if len(results) < len(reqs) {
-		return fmt.Errorf("memstore: %d results for %d requests", len(results), len(reqs))
-	}
-	if len(reqs) == 1 {
-		r := reqs[0]
-		res, err := s.take(r.Key, r.Limit, r.N, r.AlgorithmMode(), r.Lease)
-		results[0] = res
-		return err
-	}
-	for i := range reqs {
-		if reqs[i].Mode != weir.ModeTake {
-			return fmt.Errorf("%w: a %s decides one request at a time, not a batch of %d", weir.ErrUnsupported, reqs[i].Mode, len(reqs))
-		}
-	}
-	// Batches are small (one request per matched rule): keep them on the stack.
-	var itemsBuf [8]batchItem
-	var idxBuf [8]int
-	items := itemsBuf[:0]
-	if len(reqs) > len(itemsBuf) {
-		items = make([]batchItem, 0, len(reqs))
-	}
-	items = items[:len(reqs)]
-	idx, err := s.planBatch(reqs, items, idxBuf[:0])
-	if err != nil {
-		return err
-	}
-	s.lockShards(idx)
-	defer s.unlockShards(idx)
-	now := s.micros()
-	s.makeRoomForBatch(reqs, items, idx, now)
-	if err := s.resolveBatch(reqs, items); err != nil {
-		return err
-	}
-	s.decideBatch(reqs, items, results, now)
-	return nil
-}
-
-// batchItem is one request of a TakeAll batch being decided.
-type batchItem struct {
-	sk    stateKey
-	sh    *shard
-	e     *entry
-	fresh bool
-	mode  algorithm.Mode
-	n     int64
-}
-
-// planBatch checks each request's algorithm, refuses a key that appears
-// twice under one algorithm, and fills each item's state key, shard and
-// mode. It returns the batch's shard indexes, sorted and distinct, appended
-// to idx.
-func (s *Store) planBatch(reqs []weir.Request, items []batchItem, idx []int) ([]int, error) {
-	for i, r := range reqs {
-		k, err := kindOf(r.Limit)
-		if err != nil {
-			return nil, err
-		}
-		for j := 0; j < i; j++ {
-			if reqs[j].Key == r.Key && items[j].sk.kind == k {
-				return nil, fmt.Errorf("memstore: key %q appears twice in one batch", r.Key)
-			}
-		}
-		items[i].sk = stateKey{r.Key, k}
-		si := s.shardIndex(r.Key)
-		items[i].sh = &s.shards[si]
-		if r.AtMost {
-			items[i].mode = algorithm.AtMost
-		}
-		idx = append(idx, si)
-	}
-	slices.Sort(idx)
-	return slices.Compact(idx), nil
-}
-
-// lockShards locks the shards idx names, in its (ascending) order.
-func (s *Store) lockShards(idx []int) {
-	for _, si := range idx {
-		s.shards[si].mu.Lock()
-	}
-}
-
-// unlockShards unlocks the shards lockShards locked.
-func (s *Store) unlockShards(idx []int) {
-	for _, si := range idx {
-		s.shards[si].mu.Unlock()
-	}
-}
-
-// makeRoomForBatch sweeps before any entry of the batch is resolved: a
-// sweep run while saving one member could otherwise drop another member's
-// (expired) entry after it was looked up, losing that member's new state.
-// Each shard needs room for the batch's keys it does not hold yet, and no
-// sweep or eviction may drop a key of the batch, which would make it new
-// after its room was counted.
-func (s *Store) makeRoomForBatch(reqs []weir.Request, items []batchItem, idx []int, now int64) {
-	inBatch := func(k string) bool {
-		for i := range reqs {
-			if reqs[i].Key == k {
-				return true
-			}
-		}
+	if sh.used == 0 {
 		return false
 	}
-	for _, si := range idx {
-		sh := &s.shards[si]
-		need := 0
-		for i := range items {
-			if items[i].sh != sh || sh.m[items[i].sk.key] != nil {
-				continue
-			}
-			first := true // a key new under two algorithms is one key
-			for j := 0; j < i; j++ {
-				first = first && reqs[j].Key != reqs[i].Key
-			}
-			if first {
-				need++
-			}
-		}
-		if need > 0 {
-			s.makeRoom(sh, now, need, inBatch)
-		}
-	}
-}
-
-// resolveBatch finds or creates each item's entry and fixes the cost it
-// asks for, refusing a cost its limit can never admit.
-func (s *Store) resolveBatch(reqs []weir.Request, items []batchItem) error {
-	for i, r := range reqs {
-		e, fresh, err := s.entryFor(items[i].sh, items[i].sk, r.Limit)
-		if err != nil {
-			return err
-		}
-		items[i].n = r.N
-		if r.AtMost {
-			items[i].n = min(r.N, e.c.params.MaxCost())
-		}
-		if err := weir.CheckCost(r.Key, items[i].n, e.c.params.MaxCost()); err != nil {
-			return err
-		}
-		items[i].e, items[i].fresh = e, fresh
-	}
-	return nil
-}
-
-// decideBatch decides the batch all or nothing: when every item would be
-// admitted, each one takes its cost; otherwise none does, and only the
-// items that sank the batch record their rejection.
-func (s *Store) decideBatch(reqs []weir.Request, items []batchItem, results []weir.Result, now int64) {
-	all := true
-	for i := range reqs {
-		d := algorithm.Check(&items[i].e.c.params, &items[i].e.state, now, items[i].n, items[i].mode)
-		results[i] = weir.ResultOf(d)
-		all = all && d.Allowed
-	}
-	for i, r := range reqs {
-		it := &items[i]
-		var d algorithm.Decision
+	var gone [sample]int
+	expired, victim := 0, -1
+	soonest := int64(1<<63 - 1)
+	for j := 0; j < sample && j < sh.used; j++ {
+		i := sh.next()
+		sl := &sh.slots[i]
+		k := sl.keyString()
 		switch {
-		case all:
-			d = algorithm.Take(&it.e.c.params, &it.e.state, now, it.n, it.mode)
-			if d.Granted > 0 && r.Lease != "" {
-				algorithm.SetLeaseID(&it.e.state, r.Lease)
-			}
-			results[i] = weir.ResultOf(d)
-		case !results[i].Allowed:
-			// The request that sank the batch: Take consumes nothing
-			// but starts its penalty box.
-			d = algorithm.Take(&it.e.c.params, &it.e.state, now, it.n, it.mode)
-			results[i] = weir.ResultOf(d)
-		default:
-			results[i].Granted = 0
-			results[i].Delay = 0
-			continue
+		case protect != nil && protect(k):
+		case sh.keyExpired(k, sl.tag, now):
+			gone[expired] = i
+			expired++
+		case sl.expires < soonest:
+			victim, soonest = i, sl.expires
 		}
-		s.save(it.sh, it.sk, it.e, it.fresh, now, d.TTL, true)
 	}
+	if expired > 0 {
+		sh.dropKeys(gone[:expired])
+		return true
+	}
+	if victim < 0 && protect != nil {
+		// The sample held only protected keys: look at them all.
+		for i := range sh.slots {
+			sl := &sh.slots[i]
+			if sl.c != nil && !protect(sl.keyString()) && sl.expires < soonest {
+				victim, soonest = i, sl.expires
+			}
+		}
+	}
+	if victim < 0 {
+		return false
+	}
+	sh.dropKeys([]int{victim})
+	return true
 }
 
 // Release implements weir.MultiStore.
@@ -665,12 +443,14 @@ func (s *Store) Release(ctx context.Context, key string, l weir.Limit, lease str
 	if err != nil {
 		return err
 	}
-	sk := stateKey{key, k}
-	sh := s.shardOf(key)
+	sh, tag := s.hash(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if e := sh.get(sk); e != nil {
-		algorithm.Release(&e.state, lease)
+	if i := sh.findKind(key, tag, k); i >= 0 {
+		sl := &sh.slots[i]
+		st := sh.open(i, sl.c, &sh.scratch)
+		algorithm.Release(st, lease)
+		keep(sl, st)
 	}
 	return nil
 }
@@ -681,9 +461,9 @@ func (s *Store) Reset(ctx context.Context, key string, l weir.Limit) error {
 	if err != nil {
 		return err
 	}
-	sh := s.shardOf(key)
+	sh, tag := s.hash(key)
 	sh.mu.Lock()
-	sh.remove(stateKey{key, k})
+	sh.removeKind(key, tag, k)
 	sh.mu.Unlock()
 	return nil
 }
@@ -694,7 +474,7 @@ func (s *Store) Len() int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		n += len(sh.m)
+		n += sh.keys
 		sh.mu.Unlock()
 	}
 	return n
@@ -707,13 +487,13 @@ func (s *Store) TTL(key string, l weir.Limit) (time.Duration, bool) {
 	if err != nil {
 		return 0, false
 	}
-	sh := s.shardOf(key)
+	sh, tag := s.hash(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e := sh.get(stateKey{key, k})
+	i := sh.findKind(key, tag, k)
 	now := s.micros()
-	if e == nil || e.expires <= now {
+	if i < 0 || sh.slots[i].expires <= now {
 		return 0, false
 	}
-	return time.Duration(e.expires-now) * time.Microsecond, true
+	return time.Duration(sh.slots[i].expires-now) * time.Microsecond, true
 }

@@ -1,0 +1,238 @@
+package memstore
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/algorithm"
+)
+
+// TakeAll implements weir.MultiStore: every request is decided under the
+// locks of all their shards, taken in index order so batches cannot
+// deadlock. Keys in one batch must be distinct.
+func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
+	if len(results) < len(reqs) {
+		return fmt.Errorf("memstore: %d results for %d requests", len(results), len(reqs))
+	}
+	if len(reqs) == 1 {
+		r := reqs[0]
+		res, err := s.take(r.Key, &r.Limit, r.N, r.AlgorithmMode(), r.Lease)
+		results[0] = res
+		return err
+	}
+	for i := range reqs {
+		if reqs[i].Mode != weir.ModeTake {
+			return fmt.Errorf("%w: a %s decides one request at a time, not a batch of %d", weir.ErrUnsupported, reqs[i].Mode, len(reqs))
+		}
+	}
+	// Batches are small (one request per matched rule): keep them on the stack.
+	var itemsBuf [batchScratch]batchItem
+	var idxBuf [batchScratch]int
+	items := itemsBuf[:0]
+	if len(reqs) > len(itemsBuf) {
+		items = make([]batchItem, 0, len(reqs))
+	}
+	items = items[:len(reqs)]
+	idx, err := s.planBatch(reqs, items, idxBuf[:0])
+	if err != nil {
+		return err
+	}
+	sc := getScratch(len(reqs))
+	defer putScratch(sc)
+	s.lockShards(idx)
+	defer s.unlockShards(idx)
+	now := s.micros()
+	s.makeRoomForBatch(reqs, items, idx, now)
+	if err := s.resolveBatch(reqs, items, sc); err != nil {
+		return err
+	}
+	s.decideBatch(reqs, items, results, now)
+	return nil
+}
+
+// batchScratch is the number of requests a batch decides without
+// allocating.
+const batchScratch = 8
+
+// scratchStates are the States a batch's packed keys are decided on.
+// Between batches only their packed fields are ever non-zero.
+type scratchStates []algorithm.State
+
+var scratchPool = sync.Pool{New: func() any { s := make(scratchStates, batchScratch); return &s }}
+
+func getScratch(n int) *scratchStates {
+	if n > batchScratch {
+		s := make(scratchStates, n)
+		return &s
+	}
+	return scratchPool.Get().(*scratchStates)
+}
+
+func putScratch(s *scratchStates) {
+	if len(*s) == batchScratch {
+		scratchPool.Put(s)
+	}
+}
+
+// batchItem is one request of a TakeAll batch being decided.
+type batchItem struct {
+	tag   uint32
+	kind  algorithm.Kind
+	sh    *shard
+	c     *compiled
+	st    *algorithm.State // the slot's own State, or a scratch loaded from it
+	fresh bool
+	mode  algorithm.Mode
+	n     int64
+}
+
+// planBatch checks each request's key and algorithm, refuses a key that
+// appears twice under one algorithm, and fills each item's hash, shard and
+// mode. It returns the batch's shard indexes, sorted and distinct, appended
+// to idx.
+func (s *Store) planBatch(reqs []weir.Request, items []batchItem, idx []int) ([]int, error) {
+	for i, r := range reqs {
+		k, err := kindOf(r.Limit)
+		if err != nil {
+			return nil, err
+		}
+		for j := 0; j < i; j++ {
+			if reqs[j].Key == r.Key && items[j].kind == k {
+				return nil, fmt.Errorf("memstore: key %q appears twice in one batch", r.Key)
+			}
+		}
+		si, tag := s.hashIndex(r.Key)
+		items[i] = batchItem{tag: tag, kind: k, sh: &s.shards[si]}
+		if r.AtMost {
+			items[i].mode = algorithm.AtMost
+		}
+		idx = append(idx, si)
+	}
+	slices.Sort(idx)
+	return slices.Compact(idx), nil
+}
+
+// lockShards locks the shards idx names, in its (ascending) order.
+func (s *Store) lockShards(idx []int) {
+	for _, si := range idx {
+		s.shards[si].mu.Lock()
+	}
+}
+
+// unlockShards unlocks the shards lockShards locked.
+func (s *Store) unlockShards(idx []int) {
+	for _, si := range idx {
+		s.shards[si].mu.Unlock()
+	}
+}
+
+// makeRoomForBatch sweeps before any slot of the batch is resolved: a
+// sweep run while saving one member could otherwise drop another member's
+// (expired) state after it was looked up, losing that member's new state.
+// Each shard needs room for the batch's keys it does not hold yet, and no
+// sweep or eviction may drop a key of the batch, which would make it new
+// after its room was counted.
+func (s *Store) makeRoomForBatch(reqs []weir.Request, items []batchItem, idx []int, now int64) {
+	inBatch := func(k string) bool {
+		for i := range reqs {
+			if reqs[i].Key == k {
+				return true
+			}
+		}
+		return false
+	}
+	for _, si := range idx {
+		sh := &s.shards[si]
+		need := 0
+		for i := range items {
+			if items[i].sh != sh || sh.findKey(reqs[i].Key, items[i].tag) >= 0 {
+				continue
+			}
+			first := true // a key new under two algorithms is one key
+			for j := 0; j < i; j++ {
+				first = first && reqs[j].Key != reqs[i].Key
+			}
+			if first {
+				need++
+			}
+		}
+		if need > 0 {
+			s.makeRoom(sh, now, need, inBatch)
+		}
+	}
+}
+
+// resolveBatch finds or creates each item's state and fixes the cost it
+// asks for, refusing a cost its limit can never admit.
+func (s *Store) resolveBatch(reqs []weir.Request, items []batchItem, sc *scratchStates) error {
+	for i := range reqs {
+		r := &reqs[i]
+		it := &items[i]
+		si, c, err := s.resolve(it.sh, r.Key, it.tag, &r.Limit)
+		if err != nil {
+			return err
+		}
+		it.n = r.N
+		if r.AtMost {
+			it.n = min(r.N, c.params.MaxCost())
+		}
+		if err := weir.CheckCost(r.Key, it.n, c.params.MaxCost()); err != nil {
+			return err
+		}
+		it.c, it.fresh = c, si < 0
+		it.st = it.sh.open(si, c, &(*sc)[i])
+	}
+	return nil
+}
+
+// decideBatch decides the batch all or nothing: when every item would be
+// admitted, each one takes its cost; otherwise none does, and only the
+// items that sank the batch record their rejection.
+func (s *Store) decideBatch(reqs []weir.Request, items []batchItem, results []weir.Result, now int64) {
+	all := true
+	for i := range reqs {
+		d := algorithm.Check(&items[i].c.params, items[i].st, now, items[i].n, items[i].mode)
+		results[i] = weir.ResultOf(d)
+		all = all && d.Allowed
+	}
+	for i, r := range reqs {
+		it := &items[i]
+		var d algorithm.Decision
+		save := true
+		switch {
+		case all:
+			d = algorithm.Take(&it.c.params, it.st, now, it.n, it.mode)
+			if d.Granted > 0 && r.Lease != "" {
+				algorithm.SetLeaseID(it.st, r.Lease)
+			}
+			results[i] = weir.ResultOf(d)
+		case !results[i].Allowed:
+			// The request that sank the batch: Take consumes nothing
+			// but starts its penalty box.
+			d = algorithm.Take(&it.c.params, it.st, now, it.n, it.mode)
+			results[i] = weir.ResultOf(d)
+		default:
+			results[i].Granted = 0
+			results[i].Delay = 0
+			save = false
+		}
+		if it.fresh {
+			if !save {
+				*it.st = algorithm.State{}
+				continue
+			}
+			s.add(it.sh, r.Key, it.tag, it.c, it.st, now, d.TTL, true)
+			continue
+		}
+		// The slot is found again: a new key of the batch may have grown
+		// the table since it was resolved.
+		sl := &it.sh.slots[it.sh.findKind(r.Key, it.tag, it.kind)]
+		keep(sl, it.st)
+		if save {
+			sl.expires = now + d.TTL
+		}
+	}
+}
