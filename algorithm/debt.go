@@ -162,6 +162,17 @@ func debtOp(p *Params, s *State, now, n int64, mode Mode) Decision {
 	if !fit && p.Block > 0 && !boxed {
 		startBox(p, s, now) // escalating, as a rejection's box is
 	}
+	if mode == Debit && p.Block > 0 && s.BlockedUntil > now && d.RetryAfter > 0 && now+d.RetryAfter > s.BlockedUntil {
+		// The box lasts as long as the debt: nothing fits before the debt
+		// is paid anyway, and a box that lapsed first would answer too
+		// early a RetryAfter (a box that outlasts the limit's wait is
+		// answered alone, BoxOutlasts) and then be restarted, escalating,
+		// by the rejection that obeying it meets.
+		s.BlockedUntil = now + d.RetryAfter
+		if p.Escalating() {
+			s.LastBox = s.BlockedUntil
+		}
+	}
 	if s.BlockedUntil > now && p.Block > 0 {
 		left := s.BlockedUntil - now
 		d.RetryAfter = max(d.RetryAfter, left)

@@ -24,6 +24,7 @@ var debtTests = []struct {
 	{"DebtRefund", true, (*tester).debtRefund},
 	{"DebtSettle", true, (*tester).debtSettle},
 	{"DebtPenaltyBox", true, (*tester).debtPenaltyBox},
+	{"DebtOutlastsBox", true, (*tester).debtOutlastsBox},
 	{"DebtLoweredLimit", true, (*tester).debtLoweredLimit},
 	{"DebtBadInput", false, (*tester).debtBadInput},
 	{"DebtHammer", false, (*tester).debtHammer},
@@ -279,6 +280,39 @@ func (t *tester) debtPenaltyBox() {
 	// A debit that fits starts no box.
 	if res, _ = t.lim.Debit(ctx, t.key("ok"), l, 4); !res.Allowed || !res.BlockedUntil.IsZero() {
 		t.Fatalf("a fitting debit: %+v", res)
+	}
+}
+
+// debtOutlastsBox: a penalty box shorter than the debt lasts as long as
+// the debt, so that the box's answer (RetryAfter, BlockedUntil) is the
+// truth and obeying it is never met by a rejection that boxes the key
+// again.
+func (t *tester) debtOutlastsBox() {
+	if !t.debts() {
+		return
+	}
+	ctx := context.Background()
+	l := t.base()
+	l.Block = time.Second
+	retry, _ := t.debtRetry()
+	res, err := t.lim.Debit(ctx, t.key("k"), l, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Allowed || res.RetryAfter != retry || !res.BlockedUntil.Equal(Epoch.Add(retry)) {
+		t.Fatalf("Debit of 10 past a limit with a 1s box: %+v; want RetryAfter %v and the box until then", res, retry)
+	}
+	t.at(2 * time.Second)
+	if r := t.take("k", l, 0); r.RetryAfter != retry-2*time.Second {
+		t.Fatalf("a peek inside the box: RetryAfter %v, want %v (the debt's end)", r.RetryAfter, retry-2*time.Second)
+	}
+	t.at(retry - time.Microsecond)
+	if r := t.take("k", l, 1); r.Allowed {
+		t.Fatalf("admitted before the debt was paid: %+v", r)
+	}
+	t.at(retry)
+	if r := t.take("k", l, 1); !r.Allowed {
+		t.Fatalf("rejected at the RetryAfter the box gave: %+v", r)
 	}
 }
 

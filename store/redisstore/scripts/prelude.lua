@@ -462,7 +462,7 @@ local function persist(alg, p, s, d)
       -- The history lives until forget_after past the box's end.
       redis.call('SET', s.bkey, fmt(s.bu) .. ':' .. fmt(s.strikes), 'PX', ms(s.box + p.forget))
     else
-      redis.call('SET', s.bkey, fmt(s.bu), 'PX', ms(p.block))
+      redis.call('SET', s.bkey, fmt(s.bu), 'PX', ms(s.box or p.block))
     end
   end
 end
@@ -496,6 +496,13 @@ local function debt_op(alg, p, s, now, n, mode)
   d.changed = true
   if not fit and p.block > 0 and not boxed then
     start_box(p, s, now) -- escalating, as a rejection's box is
+    s.block_set = true
+  end
+  if mode == DEBIT and p.block > 0 and s.bu > now and d.retry > 0 and now + d.retry > s.bu then
+    -- The box lasts as long as the debt (algorithm.debtOp).
+    s.bu = now + d.retry
+    s.box = d.retry
+    s.last = s.bu
     s.block_set = true
   end
   if s.bu > now and p.block > 0 then
