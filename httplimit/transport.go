@@ -119,7 +119,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	cur := req
 	for attempt := 0; ; attempt++ {
 		if err := t.acquire(ctx, host); err != nil {
-			if cur != req && cur.Body != nil {
+			// A RoundTripper closes the body it was given, even on an
+			// error (http.Client relies on it).
+			if cur.Body != nil {
 				cur.Body.Close()
 			}
 			return nil, err

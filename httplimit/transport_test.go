@@ -259,3 +259,33 @@ func TestParseRateLimitItems(t *testing.T) {
 		t.Fatal("negative Retry-After accepted")
 	}
 }
+
+// closeCounter is a request body that counts its Close calls.
+type closeCounter struct {
+	io.Reader
+	closed atomic.Int32
+}
+
+func (c *closeCounter) Close() error { c.closed.Add(1); return nil }
+
+// TestTransportClosesBodyWhenPaced: a RoundTripper closes the body it was
+// given even when it never sends the request (http.Client relies on it).
+func TestTransportClosesBodyWhenPaced(t *testing.T) {
+	srv, _ := retryAfterServer(1, "120")
+	defer srv.Close()
+	tr, clock := fakeTransport(nil)
+	ctx, cancel := context.WithDeadline(context.Background(), clock.now().Add(time.Minute))
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)
+	if resp, err := tr.RoundTrip(req); err == nil {
+		resp.Body.Close()
+	}
+	body := &closeCounter{Reader: strings.NewReader("x")}
+	req, _ = http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, body)
+	if _, err := tr.RoundTrip(req); !errors.Is(err, ErrPaced) {
+		t.Fatalf("err %v; want ErrPaced", err)
+	}
+	if body.closed.Load() == 0 {
+		t.Fatal("the request body of a paced request was not closed")
+	}
+}

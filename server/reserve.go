@@ -108,8 +108,10 @@ func (s *Server) handleReserve(w http.ResponseWriter, r *http.Request) {
 	case req.Estimate == nil:
 		writeError(w, http.StatusBadRequest, codeBadRequest, `field "estimate" is required: the cost to reserve, a whole number`)
 		return
-	case *req.Estimate < 0:
-		writeError(w, http.StatusBadRequest, codeBadRequest, `field "estimate" is %d; it must be 0 or more`, *req.Estimate)
+	case *req.Estimate < 1:
+		// A reservation of 0 would cost nothing and still be kept for its
+		// TTL: free to make, it could fill the store's reservations.
+		writeError(w, http.StatusBadRequest, codeBadRequest, `field "estimate" is %d; it must be 1 or more (to settle a cost with nothing reserved, use /v1/check with "mode": "debit")`, *req.Estimate)
 		return
 	}
 	p := s.holder.Load()

@@ -104,6 +104,7 @@ func debtService(t *testing.T, base string) {
 		{"/v1/check", `{"rule":"tokens","key":"b","hits":2.5,"mode":"debit"}`, "hits"},
 		{"/v1/reserve", `{"rule":"slots","key":"b","estimate":1}`, "concurrency"},
 		{"/v1/reserve", `{"rule":"tokens","key":"b","estimate":-1}`, "-1"},
+		{"/v1/reserve", `{"rule":"tokens","key":"b","estimate":0}`, "1 or more"}, // free, yet kept: a flood of them would fill the store
 		{"/v1/reserve", `{"rule":"tokens","key":"b","estimate":1.5}`, "estimate"},
 		{"/v1/reserve", `{"rule":"tokens","key":"b"}`, "estimate"},
 		{"/v1/settle", `{"reservation":"x","actual":-3}`, "-3"},
