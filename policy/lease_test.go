@@ -191,3 +191,30 @@ rules:
 		t.Errorf("local fallback under 4 live instances admitted %d of 8/m, want 2", admitted)
 	}
 }
+
+// TestLeasedRulesAllOrNothing: when a later leased rule refuses a request,
+// the leased rules that admitted it give their units back, as the store's
+// rules are all or nothing.
+func TestLeasedRulesAllOrNothing(t *testing.T) {
+	clock := newClock()
+	store := newFakeStore(clock)
+	p := mustPolicy(t, `
+rules:
+  - {name: global, identity: const:all, limit: 100/m, algorithm: fixed_window, lease: 10}
+  - {name: tenant, identity: const:t, limit: 5/m, algorithm: fixed_window, lease: 5}
+`, store, WithClock(clock.Now))
+	admitted := 0
+	for range 30 {
+		if v := p.Check(ctx, from(req("GET", "/"), "192.0.2.1:1")); v.Allowed {
+			admitted++
+		}
+	}
+	if admitted != 5 {
+		t.Fatalf("admitted %d, want the tenant's 5", admitted)
+	}
+	// 5 admitted requests spent 5 of global's units; the 25 the tenant
+	// refused gave theirs back.
+	if s := p.Leases().Stats(); s.Spent != 10 {
+		t.Errorf("spent %d units, want 10 (5 from each rule)", s.Spent)
+	}
+}

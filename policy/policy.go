@@ -790,8 +790,17 @@ func (p *Policy) decideLeased(ctx context.Context, res []RuleResult, leased, res
 		} else {
 			res[j].Result = out
 		}
-		tickets = append(tickets, tk)
 		rejected = !res[j].Result.Allowed
+		if !rejected {
+			tickets = append(tickets, tk)
+		}
+	}
+	if rejected {
+		// All or nothing: the leased rules that admitted before this
+		// one's rejection give their units back.
+		for _, tk := range tickets {
+			p.leases.Give(tk)
+		}
 	}
 	if len(rest) == 0 {
 		return
