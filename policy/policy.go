@@ -1059,6 +1059,9 @@ func (p *Policy) Reset(ctx context.Context, rule, key string) error {
 			if err := p.guard.Reset(ctx, sk, t.limit); err != nil {
 				errs = append(errs, err)
 			}
+			// Again after the reset: a lease taken from the old state
+			// between the first Forget and the reset must not be spent.
+			p.leases.Forget(sk, t.limit)
 		}
 	}
 	return errors.Join(errs...)

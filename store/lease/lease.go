@@ -76,6 +76,9 @@ type entry struct {
 	remote      int64     // the store's Remaining at the last call
 	resetAt     time.Time // sent + the last call's ResetAfter
 	wait        chan struct{}
+	// dead: Forget dropped the entry (a reset). Units a refill in flight
+	// brings back to it lapse, and its callers find the key's new entry.
+	dead bool
 }
 
 // New returns an empty Table.
@@ -142,7 +145,7 @@ func (t *Table) TakeTicket(ctx context.Context, st weir.MultiStore, key string, 
 		r, err := st.Take(ctx, key, l, n)
 		return r, Ticket{}, err
 	}
-	r, exp, err := t.take(ctx, st, e, key, l, n, size)
+	r, exp, e, err := t.take(ctx, st, e, key, l, n, size)
 	if err != nil || !r.Allowed {
 		return r, Ticket{}, err
 	}
@@ -163,7 +166,7 @@ func (t *Table) Give(tk Ticket) {
 	t.lapse(e, now)
 	t.spent.Add(-tk.n)
 	switch {
-	case !now.Before(tk.expires):
+	case e.dead || !now.Before(tk.expires):
 		t.lapsed.Add(tk.n)
 	case e.units == 0:
 		e.units, e.expires = tk.n, tk.expires
@@ -175,10 +178,22 @@ func (t *Table) Give(tk Ticket) {
 }
 
 // take is TakeTicket on e; it also returns when the units it admitted
-// lapse.
-func (t *Table) take(ctx context.Context, st weir.MultiStore, e *entry, key string, l weir.Limit, n, size int64) (weir.Result, time.Time, error) {
+// lapse, and the entry they came from (the key's new one if a reset
+// dropped e meanwhile).
+func (t *Table) take(ctx context.Context, st weir.MultiStore, e *entry, key string, l weir.Limit, n, size int64) (weir.Result, time.Time, *entry, error) {
 	for tries := 0; ; tries++ {
 		e.mu.Lock()
+		if e.dead {
+			// A reset dropped e: its units, and any a refill brings back
+			// to it, were taken before the reset and must not be spent.
+			e.mu.Unlock()
+			if e = t.entry(key, l); e == nil {
+				t.bypassed.Add(1)
+				r, err := st.Take(ctx, key, l, n)
+				return r, time.Time{}, nil, err
+			}
+			continue
+		}
 		now := t.now()
 		t.lapse(e, now)
 		if e.units >= n {
@@ -186,12 +201,12 @@ func (t *Table) take(ctx context.Context, st weir.MultiStore, e *entry, key stri
 			t.spent.Add(n)
 			r, exp := e.result(now, n), e.expires
 			e.mu.Unlock()
-			return r, exp, nil
+			return r, exp, e, nil
 		}
 		if now.Before(e.deniedUntil) {
 			r := e.denied(now)
 			e.mu.Unlock()
-			return r, time.Time{}, nil
+			return r, time.Time{}, e, nil
 		}
 		if ch := e.wait; ch != nil {
 			// Another caller is taking a lease for this key: wait for it.
@@ -200,7 +215,7 @@ func (t *Table) take(ctx context.Context, st weir.MultiStore, e *entry, key stri
 			case <-ch:
 				continue
 			case <-ctx.Done():
-				return weir.Result{}, time.Time{}, ctx.Err()
+				return weir.Result{}, time.Time{}, e, ctx.Err()
 			}
 		}
 		ch := make(chan struct{})
@@ -211,11 +226,15 @@ func (t *Table) take(ctx context.Context, st weir.MultiStore, e *entry, key stri
 		e.mu.Lock()
 		e.wait = nil
 		close(ch)
+		dead := e.dead
 		e.mu.Unlock()
+		if dead && err == nil {
+			continue // reset while the call was out: ask the key's new entry
+		}
 		if late && tries < 2 {
 			continue // the window ended while the call was out: ask in the new one
 		}
-		return r, exp, err
+		return r, exp, e, err
 	}
 }
 
@@ -237,6 +256,13 @@ func (t *Table) refill(ctx context.Context, st weir.MultiStore, e *entry, key st
 	}
 	r = out[0]
 	now := t.now()
+	if e.dead {
+		// A reset dropped e while the call was out: what it debited
+		// counted before the reset and lapses; the caller asks again.
+		t.taken.Add(max(r.Granted, 0))
+		t.lapsed.Add(max(r.Granted, 0))
+		return weir.Result{}, time.Time{}, true, nil
+	}
 	t.lapse(e, now)
 	e.limit, e.remote, e.resetAt = r.Limit, max(r.Remaining, 0), sent.Add(r.ResetAfter)
 	if r.Granted <= 0 {
@@ -355,6 +381,7 @@ func (t *Table) Forget(key string, l weir.Limit) {
 		e.mu.Lock()
 		t.lapsed.Add(e.units)
 		e.units, e.deniedUntil = 0, time.Time{}
+		e.dead = true
 		e.mu.Unlock()
 	}
 }
