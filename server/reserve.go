@@ -11,6 +11,7 @@ import (
 	"github.com/weir-dev/weir/algorithm"
 	"github.com/weir-dev/weir/httplimit"
 	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/store/guard"
 )
 
 // ReservationTTL is how long an open reservation of POST /v1/reserve can
@@ -207,6 +208,15 @@ func (s *Server) handleSettle(w http.ResponseWriter, r *http.Request) {
 		_ = rs.PutReservation(r.Context(), req.Reservation, rec, ReservationTTL)
 		s.writeRuleError(w, p, res.Rule, err)
 		return
+	}
+	if n > 0 && rr.Err != nil && (errors.Is(rr.Err, weir.ErrNotSent) || errors.Is(rr.Err, guard.ErrCircuitOpen)) {
+		// The store never saw the settlement: keep the reservation so
+		// that a retry settles it there. (One that may have reached the
+		// store is not kept: a retry could charge it twice.)
+		if perr := rs.PutReservation(context.WithoutCancel(r.Context()), req.Reservation, rec, ReservationTTL); perr == nil {
+			writeError(w, http.StatusServiceUnavailable, codeStore, "the store failed before the settlement was made; the reservation is kept, retry: %v", rr.Err)
+			return
+		}
 	}
 	d := decisionOf(rr.Rule, rr.Result, rr.Shadow)
 	d.Tier, d.Fallback = rr.Tier, rr.Fallback

@@ -1,11 +1,15 @@
 package server
 
 import (
+	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 
+	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/internal/redistest"
+	"github.com/weir-dev/weir/store/memstore"
 )
 
 // debtRules: a token budget per key (token_bucket, 100 a minute, and a
@@ -118,5 +122,46 @@ func debtService(t *testing.T, base string) {
 	}
 	if _, d, _ = post(t, base+"/v1/check", `{"rule":"tokens","key":"b","hits":0}`); remaining(d) != 100 {
 		t.Fatalf("bad input changed the state: %v", d)
+	}
+}
+
+// notSentStore is a memstore whose debits and refunds fail before they
+// are sent while fail is set; its reservations work.
+type notSentStore struct {
+	*memstore.Store
+	fail atomic.Bool
+}
+
+func (s *notSentStore) TakeAll(ctx context.Context, reqs []weir.Request, out []weir.Result) error {
+	if s.fail.Load() && len(reqs) == 1 && reqs[0].Mode != weir.ModeTake {
+		return fmt.Errorf("test: %w", weir.ErrNotSent)
+	}
+	return s.Store.TakeAll(ctx, reqs, out)
+}
+
+// TestSettleKeptWhenNotSent: a settlement the store never saw keeps its
+// reservation (503), so that a retry settles it; once the store is back,
+// the retry settles it exactly once.
+func TestSettleKeptWhenNotSent(t *testing.T) {
+	st := &notSentStore{Store: memstore.New()}
+	_, ts := newTestServer(t, WithStore(st), WithConfig(mustParse(t, debtRules+"store:\n  on_error: deny\n")))
+	_, d, b := post(t, ts.URL+"/v1/reserve", `{"rule":"tokens","key":"k","estimate":50}`)
+	id, _ := d["reservation"].(string)
+	if id == "" {
+		t.Fatalf("reserve: %s", b)
+	}
+	st.fail.Store(true)
+	if code, _, b := post(t, ts.URL+"/v1/settle", `{"reservation":"`+id+`","actual":10}`); code != 503 || !strings.Contains(b, "kept") {
+		t.Fatalf("settle while the store fails before sending: %d %s, want 503 and the reservation kept", code, b)
+	}
+	st.fail.Store(false)
+	if code, _, b := post(t, ts.URL+"/v1/settle", `{"reservation":"`+id+`","actual":10}`); code != 200 {
+		t.Fatalf("the retry: %d %s", code, b)
+	}
+	if _, d, _ = post(t, ts.URL+"/v1/check", `{"rule":"tokens","key":"k","hits":0}`); int64(d["remaining"].(float64)) != 90 {
+		t.Fatalf("after settling 50 at 10: %v remaining, want 90", d["remaining"])
+	}
+	if code, _, _ := post(t, ts.URL+"/v1/settle", `{"reservation":"`+id+`","actual":10}`); code != 404 {
+		t.Fatalf("a second settle: %d, want 404", code)
 	}
 }
