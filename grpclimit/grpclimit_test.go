@@ -46,7 +46,7 @@ func serve(t *testing.T, ic *grpclimit.Interceptor) healthpb.HealthClient {
 }
 
 func TestUnaryExactUnderConcurrency(t *testing.T) {
-	lim := weir.NewLimiter(memstore.New())
+	lim := weir.NewLimiter(stillStore())
 	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 100, Period: time.Hour}
 	c := serve(t, grpclimit.New(lim, l))
 	var ok, exhausted atomic.Int64
@@ -75,7 +75,7 @@ func TestUnaryExactUnderConcurrency(t *testing.T) {
 }
 
 func TestRejectionCarriesRetryInfoAndTrailers(t *testing.T) {
-	lim := weir.NewLimiter(memstore.New())
+	lim := weir.NewLimiter(stillStore())
 	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 1, Period: time.Hour}
 	c := serve(t, grpclimit.New(lim, l, grpclimit.WithName("api")))
 	var hdr metadata.MD
@@ -114,7 +114,7 @@ func TestRejectionCarriesRetryInfoAndTrailers(t *testing.T) {
 // A concurrency lease is held while the stream is open and given back when
 // it ends.
 func TestStreamLeaseReleasedWhenStreamEnds(t *testing.T) {
-	lim := weir.NewLimiter(memstore.New())
+	lim := weir.NewLimiter(stillStore())
 	l := weir.Limit{Algorithm: weir.Concurrency, Rate: 1, Period: time.Hour}
 	c := serve(t, grpclimit.New(lim, l))
 
@@ -163,12 +163,12 @@ func TestKeyByPeerHonoursOnlyTrustedProxies(t *testing.T) {
 		return status.Code(err)
 	}
 	// Untrusted: the forwarded address is ignored, every call is 127.0.0.1.
-	c := serve(t, grpclimit.New(weir.NewLimiter(memstore.New()), l))
+	c := serve(t, grpclimit.New(weir.NewLimiter(stillStore()), l))
 	if a, b := call(c, "198.51.100.1"), call(c, "198.51.100.2"); a != codes.OK || b != codes.ResourceExhausted {
 		t.Fatalf("untrusted peer: %v, %v; want OK, ResourceExhausted", a, b)
 	}
 	// Trusted: each forwarded client has its own budget.
-	c = serve(t, grpclimit.New(weir.NewLimiter(memstore.New()), l, grpclimit.KeyByPeer(netip.MustParsePrefix("127.0.0.0/8"))))
+	c = serve(t, grpclimit.New(weir.NewLimiter(stillStore()), l, grpclimit.KeyByPeer(netip.MustParsePrefix("127.0.0.0/8"))))
 	if a, b, again := call(c, "198.51.100.1"), call(c, "198.51.100.2"), call(c, "198.51.100.1"); a != codes.OK || b != codes.OK || again != codes.ResourceExhausted {
 		t.Fatalf("trusted peer: %v, %v, %v; want OK, OK, ResourceExhausted", a, b, again)
 	}
@@ -176,7 +176,7 @@ func TestKeyByPeerHonoursOnlyTrustedProxies(t *testing.T) {
 
 func TestKeyByMetadata(t *testing.T) {
 	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 1, Period: time.Hour}
-	c := serve(t, grpclimit.New(weir.NewLimiter(memstore.New()), l, grpclimit.KeyByMetadata("X-API-Key")))
+	c := serve(t, grpclimit.New(weir.NewLimiter(stillStore()), l, grpclimit.KeyByMetadata("X-API-Key")))
 	call := func(key string) codes.Code {
 		ctx := context.Background()
 		if key != "" {
@@ -207,7 +207,7 @@ deny:
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := policy.New(cfg, memstore.New())
+	p, err := policy.New(cfg, stillStore())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,4 +236,11 @@ deny:
 	if _, err := s.Recv(); err != nil {
 		t.Fatalf("unmatched method: %v", err)
 	}
+}
+
+// stillStore is a memory store whose clock stands still a minute into an
+// hour, so that no test's hour-long window can end while it runs.
+func stillStore() *memstore.Store {
+	at := time.Date(2030, 1, 1, 10, 1, 0, 0, time.UTC)
+	return memstore.New(memstore.WithClock(func() time.Time { return at }))
 }

@@ -51,7 +51,11 @@ func fakeTransport(base http.RoundTripper) (*Transport, *fakeClock) {
 // deadline fails at once with ErrPaced.
 func TestTransportNeverOverrunsWeirMiddleware(t *testing.T) {
 	var admitted, rejected atomic.Int64
-	lim := weir.NewLimiter(memstore.New())
+	// The server's clock stands still, a minute into an hour: a run that
+	// crossed the hour on the wall clock would open a new window (CI once
+	// saw 21 admitted at 04:00).
+	at := time.Date(2030, 1, 1, 10, 1, 0, 0, time.UTC)
+	lim := weir.NewLimiter(memstore.New(memstore.WithClock(func() time.Time { return at })))
 	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 10, Period: time.Hour}
 	h := New(lim, l, WithName("api"), WithObserver(func(d Decision) {
 		if d.Allowed {
