@@ -46,15 +46,7 @@ func Sentinel(t testing.TB) *SentinelGroup {
 	g.Replica = newServer(t, "sentinel replica", false, func(port int, dir string) ([]string, error) {
 		return append(baseArgs(port, dir), "--replicaof", "127.0.0.1", primaryPort), nil
 	})
-	if err := waitFor(groupTimeout, func() error {
-		st, err := g.Replica.infoField("replication", "master_link_status")
-		if err == nil && st != "up" {
-			err = fmt.Errorf("replica %s: master_link_status:%s", g.Replica.Addr, st)
-		}
-		return err
-	}); err != nil {
-		t.Fatalf("redistest: replica did not sync: %v\n%s%s", err, g.Primary.logTail(), g.Replica.logTail())
-	}
+	g.waitReplicaSynced(t, "replica")
 
 	for range 3 {
 		s := newServer(t, "sentinel", false, func(port int, dir string) ([]string, error) {
@@ -245,4 +237,19 @@ func atoi(s string) int {
 		return -1
 	}
 	return n
+}
+
+// waitReplicaSynced waits until g's replica reports its link to the
+// primary up, failing t (with both servers' logs) if it never does.
+func (g *SentinelGroup) waitReplicaSynced(t testing.TB, what string) {
+	t.Helper()
+	if err := waitFor(groupTimeout, func() error {
+		st, err := g.Replica.infoField("replication", "master_link_status")
+		if err == nil && st != "up" {
+			err = fmt.Errorf("replica %s: master_link_status:%s", g.Replica.Addr, st)
+		}
+		return err
+	}); err != nil {
+		t.Fatalf("redistest: %s did not sync: %v\n%s%s", what, err, g.Primary.logTail(), g.Replica.logTail())
+	}
 }

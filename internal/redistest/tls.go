@@ -2,7 +2,6 @@ package redistest
 
 import (
 	"crypto/tls"
-	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -76,15 +75,7 @@ func SentinelTLS(t testing.TB, c TLS) *SentinelGroup {
 	g.Replica = newServerTLS(t, "sentinel replica (TLS)", false, func(port int, dir string) ([]string, error) {
 		return append(append(baseArgs(port, dir), c.args(port)...), "--replicaof", "127.0.0.1", primaryPort), nil
 	}, c.Client)
-	if err := waitFor(groupTimeout, func() error {
-		st, err := g.Replica.infoField("replication", "master_link_status")
-		if err == nil && st != "up" {
-			err = fmt.Errorf("replica %s: master_link_status:%s", g.Replica.Addr, st)
-		}
-		return err
-	}); err != nil {
-		t.Fatalf("redistest: TLS replica did not sync: %v\n%s%s", err, g.Primary.logTail(), g.Replica.logTail())
-	}
+	g.waitReplicaSynced(t, "TLS replica")
 	for range 3 {
 		s := newServerTLS(t, "sentinel (TLS)", false, func(port int, dir string) ([]string, error) {
 			conf := filepath.Join(dir, "sentinel.conf")
