@@ -22,31 +22,8 @@ for tool in redis-server redis-cli go; do
 	command -v "$tool" >/dev/null || { echo "run.sh: $tool not found" >&2; exit 1; }
 done
 
-tmp=$(mktemp -d)
-pid=""
-cleanup() {
-	if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
-
-for _ in $(seq 1 20); do
-	port=$((20000 + RANDOM % 20000))
-	[ "$port" = 6379 ] && continue
-	redis-cli -p "$port" ping >/dev/null 2>&1 && continue # someone else's
-	redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
-		--dir "$tmp" --daemonize no --logfile "$tmp/redis.log" &
-	pid=$!
-	for _ in $(seq 1 100); do
-		redis-cli -p "$port" ping >/dev/null 2>&1 && break
-		kill -0 "$pid" 2>/dev/null || break
-		sleep 0.05
-	done
-	if kill -0 "$pid" 2>/dev/null && redis-cli -p "$port" ping >/dev/null 2>&1; then break; fi
-	pid=""
-done
-[ -n "$pid" ] || { echo "run.sh: could not start redis-server" >&2; exit 1; }
-cli() { redis-cli -p "$port" "$@"; }
+# shellcheck source=bench/private-redis.sh
+. bench/private-redis.sh
 
 # The load runs as a test binary, built once.
 go test -c -o "$tmp/lease.test" ./store/lease/ >/dev/null

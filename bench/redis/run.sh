@@ -33,32 +33,8 @@ for tool in redis-server redis-cli redis-benchmark go; do
 	command -v "$tool" >/dev/null || { echo "run.sh: $tool not found" >&2; exit 1; }
 done
 
-tmp=$(mktemp -d)
-pid=""
-cleanup() {
-	if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
-
-# A free port: try random ones until a server of ours answers on one.
-for _ in $(seq 1 20); do
-	port=$((20000 + RANDOM % 20000))
-	[ "$port" = 6379 ] && continue
-	redis-cli -p "$port" ping >/dev/null 2>&1 && continue # someone else's
-	redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
-		--dir "$tmp" --daemonize no --logfile "$tmp/redis.log" &
-	pid=$!
-	for _ in $(seq 1 100); do
-		redis-cli -p "$port" ping >/dev/null 2>&1 && break
-		kill -0 "$pid" 2>/dev/null || break
-		sleep 0.05
-	done
-	if kill -0 "$pid" 2>/dev/null && redis-cli -p "$port" ping >/dev/null 2>&1; then break; fi
-	pid=""
-done
-[ -n "$pid" ] || { echo "run.sh: could not start redis-server" >&2; exit 1; }
-cli() { redis-cli -p "$port" "$@"; }
+# shellcheck source=bench/private-redis.sh
+. bench/private-redis.sh
 
 # The assembled scripts, their SHA-1s and ARGV, from the Go package itself.
 WEIR_BENCH_DUMP=$tmp go test -count=1 -run '^TestDumpScripts$' ./store/redisstore/ >/dev/null
@@ -77,8 +53,10 @@ for algo in $algos; do
 	sha=$(cat "$tmp/$algo.sha")
 	loaded=$(cli -x SCRIPT LOAD <"$tmp/$algo.lua")
 	[ "$loaded" = "$sha" ] || { echo "run.sh: $algo: SCRIPT LOAD gave $loaded, want $sha" >&2; exit 1; }
-	read -r -a args <"$tmp/$algo.args"
-	read -r -a args100 <"$tmp/$algo.args100"
+	mapfile -t args <"$tmp/$algo.args" # one value a line; the last is often empty
+	mapfile -t args100 <"$tmp/$algo.args100"
+	args100q=()
+	for a in "${args100[@]}"; do args100q+=("${a:-\"\"}"); done # for redis-cli's own quoting
 
 	# Ceiling: the same function, keys and limit, straight from redis-benchmark.
 	rb() { # rb <pipeline> <command and args...>: calls/s
@@ -131,7 +109,7 @@ for algo in $algos; do
 	cli EVALSHA "$sha" 2 "$key" "weir:{mem}:block" "" 1 0 "m0" "${args100[@]}" >/dev/null
 	mem1=$(cli MEMORY USAGE "$key")
 	for i in $(seq 1 99); do
-		printf 'EVALSHA %s 2 %s weir:{mem}:block "" 1 0 m%d %s\n' "$sha" "$key" "$i" "${args100[*]}"
+		printf 'EVALSHA %s 2 %s weir:{mem}:block "" 1 0 m%d %s\n' "$sha" "$key" "$i" "${args100q[*]}"
 	done | cli >/dev/null
 	mem100=$(cli MEMORY USAGE "$key")
 

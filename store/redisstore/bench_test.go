@@ -124,7 +124,9 @@ func TestDumpScripts(t *testing.T) {
 				t.Fatal(err)
 			}
 			args := limitArgs(&p)
-			write(name, strings.Join(args[:], " ")+"\n")
+			// One value a line: a limit's last value (its extras) is often
+			// empty, which a line of words would lose.
+			write(name, strings.Join(args[:], "\n")+"\n")
 		}
 	}
 }
