@@ -195,3 +195,22 @@ func NewLeaseID() string {
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
 }
+
+// StoreAs returns the first store that is a T in the chain that starts at
+// s and follows wrappers' Unwrap() Store methods (the deny cache and the
+// tracing wrapper offer one), so that a wrapper need not re-implement
+// every optional interface of the store it wraps.
+func StoreAs[T any](s Store) (T, bool) {
+	for range 8 { // wrappers are few; a cycle must not hang
+		if t, ok := s.(T); ok {
+			return t, true
+		}
+		u, ok := s.(interface{ Unwrap() Store })
+		if !ok {
+			break
+		}
+		s = u.Unwrap()
+	}
+	var zero T
+	return zero, false
+}

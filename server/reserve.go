@@ -78,18 +78,7 @@ func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 // first store it wraps that is one (the deny cache and the tracing wrapper
 // keep no reservations of their own: they Unwrap to the store that does).
 func reservations(p *policy.Policy) (weir.ReservationStore, bool) {
-	st := p.Store()
-	for range 8 {
-		if rs, ok := st.(weir.ReservationStore); ok {
-			return rs, true
-		}
-		u, ok := st.(interface{ Unwrap() weir.Store })
-		if !ok {
-			break
-		}
-		st = u.Unwrap()
-	}
-	return nil, false
+	return weir.StoreAs[weir.ReservationStore](p.Store())
 }
 
 // handleReserve serves POST /v1/reserve: it takes the estimate as

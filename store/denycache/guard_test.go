@@ -33,13 +33,27 @@ func (f *failing) Take(ctx context.Context, key string, l weir.Limit, n int64) (
 // keep the breaker closed while every real call fails; and they are still
 // given while it is open.
 func TestGuardBreakerSeesThroughHits(t *testing.T) {
+	t.Run("direct", func(t *testing.T) { guardBreakerSeesThroughHits(t, func(s weir.Store) weir.Store { return s }) })
+	// A wrapper outside the cache (weir serve's tracing is one): the
+	// guard finds the cache through Unwrap.
+	t.Run("wrapped", func(t *testing.T) {
+		guardBreakerSeesThroughHits(t, func(s weir.Store) weir.Store { return unwrapper{s.(weir.MultiStore)} })
+	})
+}
+
+// unwrapper wraps a store and offers Unwrap, as weirotel's does.
+type unwrapper struct{ weir.MultiStore }
+
+func (u unwrapper) Unwrap() weir.Store { return u.MultiStore }
+
+func guardBreakerSeesThroughHits(t *testing.T, wrap func(weir.Store) weir.Store) {
 	clock := storetest.NewClock(storetest.Epoch)
 	inner := &failing{MultiStore: memstore.New(memstore.WithClock(clock.Now))}
 	c, err := New(inner, Config{Clock: clock.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := guard.New(c, guard.Config{Timeout: time.Second, Now: clock.Now,
+	g := guard.New(wrap(c), guard.Config{Timeout: time.Second, Now: clock.Now,
 		Breaker: guard.BreakerConfig{Failures: 5, FailureRatio: 2, Cooldown: time.Hour}})
 	for range 4 {
 		mustTake(t, g, "abuser", fw, 1) // the 4th is denied and cached

@@ -246,7 +246,7 @@ func New(store weir.Store, cfg Config) *Guard {
 	}
 	g.local = memstore.New(memstore.WithMaxKeys(maxKeys), memstore.WithShards(16), memstore.WithClock(g.now))
 	g.multi, _ = store.(weir.MultiStore)
-	g.answerer = findAnswerer(store)
+	g.answerer, _ = weir.StoreAs[Answerer](store) // through a tracing wrapper too
 	_, g.noDeadline = store.(*memstore.Store)
 	if ts, ok := store.(timeoutStore); ok && ts.Timeout() > 0 && ts.Timeout() <= g.timeout {
 		// The store ends every call by its own timeout: a timer per call
@@ -254,22 +254,6 @@ func New(store weir.Store, cfg Config) *Guard {
 		g.noDeadline = true
 	}
 	return g
-}
-
-// findAnswerer returns store, or the first store it wraps (through
-// Unwrap() weir.Store, as a tracing wrapper offers), that is an Answerer.
-func findAnswerer(store weir.Store) Answerer {
-	for range 8 { // wrappers are few; a cycle must not hang New
-		if a, ok := store.(Answerer); ok {
-			return a
-		}
-		u, ok := store.(interface{ Unwrap() weir.Store })
-		if !ok {
-			return nil
-		}
-		store = u.Unwrap()
-	}
-	return nil
 }
 
 // An Answerer is a store that can answer some decisions from memory,
