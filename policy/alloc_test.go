@@ -3,6 +3,7 @@ package policy
 import (
 	"context"
 	"math/rand/v2"
+	"net/http"
 	"net/netip"
 	"testing"
 	"time"
@@ -136,5 +137,44 @@ rules:
 	}
 	if observed == 0 {
 		t.Error("the observer was not called")
+	}
+}
+
+// headerSink is a ResponseWriter that keeps only its header map.
+type headerSink struct{ h http.Header }
+
+func (w *headerSink) Header() http.Header         { return w.h }
+func (w *headerSink) Write(b []byte) (int, error) { return len(b), nil }
+func (w *headerSink) WriteHeader(int)             {}
+
+// TestMiddlewareVerdictOnStack: a request with no cost or count rule keeps
+// its verdict off the heap (only a metered request's closure needs one):
+// the allowed path's allocations are the response headers' values.
+func TestMiddlewareVerdictOnStack(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector makes sync.Pool drop items, which allocates")
+	}
+	cfg, err := Parse([]byte(`
+rules:
+  - { name: api, match: { path: /api/ }, limit: 1000000000/s }
+  - { name: all, limit: 1000000000/s, algorithm: token_bucket }
+`), "weir.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := Middleware(p)(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	r, _ := http.NewRequest(http.MethodGet, "/api/x", nil)
+	r.RemoteAddr = "192.0.2.1:1234"
+	w := &headerSink{h: http.Header{}}
+	got := testing.AllocsPerRun(200, func() {
+		clear(w.h)
+		h.ServeHTTP(w, r)
+	})
+	if got > 6 {
+		t.Fatalf("%v allocations per allowed request, want at most 6 (the verdict moved to the heap?)", got)
 	}
 }

@@ -181,7 +181,10 @@ func (m *ruled) serve(w http.ResponseWriter, r *http.Request, p *Policy, v *Verd
 	}
 	var next http.Handler = m.next
 	if v.Metered() {
-		next = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serveMetered(w, r, p, v) })
+		// A copy for the closure, so that only a metered request's
+		// verdict goes to the heap (it shares the results and leases).
+		mv := *v
+		next = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serveMetered(w, r, p, &mv) })
 	}
 	if a == nil {
 		next.ServeHTTP(w, r)
