@@ -58,6 +58,8 @@ func (r *Request) AlgorithmMode() algorithm.Mode {
 	switch {
 	case r.Mode == ModeDebit:
 		return algorithm.Debit
+	case r.Mode == ModeRefund && !r.Stamp.IsZero():
+		return algorithm.Settle
 	case r.Mode == ModeRefund:
 		return algorithm.Credit
 	case r.AtMost:
@@ -76,7 +78,7 @@ var ErrSettled = errors.New("weir: reservation already settled")
 // unless 0 <= n <= algorithm.MaxDebt. Stores call it.
 func CheckDebt(key string, n int64, p *algorithm.Params, mode algorithm.Mode) error {
 	name := "debit"
-	if mode == algorithm.Credit {
+	if mode >= algorithm.Credit {
 		name = "refund"
 	}
 	if !p.Debts() {
@@ -142,16 +144,64 @@ type Reservation struct {
 	Key      string
 	Limit    Limit
 	Estimate int64
+	// Stamp dates the take by the store's clock when the store can (a
+	// StampStore: memstore and redisstore are): Settle then refunds no
+	// more than the limit cannot have recovered since. Zero otherwise.
+	Stamp Stamp
 
 	lim     *Limiter
 	mu      sync.Mutex
 	settled bool
 }
 
+// A Stamp dates the take of a reservation by the store's own clock, so
+// that its settlement refunds only what the limit cannot have recovered
+// since: a refund into a window, trailing period or refilled bucket that
+// has moved on would otherwise give back capacity the limit already
+// recovered (docs/algorithms.md, "Debt"). The zero Stamp is unknown.
+type Stamp struct {
+	At        int64 // µs since the Unix epoch by the store's clock; 0: unknown
+	Estimate  int64 // the cost the take took
+	Remaining int64 // Result.Remaining right after the take
+}
+
+// IsZero reports whether st dates nothing.
+func (st Stamp) IsZero() bool { return st.At == 0 }
+
+// Taken returns st as the algorithms read it.
+func (st Stamp) Taken() algorithm.Taken {
+	return algorithm.Taken{At: st.At, Cost: st.Estimate, Remaining: st.Remaining}
+}
+
+// CheckStamp returns nil if st can date a settlement, or an error wrapping
+// ErrInvalidCost that names the bad value. Stores call it.
+func CheckStamp(st Stamp) error {
+	switch {
+	case st.At < 0:
+		return fmt.Errorf("%w: stamp time %d is negative", ErrInvalidCost, st.At)
+	case st.Estimate < 0 || st.Estimate > algorithm.MaxDebt:
+		return fmt.Errorf("%w: stamp estimate %d is outside 0..%d", ErrInvalidCost, st.Estimate, int64(algorithm.MaxDebt))
+	case st.Remaining < 0 || st.Remaining > algorithm.MaxDebt:
+		return fmt.Errorf("%w: stamp remaining %d is outside 0..%d", ErrInvalidCost, st.Remaining, int64(algorithm.MaxDebt))
+	}
+	return nil
+}
+
+// A StampStore dates its takes by its own clock (Redis: its TIME), so
+// that Reserve can stamp its reservations; a refund Request with a Stamp
+// then settles that take (Request.Stamp). memstore and redisstore
+// implement it; Reserve finds it through StoreAs.
+type StampStore interface {
+	// TakeStamped decides as Take does and, when the take is admitted,
+	// returns its Stamp.
+	TakeStamped(ctx context.Context, key string, l Limit, n int64) (Result, Stamp, error)
+}
+
 // Reserve admits estimate events for key under l as AllowN does. When they
 // are admitted it returns a Reservation to Settle with the real cost; when
 // rejected the Reservation is nil and nothing is consumed. The limit's
-// algorithm must support debt (see Debit).
+// algorithm must support debt (see Debit). A store that dates its takes
+// (a StampStore, found through StoreAs) stamps the reservation.
 func (lim *Limiter) Reserve(ctx context.Context, key string, l Limit, estimate int64) (*Reservation, Result, error) {
 	p, err := l.Compile()
 	if err != nil {
@@ -163,17 +213,25 @@ func (lim *Limiter) Reserve(ctx context.Context, key string, l Limit, estimate i
 	if _, ok := lim.store.(MultiStore); !ok {
 		return nil, Result{}, fmt.Errorf("%w: Reserve needs a MultiStore", ErrUnsupported)
 	}
-	res, err := lim.store.Take(ctx, key, l, estimate)
+	var res Result
+	var st Stamp
+	if ss, ok := StoreAs[StampStore](lim.store); ok {
+		res, st, err = ss.TakeStamped(ctx, key, l, estimate)
+	} else {
+		res, err = lim.store.Take(ctx, key, l, estimate)
+	}
 	if err != nil || !res.Allowed {
 		return nil, res, err
 	}
-	return &Reservation{Key: key, Limit: l, Estimate: estimate, lim: lim}, res, nil
+	return &Reservation{Key: key, Limit: l, Estimate: estimate, Stamp: st, lim: lim}, res, nil
 }
 
 // Settle charges the reservation's real cost: it debits actual − estimate
 // when more was used, refunds estimate − actual when less was, and
-// reports the key afterwards. Settling twice returns ErrSettled; a failed
-// Settle (the store's error) may be retried.
+// reports the key afterwards. A stamped reservation's refund gives back
+// only what the limit cannot have recovered since the take
+// (SettleStamped). Settling twice returns ErrSettled; a failed Settle (the
+// store's error) may be retried.
 func (r *Reservation) Settle(ctx context.Context, actual int64) (Result, error) {
 	if actual < 0 || actual > algorithm.MaxDebt {
 		return Result{}, fmt.Errorf("%w: actual cost %d is outside 0..%d", ErrInvalidCost, actual, int64(algorithm.MaxDebt))
@@ -183,7 +241,9 @@ func (r *Reservation) Settle(ctx context.Context, actual int64) (Result, error) 
 	if r.settled {
 		return Result{}, ErrSettled
 	}
-	res, err := r.lim.Settle(ctx, r.Key, r.Limit, r.Estimate, actual)
+	st := r.Stamp
+	st.Estimate = r.Estimate
+	res, err := r.lim.SettleStamped(ctx, r.Key, r.Limit, st, actual)
 	if err == nil {
 		r.settled = true
 	}
@@ -191,8 +251,12 @@ func (r *Reservation) Settle(ctx context.Context, actual int64) (Result, error) 
 }
 
 // Settle charges the difference between a cost estimated (and taken)
-// earlier and the real one, as Reservation.Settle does, for callers that
-// keep their reservations themselves (weir serve keeps them in the store).
+// earlier and the real one, for callers that keep their reservations
+// themselves. It knows nothing of when the estimate was taken: its refund
+// goes into the state as it is now (Refund), which gives back capacity the
+// limit has already recovered if the take's window or trailing period has
+// moved on, or its bucket refilled, since. Keep the reservation's Stamp
+// and call SettleStamped where you can.
 func (lim *Limiter) Settle(ctx context.Context, key string, l Limit, estimate, actual int64) (Result, error) {
 	switch {
 	case actual > estimate:
@@ -201,6 +265,22 @@ func (lim *Limiter) Settle(ctx context.Context, key string, l Limit, estimate, a
 		return lim.Refund(ctx, key, l, estimate-actual)
 	}
 	return lim.Peek(ctx, key, l)
+}
+
+// SettleStamped is Settle for a take dated by st (a Reservation's Stamp;
+// st.Estimate is the estimate): a debit is the same; a refund of
+// st.Estimate − actual gives back only what the limit cannot have
+// recovered since st.At, so that the state is left no fuller than had the
+// take cost actual, whatever happened in between (docs/algorithms.md,
+// "Debt", gives the bound per algorithm). A zero st.At is Settle.
+func (lim *Limiter) SettleStamped(ctx context.Context, key string, l Limit, st Stamp, actual int64) (Result, error) {
+	if st.IsZero() || actual >= st.Estimate {
+		return lim.Settle(ctx, key, l, st.Estimate, actual)
+	}
+	if err := CheckStamp(st); err != nil {
+		return Result{}, err
+	}
+	return lim.one(ctx, Request{Key: key, Limit: l, N: st.Estimate - actual, Mode: ModeRefund, Stamp: st})
 }
 
 // ReservationStore keeps the reservations of weir serve (POST /v1/reserve

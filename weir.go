@@ -54,6 +54,10 @@ type Request struct {
 	// Mode: take (the default), debit or refund. A batch of more than one
 	// request takes only.
 	Mode Mode
+	// Stamp, with ModeRefund: the refund settles the take it dates and
+	// gives back only what the limit cannot have recovered since
+	// (Limiter.SettleStamped). Zero: a plain refund.
+	Stamp Stamp
 }
 
 // MultiStore is a Store that can also decide several requests atomically

@@ -133,6 +133,11 @@ func CreditTake(p *Params, s *State, now, n int64) Decision {
 }
 
 func debtOp(p *Params, s *State, now, n int64, mode Mode) Decision {
+	return debtOpTaken(p, s, now, n, mode, nil)
+}
+
+// debtOpTaken is debtOp; with mode Settle and t, a settlement's refund.
+func debtOpTaken(p *Params, s *State, now, n int64, mode Mode, t *Taken) Decision {
 	if n == 0 {
 		return take(p, s, now, 0, Exact, true) // a peek
 	}
@@ -146,6 +151,8 @@ func debtOp(p *Params, s *State, now, n int64, mode Mode) Decision {
 		before := sp.decide(p, s, now, 1, Exact, false)
 		fit = !boxed && before.Remaining >= n
 		sp.debit(p, s, now, n)
+	} else if mode == Settle && t != nil {
+		settleRefund(p, s, now, n, t)
 	} else {
 		sp.credit(p, s, now, n)
 	}
@@ -189,4 +196,80 @@ func debtOp(p *Params, s *State, now, n int64, mode Mode) Decision {
 	}
 	d.TTL = max(d.TTL, historyLife(p, s, now))
 	return d
+}
+
+// Settle is the Mode of a settlement's refund: a Credit bounded by what the
+// take it settles cannot have recovered since (SettleTake). Take with
+// Settle and no Taken is a Credit. The Redis scripts take it as mode 4,
+// with the Taken in the member-id argument ("<At>:<Cost>:<Remaining>").
+const Settle Mode = 4
+
+// Taken is what a settlement knows of the take it settles: when the store
+// made it, by the store's own clock, what it cost and what it left.
+type Taken struct {
+	At        int64 // µs since the Unix epoch, by the store's clock
+	Cost      int64 // the cost taken (the reservation's estimate)
+	Remaining int64 // Decision.Remaining right after the take
+}
+
+// SettleTake gives back up to n events of a take described by t, as
+// CreditTake does, but never more than the limit cannot have recovered
+// since t.At, so that the state is left no fuller than it would be had the
+// take cost n less at t.At, whatever happened in between:
+//
+//   - fixed_window: only while the state's window is the take's (a later
+//     window forgot the take; a carried debt it may have rewritten is kept).
+//   - sliding_window: from the counter that holds the take's window or
+//     bucket while the state holds it (slidingWindowRefund).
+//   - sliding_log: from the log's entry at exactly t.At, while it is inside
+//     the trailing period.
+//   - token_bucket, gcra, leaky_bucket: room (tokens; c − (TAT − now)·B;
+//     c − level) was at most x = min(c − Cost·A, Remaining·A + A − 1) right
+//     after the take, and at most x + (now − At)·B since: only
+//     c − min(c, x + (now − At)·B) units can still have been clipped by
+//     nothing, so at most that much (in whole events) comes back. With
+//     now = At and nothing in between that is at least Cost·A: exact.
+//
+// Allowed is true; the reply describes the state afterwards as a peek does.
+func SettleTake(p *Params, s *State, now, n int64, t Taken) Decision {
+	return debtOpTaken(p, s, now, n, Settle, &t)
+}
+
+// settleRoom returns how many events a bucket settlement of a take t may
+// still give back at now (see SettleTake; settle_room in prelude.lua).
+func settleRoom(p *Params, t *Taken, now int64) int64 {
+	c := p.Burst * p.A
+	x := int64(0) // room right after the take, at most
+	if t.Cost >= 0 && t.Cost < p.Burst {
+		x = c - t.Cost*p.A
+	}
+	if t.Remaining >= 0 && t.Remaining < p.Burst {
+		x = min(x, t.Remaining*p.A+p.A-1)
+	}
+	m := x // room since the take, at most
+	if el := now - t.At; el > 0 {
+		if el >= ceilDiv(c-x, p.B) {
+			m = c
+		} else {
+			m = x + el*p.B
+		}
+	}
+	return (c - m) / p.A
+}
+
+// settleRefund applies a settlement's refund of n events of the take t
+// (ALG.<algorithm>.settle through prelude.lua's settle).
+func settleRefund(p *Params, s *State, now, n int64, t *Taken) {
+	switch p.Kind {
+	case TokenBucket, GCRA, LeakyBucket:
+		if n = min(n, settleRoom(p, t, now)); n > 0 {
+			specs[p.Kind].credit(p, s, now, n)
+		}
+	case SlidingLog:
+		if t.At+p.Period > now {
+			s.Log.removeAt(t.At, n)
+		}
+	default: // the windows
+		specs[p.Kind].refund(p, s, t.At, now, n, "")
+	}
 }

@@ -216,6 +216,19 @@ func (l *Log) resize(n int) {
 
 // remove takes up to g events out of the first entry at or after t,
 // dropping the entry if none is left, and reports whether it found one.
+// removeAt removes up to g events of the entry at exactly t, if there is
+// one (a settlement's refund: SettleTake).
+func (l *Log) removeAt(t, g int64) bool {
+	i := 0
+	for i < l.size && l.TS(i) < t {
+		i++
+	}
+	if i == l.size || l.TS(i) != t {
+		return false
+	}
+	return l.remove(t, g)
+}
+
 func (l *Log) remove(t, g int64) bool {
 	i := 0
 	for i < l.size && l.TS(i) < t {

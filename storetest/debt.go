@@ -23,6 +23,7 @@ var debtTests = []struct {
 	{"Debt", true, (*tester).debt},
 	{"DebtRefund", true, (*tester).debtRefund},
 	{"DebtSettle", true, (*tester).debtSettle},
+	{"DebtLateSettle", true, (*tester).debtLateSettle},
 	{"DebtPenaltyBox", true, (*tester).debtPenaltyBox},
 	{"DebtOutlastsBox", true, (*tester).debtOutlastsBox},
 	{"DebtLoweredLimit", true, (*tester).debtLoweredLimit},
@@ -197,6 +198,81 @@ func (t *tester) debtSettle() {
 	if res, err = r3.Settle(ctx, 2); err != nil || res.Remaining != 2 {
 		t.Fatalf("Settle at the estimate: %+v %v", res, err)
 	}
+}
+
+// debtLateSettle: a settlement's refund gives back only what the limit
+// cannot have recovered since the take (docs/algorithms.md, "Debt"). The
+// reproductions of issue 15: a reservation of the whole limit (4) settled
+// at 0 after its window, trailing period or refill has passed and others
+// took the limit again must give nothing back, so that no window or
+// period admits more than a valid history allows; one settled while its
+// take still counts gives back exactly what is owed.
+func (t *tester) debtLateSettle() {
+	if !t.debts() {
+		return
+	}
+	ctx := context.Background()
+	l := t.base()
+	reserve := func(key string, n int64) *weir.Reservation {
+		t.Helper()
+		r, res, err := t.lim.Reserve(ctx, t.key(key), l, n)
+		if err != nil || r == nil || !res.Allowed {
+			t.Fatalf("Reserve %d on %s: %v %+v %v", n, key, r, res, err)
+		}
+		if _, ok := weir.StoreAs[weir.StampStore](t.h.Store); ok && r.Stamp.IsZero() {
+			t.Fatalf("a StampStore left the reservation unstamped: %+v", r)
+		}
+		return r
+	}
+	settle := func(r *weir.Reservation, actual, remaining int64) {
+		t.Helper()
+		res, err := r.Settle(ctx, actual)
+		if err != nil || !res.Allowed || res.Remaining != remaining {
+			t.Fatalf("Settle %d of %d: %+v %v; want %d remaining", actual, r.Estimate, res, err, remaining)
+		}
+	}
+	bucket := t.algo == weir.TokenBucket || t.algo == weir.GCRA || t.algo == weir.LeakyBucket
+
+	// The take has stopped counting, others took the whole limit since:
+	// nothing comes back.
+	t.at(59 * time.Second)
+	r := reserve("late", 4)
+	switch {
+	case t.algo == weir.FixedWindow:
+		t.at(61 * time.Second) // the next window
+	case bucket:
+		t.at(59*time.Second + 4*unit) // refilled to full
+	default:
+		t.at(120 * time.Second) // out of the trailing period (and its buckets)
+	}
+	t.expect("others take the whole limit", t.take("late", l, 4), want{true, 0, 0})
+	settle(r, 0, 0)
+	rej := t.take("late", l, 1)
+	if rej.Allowed {
+		t.Fatalf("a late settlement gave back capacity the limit had recovered: %+v", rej)
+	}
+
+	// The take still counts: the settlement gives back what is owed, as
+	// if the take had cost the actual at its time.
+	t.at(time.Hour + time.Second)
+	r = reserve("owed", 4)
+	if bucket {
+		// 2 refilled, and others took them: had the take cost 0, the
+		// bucket would have stayed full and 2 would remain.
+		t.advance(2 * unit)
+		t.expect("others take the refill", t.take("owed", l, 2), want{true, 0, 0})
+		settle(r, 0, 2)
+		t.expect("take 2 after the settlement", t.take("owed", l, 2), want{true, 0, 0})
+		if res := t.take("owed", l, 1); res.Allowed {
+			t.Fatalf("a settlement gave back more than was owed: %+v", res)
+		}
+		return
+	}
+	// 30s on: the same fixed window, the same trailing period; the
+	// bucketed window still counts the take's bucket in full.
+	t.advance(30 * time.Second)
+	settle(r, 1, 3)
+	t.expect("take 3 after the settlement", t.take("owed", l, 3), want{true, 0, 0})
 }
 
 // debtLoweredLimit: a window's debt is paid back at the rate of the limit

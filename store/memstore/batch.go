@@ -17,6 +17,11 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 	if len(results) < len(reqs) {
 		return fmt.Errorf("memstore: %d results for %d requests", len(results), len(reqs))
 	}
+	if len(reqs) == 1 && reqs[0].Mode == weir.ModeRefund && !reqs[0].Stamp.IsZero() {
+		res, err := s.settle(&reqs[0])
+		results[0] = res
+		return err
+	}
 	if len(reqs) == 1 {
 		r := reqs[0]
 		res, err := s.take(r.Key, &r.Limit, r.N, r.AlgorithmMode(), r.Lease)
