@@ -47,7 +47,16 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 		return nil
 	case 1:
 		r := &reqs[0]
-		d, _, err := s.take(ctx, r.Key, r.Limit, r.N, modeOf(r), r.Lease)
+		mode, lease := modeOf(r), r.Lease
+		if mode == algorithm.Settle {
+			// A settlement's refund: the take it settles rides in the
+			// member-id argument (take.lua).
+			if err := weir.CheckStamp(r.Stamp); err != nil {
+				return err
+			}
+			lease = takenArg(r.Stamp)
+		}
+		d, _, err := s.take(ctx, r.Key, r.Limit, r.N, mode, lease)
 		if err != nil {
 			return err
 		}

@@ -469,7 +469,27 @@ func (s *Store) memberID(c *compiled, n int64, lease string) string {
 }
 
 func modeArg(m algorithm.Mode) string {
-	return strconv.Itoa(int(m)) // 0 exact, 1 at most, 2 debit, 3 credit: prelude.lua's modes
+	return strconv.Itoa(int(m)) // 0 exact, 1 at most, 2 debit, 3 credit, 4 settle: prelude.lua's modes
+}
+
+// takenArg is the member-id argument of a settlement (mode 4): the take it
+// settles, as prelude.lua's parse_taken reads it.
+func takenArg(st weir.Stamp) string {
+	return strconv.FormatInt(st.At, 10) + ":" + strconv.FormatInt(st.Estimate, 10) + ":" + strconv.FormatInt(st.Remaining, 10)
+}
+
+// TakeStamped implements weir.StampStore: Take, and when it admits, the
+// take's Stamp by Redis's clock (TIME, as every decision reads it).
+func (s *Store) TakeStamped(ctx context.Context, key string, l weir.Limit, n int64) (weir.Result, weir.Stamp, error) {
+	d, now, err := s.take(ctx, key, l, n, algorithm.Exact, "")
+	if err != nil {
+		return weir.Result{}, weir.Stamp{}, err
+	}
+	res := weir.ResultOf(d)
+	if !res.Allowed {
+		return res, weir.Stamp{}, nil
+	}
+	return res, weir.Stamp{At: now, Estimate: n, Remaining: d.Remaining}, nil
 }
 
 // Take implements weir.Store.
@@ -507,6 +527,9 @@ func (s *Store) take(ctx context.Context, key string, l weir.Limit, n int64, mod
 	}
 	k := s.names(key, c.algo)
 	id := s.memberID(c, n, lease)
+	if mode == algorithm.Settle {
+		id = lease // the take settled (takenArg), not a member
+	}
 	q := s.coalesce
 	if s.nodes != nil && s.functions.Load() {
 		q = s.nodes.queue(k.tag) // nil until the store knows the slot's node

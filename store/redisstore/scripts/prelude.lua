@@ -48,8 +48,10 @@
 -- the code spells it out.)
 
 local EXACT, ATMOST = 0, 1
--- The debt modes (algorithm.Debit, algorithm.Credit; see debt_op).
-local DEBIT, CREDIT = 2, 3
+-- The debt modes (algorithm.Debit, algorithm.Credit, algorithm.Settle;
+-- see debt_op). SETTLE is a credit that settles a dated take: its member-id
+-- argument is the take's "<at>:<cost>:<remaining>" (parse_taken).
+local DEBIT, CREDIT, SETTLE = 2, 3, 4
 
 -- min and max are Go's builtins, for two numbers. (Not math.min: a
 -- library's top level runs when Redis loads it, where Redis 7.0 offers no
@@ -343,6 +345,59 @@ local function sub_floored(x, n, a)
   return x - n * a
 end
 
+-- parse_taken reads a settlement's take from its member-id argument
+-- (algorithm.Taken, written by redisstore's takenArg).
+local function parse_taken(id)
+  local at, cost, rem = string.match(id or '', '^(%d+):(%d+):(%d+)$')
+  if not at then
+    error('weir: a settlement needs its take as "<at>:<cost>:<remaining>", got ' .. tostring(id))
+  end
+  return { at = tonumber(at), cost = tonumber(cost), rem = tonumber(rem) }
+end
+
+-- settle_room mirrors algorithm.settleRoom: how many events a bucket's
+-- settlement of take t may still give back at now. Room right after the
+-- take was at most x, and at most x + el*B since; what is above that up
+-- to c cannot have been clipped.
+local function settle_room(p, t, now)
+  local c = p.burst * p.a
+  local x = 0
+  if t.cost < p.burst then
+    x = c - t.cost * p.a
+  end
+  if t.rem < p.burst then
+    x = min(x, t.rem * p.a + p.a - 1)
+  end
+  local m = x
+  local el = now - t.at
+  if el > 0 then
+    if el >= ceil_div(c - x, p.b) then
+      m = c
+    else
+      m = x + el * p.b
+    end
+  end
+  return idiv(c - m, p.a)
+end
+
+-- settle mirrors algorithm.settleRefund: a settlement's refund of n events
+-- of the take s.taken.
+local function settle(alg, p, s, now, n)
+  local t = s.taken
+  if p.kind == 'token_bucket' or p.kind == 'gcra' or p.kind == 'leaky_bucket' then
+    n = min(n, settle_room(p, t, now))
+    if n > 0 then
+      alg.credit(p, s, now, n)
+    end
+  elseif p.kind == 'sliding_log' then
+    if t.at + p.period > now then
+      alg.settle(p, s, t.at, now, n)
+    end
+  else
+    alg.refund(p, s, t.at, now, n)
+  end
+end
+
 -- set_string writes a string state with an expiry of pttl ms.
 local function set_string(key, v, pttl)
   redis.call('SET', key, v, 'PX', pttl)
@@ -481,6 +536,8 @@ local function debt_op(alg, p, s, now, n, mode)
     local before = alg.decide(p, s, now, 1, EXACT, false)
     fit = (not boxed) and before.remaining >= n
     alg.debit(p, s, now, n)
+  elseif mode == SETTLE then
+    settle(alg, p, s, now, n)
   else
     alg.credit(p, s, now, n)
   end
@@ -523,6 +580,9 @@ local function take_one(p, skey, bkey, id, now, n, mode)
     if n > 0 then
       -- A debit or credit: it changes the state even under a box.
       local s = load(alg, p, skey, bkey, id, now, true)
+      if mode == SETTLE then
+        s.taken = parse_taken(id)
+      end
       local d = debt_op(alg, p, s, now, n, mode)
       persist(alg, p, s, d)
       return d

@@ -209,6 +209,32 @@ ALG.sliding_log = {
     return w ~= nil
   end,
 
+  -- settle: a settlement's refund (algorithm.Log.removeAt): up to g events
+  -- of the members at exactly take_now (one Go entry), and the ends of the
+  -- members after them moved back by what was removed.
+  settle = function(p, s, take_now, now, g)
+    local e = redis.call('ZRANGEBYSCORE', s.key, fmt(take_now), '+inf', 'WITHSCORES')
+    local off = 0
+    for i = 1, #e, 2 do
+      local c, w, id = log_parse(e[i])
+      if c then
+        local k = 0
+        if tonumber(e[i + 1]) == take_now then
+          k = min(g - off, w)
+        end
+        if k > 0 or off > 0 then
+          redis.call('ZREM', s.key, e[i])
+          if w > k then
+            redis.call('ZADD', s.key, e[i + 1], log_member(c - off - k, w - k, id))
+          end
+          off = off + k
+        end
+      end
+    end
+    log_state(s)
+    return off > 0
+  end,
+
   -- debit: add n events at now, past the rate if need be (debt), keeping
   -- at most 2*Rate, the oldest dropped first (slidingLogDebit).
   debit = function(p, s, now, n)

@@ -5,8 +5,10 @@
 -- KEYS[2]  the penalty-box key    <prefix>:{<key>}:block
 -- ARGV[1]  now in µs, or '' to read Redis TIME (the normal case)
 -- ARGV[2]  n, the cost (0 peeks)
--- ARGV[3]  mode: 0 all or nothing, 1 at most n, 2 debit, 3 credit (refund)
--- ARGV[4]  member id for sliding_log entries and concurrency leases
+-- ARGV[3]  mode: 0 all or nothing, 1 at most n, 2 debit, 3 credit (refund),
+--          4 settle (a refund that settles a dated take)
+-- ARGV[4]  member id for sliding_log entries and concurrency leases; with
+--          mode 4, the take it settles: "<at_us>:<cost>:<remaining>"
 -- ARGV[5..4+NLIMIT]  the compiled limit (see params)
 --
 -- Reply: {allowed, granted, limit, remaining, retry_after_us,
