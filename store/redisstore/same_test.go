@@ -189,6 +189,7 @@ func sameAsMemstore(t *testing.T, addrs []string, steps int) {
 			}
 			type lease struct{ l [2]*weir.Lease }
 			var leases []lease
+			var resvs [][2]*weir.Reservation // open reservations, Redis's and memstore's
 			seed := sameSeed(t)
 			rng := rand.New(rand.NewPCG(uint64(ai), seed))
 			t.Cleanup(func() {
@@ -310,6 +311,39 @@ func sameAsMemstore(t *testing.T, addrs []string, steps int) {
 								return
 							}
 						}
+					}
+				case op < 88 && a != weir.Concurrency && len(resvs) > 0 && rng.IntN(2) == 0:
+					// Settle an open reservation, taken steps ago: its
+					// stamped refund, bounded by the time since.
+					j := rng.IntN(len(resvs))
+					if rk := resvs[j][0].Key; resvs[j][0].Limit != keyLimit[rk] {
+						// The key's limit changed since: a settlement under
+						// the old one writes a state the new one reads
+						// differently in each store (as a Refund would).
+						resvs = append(resvs[:j], resvs[j+1:]...)
+						break
+					}
+					actual := rng.Int64N(2*resvs[j][0].Estimate + 1)
+					for i := range stores {
+						res[i], errs[i] = resvs[j][i].Settle(ctx, actual)
+					}
+					same(step, fmt.Sprintf("Settle(%s, %+v, %d of %d)", resvs[j][0].Key, resvs[j][0].Limit, actual, resvs[j][0].Estimate), res, errs)
+					resvs = append(resvs[:j], resvs[j+1:]...)
+				case op < 88 && a != weir.Concurrency: // Reserve
+					n := 1 + rng.Int64N(min(maxCost, 4))
+					var rv [2]*weir.Reservation
+					for i, lim := range lims {
+						rv[i], res[i], errs[i] = lim.Reserve(ctx, k, l, n)
+					}
+					same(step, fmt.Sprintf("Reserve(%s, %+v, %d)", k, l, n), res, errs)
+					if (rv[0] == nil) != (rv[1] == nil) {
+						t.Fatalf("step %d: reservations %v vs %v", step, rv[0], rv[1])
+					}
+					if rv[0] != nil {
+						if rv[0].Stamp != rv[1].Stamp {
+							t.Fatalf("step %d: stamps %+v vs %+v", step, rv[0].Stamp, rv[1].Stamp)
+						}
+						resvs = append(resvs, rv)
 					}
 				case op < 90 && a != weir.Concurrency: // Debit and Refund: debt
 					n := rng.Int64N(3*maxCost + 2)
