@@ -385,9 +385,19 @@ func (s *single) serve(w http.ResponseWriter, r *http.Request, ctx context.Conte
 			return
 		}
 	}
-	if s.limit.Algorithm == weir.Concurrency {
+	var rv *weir.Reservation
+	switch {
+	case s.limit.Algorithm == weir.Concurrency:
 		lease, res, err = s.lim.Acquire(ctx, key, s.limit)
-	} else {
+	case c.cost != nil:
+		// A reservation, so that the settlement refunds with the take's
+		// time (weir.Reservation.Stamp); a limit without debt is taken as
+		// AllowN, and its settlement fails as before.
+		rv, res, err = s.lim.Reserve(ctx, key, s.limit, n)
+		if errors.Is(err, weir.ErrUnsupported) {
+			res, err = s.lim.AllowN(ctx, key, s.limit, n)
+		}
+	default:
 		res, err = s.lim.AllowN(ctx, key, s.limit, n)
 	}
 	d := Decision{Request: r, Rule: c.name, Key: id, Allowed: err == nil && res.Allowed, Shadow: c.shadow, Result: res, Err: err}
@@ -425,20 +435,27 @@ func (s *single) serve(w http.ResponseWriter, r *http.Request, ctx context.Conte
 		}
 	}
 	if c.cost != nil && res.Allowed {
-		s.serveMetered(w, r, key, n)
+		s.serveMetered(w, r, key, n, rv)
 		return
 	}
 	s.next.ServeHTTP(w, r)
 }
 
-// serveMetered runs the handler of a request charged n up front and, when
-// it returns or panics, settles the real cost it charged (see Charge), even
-// if the client went away.
-func (s *single) serveMetered(w http.ResponseWriter, r *http.Request, key string, n int64) {
+// serveMetered runs the handler of a request charged n up front (rv, its
+// reservation, when the store took one) and, when it returns or panics,
+// settles the real cost it charged (see Charge), even if the client went
+// away.
+func (s *single) serveMetered(w http.ResponseWriter, r *http.Request, key string, n int64, rv *weir.Reservation) {
 	r, meter := WithMeter(r)
 	defer func() {
 		if actual, charged := meter.Charged(); charged {
-			_, err := s.lim.Settle(context.WithoutCancel(r.Context()), key, s.limit, n, actual)
+			ctx := context.WithoutCancel(r.Context())
+			var err error
+			if rv != nil {
+				_, err = rv.Settle(ctx, actual)
+			} else {
+				_, err = s.lim.Settle(ctx, key, s.limit, n, actual)
+			}
 			if err != nil {
 				s.c.observe(Decision{Request: r, Rule: s.c.name, Err: err})
 			}

@@ -20,11 +20,62 @@ func (p *Policy) CheckKeyMode(ctx context.Context, rule, tierName, key string, n
 	if mode == weir.ModeTake {
 		return p.CheckKeyTier(ctx, rule, tierName, key, n)
 	}
+	return p.checkKeyDebt(ctx, rule, tierName, key, weir.Request{N: n, Mode: mode})
+}
+
+// CheckKeySettle refunds n events of the take st dates (a reservation's
+// weir.Stamp, from CheckKeyStamped) under the named rule's tier: only what
+// the limit cannot have recovered since the take comes back
+// (weir.Limiter.SettleStamped). A zero st is CheckKeyMode's refund.
+func (p *Policy) CheckKeySettle(ctx context.Context, rule, tierName, key string, n int64, st weir.Stamp) (RuleResult, error) {
+	return p.checkKeyDebt(ctx, rule, tierName, key, weir.Request{N: n, Mode: weir.ModeRefund, Stamp: st})
+}
+
+// CheckKeyStamped is CheckKeyTier for a reservation: when the store dates
+// its takes (weir.StampStore, through the guard), an admitted take comes
+// back with its Stamp, for CheckKeySettle. A rule with leases, a store
+// that dates nothing and a fallback's answer give a zero Stamp.
+func (p *Policy) CheckKeyStamped(ctx context.Context, rule, tierName, key string, hits int64) (RuleResult, weir.Stamp, error) {
+	r, t, rr, err := p.keyResult(rule, tierName, key)
+	if err != nil {
+		return RuleResult{}, weir.Stamp{}, err
+	}
+	if r.lease > 0 && p.guard.Multi() {
+		rr, err := p.CheckKeyTier(ctx, rule, tierName, key, hits)
+		return rr, weir.Stamp{}, err
+	}
+	start := time.Now()
+	res, st, err := p.guard.TakeStamped(ctx, rr.Key, t.limit, hits)
+	lat := time.Since(start)
+	switch {
+	case err == nil:
+		rr.Result = res
+	case errors.Is(err, weir.ErrInvalidCost) || errors.Is(err, weir.ErrInvalidLimit):
+		return RuleResult{}, weir.Stamp{}, fmt.Errorf("policy: rule %q: %w", rule, err)
+	default:
+		st = weir.Stamp{}
+		rr.Err, rr.Fallback = err, r.onError
+		reqs := [1]weir.Request{{Key: rr.Key, Limit: t.limit, N: hits}}
+		var out [1]weir.Result
+		_ = p.guard.Fallback(ctx, r.onError, reqs[:], out[:], p.Instances())
+		rr.Result = out[0]
+	}
+	if p.observer != nil {
+		p.observer(ctx, rr, lat)
+	}
+	return rr, st, nil
+}
+
+// checkKeyDebt decides a debit or refund q (N, Mode, Stamp) for key
+// under the named rule's tier.
+func (p *Policy) checkKeyDebt(ctx context.Context, rule, tierName, key string, q weir.Request) (RuleResult, error) {
+	mode := q.Mode
 	r, t, rr, err := p.keyResult(rule, tierName, key)
 	if err != nil {
 		return RuleResult{}, err
 	}
-	reqs := [1]weir.Request{{Key: rr.Key, Limit: t.limit, N: n, Mode: mode}}
+	q.Key, q.Limit = rr.Key, t.limit
+	reqs := [1]weir.Request{q}
 	var out [1]weir.Result
 	start := time.Now()
 	err = p.guard.TakeAll(ctx, reqs[:], out[:])

@@ -34,11 +34,25 @@ type settleRequest struct {
 
 // reservationRecord is what the store keeps under a reservation's id: the
 // reservation is bound to its rule, tier and key, and only weir writes it.
+// At and Remaining date the take (weir.Stamp, by the store's clock) so
+// that the settlement refunds only what the limit cannot have recovered
+// since; a record without them (written by an older weir, or by a store
+// that dates nothing) settles as before, into the state as it is.
 type reservationRecord struct {
-	Rule     string `json:"rule"`
-	Tier     string `json:"tier,omitempty"`
-	Key      string `json:"key"`
-	Estimate int64  `json:"estimate"`
+	Rule      string `json:"rule"`
+	Tier      string `json:"tier,omitempty"`
+	Key       string `json:"key"`
+	Estimate  int64  `json:"estimate"`
+	At        int64  `json:"at,omitempty"`
+	Remaining int64  `json:"remaining,omitempty"`
+}
+
+// stamp returns the record's take as a weir.Stamp (zero if undated).
+func (rec *reservationRecord) stamp() weir.Stamp {
+	if rec.At <= 0 || rec.Remaining < 0 {
+		return weir.Stamp{}
+	}
+	return weir.Stamp{At: rec.At, Estimate: rec.Estimate, Remaining: rec.Remaining}
 }
 
 // reserveDecision is the answer of POST /v1/reserve: the decision and,
@@ -114,7 +128,7 @@ func (s *Server) handleReserve(w http.ResponseWriter, r *http.Request) {
 		s.writeRuleError(w, p, req.Rule, err)
 		return
 	}
-	rr, err := p.CheckKeyTier(r.Context(), req.Rule, req.Tier, req.Key, *req.Estimate)
+	rr, st, err := p.CheckKeyStamped(r.Context(), req.Rule, req.Tier, req.Key, *req.Estimate)
 	if err != nil {
 		s.writeRuleError(w, p, req.Rule, err)
 		return
@@ -125,7 +139,7 @@ func (s *Server) handleReserve(w http.ResponseWriter, r *http.Request) {
 	// rule's rejection or a fallback's answer keeps no reservation.
 	if rr.Err == nil && rr.Result.Allowed {
 		id := weir.NewReservationID()
-		rec, _ := json.Marshal(reservationRecord{Rule: rr.Rule, Tier: req.Tier, Key: rr.Identity, Estimate: *req.Estimate})
+		rec, _ := json.Marshal(reservationRecord{Rule: rr.Rule, Tier: req.Tier, Key: rr.Identity, Estimate: *req.Estimate, At: st.At, Remaining: st.Remaining})
 		if err := rs.PutReservation(r.Context(), id, rec, ReservationTTL); err != nil {
 			s.undoReserve(p, req, rr)
 			if errors.Is(err, weir.ErrTooManyReservations) {
@@ -190,7 +204,13 @@ func (s *Server) handleSettle(w http.ResponseWriter, r *http.Request) {
 	case *req.Actual < res.Estimate:
 		mode, n = weir.ModeRefund, res.Estimate-*req.Actual
 	}
-	rr, err := p.CheckKeyMode(r.Context(), res.Rule, res.Tier, res.Key, n, mode)
+	var rr policy.RuleResult
+	if st := res.stamp(); mode == weir.ModeRefund && !st.IsZero() {
+		// Only what the limit cannot have recovered since the take.
+		rr, err = p.CheckKeySettle(r.Context(), res.Rule, res.Tier, res.Key, n, st)
+	} else {
+		rr, err = p.CheckKeyMode(r.Context(), res.Rule, res.Tier, res.Key, n, mode)
+	}
 	if err != nil {
 		// The rule changed under the reservation (a reload): keep it, so
 		// that nothing changed.

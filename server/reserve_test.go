@@ -6,10 +6,12 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/internal/redistest"
 	"github.com/weir-dev/weir/store/memstore"
+	"github.com/weir-dev/weir/storetest"
 )
 
 // debtRules: a token budget per key (token_bucket, 100 a minute, and a
@@ -163,5 +165,46 @@ func TestSettleKeptWhenNotSent(t *testing.T) {
 	}
 	if code, _, _ := post(t, ts.URL+"/v1/settle", `{"reservation":"`+id+`","actual":10}`); code != 404 {
 		t.Fatalf("a second settle: %d, want 404", code)
+	}
+}
+
+// TestSettleLate: /v1/settle refunds with the take's time (issue 15). A
+// fixed window of 10 a minute: 10 reserved at 0:59, others take 10 at
+// 1:01 (the next window), the reservation settles at 0: nothing comes
+// back, so the window admits 10, not 20. A record without the take's time
+// (an older weir's) settles as before, into the state as it is.
+func TestSettleLate(t *testing.T) {
+	clock := storetest.NewClock(storetest.Epoch)
+	ms := memstore.New(memstore.WithClock(clock.Now))
+	_, ts := newTestServer(t, WithStore(ms), WithConfig(mustParse(t, `
+rules:
+  - name: tpm
+    limit: 10/m
+    algorithm: fixed_window
+`)))
+	remaining := func(d map[string]any) int64 { return int64(d["remaining"].(float64)) }
+	clock.Set(storetest.Epoch.Add(59 * time.Second))
+	_, d, b := post(t, ts.URL+"/v1/reserve", `{"rule":"tpm","key":"k","estimate":10}`)
+	id, _ := d["reservation"].(string)
+	if id == "" {
+		t.Fatalf("reserve: %s", b)
+	}
+	clock.Set(storetest.Epoch.Add(61 * time.Second))
+	if _, d, b = post(t, ts.URL+"/v1/check", `{"rule":"tpm","key":"k","hits":10}`); d["allowed"] != true {
+		t.Fatalf("10 in the next window: %s", b)
+	}
+	if code, d, b := post(t, ts.URL+"/v1/settle", `{"reservation":"`+id+`","actual":0}`); code != 200 || remaining(d) != 0 {
+		t.Fatalf("a late settle at 0: %d %s, want 0 remaining", code, b)
+	}
+	if _, d, b = post(t, ts.URL+"/v1/check", `{"rule":"tpm","key":"k","hits":1}`); d["allowed"] != false {
+		t.Fatalf("the window admitted past 10 after a late settle: %s", b)
+	}
+	// An old record, without "at": the refund goes into the state as it is.
+	rec := []byte(`{"rule":"tpm","key":"k","estimate":10}`)
+	if err := ms.PutReservation(context.Background(), "old", rec, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if code, d, b := post(t, ts.URL+"/v1/settle", `{"reservation":"old","actual":4}`); code != 200 || remaining(d) != 6 {
+		t.Fatalf("an undated record's settle: %d %s, want 6 remaining (today's behaviour)", code, b)
 	}
 }

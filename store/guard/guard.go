@@ -609,6 +609,35 @@ func (g *Guard) Take(ctx context.Context, key string, l weir.Limit, n int64) (we
 	return res, err
 }
 
+// TakeStamped implements weir.StampStore as Take does, through the
+// breaker: the wrapped store's stamp (found through weir.StoreAs), or none
+// when it dates no takes or a cached denial answered.
+func (g *Guard) TakeStamped(ctx context.Context, key string, l weir.Limit, n int64) (weir.Result, weir.Stamp, error) {
+	ss, ok := weir.StoreAs[weir.StampStore](g.store)
+	if !ok {
+		res, err := g.Take(ctx, key, l, n)
+		return res, weir.Stamp{}, err
+	}
+	if g.answerer != nil {
+		if r, ok := g.answerer.Answer(&weir.Request{Key: key, Limit: l, N: n}); ok {
+			return r, weir.Stamp{}, nil
+		}
+	}
+	if !g.closed() {
+		if err := invalid(key, l, n, false); err != nil {
+			return weir.Result{}, weir.Stamp{}, err
+		}
+	}
+	var res weir.Result
+	var st weir.Stamp
+	err := g.call(ctx, func(ctx context.Context) error {
+		var err error
+		res, st, err = ss.TakeStamped(ctx, key, l, n)
+		return err
+	})
+	return res, st, err
+}
+
 // Reset implements weir.Store. It resets the local fallback state too.
 func (g *Guard) Reset(ctx context.Context, key string, l weir.Limit) error {
 	_ = g.local.Reset(ctx, key, l)
