@@ -76,3 +76,31 @@ func TestWithCostAndCharge(t *testing.T) {
 		t.Fatal("Charge without a meter reported true")
 	}
 }
+
+// TestChargeSettlesLate: a request that ran past its take's window settles
+// with the take's time (issue 15): a fixed window of 10 a minute, 10
+// reserved at 0:59, others take 10 at 1:01 while the handler runs, and the
+// handler charges 0: nothing comes back, the window stays at 10.
+func TestChargeSettlesLate(t *testing.T) {
+	clock := storetest.NewClock(storetest.Epoch.Add(59 * time.Second))
+	lim := weir.NewLimiter(memstore.New(memstore.WithClock(clock.Now)))
+	l := weir.PerMinute(weir.FixedWindow, 10)
+	key := weir.Key(httplimit.DefaultName, "k")
+	mw := httplimit.New(lim, l, httplimit.WithCost(func(*http.Request) (int64, error) { return 10, nil }),
+		httplimit.WithKey(func(*http.Request) (string, error) { return "k", nil }))
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		clock.Set(storetest.Epoch.Add(61 * time.Second))
+		if res, err := lim.AllowN(r.Context(), key, l, 10); err != nil || !res.Allowed {
+			t.Errorf("others in the next window: %+v %v", res, err)
+		}
+		httplimit.Charge(r, 0)
+	}))
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+	if w.Code != 200 {
+		t.Fatalf("the request: %d", w.Code)
+	}
+	if res, err := lim.Peek(context.Background(), key, l); err != nil || res.Allowed {
+		t.Fatalf("a late settle gave back the take's 10 in the next window: %+v %v", res, err)
+	}
+}
