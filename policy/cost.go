@@ -163,6 +163,9 @@ func (p *Policy) Finish(ctx context.Context, v *Verdict, ch Charges) error {
 			continue
 		}
 		reqs := [1]weir.Request{{Key: rr.Key, Limit: rr.Limit, N: n, Mode: mode}}
+		if mode == weir.ModeRefund && !rr.Stamp.IsZero() {
+			reqs[0].Stamp = rr.Stamp // only what the limit cannot have recovered since the take
+		}
 		var out [1]weir.Result
 		if err := p.guard.TakeAll(ctx, reqs[:], out[:]); err != nil {
 			errs = append(errs, fmt.Errorf("policy: rule %q: settle a %s of %d: %w", rr.Rule, mode, n, err))

@@ -244,3 +244,26 @@ protect:
 		t.Fatalf("after the held request charged 100: %d remaining, want 900", got)
 	}
 }
+
+// TestCostSettlesLate: a cost rule's refund goes by the take's time
+// (issue 15). rows is a fixed window of 100 a minute: 100 taken at 0:59,
+// others take 100 at 1:01 while the handler runs, the handler charges 0:
+// nothing comes back, so the window admits 100, not 200.
+func TestCostSettlesLate(t *testing.T) {
+	c := newClock()
+	p := newPolicy(t, c, costYAML)
+	c.Advance(59 * time.Second)
+	h := policy.Middleware(p)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c.Advance(2 * time.Second)
+		if rr, err := p.CheckKeyTier(r.Context(), "rows", "", "k1", 100); err != nil || !rr.Result.Allowed {
+			t.Errorf("others in the next window: %+v %v", rr, err)
+		}
+		httplimit.Charge(r, 0)
+	}))
+	if w := send(h, "GET", "/v1/query?limit=100", "192.0.2.1:1", "Authorization", "k1"); w.Code != 200 {
+		t.Fatalf("the request: %d", w.Code)
+	}
+	if got := remaining(t, p, "rows", "k1"); got != 0 {
+		t.Fatalf("a late settle gave back %d in the next window, want 0", got)
+	}
+}

@@ -408,6 +408,12 @@ type RuleResult struct {
 	// rule's cost (cost:), or 0 for a rule that counts only some
 	// responses (count:), which peeks.
 	Cost int64
+	// Stamp dates the take of a rule with a cost when the store dates its
+	// takes (weir.StampStore) and the rule was decided alone, so that
+	// Finish refunds only what the limit cannot have recovered since
+	// (weir.Limiter.SettleStamped). Zero otherwise: a refund then goes
+	// into the state as it is.
+	Stamp weir.Stamp
 	// Shadow marks a shadow rule: its Result is reported, never enforced.
 	Shadow bool
 	// NearLimit is the rule's near_limit share, 0 when off; IsNearLimit
@@ -829,7 +835,12 @@ func (p *Policy) decideLeased(ctx context.Context, res []RuleResult, leased, res
 func (p *Policy) decideStore(ctx context.Context, res []RuleResult, idx []int, n int64, verdict *Verdict) {
 	g := p.guard
 	var err error
-	if g.Multi() {
+	if len(idx) == 1 && n > 0 && g.Multi() && res[idx[0]].Cost > 0 && p.c.byName[res[idx[0]].Rule].cost != nil {
+		// A rule with a cost, decided alone: a dated take, so that its
+		// settlement refunds with the take's time.
+		j := idx[0]
+		res[j].Result, res[j].Stamp, err = g.TakeStamped(ctx, res[j].Key, res[j].Limit, res[j].Cost)
+	} else if g.Multi() {
 		reqs, out, s := getScratch(len(idx))
 		for i, j := range idx {
 			c := res[j].Cost
