@@ -193,7 +193,8 @@ func CheckStamp(st Stamp) error {
 // implement it; Reserve finds it through StoreAs.
 type StampStore interface {
 	// TakeStamped decides as Take does and, when the take is admitted,
-	// returns its Stamp.
+	// returns its Stamp: zero when rejected, or when a wrapper finds no
+	// store beneath it that dates its takes.
 	TakeStamped(ctx context.Context, key string, l Limit, n int64) (Result, Stamp, error)
 }
 

@@ -66,6 +66,27 @@ func (ts *tracedStore) Take(ctx context.Context, key string, l weir.Limit, n int
 	return res, err
 }
 
+// TakeStamped implements weir.StampStore as Take does, under the same
+// span: the wrapped store's Stamp (found through weir.StoreAs), or a zero
+// one when it dates no takes.
+func (ts *tracedStore) TakeStamped(ctx context.Context, key string, l weir.Limit, n int64) (weir.Result, weir.Stamp, error) {
+	ss, ok := weir.StoreAs[weir.StampStore](ts.s)
+	if !ok {
+		res, err := ts.Take(ctx, key, l, n)
+		return res, weir.Stamp{}, err
+	}
+	if unsampled(ctx) {
+		return ss.TakeStamped(ctx, key, l, n)
+	}
+	ctx, span := ts.start(ctx, "weir.store.take", AttrHits.Int64(n))
+	res, st, err := ss.TakeStamped(ctx, key, l, n)
+	if err == nil {
+		span.SetAttributes(AttrAllowed.Bool(res.Allowed))
+	}
+	end(span, err)
+	return res, st, err
+}
+
 // Reset implements weir.Store.
 func (ts *tracedStore) Reset(ctx context.Context, key string, l weir.Limit) error {
 	if unsampled(ctx) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/internal/storefake"
+	"github.com/weir-dev/weir/store/memstore"
 	"github.com/weir-dev/weir/storetest"
 )
 
@@ -285,5 +286,26 @@ func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 			t.Fatalf("timed out after %v waiting for %s", timeout, what)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestGuardStampsReservations: Reserve through a guard dates its take by
+// the store's clock (weir.StampStore through the breaker), so that a late
+// settlement refunds nothing the limit has recovered (issue 15).
+func TestGuardStampsReservations(t *testing.T) {
+	clock := storetest.NewClock(storetest.Epoch.Add(59 * time.Second))
+	g := New(memstore.New(memstore.WithClock(clock.Now)), Config{})
+	lim := weir.NewLimiter(g)
+	l := weir.PerMinute(weir.FixedWindow, 10)
+	rv, res, err := lim.Reserve(ctx, "k", l, 10)
+	if err != nil || rv == nil || rv.Stamp.At != clock.Now().UnixMicro() || rv.Stamp.Remaining != 0 {
+		t.Fatalf("Reserve through a guard: %+v %+v %v, want a stamp at the store's clock", rv, res, err)
+	}
+	clock.Advance(2 * time.Second)
+	if res, err := lim.AllowN(ctx, "k", l, 10); err != nil || !res.Allowed {
+		t.Fatalf("the next window: %+v %v", res, err)
+	}
+	if res, err := rv.Settle(ctx, 0); err != nil || res.Remaining != 0 {
+		t.Fatalf("a late settle through a guard: %+v %v, want 0 remaining", res, err)
 	}
 }
