@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -109,5 +110,34 @@ func TestDebtRateStored(t *testing.T) {
 				t.Fatalf("%s, old-format debt, peek at %v:\n redisstore %+v\n memstore   %+v", a, at, r[0], r[1])
 			}
 		}
+	}
+}
+
+// TestStampIsRedisTime: with no test clock, a reservation is dated by
+// Redis's own TIME (the clock every decision reads), not the client's.
+func TestStampIsRedisTime(t *testing.T) {
+	srv := redistest.Standalone(t)
+	s := newTestStore(t, Config{Addrs: []string{srv.Addr}, Prefix: "stamp"})
+	redisNow := func() int64 {
+		t.Helper()
+		v, err := srv.Do("TIME")
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := v.([]any)
+		sec, _ := strconv.ParseInt(a[0].(string), 10, 64)
+		us, _ := strconv.ParseInt(a[1].(string), 10, 64)
+		return sec*1_000_000 + us
+	}
+	lim := weir.NewLimiter(s)
+	l := weir.PerMinute(weir.TokenBucket, 10)
+	before := redisNow()
+	rv, res, err := lim.Reserve(context.Background(), "k", l, 4)
+	after := redisNow()
+	if err != nil || rv == nil || rv.Stamp.At < before || rv.Stamp.At > after || rv.Stamp.Remaining != res.Remaining || rv.Stamp.Estimate != 4 {
+		t.Fatalf("Reserve: %+v %+v %v; want a stamp within Redis TIME %d..%d", rv, res, err, before, after)
+	}
+	if res, err := rv.Settle(context.Background(), 1); err != nil || res.Remaining != 9 {
+		t.Fatalf("an immediate settle of 1 of 4: %+v %v, want 9 remaining", res, err)
 	}
 }
