@@ -173,10 +173,13 @@ func (st Stamp) Taken() algorithm.Taken {
 	return algorithm.Taken{At: st.At, Cost: st.Estimate, Remaining: st.Remaining}
 }
 
-// CheckStamp returns nil if st can date a settlement, or an error wrapping
-// ErrInvalidCost that names the bad value. Stores call it.
-func CheckStamp(st Stamp) error {
+// CheckStamp returns nil if st can date the settlement of a refund of n
+// (at most its estimate), or an error wrapping ErrInvalidCost that names
+// the bad value. Stores call it.
+func CheckStamp(st Stamp, n int64) error {
 	switch {
+	case n > st.Estimate:
+		return fmt.Errorf("%w: a settlement's refund of %d exceeds its take's estimate %d", ErrInvalidCost, n, st.Estimate)
 	case st.At < 0:
 		return fmt.Errorf("%w: stamp time %d is negative", ErrInvalidCost, st.At)
 	case st.Estimate < 0 || st.Estimate > algorithm.MaxDebt:
@@ -278,7 +281,7 @@ func (lim *Limiter) SettleStamped(ctx context.Context, key string, l Limit, st S
 	if st.IsZero() || actual >= st.Estimate {
 		return lim.Settle(ctx, key, l, st.Estimate, actual)
 	}
-	if err := CheckStamp(st); err != nil {
+	if err := CheckStamp(st, st.Estimate-actual); err != nil {
 		return Result{}, err
 	}
 	return lim.one(ctx, Request{Key: key, Limit: l, N: st.Estimate - actual, Mode: ModeRefund, Stamp: st})

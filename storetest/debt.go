@@ -273,6 +273,32 @@ func (t *tester) debtLateSettle() {
 	t.advance(30 * time.Second)
 	settle(r, 1, 3)
 	t.expect("take 3 after the settlement", t.take("owed", l, 3), want{true, 0, 0})
+
+	// Bad stamps: ErrInvalidCost naming the value, and nothing changes.
+	ms, ok := t.h.Store.(weir.MultiStore)
+	if !ok {
+		return
+	}
+	t.take("bad", l, 4)
+	at := t.h.Clock.Now().UnixMicro()
+	for _, c := range []struct {
+		n    int64
+		st   weir.Stamp
+		want string
+	}{
+		{3, weir.Stamp{At: at, Estimate: 2}, "estimate 2"},
+		{1, weir.Stamp{At: -5, Estimate: 2}, "-5"},
+		{1, weir.Stamp{At: at, Estimate: 2, Remaining: -7}, "-7"},
+	} {
+		req := [1]weir.Request{{Key: t.key("bad"), Limit: l, N: c.n, Mode: weir.ModeRefund, Stamp: c.st}}
+		var out [1]weir.Result
+		if err := ms.TakeAll(ctx, req[:], out[:]); !errors.Is(err, weir.ErrInvalidCost) || !strings.Contains(err.Error(), c.want) {
+			t.Fatalf("a settlement with %+v of %d: %v, want ErrInvalidCost naming %s", c.st, c.n, err, c.want)
+		}
+	}
+	if res := t.take("bad", l, 0); res.Remaining != 0 {
+		t.Fatalf("a refused settlement changed the state: %+v", res)
+	}
 }
 
 // debtLoweredLimit: a window's debt is paid back at the rate of the limit

@@ -59,7 +59,7 @@ func (s *Store) dated(key string, l *weir.Limit, n int64, mode algorithm.Mode, t
 
 // settle decides a one-request batch that refunds with a Stamp.
 func (s *Store) settle(r *weir.Request) (weir.Result, error) {
-	if err := weir.CheckStamp(r.Stamp); err != nil {
+	if err := weir.CheckStamp(r.Stamp, r.N); err != nil {
 		return weir.Result{}, err
 	}
 	t := r.Stamp.Taken()

@@ -51,7 +51,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 		if mode == algorithm.Settle {
 			// A settlement's refund: the take it settles rides in the
 			// member-id argument (take.lua).
-			if err := weir.CheckStamp(r.Stamp); err != nil {
+			if err := weir.CheckStamp(r.Stamp, r.N); err != nil {
 				return err
 			}
 			lease = takenArg(r.Stamp)
