@@ -193,7 +193,8 @@ func CheckStamp(st Stamp, n int64) error {
 // A StampStore dates its takes by its own clock (Redis: its TIME), so
 // that Reserve can stamp its reservations; a refund Request with a Stamp
 // then settles that take (Request.Stamp). memstore and redisstore
-// implement it; Reserve finds it through StoreAs.
+// implement it, and the wrappers guard, denycache and weirotel forward it;
+// Reserve finds it through StoreAs.
 type StampStore interface {
 	// TakeStamped decides as Take does and, when the take is admitted,
 	// returns its Stamp: zero when rejected, or when a wrapper finds no
