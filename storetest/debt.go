@@ -274,6 +274,23 @@ func (t *tester) debtLateSettle() {
 	settle(r, 1, 3)
 	t.expect("take 3 after the settlement", t.take("owed", l, 3), want{true, 0, 0})
 
+	// Takes of others in the take's own microsecond (one sliding-log entry
+	// in memstore, several members in Redis): a settlement at once gives
+	// back exactly its own refund, and the events left leave together.
+	t.at(2 * time.Hour)
+	t.expect("another take at the same instant", t.take("same", l, 1), want{true, 3, 0})
+	r = reserve("same", 3)
+	settle(r, 1, 2)
+	t.expect("take 2 after the settlement", t.take("same", l, 2), want{true, 0, 0})
+	res := t.take("same", l, 1)
+	if res.Allowed || res.RetryAfter <= 0 {
+		t.Fatalf("a settlement at the same instant gave back more than its refund: %+v", res)
+	}
+	t.advance(res.RetryAfter)
+	if res := t.take("same", l, 1); !res.Allowed {
+		t.Fatalf("rejected at its RetryAfter: %+v", res)
+	}
+
 	// Bad stamps: ErrInvalidCost naming the value, and nothing changes.
 	ms, ok := t.h.Store.(weir.MultiStore)
 	if !ok {
