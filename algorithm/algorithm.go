@@ -26,6 +26,8 @@
 //	gcra.go gcra, gcraDiff                 gcra.lua decide, gcra_diff
 //	concurrency.go concurrency             concurrency.lua ALG.concurrency.decide
 //	Refund, <algorithm>Refund              multi.lua's refund, ALG.<algorithm>.refund
+//	SettleTake: settleRefund, settleRoom   prelude.lua settle, settle_room
+//	  Log.removeAt                           ALG.sliding_log.settle
 //
 // What differs, and why:
 //

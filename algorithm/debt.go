@@ -258,7 +258,8 @@ func settleRoom(p *Params, t *Taken, now int64) int64 {
 }
 
 // settleRefund applies a settlement's refund of n events of the take t
-// (ALG.<algorithm>.settle through prelude.lua's settle).
+// (prelude.lua's settle; the sliding log's Log.removeAt is
+// ALG.sliding_log.settle).
 func settleRefund(p *Params, s *State, now, n int64, t *Taken) {
 	switch p.Kind {
 	case TokenBucket, GCRA, LeakyBucket:

@@ -16,6 +16,8 @@
 --   helpers tb_tokens, lb_level,      tbTokens, lbLevel, gcraDiff, swCount
 --     gcra_diff, sw_count
 --   ALG.x.refund (multi.lua refund)   <algorithm>Refund (Refund)
+--   settle, settle_room               settleRefund, settleRoom (SettleTake;
+--     ALG.sliding_log.settle            Log.removeAt)
 --
 -- What only the Lua has: load and save (each algorithm's Redis encoding;
 -- save below deletes a key whose state no longer matters), params (Go's
