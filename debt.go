@@ -193,8 +193,10 @@ func CheckStamp(st Stamp, n int64) error {
 // A StampStore dates its takes by its own clock (Redis: its TIME), so
 // that Reserve can stamp its reservations; a refund Request with a Stamp
 // then settles that take (Request.Stamp). memstore and redisstore
-// implement it, and the wrappers guard, denycache and weirotel forward it;
-// Reserve finds it through StoreAs.
+// implement it, and the wrappers guard, denycache and weirotel forward it.
+// Reserve asks the Limiter's store itself, not through Unwrap: a wrapper
+// of your own that does not implement it is never bypassed, and its
+// reservations are simply not dated (they settle as Limiter.Settle does).
 type StampStore interface {
 	// TakeStamped decides as Take does and, when the take is admitted,
 	// returns its Stamp: zero when rejected, or when a wrapper finds no
@@ -206,7 +208,7 @@ type StampStore interface {
 // are admitted it returns a Reservation to Settle with the real cost; when
 // rejected the Reservation is nil and nothing is consumed. The limit's
 // algorithm must support debt (see Debit). A store that dates its takes
-// (a StampStore, found through StoreAs) stamps the reservation.
+// (the Limiter's store is a StampStore) stamps the reservation.
 func (lim *Limiter) Reserve(ctx context.Context, key string, l Limit, estimate int64) (*Reservation, Result, error) {
 	p, err := l.Compile()
 	if err != nil {
@@ -220,7 +222,7 @@ func (lim *Limiter) Reserve(ctx context.Context, key string, l Limit, estimate i
 	}
 	var res Result
 	var st Stamp
-	if ss, ok := StoreAs[StampStore](lim.store); ok {
+	if ss, ok := lim.store.(StampStore); ok {
 		res, st, err = ss.TakeStamped(ctx, key, l, estimate)
 	} else {
 		res, err = lim.store.Take(ctx, key, l, estimate)

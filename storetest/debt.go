@@ -219,7 +219,7 @@ func (t *tester) debtLateSettle() {
 		if err != nil || r == nil || !res.Allowed {
 			t.Fatalf("Reserve %d on %s: %v %+v %v", n, key, r, res, err)
 		}
-		if _, ok := weir.StoreAs[weir.StampStore](t.h.Store); ok && r.Stamp.IsZero() {
+		if _, ok := t.h.Store.(weir.StampStore); ok && r.Stamp.IsZero() {
 			t.Fatalf("a StampStore left the reservation unstamped: %+v", r)
 		}
 		return r

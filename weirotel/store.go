@@ -67,10 +67,10 @@ func (ts *tracedStore) Take(ctx context.Context, key string, l weir.Limit, n int
 }
 
 // TakeStamped implements weir.StampStore as Take does, under the same
-// span: the wrapped store's Stamp (found through weir.StoreAs), or a zero
+// span: the wrapped store's Stamp (when it is a weir.StampStore), or a zero
 // one when it dates no takes.
 func (ts *tracedStore) TakeStamped(ctx context.Context, key string, l weir.Limit, n int64) (weir.Result, weir.Stamp, error) {
-	ss, ok := weir.StoreAs[weir.StampStore](ts.s)
+	ss, ok := ts.s.(weir.StampStore)
 	if !ok {
 		res, err := ts.Take(ctx, key, l, n)
 		return res, weir.Stamp{}, err

@@ -8,12 +8,12 @@ import (
 
 // TakeStamped implements weir.StampStore as Take does: a live cached
 // denial answers (with no Stamp), and a miss asks the wrapped store for a
-// dated take (found through weir.StoreAs; a plain Take, with no Stamp,
+// dated take (when the wrapped store is a weir.StampStore; a plain Take, with no Stamp,
 // when it dates none) and keeps its denial. So a reservation (Reserve,
 // weir serve's /v1/reserve, a policy rule with a cost) is dated by the
 // store's clock and still answered from memory while its key is denied.
 func (s *Store) TakeStamped(ctx context.Context, key string, l weir.Limit, n int64) (weir.Result, weir.Stamp, error) {
-	ss, dated := weir.StoreAs[weir.StampStore](s.next)
+	ss, dated := s.next.(weir.StampStore)
 	next := func(ctx context.Context) (weir.Result, weir.Stamp, error) {
 		if !dated {
 			res, err := s.next.Take(ctx, key, l, n)

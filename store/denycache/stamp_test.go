@@ -24,7 +24,7 @@ func TestTakeStamped(t *testing.T) {
 	if hits := s.Stats().Hits; hits != 1 {
 		t.Fatalf("the second denial was not answered from memory: %d hits, want 1", hits)
 	}
-	if _, ok := weir.StoreAs[weir.StampStore](s); !ok {
+	if _, ok := any(s).(weir.StampStore); !ok {
 		t.Fatal("the deny cache is no StampStore")
 	}
 }

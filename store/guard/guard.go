@@ -610,10 +610,10 @@ func (g *Guard) Take(ctx context.Context, key string, l weir.Limit, n int64) (we
 }
 
 // TakeStamped implements weir.StampStore as Take does, through the
-// breaker: the wrapped store's stamp (found through weir.StoreAs), or none
+// breaker: the wrapped store's stamp (when it is a weir.StampStore), or none
 // when it dates no takes or a cached denial answered.
 func (g *Guard) TakeStamped(ctx context.Context, key string, l weir.Limit, n int64) (weir.Result, weir.Stamp, error) {
-	ss, ok := weir.StoreAs[weir.StampStore](g.store)
+	ss, ok := g.store.(weir.StampStore)
 	if !ok {
 		res, err := g.Take(ctx, key, l, n)
 		return res, weir.Stamp{}, err
