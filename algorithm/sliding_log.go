@@ -214,8 +214,6 @@ func (l *Log) resize(n int) {
 	l.ts, l.end, l.head = ts, end, 0
 }
 
-// remove takes up to g events out of the first entry at or after t,
-// dropping the entry if none is left, and reports whether it found one.
 // removeAt removes up to g events of the entry at exactly t, if there is
 // one (a settlement's refund: SettleTake).
 func (l *Log) removeAt(t, g int64) bool {
@@ -229,6 +227,8 @@ func (l *Log) removeAt(t, g int64) bool {
 	return l.remove(t, g)
 }
 
+// remove takes up to g events out of the first entry at or after t,
+// dropping the entry if none is left, and reports whether it found one.
 func (l *Log) remove(t, g int64) bool {
 	i := 0
 	for i < l.size && l.TS(i) < t {
