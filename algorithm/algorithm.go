@@ -239,6 +239,26 @@ func Check(p *Params, s *State, now, n int64, mode Mode) Decision {
 }
 
 func take(p *Params, s *State, now, n int64, mode Mode, commit bool) Decision {
+	var d Decision
+	takeTo(p, s, now, n, mode, commit, &d)
+	return d
+}
+
+// TakeTo is Take writing its Decision to *d (every field of it) instead of
+// returning it. A Decision is too large to come back in registers: each
+// frame a returned one passes through copies it, and right after its
+// fields were written one by one such a copy stalls the CPU (a 16-byte
+// load over two 8-byte stores is not forwarded). memstore, whose
+// single-key decision this dominated, decides into a Decision of its own.
+func TakeTo(p *Params, s *State, now, n int64, mode Mode, d *Decision) {
+	if mode >= Debit {
+		*d = debtOp(p, s, now, n, mode)
+		return
+	}
+	takeTo(p, s, now, n, mode, true, d)
+}
+
+func takeTo(p *Params, s *State, now, n int64, mode Mode, commit bool, d *Decision) {
 	peek := n == 0
 	cost := n
 	if peek {
@@ -255,26 +275,26 @@ func take(p *Params, s *State, now, n int64, mode Mode, commit bool) Decision {
 		left := s.BlockedUntil - now
 		if p.BoxOutlasts() {
 			// The box's end is later than anything the frozen state needs.
-			return Decision{Limit: p.Cap, RetryAfter: left, ResetAfter: left, BlockedUntil: s.BlockedUntil, TTL: max(left, life(p, s, now), historyLife(p, s, now))}
+			*d = Decision{Limit: p.Cap, RetryAfter: left, ResetAfter: left, BlockedUntil: s.BlockedUntil, TTL: max(left, life(p, s, now), historyLife(p, s, now))}
+			return
 		}
-		d := decide(p, s, now, cost, mode, false)
+		*d = decide(p, s, now, cost, mode, false)
 		d.Allowed, d.Granted, d.Remaining, d.Delay = false, 0, 0, 0
 		d.RetryAfter = max(d.RetryAfter, left)
 		d.ResetAfter = max(d.ResetAfter, left) // nothing is usable before the box opens
 		d.BlockedUntil = s.BlockedUntil
 		d.TTL = max(d.ResetAfter, life(p, s, now), historyLife(p, s, now))
-		return d
+		return
 	}
 	commit = commit && !peek
 	// decide, written out: the Decision comes back from the table's
 	// function once, instead of being copied again through decide.
 	sp := &specs[p.Kind]
-	var d Decision
+	f := sp.decide
 	if p.Warmup > 0 {
-		d = warmBucket(p, s, now, cost, mode, commit)
-	} else {
-		d = sp.decide(p, s, now, cost, mode, commit)
+		f = warmBucket
 	}
+	*d = f(p, s, now, cost, mode, commit)
 	d.Allowed = d.Granted > 0
 	if peek {
 		d.Granted = 0
@@ -295,7 +315,6 @@ func take(p *Params, s *State, now, n int64, mode Mode, commit bool) Decision {
 		d.TTL = max(d.TTL, s.BlockedUntil-now)
 	}
 	d.TTL = max(d.TTL, historyLife(p, s, now))
-	return d
 }
 
 // life returns how much longer s's stored state lasts at now, in µs, for

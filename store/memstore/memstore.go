@@ -279,23 +279,26 @@ func keep(sl *slot, st *algorithm.State) {
 }
 
 // Take implements weir.Store.
-func (s *Store) Take(ctx context.Context, key string, l weir.Limit, n int64) (weir.Result, error) {
-	return s.take(key, &l, n, algorithm.Exact, "")
+func (s *Store) Take(ctx context.Context, key string, l weir.Limit, n int64) (r weir.Result, err error) {
+	err = s.take(key, &l, n, algorithm.Exact, "", &r)
+	return r, err
 }
 
-func (s *Store) take(key string, l *weir.Limit, n int64, mode algorithm.Mode, lease string) (weir.Result, error) {
+// take decides into r, the caller's Result, so that the Result is built
+// where it is returned instead of being copied out through each frame.
+func (s *Store) take(key string, l *weir.Limit, n int64, mode algorithm.Mode, lease string, r *weir.Result) error {
 	sh, tag := s.hash(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	i, c, err := s.resolve(sh, key, tag, l)
 	if err != nil {
-		return weir.Result{}, err
+		return err
 	}
 	maxCost := c.params.MaxCost()
 	if mode >= algorithm.Debit {
 		// A debit or refund may pass the limit (debt.go).
 		if err := weir.CheckDebt(key, n, &c.params, mode); err != nil {
-			return weir.Result{}, err
+			return err
 		}
 		maxCost = algorithm.MaxDebt
 	}
@@ -303,11 +306,12 @@ func (s *Store) take(key string, l *weir.Limit, n int64, mode algorithm.Mode, le
 		n = min(n, maxCost) // a partial grant may ask for more than fits
 	}
 	if n < 0 || n > maxCost {
-		return weir.Result{}, weir.CheckCost(key, n, maxCost)
+		return weir.CheckCost(key, n, maxCost)
 	}
 	now := s.micros()
 	st := sh.open(i, c, &sh.scratch)
-	d := algorithm.Take(&c.params, st, now, n, mode)
+	var d algorithm.Decision
+	algorithm.TakeTo(&c.params, st, now, n, mode, &d)
 	if d.Granted > 0 && lease != "" {
 		algorithm.SetLeaseID(st, lease)
 	}
@@ -318,7 +322,8 @@ func (s *Store) take(key string, l *weir.Limit, n int64, mode algorithm.Mode, le
 	} else {
 		s.add(sh, key, tag, c, st, now, d.TTL, false)
 	}
-	return weir.ResultOf(d), nil
+	r.SetDecision(&d)
+	return nil
 }
 
 // add inserts a new key's state st (a scratch State, left with only
