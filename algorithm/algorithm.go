@@ -16,7 +16,7 @@
 //	Go (package algorithm)                 Lua (store/redisstore/scripts)
 //	take (Take, Check)                     prelude.lua take
 //	decide (the table's decide, Allowed)   prelude.lua decide
-//	grant, ceilDiv, Decision{Limit: Cap}   prelude.lua grant, ceil_div, decision
+//	grant, ceilDiv, decision               prelude.lua grant, ceil_div, decision
 //	fixed_window.go fixedWindow            fixed_window.lua ALG.fixed_window.decide
 //	sliding_log.go slidingLog              sliding_log.lua ALG.sliding_log.decide
 //	sliding_window.go slidingWindow        sliding_window.lua ALG.sliding_window.decide
@@ -181,7 +181,6 @@ type Decision struct {
 	Delay        int64 // µs a shaping leaky bucket asks the caller to wait
 	BlockedUntil int64 // µs epoch while a penalty box holds the key; 0 if none
 	TTL          int64 // µs for which the stored state still matters; 0 means it can be dropped
-	Changed      bool  // the state was modified and must be saved
 }
 
 // Lease is one concurrency slot holder.
@@ -287,14 +286,15 @@ func takeTo(p *Params, s *State, now, n int64, mode Mode, commit bool, d *Decisi
 		return
 	}
 	commit = commit && !peek
-	// decide, written out: the Decision comes back from the table's
-	// function once, instead of being copied again through decide.
+	// decide, written out: the table's function returns its five
+	// integers in registers, written to *d one by one.
 	sp := &specs[p.Kind]
 	f := sp.decide
 	if p.Warmup > 0 {
 		f = warmBucket
 	}
-	*d = f(p, s, now, cost, mode, commit)
+	d.Limit, d.BlockedUntil = p.Cap, 0
+	d.Granted, d.Remaining, d.RetryAfter, d.ResetAfter, d.Delay = f(p, s, now, cost, mode, commit)
 	d.Allowed = d.Granted > 0
 	if peek {
 		d.Granted = 0
@@ -305,7 +305,6 @@ func takeTo(p *Params, s *State, now, n int64, mode Mode, commit bool, d *Decisi
 		d.BlockedUntil = s.BlockedUntil
 		d.RetryAfter = max(d.RetryAfter, box)
 		d.Remaining = 0
-		d.Changed = true
 	}
 	d.TTL = d.ResetAfter
 	if sp.life != nil {
@@ -344,12 +343,17 @@ func grant(cost, avail int64, mode Mode) int64 {
 // decide runs p's algorithm from the table: it decides a request of cost
 // at now against s, and when apply, consumes what it grants.
 func decide(p *Params, s *State, now, cost int64, mode Mode, apply bool) Decision {
+	f := specs[p.Kind].decide
 	if p.Warmup > 0 {
-		d := warmBucket(p, s, now, cost, mode, apply)
-		d.Allowed = d.Granted > 0
-		return d
+		f = warmBucket
 	}
-	d := specs[p.Kind].decide(p, s, now, cost, mode, apply)
+	return decision(p, f, s, now, cost, mode, apply)
+}
+
+// decision returns what the table's function f decides as a Decision.
+func decision(p *Params, f decideFunc, s *State, now, cost int64, mode Mode, apply bool) Decision {
+	d := Decision{Limit: p.Cap}
+	d.Granted, d.Remaining, d.RetryAfter, d.ResetAfter, d.Delay = f(p, s, now, cost, mode, apply)
 	d.Allowed = d.Granted > 0
 	return d
 }

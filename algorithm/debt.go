@@ -143,13 +143,13 @@ func debtOp(p *Params, s *State, now, n int64, mode Mode) Decision {
 	boxed := s.BlockedUntil > now && p.Block > 0
 	fit := true
 	if mode == Debit {
-		before := sp.decide(p, s, now, 1, Exact, false)
-		fit = !boxed && before.Remaining >= n
+		_, remaining, _, _, _ := sp.decide(p, s, now, 1, Exact, false)
+		fit = !boxed && remaining >= n
 		sp.debit(p, s, now, n)
 	} else {
 		sp.credit(p, s, now, n)
 	}
-	d := sp.decide(p, s, now, 1, Exact, false)
+	d := decision(p, sp.decide, s, now, 1, Exact, false)
 	if d.Granted > 0 {
 		d.RetryAfter = 0
 	}
@@ -158,7 +158,6 @@ func debtOp(p *Params, s *State, now, n int64, mode Mode) Decision {
 		d.Granted = n
 	}
 	d.Allowed = fit
-	d.Changed = true
 	if !fit && p.Block > 0 && !boxed {
 		startBox(p, s, now) // escalating, as a rejection's box is
 	}
