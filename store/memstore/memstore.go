@@ -58,6 +58,7 @@ type compiled struct {
 	limit  weir.Limit
 	params algorithm.Params
 	lay    layout // how a state under it packs into a slot (state.go)
+	plain  bool   // a decision under it keeps a packed state packed (plainOf)
 }
 
 // compile returns l compiled, from the cache when possible.
@@ -75,7 +76,8 @@ func (s *Store) compile(l weir.Limit) (*compiled, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &compiled{l, p, layoutOf(&p)}
+	lay := layoutOf(&p)
+	c := &compiled{l, p, lay, plainOf(&p, lay)}
 	if len(s.limits) < maxCompiled {
 		s.limits[l] = c
 		s.last.Store(c)
@@ -308,8 +310,20 @@ func (s *Store) take(key string, l *weir.Limit, n int64, mode algorithm.Mode, le
 		return weir.CheckCost(key, n, maxCost)
 	}
 	now := s.micros()
-	st := sh.open(i, c, &sh.scratch)
 	var d algorithm.Decision
+	if i >= 0 && c.plain && mode < algorithm.Debit && sh.slots[i].x == nil {
+		// The common case: a packed state under a limit whose decisions
+		// keep it packed. Its integers go back to the slot without pack's
+		// look at every other field of the State.
+		sl := &sh.slots[i]
+		unpack(c.lay, &sl.v, &sh.scratch)
+		algorithm.TakeTo(&c.params, &sh.scratch, now, n, mode, &d)
+		sl.v = packed(c.lay, &sh.scratch)
+		sl.expires = now + d.TTL
+		r.SetDecision(&d)
+		return nil
+	}
+	st := sh.open(i, c, &sh.scratch)
 	algorithm.TakeTo(&c.params, st, now, n, mode, &d)
 	if d.Granted > 0 && lease != "" {
 		algorithm.SetLeaseID(st, lease)
