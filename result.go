@@ -25,17 +25,25 @@ type Result struct {
 
 // ResultOf converts an algorithm decision into a Result. Stores call it.
 func ResultOf(d algorithm.Decision) Result {
-	r := Result{
-		Allowed:    d.Allowed,
-		Limit:      d.Limit,
-		Remaining:  d.Remaining,
-		RetryAfter: time.Duration(d.RetryAfter) * time.Microsecond,
-		ResetAfter: time.Duration(d.ResetAfter) * time.Microsecond,
-		Granted:    d.Granted,
-		Delay:      time.Duration(d.Delay) * time.Microsecond,
-	}
+	var r Result
+	r.SetDecision(&d)
+	return r
+}
+
+// SetDecision sets every field of r to the Result of d, as ResultOf does,
+// in place: a store whose caller's Result is at hand (a named result, a
+// slot of a batch's results) fills it without copying a Result through
+// its frames.
+func (r *Result) SetDecision(d *algorithm.Decision) {
+	r.Allowed = d.Allowed
+	r.Limit = d.Limit
+	r.Remaining = d.Remaining
+	r.RetryAfter = time.Duration(d.RetryAfter) * time.Microsecond
+	r.ResetAfter = time.Duration(d.ResetAfter) * time.Microsecond
+	r.Granted = d.Granted
+	r.Delay = time.Duration(d.Delay) * time.Microsecond
+	r.BlockedUntil = time.Time{}
 	if d.BlockedUntil != 0 {
 		r.BlockedUntil = time.UnixMicro(d.BlockedUntil)
 	}
-	return r
 }

@@ -16,7 +16,7 @@
 //	Go (package algorithm)                 Lua (store/redisstore/scripts)
 //	take (Take, Check)                     prelude.lua take
 //	decide (the table's decide, Allowed)   prelude.lua decide
-//	grant, ceilDiv, Decision{Limit: Cap}   prelude.lua grant, ceil_div, decision
+//	grant, ceilDiv, decision               prelude.lua grant, ceil_div, decision
 //	fixed_window.go fixedWindow            fixed_window.lua ALG.fixed_window.decide
 //	sliding_log.go slidingLog              sliding_log.lua ALG.sliding_log.decide
 //	sliding_window.go slidingWindow        sliding_window.lua ALG.sliding_window.decide
@@ -183,7 +183,6 @@ type Decision struct {
 	Delay        int64 // µs a shaping leaky bucket asks the caller to wait
 	BlockedUntil int64 // µs epoch while a penalty box holds the key; 0 if none
 	TTL          int64 // µs for which the stored state still matters; 0 means it can be dropped
-	Changed      bool  // the state was modified and must be saved
 }
 
 // Lease is one concurrency slot holder.
@@ -241,6 +240,26 @@ func Check(p *Params, s *State, now, n int64, mode Mode) Decision {
 }
 
 func take(p *Params, s *State, now, n int64, mode Mode, commit bool) Decision {
+	var d Decision
+	takeTo(p, s, now, n, mode, commit, &d)
+	return d
+}
+
+// TakeTo is Take writing its Decision to *d (every field of it) instead of
+// returning it. A Decision is too large to come back in registers: each
+// frame a returned one passes through copies it, and right after its
+// fields were written one by one such a copy stalls the CPU (a 16-byte
+// load over two 8-byte stores is not forwarded). memstore, whose
+// single-key decision this dominated, decides into a Decision of its own.
+func TakeTo(p *Params, s *State, now, n int64, mode Mode, d *Decision) {
+	if mode >= Debit {
+		*d = debtOp(p, s, now, n, mode)
+		return
+	}
+	takeTo(p, s, now, n, mode, true, d)
+}
+
+func takeTo(p *Params, s *State, now, n int64, mode Mode, commit bool, d *Decision) {
 	peek := n == 0
 	cost := n
 	if peek {
@@ -257,26 +276,27 @@ func take(p *Params, s *State, now, n int64, mode Mode, commit bool) Decision {
 		left := s.BlockedUntil - now
 		if p.BoxOutlasts() {
 			// The box's end is later than anything the frozen state needs.
-			return Decision{Limit: p.Cap, RetryAfter: left, ResetAfter: left, BlockedUntil: s.BlockedUntil, TTL: max(left, life(p, s, now), historyLife(p, s, now))}
+			*d = Decision{Limit: p.Cap, RetryAfter: left, ResetAfter: left, BlockedUntil: s.BlockedUntil, TTL: max(left, life(p, s, now), historyLife(p, s, now))}
+			return
 		}
-		d := decide(p, s, now, cost, mode, false)
+		*d = decide(p, s, now, cost, mode, false)
 		d.Allowed, d.Granted, d.Remaining, d.Delay = false, 0, 0, 0
 		d.RetryAfter = max(d.RetryAfter, left)
 		d.ResetAfter = max(d.ResetAfter, left) // nothing is usable before the box opens
 		d.BlockedUntil = s.BlockedUntil
 		d.TTL = max(d.ResetAfter, life(p, s, now), historyLife(p, s, now))
-		return d
+		return
 	}
 	commit = commit && !peek
-	// decide, written out: the Decision comes back from the table's
-	// function once, instead of being copied again through decide.
+	// decide, written out: the table's function returns its five
+	// integers in registers, written to *d one by one.
 	sp := &specs[p.Kind]
-	var d Decision
+	f := sp.decide
 	if p.Warmup > 0 {
-		d = warmBucket(p, s, now, cost, mode, commit)
-	} else {
-		d = sp.decide(p, s, now, cost, mode, commit)
+		f = warmBucket
 	}
+	d.Limit, d.BlockedUntil = p.Cap, 0
+	d.Granted, d.Remaining, d.RetryAfter, d.ResetAfter, d.Delay = f(p, s, now, cost, mode, commit)
 	d.Allowed = d.Granted > 0
 	if peek {
 		d.Granted = 0
@@ -287,7 +307,6 @@ func take(p *Params, s *State, now, n int64, mode Mode, commit bool) Decision {
 		d.BlockedUntil = s.BlockedUntil
 		d.RetryAfter = max(d.RetryAfter, box)
 		d.Remaining = 0
-		d.Changed = true
 	}
 	d.TTL = d.ResetAfter
 	if sp.life != nil {
@@ -297,7 +316,6 @@ func take(p *Params, s *State, now, n int64, mode Mode, commit bool) Decision {
 		d.TTL = max(d.TTL, s.BlockedUntil-now)
 	}
 	d.TTL = max(d.TTL, historyLife(p, s, now))
-	return d
 }
 
 // life returns how much longer s's stored state lasts at now, in µs, for
@@ -327,12 +345,17 @@ func grant(cost, avail int64, mode Mode) int64 {
 // decide runs p's algorithm from the table: it decides a request of cost
 // at now against s, and when apply, consumes what it grants.
 func decide(p *Params, s *State, now, cost int64, mode Mode, apply bool) Decision {
+	f := specs[p.Kind].decide
 	if p.Warmup > 0 {
-		d := warmBucket(p, s, now, cost, mode, apply)
-		d.Allowed = d.Granted > 0
-		return d
+		f = warmBucket
 	}
-	d := specs[p.Kind].decide(p, s, now, cost, mode, apply)
+	return decision(p, f, s, now, cost, mode, apply)
+}
+
+// decision returns what the table's function f decides as a Decision.
+func decision(p *Params, f decideFunc, s *State, now, cost int64, mode Mode, apply bool) Decision {
+	d := Decision{Limit: p.Cap}
+	d.Granted, d.Remaining, d.RetryAfter, d.ResetAfter, d.Delay = f(p, s, now, cost, mode, apply)
 	d.Allowed = d.Granted > 0
 	return d
 }

@@ -7,8 +7,7 @@ package algorithm
 
 // concurrency decides a concurrency limit (ALG.concurrency.decide; its
 // load drops the expired leases, which here is the first step).
-func concurrency(p *Params, s *State, now, cost int64, mode Mode, apply bool) Decision {
-	d := Decision{Limit: p.Cap}
+func concurrency(p *Params, s *State, now, cost int64, mode Mode, apply bool) (granted, remaining, retryAfter, resetAfter, delay int64) {
 	// Drop expired leases (expiry <= now), each once, with their weights.
 	i := 0
 	for i < len(s.Leases) && s.Leases[i].Expiry <= now {
@@ -30,7 +29,7 @@ func concurrency(p *Params, s *State, now, cost int64, mode Mode, apply bool) De
 		for _, l := range s.Leases {
 			need -= l.Weight
 			if need <= 0 {
-				d.RetryAfter = l.Expiry - now
+				retryAfter = l.Expiry - now
 				break
 			}
 		}
@@ -38,14 +37,13 @@ func concurrency(p *Params, s *State, now, cost int64, mode Mode, apply bool) De
 		held += g
 		s.Leases = append(s.Leases, Lease{Expiry: now + p.Period, Weight: g})
 		s.Held += g
-		d.Changed = true
 	}
-	d.Granted, d.Remaining = g, p.Rate-held
+	granted, remaining = g, p.Rate-held
 	if n := len(s.Leases); n > 0 {
 		// The last lease to expire.
-		d.ResetAfter = s.Leases[n-1].Expiry - now
+		resetAfter = s.Leases[n-1].Expiry - now
 	}
-	return d
+	return
 }
 
 // concurrencyRefund releases exactly the lease the take added: the one

@@ -148,15 +148,15 @@ func debtOpTaken(p *Params, s *State, now, n int64, mode Mode, t *Taken) Decisio
 	boxed := s.BlockedUntil > now && p.Block > 0
 	fit := true
 	if mode == Debit {
-		before := sp.decide(p, s, now, 1, Exact, false)
-		fit = !boxed && before.Remaining >= n
+		_, remaining, _, _, _ := sp.decide(p, s, now, 1, Exact, false)
+		fit = !boxed && remaining >= n
 		sp.debit(p, s, now, n)
 	} else if mode == Settle && t != nil {
 		settleRefund(p, s, now, n, t)
 	} else {
 		sp.credit(p, s, now, n)
 	}
-	d := sp.decide(p, s, now, 1, Exact, false)
+	d := decision(p, sp.decide, s, now, 1, Exact, false)
 	if d.Granted > 0 {
 		d.RetryAfter = 0
 	}
@@ -165,7 +165,6 @@ func debtOpTaken(p *Params, s *State, now, n int64, mode Mode, t *Taken) Decisio
 		d.Granted = n
 	}
 	d.Allowed = fit
-	d.Changed = true
 	if !fit && p.Block > 0 && !boxed {
 		startBox(p, s, now) // escalating, as a rejection's box is
 	}

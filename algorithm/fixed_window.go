@@ -26,8 +26,7 @@ func fwCount(p *Params, s *State, w int64) int64 {
 }
 
 // fixedWindow decides a fixed window (ALG.fixed_window.decide).
-func fixedWindow(p *Params, s *State, now, cost int64, mode Mode, apply bool) Decision {
-	d := Decision{Limit: p.Cap}
+func fixedWindow(p *Params, s *State, now, cost int64, mode Mode, apply bool) (granted, remaining, retryAfter, resetAfter, delay int64) {
 	w, wend := fwWindow(p, now) // the window now falls in
 	count := fwCount(p, s, w)
 	r := carryRate(p, s) // what a count over the rate pays back per window
@@ -36,18 +35,17 @@ func fixedWindow(p *Params, s *State, now, cost int64, mode Mode, apply bool) De
 	if g == 0 {
 		// The next window admits anything up to Rate; in debt, the first
 		// window whose carried count leaves room for cost.
-		d.RetryAfter = end + (ceilDiv(count+cost-p.Rate, r)-1)*p.Period
+		retryAfter = end + (ceilDiv(count+cost-p.Rate, r)-1)*p.Period
 	} else if apply {
 		count += g
 		s.Window, s.Count = w, count
 		setDebt(p, s, false)
-		d.Changed = true
 	}
-	d.Granted, d.Remaining = g, max(p.Rate-count, 0)
+	granted, remaining = g, max(p.Rate-count, 0)
 	if count > 0 {
-		d.ResetAfter = end + (ceilDiv(count, r)-1)*p.Period
+		resetAfter = end + (ceilDiv(count, r)-1)*p.Period
 	}
-	return d
+	return
 }
 
 // fixedWindowRefund: the g events counted at takeNow leave the count, if

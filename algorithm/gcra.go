@@ -25,22 +25,20 @@ func gcraDiff(p *Params, s *State, now, c int64) int64 {
 }
 
 // gcra decides GCRA (ALG.gcra.decide).
-func gcra(p *Params, s *State, now, cost int64, mode Mode, apply bool) Decision {
-	d := Decision{Limit: p.Cap}
+func gcra(p *Params, s *State, now, cost int64, mode Mode, apply bool) (granted, remaining, retryAfter, resetAfter, delay int64) {
 	c := p.Burst * p.A
 	diff := gcraDiff(p, s, now, c)
 	g := grant(cost, max(c-diff, 0)/p.A, mode)
 	if g == 0 {
-		d.RetryAfter = ceilDiv(diff+cost*p.A-c, p.B)
+		retryAfter = ceilDiv(diff+cost*p.A-c, p.B)
 	} else if apply {
 		diff += g * p.A
 		s.TAT, s.Frac = now+diff/p.B, diff%p.B
 		s.Debt = false // it fitted: diff <= c
-		d.Changed = true
 	}
-	d.Granted, d.Remaining = g, max(c-diff, 0)/p.A
-	d.ResetAfter = ceilDiv(diff, p.B) // until TAT
-	return d
+	granted, remaining = g, max(c-diff, 0)/p.A
+	resetAfter = ceilDiv(diff, p.B) // until TAT
+	return
 }
 
 // gcraRefund moves TAT back by g cells, measured from now and floored at

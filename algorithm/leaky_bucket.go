@@ -34,8 +34,7 @@ func lbLevel(p *Params, s *State, now, c int64) int64 {
 }
 
 // leakyBucket decides a leaky bucket (ALG.leaky_bucket.decide).
-func leakyBucket(p *Params, s *State, now, cost int64, mode Mode, apply bool) Decision {
-	d := Decision{Limit: p.Cap}
+func leakyBucket(p *Params, s *State, now, cost int64, mode Mode, apply bool) (granted, remaining, retryAfter, resetAfter, delay int64) {
 	c := p.Burst * p.A
 	level := lbLevel(p, s, now, c)
 	// room is the level a request may find and still be admitted, plus its own cost.
@@ -45,12 +44,11 @@ func leakyBucket(p *Params, s *State, now, cost int64, mode Mode, apply bool) De
 	}
 	g := grant(cost, max(room-level, 0)/p.A, mode)
 	if g == 0 {
-		d.RetryAfter = ceilDiv(level-(room-cost*p.A), p.B) // until cost·A fits
+		retryAfter = ceilDiv(level-(room-cost*p.A), p.B) // until cost·A fits
 	} else if apply {
 		level += g * p.A
 		s.Level, s.TS = level, now
 		s.Debt = false // it fitted: level <= room
-		d.Changed = true
 	}
 	if g > 0 && p.Shaping() {
 		// Hold the request until the level drains to DelayAfter events.
@@ -58,11 +56,11 @@ func leakyBucket(p *Params, s *State, now, cost int64, mode Mode, apply bool) De
 		if !apply {
 			after += g * p.A
 		}
-		d.Delay = max(ceilDiv(after-p.DelayAfter*p.A, p.B), 0)
+		delay = max(ceilDiv(after-p.DelayAfter*p.A, p.B), 0)
 	}
-	d.Granted, d.Remaining = g, max(room-level, 0)/p.A
-	d.ResetAfter = ceilDiv(level, p.B) // until the bucket is empty
-	return d
+	granted, remaining = g, max(room-level, 0)/p.A
+	resetAfter = ceilDiv(level, p.B) // until the bucket is empty
+	return
 }
 
 // leakyBucketRefund takes g·A units out at now, floored at 0; draining is

@@ -42,7 +42,6 @@ func (e *eventLog) take(p *algorithm.Params, now, n int64, mode algorithm.Mode) 
 			e.ts = e.ts[int64(len(e.ts))-p.Rate:]
 		}
 		count += g
-		d.Changed = true
 	}
 	d.Allowed = g > 0 // a peek reports whether one event would be admitted
 	if n == 0 {

@@ -6,8 +6,7 @@ package algorithm
 
 // slidingLog decides a sliding log (ALG.sliding_log.decide; its load
 // drops the entries that left the window, which here is the first step).
-func slidingLog(p *Params, s *State, now, cost int64, mode Mode, apply bool) Decision {
-	d := Decision{Limit: p.Cap}
+func slidingLog(p *Params, s *State, now, cost int64, mode Mode, apply bool) (granted, remaining, retryAfter, resetAfter, delay int64) {
 	// Drop entries that left the window: ts + Period <= now.
 	for s.Log.size > 0 && s.Log.TS(0)+p.Period <= now {
 		s.Log.popFront()
@@ -19,18 +18,17 @@ func slidingLog(p *Params, s *State, now, cost int64, mode Mode, apply bool) Dec
 	if g == 0 {
 		// The (count+cost−Rate)-th oldest event must leave the window.
 		k := count + cost - p.Rate
-		d.RetryAfter = s.Log.eventTS(k-1) + p.Period - now
+		retryAfter = s.Log.eventTS(k-1) + p.Period - now
 	} else if apply {
 		s.Log.push(now, g, p.Rate) // keeps the newest Rate events
 		count += g
-		d.Changed = true
 	}
-	d.Granted, d.Remaining = g, max(p.Rate-count, 0)
+	granted, remaining = g, max(p.Rate-count, 0)
 	if s.Log.size > 0 {
 		// The newest entry leaves last.
-		d.ResetAfter = s.Log.TS(s.Log.size-1) + p.Period - now
+		resetAfter = s.Log.TS(s.Log.size-1) + p.Period - now
 	}
-	return d
+	return
 }
 
 // slidingLogRefund removes the g events a take at takeNow added (what is

@@ -9,11 +9,10 @@ package algorithm
 // counts (bucketCounts).
 
 // slidingWindow decides a sliding window (ALG.sliding_window.decide).
-func slidingWindow(p *Params, s *State, now, cost int64, mode Mode, apply bool) Decision {
+func slidingWindow(p *Params, s *State, now, cost int64, mode Mode, apply bool) (granted, remaining, retryAfter, resetAfter, delay int64) {
 	if p.Buckets > 0 {
 		return slidingBuckets(p, s, now, cost, mode, apply)
 	}
-	d := Decision{Limit: p.Cap}
 	pt := p.Period / p.Tick // the period in ticks (Tick divides it)
 	nt := now / p.Tick      // now in ticks
 	w := nt / pt            // the current window
@@ -25,24 +24,23 @@ func slidingWindow(p *Params, s *State, now, cost int64, mode Mode, apply bool) 
 	est := weighted + cur
 	g := grant(cost, max(p.Rate-est, 0), mode)
 	if g == 0 {
-		d.RetryAfter = swRetry(p, w, pt, cur, prev, cost, r)*p.Tick - now
+		retryAfter = swRetry(p, w, pt, cur, prev, cost, r)*p.Tick - now
 	} else if apply {
 		cur += g
 		est += g
 		s.Window, s.Count, s.Prev = w, cur, prev
 		setDebt(p, s, false)
-		d.Changed = true
 	}
-	d.Granted, d.Remaining = g, max(p.Rate-est, 0)
+	granted, remaining = g, max(p.Rate-est, 0)
 	switch {
 	case cur > 0:
 		// cur weighs nothing two windows on; in debt it carries on for
 		// ceil(cur/r) windows first.
-		d.ResetAfter = (w+1+ceilDiv(cur, r))*pt*p.Tick - now
+		resetAfter = (w+1+ceilDiv(cur, r))*pt*p.Tick - now
 	case prev > 0:
-		d.ResetAfter = (w+1)*pt*p.Tick - now
+		resetAfter = (w+1)*pt*p.Tick - now
 	}
-	return d
+	return
 }
 
 // swCounts returns the current and previous windows' counts in window w
@@ -116,8 +114,7 @@ func swCount(p *Params, s *State, valid bool, i int64) int64 {
 //
 // Only one bucket is estimated, so the error is at most one bucket's
 // count; with one bucket this is the plain sliding window.
-func slidingBuckets(p *Params, s *State, now, cost int64, mode Mode, apply bool) Decision {
-	d := Decision{Limit: p.Cap}
+func slidingBuckets(p *Params, s *State, now, cost int64, mode Mode, apply bool) (granted, remaining, retryAfter, resetAfter, delay int64) {
 	nb := p.Buckets
 	ring := nb + 1
 	bt := p.Period / p.Tick / nb // a bucket, in ticks (Compile made it whole)
@@ -152,7 +149,7 @@ func slidingBuckets(p *Params, s *State, now, cost int64, mode Mode, apply bool)
 				if o > 0 {
 					at += bt - (k*bt)/o
 				}
-				d.RetryAfter = at*p.Tick - now
+				retryAfter = at*p.Tick - now
 				break
 			}
 		}
@@ -171,18 +168,17 @@ func slidingBuckets(p *Params, s *State, now, cost int64, mode Mode, apply bool)
 		s.Window, s.Count, s.Prev = w, 0, 0
 		valid = true
 		est += g
-		d.Changed = true
 	}
-	d.Granted, d.Remaining = g, max(p.Rate-est, 0)
+	granted, remaining = g, max(p.Rate-est, 0)
 	// The newest bucket with a count leaves the trailing period nb+1
 	// buckets after it began.
 	for i := w; i >= w-nb; i-- {
 		if swCount(p, s, valid, i) > 0 {
-			d.ResetAfter = (i+nb+1)*bt*p.Tick - now
+			resetAfter = (i+nb+1)*bt*p.Tick - now
 			break
 		}
 	}
-	return d
+	return
 }
 
 // slidingWindowRefund takes the g events out of the counter that holds

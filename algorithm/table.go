@@ -122,13 +122,21 @@ type Spec struct {
 	// the reported limit) is Burst, and MaxWait is a full refill.
 	Bucket bool
 
-	decide  func(p *Params, s *State, now, cost int64, mode Mode, apply bool) Decision
+	decide  decideFunc
 	refund  func(p *Params, s *State, takeNow, now, g int64, id string) bool
 	compile func(p *Params) error                      // checks and derives what only this algorithm needs
 	life    func(p *Params, s *State, now int64) int64 // nil: the state lasts ResetAfter
 	// debit consumes n past the limit; credit gives n back (debt.go).
 	debit, credit func(p *Params, s *State, now, n int64)
 }
+
+// decideFunc is an algorithm's decision (the Lua's ALG.<name>.decide): it
+// decides a request of cost at now against s and, if apply, consumes what
+// it grants. It returns a Decision's Granted, Remaining, RetryAfter,
+// ResetAfter and Delay: five integers come back in registers, where a
+// Decision would be copied through memory (see TakeTo). The Decision's
+// Limit is Cap; take sets the rest.
+type decideFunc func(p *Params, s *State, now, cost int64, mode Mode, apply bool) (granted, remaining, retryAfter, resetAfter, delay int64)
 
 // every is what all seven algorithms support.
 const every = FeaturePeek | FeatureAtMost | FeatureRefund

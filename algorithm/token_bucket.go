@@ -25,21 +25,19 @@ func tbTokens(p *Params, s *State, now, c int64) int64 {
 }
 
 // tokenBucket decides a token bucket (ALG.token_bucket.decide).
-func tokenBucket(p *Params, s *State, now, cost int64, mode Mode, apply bool) Decision {
-	d := Decision{Limit: p.Cap}
+func tokenBucket(p *Params, s *State, now, cost int64, mode Mode, apply bool) (granted, remaining, retryAfter, resetAfter, delay int64) {
 	c := p.Burst * p.A
 	tokens := tbTokens(p, s, now, c)
 	g := grant(cost, tokens/p.A, mode)
 	if g == 0 {
-		d.RetryAfter = ceilDiv(cost*p.A-tokens, p.B) // until cost·A tokens are in
+		retryAfter = ceilDiv(cost*p.A-tokens, p.B) // until cost·A tokens are in
 	} else if apply {
 		tokens -= g * p.A
 		s.Level, s.TS = tokens, now
-		d.Changed = true
 	}
-	d.Granted, d.Remaining = g, max(tokens, 0)/p.A // tokens < 0: in debt
-	d.ResetAfter = ceilDiv(c-tokens, p.B)          // until the bucket is full
-	return d
+	granted, remaining = g, max(tokens, 0)/p.A // tokens < 0: in debt
+	resetAfter = ceilDiv(c-tokens, p.B)        // until the bucket is full
+	return
 }
 
 // tokenBucketRefund puts g·A tokens back at now, capped at c. Refilling is

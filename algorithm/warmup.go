@@ -103,23 +103,21 @@ func warmWait(p *Params, t0, now, tokens, target int64) int64 {
 // warmBucket decides a token bucket or GCRA with a warm-up
 // (ALG.<bucket>.decide with p.warm). A rejection that finds the key cold
 // records the warm-up's start, so that its RetryAfter holds.
-func warmBucket(p *Params, s *State, now, cost int64, mode Mode, apply bool) Decision {
-	d := Decision{Limit: p.Cap}
+func warmBucket(p *Params, s *State, now, cost int64, mode Mode, apply bool) (granted, remaining, retryAfter, resetAfter, delay int64) {
 	u := p.warmUnit()
 	tokens, t0 := warmTokens(p, s, now)
 	started := s.TS == 0 || t0 != s.WarmStart
 	g := grant(cost, tokens/u, mode)
 	if g == 0 {
-		d.RetryAfter = warmWait(p, t0, now, tokens, cost*u)
+		retryAfter = warmWait(p, t0, now, tokens, cost*u)
 	}
 	if apply && (g > 0 || started) {
 		tokens -= g * u
 		s.Level, s.TS, s.WarmStart = tokens, now, t0
-		d.Changed = true
 	}
-	d.Granted, d.Remaining = g, tokens/u
-	d.ResetAfter = warmWait(p, t0, now, tokens, p.warmCap(WarmupSteps))
-	return d
+	granted, remaining = g, tokens/u
+	resetAfter = warmWait(p, t0, now, tokens, p.warmCap(WarmupSteps))
+	return
 }
 
 // warmRefund gives back the g events that an admitted take at takeNow

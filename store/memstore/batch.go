@@ -24,8 +24,10 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 	}
 	if len(reqs) == 1 {
 		r := reqs[0]
-		res, err := s.take(r.Key, &r.Limit, r.N, r.AlgorithmMode(), r.Lease)
-		results[0] = res
+		err := s.take(r.Key, &r.Limit, r.N, r.AlgorithmMode(), r.Lease, &results[0])
+		if err != nil {
+			results[0] = weir.Result{}
+		}
 		return err
 	}
 	for i := range reqs {

@@ -58,6 +58,7 @@ type compiled struct {
 	limit  weir.Limit
 	params algorithm.Params
 	lay    layout // how a state under it packs into a slot (state.go)
+	plain  bool   // a decision under it keeps a packed state packed (plainOf)
 }
 
 // compile returns l compiled, from the cache when possible.
@@ -75,7 +76,8 @@ func (s *Store) compile(l weir.Limit) (*compiled, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &compiled{l, p, layoutOf(&p)}
+	lay := layoutOf(&p)
+	c := &compiled{l, p, lay, plainOf(&p, lay)}
 	if len(s.limits) < maxCompiled {
 		s.limits[l] = c
 		s.last.Store(c)
@@ -183,26 +185,25 @@ func (s *Store) hashIndex(key string) (int, uint32) {
 	return int(h & s.mask), uint32(h >> 32)
 }
 
-// sameLimit is l == m, ordered so the common case (an unchanged limit)
-// costs a few integer compares.
+// sameLimit is l == m, written so that the common case (an unchanged
+// limit) costs a few loads, XORs and one branch: the integer fields are
+// folded into one word (comparing the structs whole calls
+// runtime.memequal, and comparing field by field branches at each), and
+// the strings, most often the very same constants, are compared by pointer
+// first.
 func sameLimit(l, m *weir.Limit) bool {
-	return l.Rate == m.Rate && l.Period == m.Period && l.Burst == m.Burst && l.Block == m.Block &&
-		l.MaxDelay == m.MaxDelay && l.DelayAfter == m.DelayAfter && l.Buckets == m.Buckets && l.Algorithm == m.Algorithm &&
-		sameExtras(l, m)
+	x := uint64(l.Rate^m.Rate) | uint64(l.Period^m.Period) | uint64(l.Burst^m.Burst) | uint64(l.Block^m.Block) |
+		uint64(l.MaxDelay^m.MaxDelay) | uint64(l.DelayAfter^m.DelayAfter) | uint64(l.Buckets^m.Buckets) |
+		uint64(l.ForgetAfter^m.ForgetAfter) | uint64(l.ResetAt^m.ResetAt) | uint64(l.Warmup^m.Warmup) | uint64(l.Calendar^m.Calendar)
+	for i := range l.Escalate {
+		x |= uint64(l.Escalate[i] ^ m.Escalate[i])
+	}
+	return x == 0 && sameString(string(l.Algorithm), string(m.Algorithm)) && sameString(l.Timezone, m.Timezone)
 }
 
-// sameExtras compares the settings of escalating penalties, calendar
-// quotas and warm-up, which most limits leave zero.
-func sameExtras(l, m *weir.Limit) bool {
-	// Escalate element by element: comparing the arrays whole calls
-	// runtime.memequal (about 5 ns, a twentieth of a decision).
-	for i := range l.Escalate {
-		if l.Escalate[i] != m.Escalate[i] {
-			return false
-		}
-	}
-	return l.ForgetAfter == m.ForgetAfter &&
-		l.Calendar == m.Calendar && l.Timezone == m.Timezone && l.ResetAt == m.ResetAt && l.Warmup == m.Warmup
+// sameString is a == b, without a call when both are the same bytes.
+func sameString(a, b string) bool {
+	return len(a) == len(b) && (unsafe.StringData(a) == unsafe.StringData(b) || a == b)
 }
 
 func kindOf(l weir.Limit) (algorithm.Kind, error) {
@@ -279,23 +280,26 @@ func keep(sl *slot, st *algorithm.State) {
 }
 
 // Take implements weir.Store.
-func (s *Store) Take(ctx context.Context, key string, l weir.Limit, n int64) (weir.Result, error) {
-	return s.take(key, &l, n, algorithm.Exact, "")
+func (s *Store) Take(ctx context.Context, key string, l weir.Limit, n int64) (r weir.Result, err error) {
+	err = s.take(key, &l, n, algorithm.Exact, "", &r)
+	return r, err
 }
 
-func (s *Store) take(key string, l *weir.Limit, n int64, mode algorithm.Mode, lease string) (weir.Result, error) {
+// take decides into r, the caller's Result, so that the Result is built
+// where it is returned instead of being copied out through each frame.
+func (s *Store) take(key string, l *weir.Limit, n int64, mode algorithm.Mode, lease string, r *weir.Result) error {
 	sh, tag := s.hash(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	i, c, err := s.resolve(sh, key, tag, l)
 	if err != nil {
-		return weir.Result{}, err
+		return err
 	}
 	maxCost := c.params.MaxCost()
 	if mode >= algorithm.Debit {
 		// A debit or refund may pass the limit (debt.go).
 		if err := weir.CheckDebt(key, n, &c.params, mode); err != nil {
-			return weir.Result{}, err
+			return err
 		}
 		maxCost = algorithm.MaxDebt
 	}
@@ -303,11 +307,24 @@ func (s *Store) take(key string, l *weir.Limit, n int64, mode algorithm.Mode, le
 		n = min(n, maxCost) // a partial grant may ask for more than fits
 	}
 	if n < 0 || n > maxCost {
-		return weir.Result{}, weir.CheckCost(key, n, maxCost)
+		return weir.CheckCost(key, n, maxCost)
 	}
 	now := s.micros()
+	var d algorithm.Decision
+	if i >= 0 && c.plain && mode < algorithm.Debit && sh.slots[i].x == nil {
+		// The common case: a packed state under a limit whose decisions
+		// keep it packed. Its integers go back to the slot without pack's
+		// look at every other field of the State.
+		sl := &sh.slots[i]
+		unpack(c.lay, &sl.v, &sh.scratch)
+		algorithm.TakeTo(&c.params, &sh.scratch, now, n, mode, &d)
+		sl.v = packed(c.lay, &sh.scratch)
+		sl.expires = now + d.TTL
+		r.SetDecision(&d)
+		return nil
+	}
 	st := sh.open(i, c, &sh.scratch)
-	d := algorithm.Take(&c.params, st, now, n, mode)
+	algorithm.TakeTo(&c.params, st, now, n, mode, &d)
 	if d.Granted > 0 && lease != "" {
 		algorithm.SetLeaseID(st, lease)
 	}
@@ -318,7 +335,8 @@ func (s *Store) take(key string, l *weir.Limit, n int64, mode algorithm.Mode, le
 	} else {
 		s.add(sh, key, tag, c, st, now, d.TTL, false)
 	}
-	return weir.ResultOf(d), nil
+	r.SetDecision(&d)
+	return nil
 }
 
 // add inserts a new key's state st (a scratch State, left with only

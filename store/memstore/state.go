@@ -41,6 +41,32 @@ func layoutOf(p *algorithm.Params) layout {
 	return layoutNone
 }
 
+// plainOf reports whether a decision under p (a Take or Check, not a
+// debit or credit) on a state packed under lay can only change lay's
+// integers, so that the state stays packed and storing them back is all
+// that pack would do (memstore's take skips pack's look at the rest).
+// What would set more: a penalty box (Block), the count ring of a
+// bucketed sliding window (Buckets), a sliding log's entries and
+// concurrency's leases (layoutNone). Debt is set only by a debit.
+// TestPlainKeepsPacked checks it on random workloads.
+func plainOf(p *algorithm.Params, lay layout) bool {
+	return lay != layoutNone && p.Block == 0 && p.Buckets == 0
+}
+
+// packed returns lay's integers of st, which must pack under lay (see
+// plainOf).
+func packed(lay layout, st *algorithm.State) [3]int64 {
+	switch lay {
+	case layoutWindow:
+		return [3]int64{st.Window, st.Count, st.Prev}
+	case layoutBucket:
+		return [3]int64{st.Level, st.TS, st.WarmStart}
+	case layoutGCRA:
+		return [3]int64{st.TAT, st.Frac, 0}
+	}
+	return [3]int64{}
+}
+
 // unpack sets st to the state v holds under lay. Every field of st that no
 // layout holds must already be zero (the scratch's invariant: see pack).
 func unpack(lay layout, v *[3]int64, st *algorithm.State) {
