@@ -199,7 +199,7 @@ func (s *Store) Take(ctx context.Context, key string, l weir.Limit, n int64) (we
 	if r, ok := s.t.lookup(&lc, key, l, n, s.t.now()); ok {
 		return r, nil
 	}
-	f, r, ok, err := s.join(ctx, &lc, key, l, n)
+	f, r, ok, err := s.join(ctx, &lc, key, l, n, true)
 	if ok || err != nil {
 		return r, err
 	}
@@ -242,7 +242,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 		results[0] = r
 		return nil
 	}
-	f, r, ok, err := s.join(ctx, &lc, rq.Key, rq.Limit, n)
+	f, r, ok, err := s.join(ctx, &lc, rq.Key, rq.Limit, n, true)
 	if ok || err != nil {
 		results[0] = r
 		return err
@@ -277,14 +277,15 @@ const MaxHerd = 1024
 // memory (ok), as a hit and a herd answer; otherwise they go to the store
 // (or one of them leads anew, if the leader's own denial lapsed meanwhile).
 // A request the entry would not have answered, or one for a key without an
-// entry, goes to the store at once.
+// entry, goes to the store at once. Without lead, a request that would
+// lead returns at once instead (Await).
 //
 // Exact: a waiter is answered only by lookup, at a moment after the
 // leader's answer came back, so after Redis decided it; the kept denial
 // lapses at the leader's send time plus RetryAfter, never later than in
 // Redis; an invalidation while the leader was out leaves no entry (insert's
 // epoch), so the waiters go to the store. No lock is held while waiting.
-func (s *Store) join(ctx context.Context, lc *loc, key string, l weir.Limit, n int64) (lead *flight, r weir.Result, ok bool, err error) {
+func (s *Store) join(ctx context.Context, lc *loc, key string, l weir.Limit, n int64, mayLead bool) (lead *flight, r weir.Result, ok bool, err error) {
 	for waited := false; ; {
 		now := s.t.now()
 		if waited && !s.live.Load() {
@@ -304,6 +305,9 @@ func (s *Store) join(ctx context.Context, lc *loc, key string, l weir.Limit, n i
 			continue // kept since the lookup: it answers
 		}
 		f := e.flight.Load()
+		if f == nil && !mayLead {
+			return nil, weir.Result{}, false, nil
+		}
 		if f == nil {
 			nf := &flight{done: make(chan struct{})}
 			if e.flight.CompareAndSwap(nil, nf) {
@@ -360,6 +364,26 @@ func (s *Store) Answer(req *weir.Request) (weir.Result, bool) {
 	}
 	lc := s.t.locate(req.Key)
 	return s.t.lookup(&lc, req.Key, req.Limit, n, s.t.now())
+}
+
+// Await is Answer, and more: if req's key has a lapsed denial that would
+// have answered req and a request for it is on its way to the store, Await
+// waits for that request's answer (until ctx ends) and answers req with
+// the denial it kept, if it kept one (guard.Awaiter). It never sends
+// anything itself: the guard asks it before it calls the store, so that an
+// answer that waited for another request's does not count for its circuit
+// breaker either. A miss is not counted here.
+func (s *Store) Await(ctx context.Context, req *weir.Request) (weir.Result, bool) {
+	n := req.N
+	if n < 1 || req.Mode != weir.ModeTake || !cacheable(req.Limit) || !s.live.Load() {
+		return weir.Result{}, false
+	}
+	if req.AtMost {
+		n = 1
+	}
+	lc := s.t.locate(req.Key)
+	_, r, ok, _ := s.join(ctx, &lc, req.Key, req.Limit, n, false)
+	return r, ok
 }
 
 // Release gives a concurrency lease back (never cached, so nothing to drop).
