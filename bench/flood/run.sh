@@ -19,7 +19,8 @@
 #
 # serve only: WEIR=path runs that weir binary instead of building ./cmd/weir
 # (an A/B against another commit's build), CACHES ("false true") the
-# deny_cache settings in turn. Its second table splits the decisions that
+# deny_cache settings in turn, REDIS_OPTS more of store.redis (YAML flow
+# entries, e.g. "max_in_flight: 1"). Its second table splits the decisions that
 # reached Redis (the cache's misses) by class: the ordinary keys' (every
 # one), the abusive keys' admissions, and the abusive keys' denials that
 # Redis made (the herd at a cached denial's lapse and the requests in flight
@@ -37,6 +38,7 @@ RATE=${RATE:-100}
 CONNS=${CONNS:-64}
 CACHES=${CACHES:-false true}
 WEIR=${WEIR:-}
+REDIS_OPTS=${REDIS_OPTS:-}
 for tool in redis-server redis-cli go python3 curl; do
 	command -v "$tool" >/dev/null || { echo "run.sh: $tool not found" >&2; exit 1; }
 done
@@ -110,7 +112,7 @@ YAML
 	for cache in $CACHES; do
 		cli FLUSHALL >/dev/null
 		cat >"$tmp/weir.yaml" <<YAML
-store: {type: redis, deny_cache: $cache, redis: {addrs: [127.0.0.1:$rport]}}
+store: {type: redis, deny_cache: $cache, redis: {addrs: [127.0.0.1:$rport]${REDIS_OPTS:+, $REDIS_OPTS}}}
 rules: [{name: demo-ip, match: {path: /}, identity: [ip], limit: 100/s}]
 YAML
 		hport=$(free_port)
