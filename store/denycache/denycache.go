@@ -11,7 +11,9 @@
 // RetryAfter, measured from when the denied request was sent, so never later
 // than the store's own answer would lapse. During a flood of an abusive
 // key, Redis then sees about one call per RetryAfter per instance instead
-// of one per request.
+// of one per request. When a denial lapses, the requests for its key that
+// arrive while the first of them is at the store wait for its answer and
+// are answered by its denial, if it brings one back (Store.join).
 //
 // Resets go through the Store, which drops the key's entry here and
 // publishes the key on a Bus (NewRedisBus: Redis pub/sub) so that every
