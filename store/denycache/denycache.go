@@ -270,7 +270,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 // leader (see join); more go to the store at once, as without the wait.
 const MaxHerd = 1024
 
-// join handles a request of cost n that lookup could not answer. If key's
+// join handles a request of cost n that lookup has just failed to answer. If key's
 // entry under l has lapsed and would have answered it, the first such
 // request leads: join returns its flight, which the caller ends once its
 // store's answer is kept (or not). Others that arrive while the leader is
@@ -288,16 +288,20 @@ const MaxHerd = 1024
 // Redis; an invalidation while the leader was out leaves no entry (insert's
 // epoch), so the waiters go to the store. No lock is held while waiting.
 func (s *Store) join(ctx context.Context, lc *loc, key string, l weir.Limit, n int64, mayLead bool) (lead *flight, r weir.Result, ok bool, err error) {
-	for waited := false; ; {
+	// The caller's lookup missed: look again only after a wait, or when an
+	// entry was kept since.
+	for look, waited := false, false; ; look = true {
 		now := s.t.now()
 		if waited && !s.live.Load() {
 			return nil, weir.Result{}, false, nil
 		}
-		if r, ok := s.t.lookup(lc, key, l, n, now); ok {
-			if waited {
-				lc.sh.herd.Add(1)
+		if look {
+			if r, ok := s.t.lookup(lc, key, l, n, now); ok {
+				if waited {
+					lc.sh.herd.Add(1)
+				}
+				return nil, r, true, nil
 			}
-			return nil, r, true, nil
 		}
 		e := lc.find(key)
 		if e == nil || e.lim != l || n < e.n || n > e.maxCost {
@@ -384,6 +388,9 @@ func (s *Store) Await(ctx context.Context, req *weir.Request) (weir.Result, bool
 		n = 1
 	}
 	lc := s.t.locate(req.Key)
+	if r, ok := s.t.lookup(&lc, req.Key, req.Limit, n, s.t.now()); ok {
+		return r, true
+	}
 	_, r, ok, _ := s.join(ctx, &lc, req.Key, req.Limit, n, false)
 	return r, ok
 }
