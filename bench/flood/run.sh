@@ -75,8 +75,8 @@ part_abusive() {
 	(cd bench && go build -o "$tmp/flood" ./flood)
 	echo "### abusive keys through redisstore: $GOROUTINES goroutines, $ABUSIVE of decisions from $ABUSIVE_KEYS keys over $RATE/s, the rest on $KEYS keys, $DURATION"
 	echo
-	echo "| deny cache | decisions/s | Redis µs per decision | script calls | answered from memory | admitted | errors |"
-	echo "|---|---:|---:|---:|---:|---:|---:|"
+	echo "| deny cache | decisions/s | Redis µs per decision | script calls | answered from memory | admitted | errors | herd answers |"
+	echo "|---|---:|---:|---:|---:|---:|---:|---:|"
 	for cache in false true; do
 		cli FLUSHALL >/dev/null
 		"$tmp/flood" -addr "127.0.0.1:$rport" -cache="$cache" -goroutines "$GOROUTINES" -abusive "$ABUSIVE" \
@@ -85,7 +85,7 @@ part_abusive() {
 import json, sys
 r = json.load(open(sys.argv[1]))
 mem = r["cache_hits"] / r["decisions"] if r["decisions"] else 0
-print(f'| {"on" if r["cache"] else "off"} | {r["decisions_per_second"]:,.0f} | {r["redis_usec_per_decision"]:.3f} | {r["script_calls"]:,} | {100*mem:.1f}% | {r["admitted"]:,} | {r["errors"]} |')
+print(f'| {"on" if r["cache"] else "off"} | {r["decisions_per_second"]:,.0f} | {r["redis_usec_per_decision"]:.3f} | {r["script_calls"]:,} | {100*mem:.1f}% | {r["admitted"]:,} | {r["errors"]} | {r.get("herd_answers", 0):,} |')
 PY
 	done
 	echo
