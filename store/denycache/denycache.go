@@ -276,8 +276,11 @@ const MaxHerd = 1024
 // store's answer is kept (or not). Others that arrive while the leader is
 // on its way wait for its answer (at most MaxHerd of them, each until its
 // ctx ends) and look again: a denial the leader kept answers them from
-// memory (ok), as a hit and a herd answer; otherwise they go to the store
-// (or one of them leads anew, if the leader's own denial lapsed meanwhile).
+// memory (ok), as a hit and a herd answer. If the leader left no denial (it
+// was admitted, say), the next request leads a second flight, and the
+// others wait for that one; after a second flight without a denial they go
+// to the store. (A leader's own denial that lapsed meanwhile is a new entry,
+// with flights of its own.)
 // A request the entry would not have answered, or one for a key without an
 // entry, goes to the store at once. Without lead, a request that would
 // lead returns at once instead (Await).
@@ -310,20 +313,28 @@ func (s *Store) join(ctx context.Context, lc *loc, key string, l weir.Limit, n i
 		if now < e.exp {
 			continue // kept since the lookup: it answers
 		}
+		// Up to two flights per lapse: if the first leader was admitted
+		// (a bucket's one unit that came back, or a window's first), the
+		// next request leads a second, whose denial, if any, answers the
+		// rest. After the second, everyone goes to the store.
 		f := e.flight.Load()
-		if f == nil && !mayLead {
+		if (f == nil || f.ended() && f.gen == 1) && !mayLead {
 			return nil, weir.Result{}, false, nil
 		}
-		if f == nil {
-			nf := &flight{done: make(chan struct{})}
-			if e.flight.CompareAndSwap(nil, nf) {
+		if f == nil || f.ended() && f.gen == 1 {
+			nf := &flight{done: make(chan struct{}), gen: 1}
+			if f != nil {
+				nf.gen = 2
+			}
+			if e.flight.CompareAndSwap(f, nf) {
 				return nf, weir.Result{}, false, nil
 			}
 			f = e.flight.Load()
 		}
 		if f.ended() || f.waiters.Add(1) > MaxHerd {
-			// The leader's answer did not leave a denial (an admission,
-			// an error, an invalidation): no more waiting on this entry.
+			// The last leader's answer did not leave a denial (an
+			// admission, an error, an invalidation): no more waiting on
+			// this entry.
 			return nil, weir.Result{}, false, nil
 		}
 		select {

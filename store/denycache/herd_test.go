@@ -14,8 +14,8 @@ import (
 )
 
 // herdGate is a store in front of the real one that holds a lapsed
-// denial's leader (a call for a key whose cache entry has a flight under
-// way) until want requests wait on that flight, so that a test can make a
+// denial's first leader (a call for a key whose cache entry has its first
+// flight under way) until want requests wait on that flight, so that a test can make a
 // herd happen every time, and counts the calls that reach the store.
 type herdGate struct {
 	weir.MultiStore
@@ -37,8 +37,8 @@ func (g *herdGate) hold(key string) {
 		return
 	}
 	f := e.flight.Load()
-	if f == nil || f.ended() {
-		return
+	if f == nil || f.ended() || f.gen != 1 {
+		return // only a lapse's first leader is held
 	}
 	// Only the leader meets a flight under way here, unless the cache was
 	// bypassed meanwhile (its bus lost on a loaded machine): then the
@@ -252,4 +252,43 @@ func (g *gatedMulti) Take(ctx context.Context, key string, l weir.Limit, n int64
 		<-g.out
 	}
 	return g.MultiStore.Take(ctx, key, l, n)
+}
+
+// TestHerdSecondLeader: when a bucket's lapsed denial gives back one unit,
+// the first leader takes it; one of its waiters then leads a second flight,
+// whose denial answers the rest: two store calls for the whole herd, and
+// exactly one admission, as the store one by one would give.
+func TestHerdSecondLeader(t *testing.T) {
+	a, _, g, ms, clock := twoInstances(t)
+	tb := weir.Limit{Algorithm: weir.TokenBucket, Rate: 10, Period: time.Second, Burst: 2}
+	for range 2 {
+		mustTake(t, a, "k", tb, 1)
+	}
+	den := mustTake(t, a, "k", tb, 1)
+	clock.Advance(den.RetryAfter) // one token back
+	const k = 8
+	g.want.Store(k - 1)
+	calls := g.calls.Load()
+	st0 := a.Stats()
+	got := herd(t, a, k, "k", tb, 1)
+	truth := mustTake(t, ms, "k", tb, 1)
+	admitted := 0
+	for i, r := range got {
+		switch {
+		case r.Allowed:
+			admitted++
+		case r.RetryAfter <= 0 || r.RetryAfter > truth.RetryAfter:
+			t.Errorf("request %d: denial %+v, the store's %+v", i, r, truth)
+		}
+	}
+	if admitted != 1 || truth.Allowed {
+		t.Fatalf("%d of %d admitted for one token (the store then says %+v)", admitted, k, truth)
+	}
+	st := a.Stats()
+	if n := g.calls.Load() - calls; n != 2 {
+		t.Errorf("%d store calls for a herd of %d, want 2 (the two leaders')", n, k)
+	}
+	if st.Herd-st0.Herd != k-2 || st.Misses-st0.Misses != 2 {
+		t.Errorf("herd %d, misses %d; want %d and 2", st.Herd-st0.Herd, st.Misses-st0.Misses, k-2)
+	}
 }

@@ -38,6 +38,7 @@ type entry struct {
 type flight struct {
 	done    chan struct{} // closed once the leader's answer is kept, or not
 	waiters atomic.Int32
+	gen     int8 // 1: the first flight of the entry's lapse; 2: the second (the last)
 }
 
 // ended reports whether the leader's answer is in.
