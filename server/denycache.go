@@ -81,7 +81,7 @@ var (
 	descDenyHits = prometheus.NewDesc("weir_deny_cache_hits_total",
 		"Decisions answered from the deny cache (certain denials, without a Redis call).", nil, nil)
 	descDenyHerd = prometheus.NewDesc("weir_deny_cache_herd_total",
-		"Of the deny-cache hits, those that waited for another request on the same key whose cached denial had just lapsed, and were answered by the denial it brought back (a herd of one Redis call instead of many).", nil, nil)
+		"Of the deny-cache hits, those that waited for another request on the same key whose cached denial had just lapsed, and were answered by the denial it brought back (a herd of one or two Redis calls instead of many).", nil, nil)
 	descDenyMisses = prometheus.NewDesc("weir_deny_cache_misses_total",
 		"Decisions the deny cache could not answer, sent to Redis (concurrency limits, peeks and decisions while the cache is bypassed are not counted).", nil, nil)
 	descDenyInval = prometheus.NewDesc("weir_deny_cache_invalidations_total",
