@@ -80,6 +80,8 @@ type denyCacheCollector struct{ d *denycache.Store }
 var (
 	descDenyHits = prometheus.NewDesc("weir_deny_cache_hits_total",
 		"Decisions answered from the deny cache (certain denials, without a Redis call).", nil, nil)
+	descDenyHerd = prometheus.NewDesc("weir_deny_cache_herd_total",
+		"Of the deny-cache hits, those that waited for another request on the same key whose cached denial had just lapsed, and were answered by the denial it brought back (a herd of one or two Redis calls instead of many).", nil, nil)
 	descDenyMisses = prometheus.NewDesc("weir_deny_cache_misses_total",
 		"Decisions the deny cache could not answer, sent to Redis (concurrency limits, peeks and decisions while the cache is bypassed are not counted).", nil, nil)
 	descDenyInval = prometheus.NewDesc("weir_deny_cache_invalidations_total",
@@ -93,7 +95,7 @@ var (
 )
 
 func (c denyCacheCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descDenyHits, descDenyMisses, descDenyInval, descDenyEvict, descDenyEntries, descDenyLive} {
+	for _, d := range []*prometheus.Desc{descDenyHits, descDenyHerd, descDenyMisses, descDenyInval, descDenyEvict, descDenyEntries, descDenyLive} {
 		ch <- d
 	}
 }
@@ -101,6 +103,7 @@ func (c denyCacheCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c denyCacheCollector) Collect(ch chan<- prometheus.Metric) {
 	st := c.d.Stats()
 	ch <- prometheus.MustNewConstMetric(descDenyHits, prometheus.CounterValue, float64(st.Hits))
+	ch <- prometheus.MustNewConstMetric(descDenyHerd, prometheus.CounterValue, float64(st.Herd))
 	ch <- prometheus.MustNewConstMetric(descDenyMisses, prometheus.CounterValue, float64(st.Misses))
 	for _, r := range denycache.Reasons() {
 		ch <- prometheus.MustNewConstMetric(descDenyInval, prometheus.CounterValue, float64(st.Invalidations[r]), r)

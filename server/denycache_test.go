@@ -48,7 +48,7 @@ func TestDenyCacheServe(t *testing.T) {
 		t.Fatalf("after a reset on another instance: %v", d)
 	}
 	_, body := call(t, "GET", baseA+"/metrics", "")
-	for _, want := range []string{"weir_deny_cache_hits_total ", "weir_deny_cache_misses_total ", `weir_deny_cache_invalidations_total{reason="reset"}`, "weir_deny_cache_live 1"} {
+	for _, want := range []string{"weir_deny_cache_hits_total ", "weir_deny_cache_herd_total ", "weir_deny_cache_misses_total ", `weir_deny_cache_invalidations_total{reason="reset"}`, "weir_deny_cache_live 1"} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics lacks %s", want)
 		}

@@ -53,6 +53,7 @@ type result struct {
 	ScriptUsec   int64   `json:"script_usec"`
 	UsecPerDec   float64 `json:"redis_usec_per_decision"`
 	CacheHits    int64   `json:"cache_hits"`
+	HerdAnswers  int64   `json:"herd_answers"` // of the hits, those that waited for a lapsed denial's leader
 	Errors       int64   `json:"errors"`
 	Goroutines   int     `json:"goroutines"`
 	AbusiveShare float64 `json:"abusive_share"`
@@ -172,7 +173,8 @@ func run(c config) (result, error) {
 		r.UsecPerDec = float64(r.ScriptUsec) / float64(r.Decisions)
 	}
 	if dc != nil {
-		r.CacheHits = dc.Stats().Hits
+		st := dc.Stats()
+		r.CacheHits, r.HerdAnswers = st.Hits, st.Herd
 	}
 	return r, nil
 }

@@ -11,7 +11,9 @@
 // RetryAfter, measured from when the denied request was sent, so never later
 // than the store's own answer would lapse. During a flood of an abusive
 // key, Redis then sees about one call per RetryAfter per instance instead
-// of one per request.
+// of one per request. When a denial lapses, the requests for its key that
+// arrive while the first of them is at the store wait for its answer and
+// are answered by its denial, if it brings one back (Store.join).
 //
 // Resets go through the Store, which drops the key's entry here and
 // publishes the key on a Bus (NewRedisBus: Redis pub/sub) so that every
@@ -188,17 +190,26 @@ func keepable(l weir.Limit) (maxCost int64, ok bool) {
 }
 
 // Take answers a request of cost n >= 1 from a live cached denial, or asks
-// the wrapped store and keeps its denial.
+// the wrapped store and keeps its denial. A request that the key's lapsed
+// denial would have answered, arriving while another such request is on
+// its way to the store, waits for that one's answer (see join).
 func (s *Store) Take(ctx context.Context, key string, l weir.Limit, n int64) (weir.Result, error) {
 	if n < 1 || !cacheable(l) || !s.live.Load() {
 		return s.next.Take(ctx, key, l, n)
 	}
 	lc := s.t.locate(key)
-	sent := s.t.now()
-	if r, ok := s.t.lookup(&lc, key, l, n, sent); ok {
+	if r, ok := s.t.lookup(&lc, key, l, n, s.t.now()); ok {
 		return r, nil
 	}
+	f, r, ok, err := s.join(ctx, &lc, key, l, n, true)
+	if ok || err != nil {
+		return r, err
+	}
+	if f != nil {
+		defer f.end() // after the insert: the waiters look again
+	}
 	lc.sh.miss.Add(1)
+	sent := s.t.now()
 	epoch := lc.sh.epoch.Load()
 	res, err := s.next.Take(ctx, key, l, n)
 	if err == nil && !res.Allowed && res.RetryAfter > 0 && s.live.Load() {
@@ -229,14 +240,22 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 		n = 1
 	}
 	lc := s.t.locate(rq.Key)
-	sent := s.t.now()
-	if r, ok := s.t.lookup(&lc, rq.Key, rq.Limit, n, sent); ok {
+	if r, ok := s.t.lookup(&lc, rq.Key, rq.Limit, n, s.t.now()); ok {
 		results[0] = r
 		return nil
 	}
+	f, r, ok, err := s.join(ctx, &lc, rq.Key, rq.Limit, n, true)
+	if ok || err != nil {
+		results[0] = r
+		return err
+	}
+	if f != nil {
+		defer f.end()
+	}
 	lc.sh.miss.Add(1)
+	sent := s.t.now()
 	epoch := lc.sh.epoch.Load()
-	err := s.multi.TakeAll(ctx, reqs, results)
+	err = s.multi.TakeAll(ctx, reqs, results)
 	// An AtMost denial's RetryAfter is for its whole N, not for the one
 	// event its denial proves unavailable: it is answered, never kept.
 	if res := &results[0]; err == nil && !rq.AtMost && !res.Allowed && res.RetryAfter > 0 && s.live.Load() {
@@ -246,6 +265,89 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 	}
 	return err
 }
+
+// MaxHerd bounds the requests that wait at once for one lapsed denial's
+// leader (see join); more go to the store at once, as without the wait.
+const MaxHerd = 1024
+
+// join handles a request of cost n that lookup has just failed to answer. If key's
+// entry under l has lapsed and would have answered it, the first such
+// request leads: join returns its flight, which the caller ends once its
+// store's answer is kept (or not). Others that arrive while the leader is
+// on its way wait for its answer (at most MaxHerd of them, each until its
+// ctx ends) and look again: a denial the leader kept answers them from
+// memory (ok), as a hit and a herd answer. If the leader left no denial (it
+// was admitted, say), the next request leads a second flight, and the
+// others wait for that one; after a second flight without a denial they go
+// to the store. (A leader's own denial that lapsed meanwhile is a new entry,
+// with flights of its own.)
+// A request the entry would not have answered, or one for a key without an
+// entry, goes to the store at once. Without lead, a request that would
+// lead returns at once instead (Await).
+//
+// Exact: a waiter is answered only by lookup, at a moment after the
+// leader's answer came back, so after Redis decided it; the kept denial
+// lapses at the leader's send time plus RetryAfter, never later than in
+// Redis; an invalidation while the leader was out leaves no entry (insert's
+// epoch), so the waiters go to the store. No lock is held while waiting.
+func (s *Store) join(ctx context.Context, lc *loc, key string, l weir.Limit, n int64, mayLead bool) (lead *flight, r weir.Result, ok bool, err error) {
+	// The caller's lookup missed: look again only after a wait, or when an
+	// entry was kept since.
+	for look, waited := false, false; ; look = true {
+		now := s.t.now()
+		if waited && !s.live.Load() {
+			return nil, weir.Result{}, false, nil
+		}
+		if look {
+			if r, ok := s.t.lookup(lc, key, l, n, now); ok {
+				if waited {
+					lc.sh.herd.Add(1)
+				}
+				return nil, r, true, nil
+			}
+		}
+		e := lc.find(key)
+		if e == nil || e.lim != l || n < e.n || n > e.maxCost {
+			return nil, weir.Result{}, false, nil
+		}
+		if now < e.exp {
+			continue // kept since the lookup: it answers
+		}
+		// Up to two flights per lapse: if the first leader was admitted
+		// (a bucket's one unit that came back, or a window's first), the
+		// next request leads a second, whose denial, if any, answers the
+		// rest. After the second, everyone goes to the store.
+		f := e.flight.Load()
+		if (f == nil || f.ended() && f.gen == 1) && !mayLead {
+			return nil, weir.Result{}, false, nil
+		}
+		if f == nil || f.ended() && f.gen == 1 {
+			nf := &flight{done: make(chan struct{}), gen: 1}
+			if f != nil {
+				nf.gen = 2
+			}
+			if e.flight.CompareAndSwap(f, nf) {
+				return nf, weir.Result{}, false, nil
+			}
+			f = e.flight.Load()
+		}
+		if f.ended() || f.waiters.Add(1) > MaxHerd {
+			// The last leader's answer did not leave a denial (an
+			// admission, an error, an invalidation): no more waiting on
+			// this entry.
+			return nil, weir.Result{}, false, nil
+		}
+		select {
+		case <-f.done:
+		case <-ctx.Done():
+			return nil, weir.Result{}, false, fmt.Errorf("%w: denycache: %w while waiting for the store's answer to an earlier request on the same key", weir.ErrNotSent, ctx.Err())
+		}
+		waited = true
+	}
+}
+
+// end lets the flight's waiters look again.
+func (f *flight) end() { close(f.done) }
 
 // debt passes a debit or a refund (a batch of one, weir.Request.Mode) to
 // the wrapped store: a debit must always consume there, so it is never
@@ -279,6 +381,29 @@ func (s *Store) Answer(req *weir.Request) (weir.Result, bool) {
 	}
 	lc := s.t.locate(req.Key)
 	return s.t.lookup(&lc, req.Key, req.Limit, n, s.t.now())
+}
+
+// Await is Answer, and more: if req's key has a lapsed denial that would
+// have answered req and a request for it is on its way to the store, Await
+// waits for that request's answer (until ctx ends) and answers req with
+// the denial it kept, if it kept one (guard.Awaiter). It never sends
+// anything itself: the guard asks it before it calls the store, so that an
+// answer that waited for another request's does not count for its circuit
+// breaker either. A miss is not counted here.
+func (s *Store) Await(ctx context.Context, req *weir.Request) (weir.Result, bool) {
+	n := req.N
+	if n < 1 || req.Mode != weir.ModeTake || !cacheable(req.Limit) || !s.live.Load() {
+		return weir.Result{}, false
+	}
+	if req.AtMost {
+		n = 1
+	}
+	lc := s.t.locate(req.Key)
+	if r, ok := s.t.lookup(&lc, req.Key, req.Limit, n, s.t.now()); ok {
+		return r, true
+	}
+	_, r, ok, _ := s.join(ctx, &lc, req.Key, req.Limit, n, false)
+	return r, ok
 }
 
 // Release gives a concurrency lease back (never cached, so nothing to drop).
@@ -327,7 +452,10 @@ func (s *Store) Flush(ctx context.Context) error {
 
 // Stats are the cache's counters since New.
 type Stats struct {
-	Hits      int64 // requests answered from memory
+	Hits int64 // requests answered from memory
+	// Herd counts the hits that waited for another request on a lapsed
+	// denial's key (the leader) and were answered by the denial it kept.
+	Herd      int64
 	Misses    int64 // cacheable requests passed to the store
 	Evictions int64 // entries dropped to make room
 	// Invalidations counts by reason: "reset" (a key, here or from the
@@ -344,6 +472,7 @@ func (s *Store) Stats() Stats {
 	for i := range s.t.shards {
 		st.Hits += s.t.shards[i].hits.Load()
 		st.Misses += s.t.shards[i].miss.Load()
+		st.Herd += s.t.shards[i].herd.Load()
 	}
 	for i, name := range reasonNames {
 		st.Invalidations[name] = s.t.invalidations[i].Load()

@@ -3,6 +3,7 @@ package denycache
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -77,5 +78,74 @@ func guardBreakerSeesThroughHits(t *testing.T, wrap func(weir.Store) weir.Store)
 	}
 	if st := c.Stats(); st.Hits != 51 || st.Misses != 9 {
 		t.Fatalf("hits %d misses %d, want 51 and 9 (4 + 5 failures: no miss counted twice)", st.Hits, st.Misses)
+	}
+}
+
+var _ guard.Awaiter = (*Store)(nil)
+
+// failingGate is a herdGate whose store fails every call while down is set.
+type failingGate struct {
+	*herdGate
+	down atomic.Bool
+}
+
+func (f *failingGate) Take(ctx context.Context, key string, l weir.Limit, n int64) (weir.Result, error) {
+	if f.down.Load() {
+		return weir.Result{}, fmt.Errorf("%w: down", weir.ErrStore)
+	}
+	return f.herdGate.Take(ctx, key, l, n)
+}
+
+// TestGuardBreakerSeesThroughHerd: behind a guard, the requests of a herd
+// at a lapsed denial that are answered by their leader's denial do not
+// count as store successes either (the guard asks Await first): one
+// success and four failures open a breaker of failure ratio 0.5, however
+// large the herd was.
+func TestGuardBreakerSeesThroughHerd(t *testing.T) {
+	clock := storetest.NewClock(storetest.Epoch)
+	ms := memstore.New(memstore.WithClock(clock.Now))
+	gate := &failingGate{herdGate: &herdGate{MultiStore: ms}}
+	c, err := New(gate, Config{Clock: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate.cache.Store(c)
+	g := guard.New(c, guard.Config{Timeout: time.Second, Now: clock.Now,
+		Breaker: guard.BreakerConfig{Failures: 100, FailureRatio: 0.5, MinRequests: 4, Window: time.Hour, Cooldown: time.Hour}})
+	tb := weir.Limit{Algorithm: weir.TokenBucket, Rate: 10, Period: time.Second, Burst: 2}
+	for range 2 {
+		mustTake(t, g, "k", tb, 1)
+	}
+	den := mustTake(t, g, "k", tb, 1)
+	clock.Advance(den.RetryAfter)
+	mustTake(t, ms, "k", tb, 1) // another instance takes the token back
+	// A new window of the breaker's counts: the calls above are in it, so
+	// start from a breaker that has seen only what follows.
+	g = guard.New(c, guard.Config{Timeout: time.Second, Now: clock.Now,
+		Breaker: guard.BreakerConfig{Failures: 100, FailureRatio: 0.5, MinRequests: 4, Window: time.Hour, Cooldown: time.Hour}})
+	const k = 16
+	gate.want.Store(k - 1)
+	h0 := c.Stats().Herd
+	var wg sync.WaitGroup
+	for range k {
+		wg.Go(func() {
+			if r, err := g.Take(ctx, "k", tb, 1); err != nil || r.Allowed {
+				t.Errorf("a herd member: %+v %v", r, err)
+			}
+		})
+	}
+	wg.Wait()
+	gate.want.Store(0)
+	if n := c.Stats().Herd - h0; n != k-1 {
+		t.Fatalf("%d herd answers, want %d", n, k-1)
+	}
+	gate.down.Store(true)
+	for i := range 4 {
+		if _, err := g.Take(ctx, fmt.Sprint("other", i), tb, 1); err == nil {
+			t.Fatal("a failing store answered")
+		}
+	}
+	if st := g.State(); st != guard.BreakerOpen {
+		t.Fatalf("breaker %v after 1 success and 4 failures (and %d herd answers), want open", st, k-1)
 	}
 }

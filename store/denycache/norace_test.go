@@ -11,7 +11,7 @@ import (
 )
 
 // TestHitAllocs: an answer from memory allocates nothing, through Take,
-// TakeAll of one request and Answer (the race detector's own allocations
+// TakeAll of one request, Answer and Await (the race detector's own allocations
 // would count, hence the build tag).
 func TestHitAllocs(t *testing.T) {
 	s, err := New(memstore.New(), Config{})
@@ -27,6 +27,7 @@ func TestHitAllocs(t *testing.T) {
 		"Take":    func() { _, _ = s.Take(ctx, "k", l, 1) },
 		"TakeAll": func() { _ = s.TakeAll(ctx, reqs, res) },
 		"Answer":  func() { _, _ = s.Answer(&reqs[0]) },
+		"Await":   func() { _, _ = s.Await(ctx, &reqs[0]) },
 	} {
 		h := s.hits()
 		if n := testing.AllocsPerRun(1000, f); n != 0 {

@@ -23,6 +23,7 @@ import (
 type fleet struct {
 	caches []*Store
 	stores []*redisstore.Store
+	gates  []*herdGate // between each cache and its store (herd_test.go)
 }
 
 func newFleet(t *testing.T, n int, cfg redisstore.Config, clock func() time.Time) *fleet {
@@ -39,10 +40,13 @@ func newFleet(t *testing.T, n int, cfg redisstore.Config, clock func() time.Time
 		}
 		quiet := slog.New(slog.DiscardHandler)
 		bus := NewRedisBus(rs.Client(), RedisBusConfig{Channel: cfg.Prefix + ":denycache", Logger: quiet})
-		c, err := New(rs, Config{Bus: bus, Clock: clock, Logger: quiet})
+		g := &herdGate{MultiStore: rs}
+		c, err := New(g, Config{Bus: bus, Clock: clock, Logger: quiet})
 		if err != nil {
 			t.Fatal(err)
 		}
+		g.cache.Store(c)
+		f.gates = append(f.gates, g)
 		t.Cleanup(func() { c.Close(); rs.Close() })
 		f.caches = append(f.caches, c)
 		f.stores = append(f.stores, rs)
@@ -132,7 +136,7 @@ func TestDifferential(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(seed, 1))
 	keys := []string{"a", "b", "c{x}", ""}
-	var admitted, admittedPlain, hits, resets int
+	var admitted, admittedPlain, hits, resets, herds int
 	for _, l := range diffLimits {
 		p, err := l.Compile()
 		if err != nil {
@@ -150,6 +154,45 @@ func TestDifferential(t *testing.T) {
 					t.Fatal(err)
 				}
 				resets++
+			case r < 32:
+				// A herd: several requests of one cost at once on one
+				// instance. If its entry for the key has lapsed, the
+				// gate holds the first at the store until the others
+				// wait for it (Store.join). They must admit exactly
+				// what the same requests one after another admit.
+				i := rng.IntN(len(f.caches))
+				c, g := f.caches[i], f.gates[i]
+				kn := 2 + rng.IntN(5)
+				n := rng.Int64N(maxCost) + 1
+				h0 := c.Stats().Herd
+				g.want.Store(int32(kn - 1))
+				got := herd(t, c, kn, k, l, n)
+				g.want.Store(0)
+				herds += int(c.Stats().Herd - h0)
+				var gotAdm, wantAdm int
+				var maxRetry time.Duration
+				for range kn {
+					w, err := plain.Take(ctx, k, l, n)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if w.Allowed {
+						wantAdm++
+					}
+					maxRetry = max(maxRetry, w.RetryAfter)
+				}
+				for _, r := range got {
+					if r.Allowed {
+						gotAdm++
+					} else if r.RetryAfter <= 0 || r.RetryAfter > maxRetry {
+						t.Fatalf("%s step %d herd of %d on key %q cost %d: a denial %+v, the store's longest RetryAfter %v", l, step, kn, k, n, r, maxRetry)
+					}
+				}
+				if gotAdm != wantAdm {
+					t.Fatalf("%s step %d herd of %d on key %q cost %d: %d admitted, the store one by one %d", l, step, kn, k, n, gotAdm, wantAdm)
+				}
+				admitted += gotAdm
+				admittedPlain += wantAdm
 			default:
 				c := f.caches[rng.IntN(len(f.caches))]
 				n := rng.Int64N(maxCost) + 1
@@ -204,10 +247,15 @@ func TestDifferential(t *testing.T) {
 			}
 		}
 	}
-	if admitted != admittedPlain || hits < 100 || resets < 50 {
-		t.Fatalf("admitted %d vs %d, %d cached answers, %d resets: the workload did not exercise the cache", admitted, admittedPlain, hits, resets)
+	if admitted != admittedPlain || hits < 100 || resets < 50 || herds < 10 {
+		t.Fatalf("admitted %d vs %d, %d cached answers, %d resets, %d herd answers: the workload did not exercise the cache", admitted, admittedPlain, hits, resets, herds)
 	}
-	t.Logf("%d admitted, %d answered from a cache, %d resets", admitted, hits, resets)
+	t.Logf("%d admitted, %d answered from a cache, %d of them waiting for a herd's leader, %d resets", admitted, hits, herds, resets)
+	for i, g := range f.gates {
+		if n := g.late.Load(); n > 0 {
+			t.Logf("instance %d: %d herds' leaders went ahead before their waiters joined (%d subscription flushes)", i, n, f.caches[i].Stats().Invalidations["subscription"])
+		}
+	}
 }
 
 // TestFloodExact: many goroutines on three instances flood one key with a

@@ -25,6 +25,30 @@ type entry struct {
 	limit     int64 // Result.Limit
 	remaining int64 // Result.Remaining at the denial
 	blocked   time.Time
+
+	// flight is the request that asks the store for this key under lim
+	// once the entry has lapsed (the herd's leader), nil until one does;
+	// the only field that changes after the entry is published.
+	flight atomic.Pointer[flight]
+}
+
+// flight is one request for a lapsed entry's key and limit on its way to
+// the store: others that the entry would have answered wait for it
+// (Store.join) instead of going to the store at the same moment.
+type flight struct {
+	done    chan struct{} // closed once the leader's answer is kept, or not
+	waiters atomic.Int32
+	gen     int8 // 1: the first flight of the entry's lapse; 2: the second (the last)
+}
+
+// ended reports whether the leader's answer is in.
+func (f *flight) ended() bool {
+	select {
+	case <-f.done:
+		return true
+	default:
+		return false
+	}
 }
 
 // ways is how many entries a bucket holds: a key's entry can only sit in
@@ -42,7 +66,8 @@ type shard struct {
 	epoch atomic.Uint64 // bumped by every invalidation that touches the shard
 	hits  atomic.Int64
 	miss  atomic.Int64
-	_     [32]byte // to 64 bytes
+	herd  atomic.Int64 // of the hits, those that waited for a lapsed entry's leader
+	_     [24]byte     // to 64 bytes
 }
 
 // table is the bounded set of cached denials: a fixed array of buckets,

@@ -132,6 +132,7 @@ type Guard struct {
 	store      weir.Store
 	multi      weir.MultiStore // nil unless store is one
 	answerer   Answerer        // nil unless store is one (the deny cache)
+	awaiter    Awaiter         // nil unless store is one (the deny cache)
 	local      *memstore.Store
 	timeout    time.Duration
 	noDeadline bool // the store ignores contexts (memstore) or has its own deadline: skip the timer
@@ -247,6 +248,7 @@ func New(store weir.Store, cfg Config) *Guard {
 	g.local = memstore.New(memstore.WithMaxKeys(maxKeys), memstore.WithShards(16), memstore.WithClock(g.now))
 	g.multi, _ = store.(weir.MultiStore)
 	g.answerer, _ = weir.StoreAs[Answerer](store) // through a tracing wrapper too
+	g.awaiter, _ = weir.StoreAs[Awaiter](store)
 	_, g.noDeadline = store.(*memstore.Store)
 	if ts, ok := store.(timeoutStore); ok && ts.Timeout() > 0 && ts.Timeout() <= g.timeout {
 		// The store ends every call by its own timeout: a timer per call
@@ -265,6 +267,19 @@ type Answerer interface {
 	// Answer returns the decision of req if it is certain without the
 	// store, and reports whether it is.
 	Answer(req *weir.Request) (weir.Result, bool)
+}
+
+// An Awaiter is an Answerer that can also wait for an answer on its way:
+// store/denycache, when a cached denial has just lapsed and another
+// request for it is at the store, waits for that request's answer and
+// answers from the denial it brings back. The guard asks Await instead of
+// Answer, so that such answers, too, neither count for the breaker nor
+// wait for it.
+type Awaiter interface {
+	// Await returns the decision of req if it is certain without the
+	// store, waiting at most until ctx ends for another request's answer
+	// to make it so, and reports whether it is.
+	Await(ctx context.Context, req *weir.Request) (weir.Result, bool)
 }
 
 // timeoutStore is a store that ends every call by a deadline of its own,
@@ -591,7 +606,7 @@ func (g *Guard) closed() bool { return BreakerState(g.state.Load()) == BreakerCl
 // Take implements weir.Store.
 func (g *Guard) Take(ctx context.Context, key string, l weir.Limit, n int64) (weir.Result, error) {
 	if g.answerer != nil {
-		if r, ok := g.answerer.Answer(&weir.Request{Key: key, Limit: l, N: n}); ok {
+		if r, ok := g.answer(ctx, &weir.Request{Key: key, Limit: l, N: n}); ok {
 			return r, nil
 		}
 	}
@@ -619,7 +634,7 @@ func (g *Guard) TakeStamped(ctx context.Context, key string, l weir.Limit, n int
 		return res, weir.Stamp{}, err
 	}
 	if g.answerer != nil {
-		if r, ok := g.answerer.Answer(&weir.Request{Key: key, Limit: l, N: n}); ok {
+		if r, ok := g.answer(ctx, &weir.Request{Key: key, Limit: l, N: n}); ok {
 			return r, weir.Stamp{}, nil
 		}
 	}
@@ -638,6 +653,14 @@ func (g *Guard) TakeStamped(ctx context.Context, key string, l weir.Limit, n int
 	return res, st, err
 }
 
+// answer asks the Awaiter, or else the Answerer, for req's decision.
+func (g *Guard) answer(ctx context.Context, req *weir.Request) (weir.Result, bool) {
+	if g.awaiter != nil {
+		return g.awaiter.Await(ctx, req)
+	}
+	return g.answerer.Answer(req)
+}
+
 // Reset implements weir.Store. It resets the local fallback state too.
 func (g *Guard) Reset(ctx context.Context, key string, l weir.Limit) error {
 	_ = g.local.Reset(ctx, key, l)
@@ -651,7 +674,7 @@ func (g *Guard) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 		return fmt.Errorf("%w: TakeAll needs a MultiStore", weir.ErrUnsupported)
 	}
 	if g.answerer != nil && len(reqs) == 1 && len(results) >= 1 {
-		if r, ok := g.answerer.Answer(&reqs[0]); ok {
+		if r, ok := g.answer(ctx, &reqs[0]); ok {
 			results[0] = r
 			return nil
 		}
