@@ -14,6 +14,12 @@ import (
 // locks of all their shards, taken in index order so batches cannot
 // deadlock. Keys in one batch must be distinct.
 func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
+	return s.takeAll(reqs, results, nil)
+}
+
+// takeAll is TakeAll; with stamps, a batch of several requests also dates
+// its admitted takes (TakeAllStamped).
+func (s *Store) takeAll(reqs []weir.Request, results []weir.Result, stamps []weir.Stamp) error {
 	if len(results) < len(reqs) {
 		return fmt.Errorf("memstore: %d results for %d requests", len(results), len(reqs))
 	}
@@ -55,6 +61,9 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 		return err
 	}
 	s.decideBatch(reqs, items, results, now)
+	if stamps != nil {
+		weir.StampAdmitted(reqs, results, stamps, now)
+	}
 	return nil
 }
 
