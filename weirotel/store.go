@@ -126,6 +126,24 @@ func (tm *tracedMulti) TakeAll(ctx context.Context, reqs []weir.Request, results
 	return err
 }
 
+// TakeAllStamped implements weir.StampAllStore as TakeAll does, under the
+// same span: the wrapped store's Stamps (when it is a
+// weir.StampAllStore), or zero ones when it dates no batches.
+func (tm *tracedMulti) TakeAllStamped(ctx context.Context, reqs []weir.Request, results []weir.Result, stamps []weir.Stamp) error {
+	sa, ok := tm.m.(weir.StampAllStore)
+	if !ok {
+		clear(stamps[:min(len(stamps), len(reqs))])
+		return tm.TakeAll(ctx, reqs, results)
+	}
+	if unsampled(ctx) {
+		return sa.TakeAllStamped(ctx, reqs, results, stamps)
+	}
+	ctx, span := tm.start(ctx, "weir.store.take_all", AttrRequests.Int(len(reqs)))
+	err := sa.TakeAllStamped(ctx, reqs, results, stamps)
+	end(span, err)
+	return err
+}
+
 // Release implements weir.MultiStore.
 func (tm *tracedMulti) Release(ctx context.Context, key string, l weir.Limit, lease string) error {
 	if unsampled(ctx) {
