@@ -14,12 +14,6 @@ import (
 // locks of all their shards, taken in index order so batches cannot
 // deadlock. Keys in one batch must be distinct.
 func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
-	return s.takeAll(reqs, results, nil)
-}
-
-// takeAll is TakeAll; with stamps, a batch of several requests also dates
-// its admitted takes (TakeAllStamped).
-func (s *Store) takeAll(reqs []weir.Request, results []weir.Result, stamps []weir.Stamp) error {
 	if len(results) < len(reqs) {
 		return fmt.Errorf("memstore: %d results for %d requests", len(results), len(reqs))
 	}
@@ -34,6 +28,12 @@ func (s *Store) takeAll(reqs []weir.Request, results []weir.Result, stamps []wei
 		results[0] = res
 		return err
 	}
+	return s.takeBatch(reqs, results, nil)
+}
+
+// takeBatch decides a batch of several requests, all or nothing; with
+// stamps, it also dates the admitted takes (TakeAllStamped).
+func (s *Store) takeBatch(reqs []weir.Request, results []weir.Result, stamps []weir.Stamp) error {
 	for i := range reqs {
 		if reqs[i].Mode != weir.ModeTake {
 			return fmt.Errorf("%w: a %s decides one request at a time, not a batch of %d", weir.ErrUnsupported, reqs[i].Mode, len(reqs))

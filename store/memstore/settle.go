@@ -21,16 +21,22 @@ func (s *Store) TakeStamped(ctx context.Context, key string, l weir.Limit, n int
 // TakeAllStamped implements weir.StampAllStore: TakeAll, with each
 // admitted take's Stamp by the one clock reading the batch is decided at.
 func (s *Store) TakeAllStamped(ctx context.Context, reqs []weir.Request, results []weir.Result, stamps []weir.Stamp) error {
-	if len(stamps) < len(reqs) {
+	switch {
+	case len(results) < len(reqs):
+		return fmt.Errorf("memstore: %d results for %d requests", len(results), len(reqs))
+	case len(stamps) < len(reqs):
 		return fmt.Errorf("memstore: %d stamps for %d requests", len(stamps), len(reqs))
 	}
 	clear(stamps[:len(reqs)])
-	if len(reqs) != 1 {
-		return s.takeAll(reqs, results, stamps)
+	if len(reqs) > 1 {
+		return s.takeBatch(reqs, results, stamps)
+	}
+	if len(reqs) == 0 {
+		return nil
 	}
 	r := &reqs[0]
-	if r.Mode != weir.ModeTake || r.AtMost || r.Lease != "" || len(results) < 1 {
-		return s.takeAll(reqs, results, nil)
+	if r.Mode != weir.ModeTake || r.AtMost || r.Lease != "" {
+		return s.TakeAll(ctx, reqs, results)
 	}
 	res, now, err := s.dated(r.Key, &r.Limit, r.N, algorithm.Exact, nil)
 	if err != nil {
