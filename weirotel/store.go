@@ -2,6 +2,7 @@ package weirotel
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -132,7 +133,10 @@ func (tm *tracedMulti) TakeAll(ctx context.Context, reqs []weir.Request, results
 func (tm *tracedMulti) TakeAllStamped(ctx context.Context, reqs []weir.Request, results []weir.Result, stamps []weir.Stamp) error {
 	sa, ok := tm.m.(weir.StampAllStore)
 	if !ok {
-		clear(stamps[:min(len(stamps), len(reqs))])
+		if len(stamps) < len(reqs) {
+			return fmt.Errorf("weirotel: %d stamps for %d requests", len(stamps), len(reqs))
+		}
+		clear(stamps[:len(reqs)])
 		return tm.TakeAll(ctx, reqs, results)
 	}
 	if unsampled(ctx) {
