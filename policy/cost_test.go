@@ -351,3 +351,40 @@ func redisOn(t *testing.T, c *clock, addrs []string) weir.Store {
 	t.Cleanup(func() { s.Close() })
 	return s
 }
+
+// batchCounter is a store wrapper of the user's own: it counts TakeAll
+// batches of several requests and does not date them (no
+// weir.StampAllStore).
+type batchCounter struct {
+	weir.MultiStore
+	batches int
+}
+
+func (b *batchCounter) TakeAll(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
+	if len(reqs) > 1 {
+		b.batches++
+	}
+	return b.MultiStore.TakeAll(ctx, reqs, results)
+}
+
+func (b *batchCounter) Unwrap() weir.Store { return b.MultiStore }
+
+// TestCostBesideKeepsUserWrapper: the dated batch of a cost rule beside
+// other rules never reaches past a wrapper of the user's own that dates
+// nothing to the memstore beneath it: the wrapper decides the batch, and
+// the settlement's refund goes into the state as it is.
+func TestCostBesideKeepsUserWrapper(t *testing.T) {
+	clk := newClock()
+	bc := &batchCounter{MultiStore: memstore.New(memstore.WithClock(clk.Now))}
+	p := newPolicyOn(t, bc, costBesideYAML)
+	h := policy.Middleware(p)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { httplimit.Charge(r, 3) }))
+	if w := send(h, "POST", "/v1/chat", "192.0.2.1:1", "Authorization", "k1", "X-Max-Tokens", "10"); w.Code != 200 {
+		t.Fatalf("the request: %d", w.Code)
+	}
+	if bc.batches != 1 {
+		t.Fatalf("the user's wrapper decided %d batches, want 1", bc.batches)
+	}
+	if got := remaining(t, p, "tokens", "k1"); got != 7 {
+		t.Fatalf("a settle of 3 of 10: %d remaining, want 7", got)
+	}
+}
