@@ -204,6 +204,42 @@ type StampStore interface {
 	TakeStamped(ctx context.Context, key string, l Limit, n int64) (Result, Stamp, error)
 }
 
+// A StampAllStore dates the takes of an all-or-nothing batch
+// (MultiStore.TakeAll) by its own clock, so that each admitted request
+// with a variable cost can settle later as a reservation does: a policy's
+// cost rule decided together with other rules ("60 requests and 100k
+// tokens a minute per key") refunds with its take's time. memstore and
+// redisstore implement it, and the wrappers guard, denycache and weirotel
+// forward it when the store they hold does (asked directly, never through
+// Unwrap, as for StampStore).
+type StampAllStore interface {
+	// TakeAllStamped decides as TakeAll does and fills stamps[i] (stamps
+	// must be at least as long as reqs) with the Stamp of request i's
+	// take: its time by the store's clock (memstore: one clock reading for
+	// the batch; Redis: the TIME of the script that took it, one per
+	// cluster slot of the batch), N as the estimate and the Remaining
+	// right after it. A stamp is zero when its request consumed nothing
+	// (the batch was rejected, or N is 0), for an AtMost, leased or
+	// non-take request, and when a wrapper answered without the store (a
+	// cached denial) or holds a store that dates no batches.
+	TakeAllStamped(ctx context.Context, reqs []Request, results []Result, stamps []Stamp) error
+}
+
+// StampAdmitted fills stamps for requests decided at at (µs by the store's
+// clock): request i's Stamp when it is a take of N > 0 (not AtMost, not
+// leased) that was admitted in full, else zero. Stores implementing
+// StampAllStore call it.
+func StampAdmitted(reqs []Request, results []Result, stamps []Stamp, at int64) {
+	for i := range reqs {
+		r := &reqs[i]
+		if r.Mode != ModeTake || r.AtMost || r.Lease != "" || r.N <= 0 || !results[i].Allowed || results[i].Granted != r.N {
+			stamps[i] = Stamp{}
+			continue
+		}
+		stamps[i] = Stamp{At: at, Estimate: r.N, Remaining: results[i].Remaining}
+	}
+}
+
 // Reserve admits estimate events for key under l as AllowN does. When they
 // are admitted it returns a Reservation to Settle with the real cost; when
 // rejected the Reservation is nil and nothing is consumed. The limit's

@@ -8,8 +8,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/httplimit"
+	"github.com/weir-dev/weir/internal/redistest"
 	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/store/memstore"
+	"github.com/weir-dev/weir/store/redisstore"
 )
 
 const costYAML = `
@@ -265,5 +269,122 @@ func TestCostSettlesLate(t *testing.T) {
 	}
 	if got := remaining(t, p, "rows", "k1"); got != 0 {
 		t.Fatalf("a late settle gave back %d in the next window, want 0", got)
+	}
+}
+
+// costBesideYAML is the LLM gateway's common policy: requests and tokens
+// per minute per key, one all-or-nothing batch per request.
+const costBesideYAML = `
+rules:
+  - name: requests
+    match: { path: /v1/chat }
+    identity: [header:Authorization]
+    limit: 60/m
+    algorithm: gcra
+  - name: tokens
+    match: { path: /v1/chat }
+    identity: [header:Authorization]
+    limit: 10/m
+    algorithm: fixed_window
+    cost: header:X-Max-Tokens
+`
+
+// TestCostBesideOtherRulesSettlesLate: a cost rule decided together with
+// another rule (one batch, weir.StampAllStore) refunds by its take's time
+// too (issue 15). tokens is a fixed window of 10 a minute: 10 reserved at
+// 0:59 beside a request of the requests rule, others take 10 at 1:01
+// while the handler runs, the handler charges 0: nothing comes back, so
+// the window admits 10, not 20. On memstore, Redis, and a Redis Cluster
+// (the two rules' keys in two slots).
+func TestCostBesideOtherRulesSettlesLate(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		store func(t *testing.T, c *clock) weir.Store
+	}{
+		{"memstore", func(t *testing.T, c *clock) weir.Store { return memstore.New(memstore.WithClock(c.Now)) }},
+		{"redis", func(t *testing.T, c *clock) weir.Store {
+			return redisOn(t, c, []string{redistest.Standalone(t).Addr})
+		}},
+		{"cluster", func(t *testing.T, c *clock) weir.Store { return redisOn(t, c, redistest.Cluster(t).Addrs) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if c.name != "memstore" && testing.Short() {
+				t.Skip("Redis in -short")
+			}
+			clk := newClock()
+			p := newPolicyOn(t, c.store(t, clk), costBesideYAML)
+			clk.Advance(59 * time.Second)
+			h := policy.Middleware(p)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if got := remaining(t, p, "requests", "k1"); got != 59 {
+					t.Errorf("the requests rule: %d remaining, want 59 (decided in the batch)", got)
+				}
+				clk.Advance(2 * time.Second)
+				if rr, err := p.CheckKeyTier(r.Context(), "tokens", "", "k1", 10); err != nil || !rr.Result.Allowed {
+					t.Errorf("others in the next window: %+v %v", rr, err)
+				}
+				httplimit.Charge(r, 0)
+			}))
+			if w := send(h, "POST", "/v1/chat", "192.0.2.1:1", "Authorization", "k1", "X-Max-Tokens", "10"); w.Code != 200 {
+				t.Fatalf("the request: %d", w.Code)
+			}
+			if got := remaining(t, p, "tokens", "k1"); got != 0 {
+				t.Fatalf("a late settle gave back %d in the next window, want 0", got)
+			}
+			// On time: the refund is exact.
+			clk.Advance(time.Minute)
+			h = policy.Middleware(p)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { httplimit.Charge(r, 3) }))
+			send(h, "POST", "/v1/chat", "192.0.2.1:1", "Authorization", "k1", "X-Max-Tokens", "10")
+			if got := remaining(t, p, "tokens", "k1"); got != 7 {
+				t.Fatalf("an immediate settle of 3 of 10: %d remaining, want 7", got)
+			}
+		})
+	}
+}
+
+// redisOn is a redisstore on addrs with c's clock, closed when t ends.
+func redisOn(t *testing.T, c *clock, addrs []string) weir.Store {
+	t.Helper()
+	s, err := redisstore.New(context.Background(), redisstore.Config{Addrs: addrs, Clock: c.Now, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// batchCounter is a store wrapper of the user's own: it counts TakeAll
+// batches of several requests and does not date them (no
+// weir.StampAllStore).
+type batchCounter struct {
+	weir.MultiStore
+	batches int
+}
+
+func (b *batchCounter) TakeAll(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
+	if len(reqs) > 1 {
+		b.batches++
+	}
+	return b.MultiStore.TakeAll(ctx, reqs, results)
+}
+
+func (b *batchCounter) Unwrap() weir.Store { return b.MultiStore }
+
+// TestCostBesideKeepsUserWrapper: the dated batch of a cost rule beside
+// other rules never reaches past a wrapper of the user's own that dates
+// nothing to the memstore beneath it: the wrapper decides the batch, and
+// the settlement's refund goes into the state as it is.
+func TestCostBesideKeepsUserWrapper(t *testing.T) {
+	clk := newClock()
+	bc := &batchCounter{MultiStore: memstore.New(memstore.WithClock(clk.Now))}
+	p := newPolicyOn(t, bc, costBesideYAML)
+	h := policy.Middleware(p)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { httplimit.Charge(r, 3) }))
+	if w := send(h, "POST", "/v1/chat", "192.0.2.1:1", "Authorization", "k1", "X-Max-Tokens", "10"); w.Code != 200 {
+		t.Fatalf("the request: %d", w.Code)
+	}
+	if bc.batches != 1 {
+		t.Fatalf("the user's wrapper decided %d batches, want 1", bc.batches)
+	}
+	if got := remaining(t, p, "tokens", "k1"); got != 7 {
+		t.Fatalf("a settle of 3 of 10: %d remaining, want 7", got)
 	}
 }

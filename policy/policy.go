@@ -409,10 +409,12 @@ type RuleResult struct {
 	// responses (count:), which peeks.
 	Cost int64
 	// Stamp dates the take of a rule with a cost when the store dates its
-	// takes (weir.StampStore) and the rule was decided alone, so that
-	// Finish refunds only what the limit cannot have recovered since
-	// (weir.Limiter.SettleStamped). Zero otherwise: a refund then goes
-	// into the state as it is.
+	// takes (weir.StampStore for a rule decided alone, weir.StampAllStore
+	// for one decided in a batch with other rules), so that Finish refunds
+	// only what the limit cannot have recovered since
+	// (weir.Limiter.SettleStamped). Zero otherwise (a store or wrapper that
+	// dates nothing, a fallback's answer): a refund then goes into the
+	// state as it is.
 	Stamp weir.Stamp
 	// Shadow marks a shadow rule: its Result is reported, never enforced.
 	Shadow bool
@@ -724,8 +726,9 @@ func (c *compiled) listed(v *reqView, nets []netip.Prefix, vals []valueSet) bool
 // scratch is the requests and results of one store call, pooled so that
 // deciding allocates nothing. Stores do not keep them past the call.
 type scratch struct {
-	reqs [maxScratch]weir.Request
-	out  [maxScratch]weir.Result
+	reqs   [maxScratch]weir.Request
+	out    [maxScratch]weir.Result
+	stamps [maxScratch]weir.Stamp // a batch with a cost rule's (stamped)
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
@@ -748,6 +751,7 @@ func putScratch(s *scratch, n int) {
 	}
 	clear(s.reqs[:n])
 	clear(s.out[:n])
+	clear(s.stamps[:n])
 	scratchPool.Put(s)
 }
 
@@ -842,6 +846,8 @@ func (p *Policy) decideStore(ctx context.Context, res []RuleResult, idx []int, n
 		res[j].Result, res[j].Stamp, err = g.TakeStamped(ctx, res[j].Key, res[j].Limit, res[j].Cost)
 	} else if g.Multi() {
 		reqs, out, s := getScratch(len(idx))
+		dated := false // a rule with a cost takes: the batch is dated
+		var stamps []weir.Stamp
 		for i, j := range idx {
 			c := res[j].Cost
 			if n == 0 {
@@ -851,11 +857,26 @@ func (p *Policy) decideStore(ctx context.Context, res []RuleResult, idx []int, n
 			if c > 0 && res[j].Limit.Algorithm == weir.Concurrency {
 				reqs[i].Lease = weir.NewLeaseID()
 			}
+			dated = dated || (c > 0 && p.c.byName[res[j].Rule].cost != nil)
 		}
-		err = g.TakeAll(ctx, reqs, out)
+		if dated {
+			// A rule with a cost, decided with others: a dated batch, so
+			// that its settlement refunds with its take's time.
+			if s != nil {
+				stamps = s.stamps[:len(idx)]
+			} else {
+				stamps = make([]weir.Stamp, len(idx))
+			}
+			err = g.TakeAllStamped(ctx, reqs, out, stamps)
+		} else {
+			err = g.TakeAll(ctx, reqs, out)
+		}
 		if err == nil {
 			for i, j := range idx {
 				res[j].Result = out[i]
+				if stamps != nil && p.c.byName[res[j].Rule].cost != nil {
+					res[j].Stamp = stamps[i]
+				}
 				if n == 0 {
 					res[j].Result.Allowed = true
 				}

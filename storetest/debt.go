@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,6 +25,7 @@ var debtTests = []struct {
 	{"DebtRefund", true, (*tester).debtRefund},
 	{"DebtSettle", true, (*tester).debtSettle},
 	{"DebtLateSettle", true, (*tester).debtLateSettle},
+	{"DebtLateSettleBatch", true, (*tester).debtLateSettleBatch},
 	{"DebtPenaltyBox", true, (*tester).debtPenaltyBox},
 	{"DebtOutlastsBox", true, (*tester).debtOutlastsBox},
 	{"DebtLoweredLimit", true, (*tester).debtLoweredLimit},
@@ -315,6 +317,108 @@ func (t *tester) debtLateSettle() {
 	}
 	if res := t.take("bad", l, 0); res.Remaining != 0 {
 		t.Fatalf("a refused settlement changed the state: %+v", res)
+	}
+}
+
+// debtLateSettleBatch: a take decided in an all-or-nothing batch with
+// another request (a policy's "requests and tokens per minute" on one key,
+// weir.StampAllStore) is dated as a reservation is, and its settlement
+// refunds by that time: issue 15's reproduction, late and on time, with
+// the other request on another key (another slot on a Redis Cluster: each
+// slot's script dates its own takes) and on the same key under another
+// algorithm (one slot, one script).
+func (t *tester) debtLateSettleBatch() {
+	if !t.debts() {
+		return
+	}
+	sa, ok := t.h.Store.(weir.StampAllStore)
+	if !ok {
+		t.Skip("not a weir.StampAllStore")
+	}
+	ctx := context.Background()
+	l := t.base()
+	other := weir.GCRA
+	if t.algo == weir.GCRA {
+		other = weir.TokenBucket
+	}
+	rpm := weir.Limit{Algorithm: other, Rate: 100, Period: time.Minute}
+	bucket := t.algo == weir.TokenBucket || t.algo == weir.GCRA || t.algo == weir.LeakyBucket
+	for _, c := range []struct {
+		name string
+		rkey func(string) string // the key of the other request
+	}{
+		{"another key", func(k string) string { return k + "-rpm" }},
+		{"the same key", func(k string) string { return k }},
+	} {
+		// reserve takes n of key under l and 1 of the other request in one
+		// batch and returns the cost request's stamp.
+		reserve := func(key string, n int64) weir.Stamp {
+			t.Helper()
+			reqs := []weir.Request{{Key: t.key(c.rkey(key)), Limit: rpm, N: 1}, {Key: t.key(key), Limit: l, N: n}}
+			res := make([]weir.Result, 2)
+			stamps := make([]weir.Stamp, 2)
+			if err := sa.TakeAllStamped(ctx, reqs, res, stamps); err != nil || !res[0].Allowed || !res[1].Allowed {
+				t.Fatalf("%s: the batch on %s: %+v %v", c.name, key, res, err)
+			}
+			now := t.h.Clock.Now().UnixMicro()
+			if want := (weir.Stamp{At: now, Estimate: n, Remaining: res[1].Remaining}); stamps[1] != want {
+				t.Fatalf("%s: the cost request's stamp %+v, want %+v", c.name, stamps[1], want)
+			}
+			if want := (weir.Stamp{At: now, Estimate: 1, Remaining: res[0].Remaining}); stamps[0] != want {
+				t.Fatalf("%s: the other request's stamp %+v, want %+v", c.name, stamps[0], want)
+			}
+			return stamps[1]
+		}
+		settle := func(key string, st weir.Stamp, actual, remaining int64) {
+			t.Helper()
+			res, err := t.lim.SettleStamped(ctx, t.key(key), l, st, actual)
+			if err != nil || !res.Allowed || res.Remaining != remaining {
+				t.Fatalf("%s: settle %d of %d: %+v %v; want %d remaining", c.name, actual, st.Estimate, res, err, remaining)
+			}
+		}
+		p := "b" + strconv.Itoa(len(c.name)) + "-"
+
+		// Late: the take has stopped counting and others took the whole
+		// limit since; nothing comes back.
+		t.at(59 * time.Second)
+		st := reserve(p+"late", 4)
+		switch {
+		case t.algo == weir.FixedWindow:
+			t.at(61 * time.Second)
+		case bucket:
+			t.at(59*time.Second + 4*unit)
+		default:
+			t.at(120 * time.Second)
+		}
+		t.expect(c.name+": others take the whole limit", t.take(p+"late", l, 4), want{true, 0, 0})
+		// A rejected batch consumes nothing and dates nothing.
+		reqs := []weir.Request{{Key: t.key(c.rkey(p + "late")), Limit: rpm, N: 1}, {Key: t.key(p + "late"), Limit: l, N: 1}}
+		res := make([]weir.Result, 2)
+		stamps := []weir.Stamp{{At: 1}, {At: 1}}
+		if err := sa.TakeAllStamped(ctx, reqs, res, stamps); err != nil || res[1].Allowed || stamps[0] != (weir.Stamp{}) || stamps[1] != (weir.Stamp{}) {
+			t.Fatalf("%s: a rejected batch: %+v %+v %v, want zero stamps", c.name, res, stamps, err)
+		}
+		settle(p+"late", st, 0, 0)
+		if res := t.take(p+"late", l, 1); res.Allowed {
+			t.Fatalf("%s: a late settlement of a batch's take gave back capacity the limit had recovered: %+v", c.name, res)
+		}
+
+		// On time: the settlement gives back what is owed.
+		t.at(time.Hour + time.Second)
+		st = reserve(p+"owed", 4)
+		if bucket {
+			t.advance(2 * unit)
+			t.expect(c.name+": others take the refill", t.take(p+"owed", l, 2), want{true, 0, 0})
+			settle(p+"owed", st, 0, 2)
+			t.expect(c.name+": take 2 after the settlement", t.take(p+"owed", l, 2), want{true, 0, 0})
+		} else {
+			t.advance(30 * time.Second)
+			settle(p+"owed", st, 1, 3)
+			t.expect(c.name+": take 3 after the settlement", t.take(p+"owed", l, 3), want{true, 0, 0})
+		}
+		if res := t.take(p+"owed", l, 1); res.Allowed {
+			t.Fatalf("%s: a settlement gave back more than was owed: %+v", c.name, res)
+		}
 	}
 }
 

@@ -2,6 +2,7 @@ package weirotel
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -122,6 +123,27 @@ func (tm *tracedMulti) TakeAll(ctx context.Context, reqs []weir.Request, results
 	}
 	ctx, span := tm.start(ctx, "weir.store.take_all", AttrRequests.Int(len(reqs)))
 	err := tm.m.TakeAll(ctx, reqs, results)
+	end(span, err)
+	return err
+}
+
+// TakeAllStamped implements weir.StampAllStore as TakeAll does, under the
+// same span: the wrapped store's Stamps (when it is a
+// weir.StampAllStore), or zero ones when it dates no batches.
+func (tm *tracedMulti) TakeAllStamped(ctx context.Context, reqs []weir.Request, results []weir.Result, stamps []weir.Stamp) error {
+	sa, ok := tm.m.(weir.StampAllStore)
+	if !ok {
+		if len(stamps) < len(reqs) {
+			return fmt.Errorf("weirotel: %d stamps for %d requests", len(stamps), len(reqs))
+		}
+		clear(stamps[:len(reqs)])
+		return tm.TakeAll(ctx, reqs, results)
+	}
+	if unsampled(ctx) {
+		return sa.TakeAllStamped(ctx, reqs, results, stamps)
+	}
+	ctx, span := tm.start(ctx, "weir.store.take_all", AttrRequests.Int(len(reqs)))
+	err := sa.TakeAllStamped(ctx, reqs, results, stamps)
 	end(span, err)
 	return err
 }

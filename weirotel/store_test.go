@@ -25,6 +25,9 @@ func TestStoreConformance(t *testing.T) {
 		if _, ok := wrapped.(weir.MultiStore); !ok {
 			t.Fatal("the traced memstore lost weir.MultiStore")
 		}
+		if _, ok := wrapped.(weir.StampAllStore); !ok {
+			t.Fatal("the traced memstore lost weir.StampAllStore")
+		}
 		return storetest.Harness{Store: wrapped, Clock: clock, TTL: s.TTL}
 	})
 	if len(rec.Ended()) == 0 {

@@ -2,6 +2,7 @@ package denycache
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/weir-dev/weir"
 )
@@ -38,4 +39,33 @@ func (s *Store) TakeStamped(ctx context.Context, key string, l weir.Limit, n int
 		}
 	}
 	return res, st, err
+}
+
+// TakeAllStamped implements weir.StampAllStore as TakeAll does: a batch of
+// one take is TakeStamped (a live cached denial answers it, with no Stamp,
+// and a miss keeps its denial); a larger batch, which TakeAll never
+// answers from memory, goes to the wrapped store's TakeAllStamped when the
+// wrapped store is a weir.StampAllStore (TakeAll, with no Stamps, when it
+// dates no batches).
+func (s *Store) TakeAllStamped(ctx context.Context, reqs []weir.Request, results []weir.Result, stamps []weir.Stamp) error {
+	if len(stamps) < len(reqs) {
+		return fmt.Errorf("denycache: %d stamps for %d requests", len(stamps), len(reqs))
+	}
+	clear(stamps[:len(reqs)])
+	sa, dated := s.multi.(weir.StampAllStore)
+	switch {
+	case !dated:
+		return s.TakeAll(ctx, reqs, results)
+	case len(reqs) != 1:
+		return sa.TakeAllStamped(ctx, reqs, results, stamps)
+	}
+	r := &reqs[0]
+	if r.Mode != weir.ModeTake || r.AtMost || r.Lease != "" || len(results) < 1 {
+		return s.TakeAll(ctx, reqs, results)
+	}
+	res, st, err := s.TakeStamped(ctx, r.Key, r.Limit, r.N)
+	if err == nil {
+		results[0], stamps[0] = res, st
+	}
+	return err
 }

@@ -2,6 +2,7 @@ package denycache
 
 import (
 	"testing"
+	"time"
 
 	"github.com/weir-dev/weir"
 )
@@ -26,5 +27,37 @@ func TestTakeStamped(t *testing.T) {
 	}
 	if _, ok := any(s).(weir.StampStore); !ok {
 		t.Fatal("the deny cache is no StampStore")
+	}
+}
+
+// TestTakeAllStamped: a stamped batch through the deny cache is dated by
+// the wrapped store's clock; a batch of one is TakeStamped, whose denial
+// is kept and then answered from memory (with no stamp).
+func TestTakeAllStamped(t *testing.T) {
+	s, _, clock := newMem(t, 0)
+	wide := weir.Limit{Algorithm: weir.GCRA, Rate: 100, Period: time.Second}
+	reqs := []weir.Request{{Key: "a", Limit: wide, N: 1}, {Key: "a", Limit: fw, N: 2}}
+	res := make([]weir.Result, 2)
+	stamps := make([]weir.Stamp, 2)
+	if err := s.TakeAllStamped(ctx, reqs, res, stamps); err != nil || !res[1].Allowed {
+		t.Fatalf("an admitted batch: %+v %v", res, err)
+	}
+	at := clock.Now().UnixMicro()
+	if stamps[0] != (weir.Stamp{At: at, Estimate: 1, Remaining: 99}) || stamps[1] != (weir.Stamp{At: at, Estimate: 2, Remaining: 1}) {
+		t.Fatalf("the batch's stamps: %+v", stamps)
+	}
+	one := reqs[1:]
+	one[0].N = 1
+	if err := s.TakeAllStamped(ctx, one, res, stamps); err != nil || stamps[0] != (weir.Stamp{At: at, Estimate: 1, Remaining: 0}) {
+		t.Fatalf("a batch of one: %+v %+v %v", res[0], stamps[0], err)
+	}
+	for i := range 2 {
+		stamps[0] = weir.Stamp{At: 1}
+		if err := s.TakeAllStamped(ctx, one, res, stamps); err != nil || res[0].Allowed || !stamps[0].IsZero() {
+			t.Fatalf("denial %d: %+v %+v %v", i, res[0], stamps[0], err)
+		}
+	}
+	if hits := s.Stats().Hits; hits != 1 {
+		t.Fatalf("the second denial was not answered from memory: %d hits, want 1", hits)
 	}
 }

@@ -689,6 +689,35 @@ func (g *Guard) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 	return g.call(ctx, func(ctx context.Context) error { return g.multi.TakeAll(ctx, reqs, results) })
 }
 
+// TakeAllStamped implements weir.StampAllStore as TakeAll does, through
+// the breaker: the wrapped store's stamps (when it is a
+// weir.StampAllStore), or zero ones when it dates no batches or a cached
+// denial answered.
+func (g *Guard) TakeAllStamped(ctx context.Context, reqs []weir.Request, results []weir.Result, stamps []weir.Stamp) error {
+	if len(stamps) < len(reqs) {
+		return fmt.Errorf("guard: %d stamps for %d requests", len(stamps), len(reqs))
+	}
+	clear(stamps[:len(reqs)])
+	sa, ok := g.multi.(weir.StampAllStore)
+	if !ok {
+		return g.TakeAll(ctx, reqs, results)
+	}
+	if g.answerer != nil && len(reqs) == 1 && len(results) >= 1 {
+		if r, ok := g.answerer.Answer(&reqs[0]); ok {
+			results[0] = r
+			return nil
+		}
+	}
+	if !g.closed() {
+		for i := range reqs {
+			if err := invalidRequest(&reqs[i]); err != nil {
+				return err
+			}
+		}
+	}
+	return g.call(ctx, func(ctx context.Context) error { return sa.TakeAllStamped(ctx, reqs, results, stamps) })
+}
+
 // Release implements weir.MultiStore.
 func (g *Guard) Release(ctx context.Context, key string, l weir.Limit, lease string) error {
 	if g.multi == nil {

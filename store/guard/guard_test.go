@@ -309,3 +309,30 @@ func TestGuardStampsReservations(t *testing.T) {
 		t.Fatalf("a late settle through a guard: %+v %v, want 0 remaining", res, err)
 	}
 }
+
+// TestGuardStampsBatches: a stamped batch through a guard dates its takes
+// by the store's clock (weir.StampAllStore through the breaker), so that
+// the late settlement of a batch's cost request refunds nothing the limit
+// has recovered (issue 15).
+func TestGuardStampsBatches(t *testing.T) {
+	clock := storetest.NewClock(storetest.Epoch.Add(59 * time.Second))
+	g := New(memstore.New(memstore.WithClock(clock.Now)), Config{})
+	l := weir.PerMinute(weir.FixedWindow, 10)
+	reqs := []weir.Request{{Key: "k", Limit: weir.PerMinute(weir.GCRA, 60), N: 1}, {Key: "k", Limit: l, N: 10}}
+	res := make([]weir.Result, 2)
+	stamps := make([]weir.Stamp, 2)
+	if err := g.TakeAllStamped(ctx, reqs, res, stamps); err != nil || !res[1].Allowed {
+		t.Fatalf("the batch: %+v %v", res, err)
+	}
+	if want := (weir.Stamp{At: clock.Now().UnixMicro(), Estimate: 10, Remaining: 0}); stamps[1] != want {
+		t.Fatalf("the cost request's stamp through a guard: %+v, want %+v", stamps[1], want)
+	}
+	clock.Advance(2 * time.Second)
+	lim := weir.NewLimiter(g)
+	if res, err := lim.AllowN(ctx, "k", l, 10); err != nil || !res.Allowed {
+		t.Fatalf("the next window: %+v %v", res, err)
+	}
+	if res, err := lim.SettleStamped(ctx, "k", l, stamps[1], 0); err != nil || res.Remaining != 0 {
+		t.Fatalf("a late settle through a guard: %+v %v, want 0 remaining", res, err)
+	}
+}

@@ -30,6 +30,12 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 		}
 		return err
 	}
+	return s.takeBatch(reqs, results, nil)
+}
+
+// takeBatch decides a batch of several requests, all or nothing; with
+// stamps, it also dates the admitted takes (TakeAllStamped).
+func (s *Store) takeBatch(reqs []weir.Request, results []weir.Result, stamps []weir.Stamp) error {
 	for i := range reqs {
 		if reqs[i].Mode != weir.ModeTake {
 			return fmt.Errorf("%w: a %s decides one request at a time, not a batch of %d", weir.ErrUnsupported, reqs[i].Mode, len(reqs))
@@ -57,6 +63,9 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 		return err
 	}
 	s.decideBatch(reqs, items, results, now)
+	if stamps != nil {
+		weir.StampAdmitted(reqs, results, stamps, now)
+	}
 	return nil
 }
 

@@ -46,3 +46,33 @@ func BenchmarkDebt(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkBatchStamped compares a batch of two requests (a policy's
+// requests and tokens rules on one key) taken with TakeAll and with
+// TakeAllStamped, which dates the takes for their settlements.
+func BenchmarkBatchStamped(b *testing.B) {
+	ctx := context.Background()
+	reqs := []weir.Request{
+		{Key: "k", Limit: weir.PerMinute(weir.GCRA, 1_000_000_000), N: 1},
+		{Key: "k", Limit: weir.PerMinute(weir.TokenBucket, 1_000_000_000), N: 5},
+	}
+	res := make([]weir.Result, 2)
+	stamps := make([]weir.Stamp, 2)
+	s := memstore.New()
+	for _, op := range []struct {
+		name string
+		fn   func() error
+	}{
+		{"TakeAll", func() error { return s.TakeAll(ctx, reqs, res) }},
+		{"TakeAllStamped", func() error { return s.TakeAllStamped(ctx, reqs, res, stamps) }},
+	} {
+		b.Run(op.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := op.fn(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -2,6 +2,7 @@ package memstore
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/algorithm"
@@ -15,6 +16,35 @@ func (s *Store) TakeStamped(ctx context.Context, key string, l weir.Limit, n int
 		return res, weir.Stamp{}, err
 	}
 	return res, weir.Stamp{At: now, Estimate: n, Remaining: res.Remaining}, nil
+}
+
+// TakeAllStamped implements weir.StampAllStore: TakeAll, with each
+// admitted take's Stamp by the one clock reading the batch is decided at.
+func (s *Store) TakeAllStamped(ctx context.Context, reqs []weir.Request, results []weir.Result, stamps []weir.Stamp) error {
+	switch {
+	case len(results) < len(reqs):
+		return fmt.Errorf("memstore: %d results for %d requests", len(results), len(reqs))
+	case len(stamps) < len(reqs):
+		return fmt.Errorf("memstore: %d stamps for %d requests", len(stamps), len(reqs))
+	}
+	clear(stamps[:len(reqs)])
+	if len(reqs) > 1 {
+		return s.takeBatch(reqs, results, stamps)
+	}
+	if len(reqs) == 0 {
+		return nil
+	}
+	r := &reqs[0]
+	if r.Mode != weir.ModeTake || r.AtMost || r.Lease != "" {
+		return s.TakeAll(ctx, reqs, results)
+	}
+	res, now, err := s.dated(r.Key, &r.Limit, r.N, algorithm.Exact, nil)
+	if err != nil {
+		return err
+	}
+	results[0] = res
+	weir.StampAdmitted(reqs, results, stamps, now)
+	return nil
 }
 
 // dated is take for the two decisions that need the clock reading they
@@ -66,3 +96,8 @@ func (s *Store) settle(r *weir.Request) (weir.Result, error) {
 	res, _, err := s.dated(r.Key, &r.Limit, r.N, algorithm.Settle, &t)
 	return res, err
 }
+
+var (
+	_ weir.StampStore    = (*Store)(nil)
+	_ weir.StampAllStore = (*Store)(nil)
+)

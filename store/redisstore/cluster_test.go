@@ -26,6 +26,7 @@ func TestCluster(t *testing.T) {
 	t.Run("Spread", func(t *testing.T) { clusterSpread(t, c) })
 	t.Run("SameSlotBatch", func(t *testing.T) { clusterSameSlotBatch(t, c) })
 	t.Run("CrossSlotRefund", func(t *testing.T) { clusterCrossSlotRefund(t, c) })
+	t.Run("StampedBatch", func(t *testing.T) { clusterStampedBatch(t, c) })
 	t.Run("RefundThenLoweredLimit", func(t *testing.T) { clusterRefundThenLoweredLimit(t, c) })
 	t.Run("WarmupRefund", func(t *testing.T) { clusterWarmupRefund(t, c) })
 	t.Run("Library", func(t *testing.T) { clusterLibrary(t, c) })

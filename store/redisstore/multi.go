@@ -36,6 +36,23 @@ type group struct {
 // Keys in one batch must be distinct (per algorithm). docs/internals.md
 // ("Batches: TakeAll") describes batches whose keys span cluster slots.
 func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
+	return s.takeAll(ctx, reqs, results, nil)
+}
+
+// TakeAllStamped implements weir.StampAllStore: TakeAll, with each admitted
+// take's Stamp by Redis's clock: the TIME its script read (the multi
+// script's now, which it returns; across cluster slots, each slot's own).
+func (s *Store) TakeAllStamped(ctx context.Context, reqs []weir.Request, results []weir.Result, stamps []weir.Stamp) error {
+	if len(stamps) < len(reqs) {
+		return fmt.Errorf("redisstore: %d stamps for %d requests", len(stamps), len(reqs))
+	}
+	clear(stamps[:len(reqs)])
+	return s.takeAll(ctx, reqs, results, stamps)
+}
+
+// takeAll is TakeAll; with stamps, it dates the admitted takes
+// (TakeAllStamped).
+func (s *Store) takeAll(ctx context.Context, reqs []weir.Request, results []weir.Result, stamps []weir.Stamp) error {
 	if len(results) < len(reqs) {
 		return fmt.Errorf("redisstore: %d results for %d requests", len(results), len(reqs))
 	}
@@ -56,11 +73,14 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 			}
 			lease = takenArg(r.Stamp)
 		}
-		d, _, err := s.take(ctx, r.Key, r.Limit, r.N, mode, lease)
+		d, now, err := s.take(ctx, r.Key, r.Limit, r.N, mode, lease)
 		if err != nil {
 			return err
 		}
 		results[0] = weir.ResultOf(d)
+		if stamps != nil {
+			weir.StampAdmitted(reqs, results, stamps, now)
+		}
 		return nil
 	}
 	items, err := s.batchItems(reqs)
@@ -75,9 +95,22 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 			return batchError("take", items, g.idx, g.err)
 		}
 		fill(results, g.idx, g.vals)
+		if stamps != nil {
+			weir.StampAdmitted(reqs, results, stamps, g.vals[1])
+		}
 		return nil
 	}
-	return s.takeAcrossSlots(ctx, items, groups, results)
+	err = s.takeAcrossSlots(ctx, items, groups, results)
+	if err == nil && stamps != nil {
+		// Each slot's takes by the TIME of the script that made them; a
+		// batch refunded across slots consumed nothing and stays unstamped.
+		for i := range groups {
+			for _, j := range groups[i].idx {
+				weir.StampAdmitted(reqs[j:j+1], results[j:j+1], stamps[j:j+1], groups[i].vals[1])
+			}
+		}
+	}
+	return err
 }
 
 // batchItems compiles the requests of a batch, checks their costs and that
@@ -261,3 +294,8 @@ func batchError(what string, items []item, idx []int, err error) error {
 	}
 	return fmt.Errorf("%w: batch %s on %s: %w", weir.ErrStore, what, b.String(), err)
 }
+
+var (
+	_ weir.StampStore    = (*Store)(nil)
+	_ weir.StampAllStore = (*Store)(nil)
+)

@@ -190,6 +190,14 @@ func sameAsMemstore(t *testing.T, addrs []string, steps int) {
 			type lease struct{ l [2]*weir.Lease }
 			var leases []lease
 			var resvs [][2]*weir.Reservation // open reservations, Redis's and memstore's
+			// Takes of stamped batches (TakeAllStamped) to settle later; the
+			// two stores' stamps are the same.
+			type batchTake struct {
+				key   string
+				limit weir.Limit
+				st    weir.Stamp
+			}
+			var bts []batchTake
 			seed := sameSeed(t)
 			rng := rand.New(rand.NewPCG(uint64(ai), seed))
 			t.Cleanup(func() {
@@ -291,12 +299,28 @@ func sameAsMemstore(t *testing.T, addrs []string, steps int) {
 						reqs[j] = weir.Request{Key: bk, Limit: keyLimit[bk], N: rng.Int64N(min(bp.MaxCost(), 3) + 1), AtMost: rng.IntN(4) == 0}
 					}
 					var out [2][]weir.Result
+					var stamps [2][]weir.Stamp
+					dated := rng.IntN(2) == 0 // TakeAllStamped: stamps to settle later
 					for i, s := range stores {
 						out[i] = make([]weir.Result, m)
-						errs[i] = s.TakeAll(ctx, reqs, out[i])
+						if dated {
+							stamps[i] = make([]weir.Stamp, m)
+							errs[i] = s.(weir.StampAllStore).TakeAllStamped(ctx, reqs, out[i], stamps[i])
+						} else {
+							errs[i] = s.TakeAll(ctx, reqs, out[i])
+						}
 					}
 					for j := range reqs {
 						same(step, fmt.Sprintf("TakeAll %+v, result %d", reqs, j), [2]weir.Result{out[0][j], out[1][j]}, errs)
+						if !dated || errs[0] != nil {
+							continue
+						}
+						if stamps[0][j] != stamps[1][j] {
+							t.Fatalf("step %d: TakeAllStamped %+v, stamp %d: %+v vs %+v", step, reqs, j, stamps[0][j], stamps[1][j])
+						}
+						if bp, _ := reqs[j].Limit.Compile(); !stamps[0][j].IsZero() && bp.Debts() {
+							bts = append(bts, batchTake{reqs[j].Key, reqs[j].Limit, stamps[0][j]})
+						}
 					}
 					// memstore.TakeAll can lose an update: saving a new key
 					// sweeps its shard, which may drop another key of the
@@ -312,6 +336,19 @@ func sameAsMemstore(t *testing.T, addrs []string, steps int) {
 							}
 						}
 					}
+				case op < 88 && len(bts) > 0 && rng.IntN(3) == 0:
+					// Settle a stamped batch's take, made steps ago.
+					j := rng.IntN(len(bts))
+					bt := bts[j]
+					bts = append(bts[:j], bts[j+1:]...)
+					if bt.limit != keyLimit[bt.key] {
+						break // as for a reservation below
+					}
+					actual := rng.Int64N(2*bt.st.Estimate + 1)
+					for i, lim := range lims {
+						res[i], errs[i] = lim.SettleStamped(ctx, bt.key, bt.limit, bt.st, actual)
+					}
+					same(step, fmt.Sprintf("SettleStamped(%s, %+v, %+v, %d)", bt.key, bt.limit, bt.st, actual), res, errs)
 				case op < 88 && a != weir.Concurrency && len(resvs) > 0 && rng.IntN(2) == 0:
 					// Settle an open reservation, taken steps ago: its
 					// stamped refund, bounded by the time since.
