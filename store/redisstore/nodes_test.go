@@ -400,7 +400,7 @@ func nodeMigratingSlot(t *testing.T, c *redistest.ClusterGroup) {
 // nodeProbe: while a slot migrates, a decision on it is refused before
 // its first command. A sliding_log decision whose key exists on the
 // migrating node with only events that left the window would otherwise
-// prune them (its first command, which Redis lets through: the key
+// prune them (its first commands, which Redis lets through: the key
 // exists) and then fail on the emptied, so missing, key: a decision run in
 // part. Both ways of knowing are checked: a call of 1 decision (which
 // probes every slot) and one of 20 (which asks CLUSTER NODES first).
