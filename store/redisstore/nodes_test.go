@@ -397,31 +397,41 @@ func nodeMigratingSlot(t *testing.T, c *redistest.ClusterGroup) {
 	}
 }
 
-// nodeProbe: while a slot migrates, a decision on it is refused before
-// its first command. A sliding_log decision whose key exists on the
-// migrating node with only events that left the window would otherwise
-// prune them (its first commands, which Redis lets through: the key
-// exists) and then fail on the emptied, so missing, key: a decision run in
-// part. Both ways of knowing are checked: a call of 1 decision (which
-// probes every slot) and one of 20 (which asks CLUSTER NODES first).
+// nodeProbe: while a slot migrates, a decision on it that would write
+// before a command that may fail is refused before its first write. A
+// sliding_log or concurrency decision whose key exists on the migrating
+// node with only events (leases) that have ended would otherwise prune
+// them (its first write, which Redis lets through: the key exists) and
+// then fail on the emptied, so missing, key: a decision run in part. A
+// sliding_log take probes its slot just before the prune; a concurrency
+// decision is checked up front, in a call of 1 (which probes every slot)
+// and in one of 20 (which asks CLUSTER NODES first).
 func nodeProbe(t *testing.T, c *redistest.ClusterGroup) {
 	clock := storetest.NewClock(storetest.Epoch)
 	s := newTestStore(t, Config{Addrs: c.Addrs, Prefix: "probe", Clock: clock.Now})
 	ctx := context.Background()
 	from, to := c.Nodes[0], c.Nodes[1]
-	l := weir.Limit{Algorithm: weir.SlidingLog, Rate: 5, Period: time.Minute}
-	cl, err := s.compile(l)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, size := range []int{1, 20} {
-		keys := keysOnNode(c, from, fmt.Sprintf("probe%d", size), size, -1)
+	for _, tc := range []struct {
+		a    weir.Algorithm
+		size int
+	}{{weir.SlidingLog, 1}, {weir.SlidingLog, 20}, {weir.Concurrency, 1}, {weir.Concurrency, 20}} {
+		size := tc.size
+		l := weir.Limit{Algorithm: tc.a, Rate: 5, Period: time.Minute}
+		cl, err := s.compile(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys := keysOnNode(c, from, fmt.Sprintf("probe-%s-%d", tc.a, size), size, -1)
 		moving := keys[0]
 		sl := strconv.Itoa(int(slot(tagOf(moving))))
 		if _, err := s.Take(ctx, moving, l, 1); err != nil {
 			t.Fatal(err)
 		}
 		state := s.names(moving, cl.algo).state
+		before, err := from.Do("DUMP", state)
+		if err != nil {
+			t.Fatal(err)
+		}
 		fromID, _ := from.Do("CLUSTER", "MYID")
 		toID, _ := to.Do("CLUSTER", "MYID")
 		t.Cleanup(func() { // also when the test fails: later subtests need a stable slot
@@ -435,7 +445,7 @@ func nodeProbe(t *testing.T, c *redistest.ClusterGroup) {
 		if _, err := from.Do("CLUSTER", "SETSLOT", sl, "MIGRATING", toID.(string)); err != nil {
 			t.Fatal(err)
 		}
-		clock.Advance(2 * time.Minute) // the event has left the window
+		clock.Advance(2 * time.Minute) // the event has left the window, the lease has expired
 		args := []string{strconv.Itoa(2 * len(keys))}
 		for _, k := range keys {
 			n := s.names(k, cl.algo)
@@ -452,15 +462,15 @@ func nodeProbe(t *testing.T, c *redistest.ClusterGroup) {
 		}
 		var vals [8]int64
 		if err := decodeInts(&arr[1], vals[:]); !notLocal(err) {
-			t.Fatalf("size %d: decision on the migrating slot: %v %v, want WEIRNOTLOCAL", size, vals, err)
+			t.Fatalf("%s, size %d: decision on the migrating slot: %v %v, want WEIRNOTLOCAL", tc.a, size, vals, err)
 		}
 		for i := 2; i < len(arr); i++ {
 			if err := decodeInts(&arr[i], vals[:]); err != nil || vals[0] != 1 {
-				t.Fatalf("size %d: decision %d on a stable slot: %v %v, want admitted", size, i-1, vals, err)
+				t.Fatalf("%s, size %d: decision %d on a stable slot: %v %v, want admitted", tc.a, size, i-1, vals, err)
 			}
 		}
-		if n, err := from.Do("ZCARD", state); err != nil || n.(int64) != 1 {
-			t.Fatalf("size %d: the refused decision changed its state: ZCARD %v %v, want the 1 old event", size, n, err)
+		if after, err := from.Do("DUMP", state); err != nil || after != before {
+			t.Fatalf("%s, size %d: the refused decision changed its state (%v)", tc.a, size, err)
 		}
 		for _, nd := range []*redistest.Server{from, to} {
 			if _, err := nd.Do("CLUSTER", "SETSLOT", sl, "STABLE"); err != nil {
@@ -470,8 +480,9 @@ func nodeProbe(t *testing.T, c *redistest.ClusterGroup) {
 	}
 }
 
-// nodeGuarded: the decisions of a guarded algorithm (batch.lua's GUARDED)
-// need no migration check, and get none: in a call of 20 decisions (which
+// nodeGuarded: the decisions of a guarded algorithm (batch.lua's GUARDED),
+// and sliding_log takes that prune nothing (LAZY), need no migration
+// check, and get none: in a call of 20 decisions (which
 // would ask CLUSTER NODES for an unguarded algorithm) the node sends
 // neither CLUSTER NODES nor a probe. In a migrating slot, a decision whose
 // keys all exist on the node runs there, whole; one whose state is
@@ -497,7 +508,7 @@ func nodeGuarded(t *testing.T, c *redistest.ClusterGroup) {
 		}
 		return 0
 	}
-	for _, a := range []weir.Algorithm{weir.FixedWindow, weir.GCRA, weir.TokenBucket, weir.LeakyBucket, weir.SlidingWindow} {
+	for _, a := range []weir.Algorithm{weir.FixedWindow, weir.GCRA, weir.TokenBucket, weir.LeakyBucket, weir.SlidingWindow, weir.SlidingLog} {
 		t.Run(string(a), func(t *testing.T) {
 			plain := weir.Limit{Algorithm: a, Rate: 5, Period: time.Minute}
 			boxed := weir.Limit{Algorithm: a, Rate: 5, Period: time.Minute, Block: time.Minute}
