@@ -8,15 +8,20 @@
 # a standalone one and a one-node Cluster that owns every slot. Loads the
 # function library of the tree it runs in (and, with OTHER=<dir>, that of
 # another checkout too, to compare two versions on the same servers), and
-# for every algorithm sends calls of 64 decisions on keys drawn from 100k
-# with redis-benchmark (the bench limit, 1000/s): the library's batch
+# for every algorithm sends calls of 64 decisions with redis-benchmark
+# (decision i's key drawn from its own 100k, so nearly every key is new) (the bench limit, 1000/s): the library's batch
 # function to the standalone server, nbatch (the per-node batch, its keys
 # undeclared) to the Cluster node. It prints instructions per decision
 # (callgrind's Ir, counted between two dumps around the measured calls,
 # after a warm-up of a quarter as many) and their ratio.
 #
+# The count includes what the server does by the second rather than by
+# the decision (its cron, a Cluster node's bus), which under valgrind,
+# some 50 times slower, weighs more than it would natively: about 1% here.
+#
 #   bench/redis/instructions.sh                  # CALLS=200 calls of 64 per cell
 #   OTHER=/path/to/other/checkout bench/redis/instructions.sh
+#   ALGOS="gcra sliding_log" bench/redis/instructions.sh
 #
 # Needs valgrind (callgrind_control), redis-server, redis-benchmark and go.
 # Never touches a Redis it did not start.
@@ -91,10 +96,19 @@ if [ -n "${OTHER:-}" ]; then
 	dump "$OTHER" "$tmp/other"
 fi
 
+# ir <server name>: the instructions counted since the last zeroing (dumps).
+ir() {
+	local pid f
+	pid=$(cat "$tmp/$1/pid")
+	callgrind_control -d "$pid" >/dev/null 2>&1
+	f=$(ls -t "$tmp/$1"/cg.* | head -1)
+	grep -E '^(summary|totals):' "$f" | head -1 | awk '{print $2}'
+}
+
 # measure <port> <server name> <version> <algo> <batch|nbatch>: Ir per decision.
 measure() {
 	local port=$1 name=$2 v=$3 algo=$4 kind=$5
-	local lib pid keys=() per=() cmd args f ir
+	local lib pid keys=() per=() cmd args n
 	lib=$(sed 's/_take$//' "$tmp/$v/take.fn")
 	pid=$(cat "$tmp/$name/pid")
 	mapfile -t args <"$tmp/$v/$algo.args" # one value a line; the last is often empty
@@ -109,17 +123,15 @@ measure() {
 	fi
 	redis-cli -p "$port" FLUSHALL >/dev/null
 	redis-benchmark -p "$port" -n $((CALLS / 4)) -c 4 -r 100000 "${cmd[@]}" >/dev/null
-	callgrind_control -z "$pid" >/dev/null 2>&1
 	redis-cli -p "$port" CONFIG RESETSTAT >/dev/null
+	callgrind_control -z "$pid" >/dev/null 2>&1
 	redis-benchmark -p "$port" -n "$CALLS" -c 4 -r 100000 "${cmd[@]}" >/dev/null
-	callgrind_control -d "$pid" >/dev/null 2>&1
+	n=$(ir "$name")
 	if redis-cli -p "$port" INFO errorstats | grep -q errorstat_; then
 		echo "instructions.sh: $algo $kind ($v): errors: $(redis-cli -p "$port" INFO errorstats | tr '\r\n' '  ')" >&2
 		exit 1
 	fi
-	f=$(ls -t "$tmp/$name"/cg.* | head -1)
-	ir=$(grep -E '^(summary|totals):' "$f" | head -1 | awk '{print $2}')
-	echo $((ir / (CALLS * BATCH)))
+	echo $((n / (CALLS * BATCH)))
 }
 
 echo "Instructions per decision (callgrind Ir), calls of $BATCH decisions, $CALLS calls per cell, $(redis-server --version | cut -d' ' -f3)"
@@ -132,7 +144,7 @@ for v in "${versions[@]}"; do
 done
 echo "$head"
 echo "$rule"
-for algo in fixed_window sliding_log sliding_window token_bucket leaky_bucket gcra concurrency; do
+for algo in ${ALGOS:-fixed_window sliding_log sliding_window token_bucket leaky_bucket gcra concurrency}; do
 	row="| $algo |"
 	for v in "${versions[@]}"; do
 		s=$(measure "$sport" standalone "$v" "$algo" batch)
