@@ -72,7 +72,7 @@
 -- command touches: sliding_log's prune of events that left the window and
 -- its rewrite of old-form members, either of which is the decision's first
 -- write when it happens, after reads only. Such a decision probes its slot
--- just before (s.guard, prelude.lua's take_one), and otherwise runs as a
+-- just before (prelude.lua's decision_guard), and otherwise runs as a
 -- guarded one does: a read of its state first (the box's before it, if
 -- any), then an add to the key it read (a take never drops the member it
 -- adds: what it grants fits the rate, so its log never passes the rate),
@@ -137,8 +137,8 @@ local function batch_run(K, ko, nk, A, ao, probe)
     if careful and checked(a) then
       refused = probe_slot(bkey)
     elseif probe and LAZY[limits[tonumber(A[a])].kind] then
-      guard = function()
-        local e = probe_slot(bkey)
+      guard = function(s)
+        local e = s.bkey == bkey and probe_slot(bkey) -- (a stale guard does nothing)
         if e then
           error({ err = e }) -- nothing of the decision ran: WEIRNOTLOCAL below
         end
@@ -148,8 +148,10 @@ local function batch_run(K, ko, nk, A, ao, probe)
     if refused then
       r = { err = 'WEIRNOTLOCAL not run: ' .. refused }
     else
+      decision_guard = guard
       local ok, d = pcall(take_one, limits[tonumber(A[a])], skey, bkey,
-        A[a + 3], now, tonumber(A[a + 1]), tonumber(A[a + 2]), guard)
+        A[a + 3], now, tonumber(A[a + 1]), tonumber(A[a + 2]))
+      decision_guard = nil
       if ok then
         r = {}
         put(r, d)

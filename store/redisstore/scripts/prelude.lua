@@ -360,9 +360,8 @@ end
 -- not read. While a box that outlasts the state holds, the state is not
 -- read (take answers from the box alone), unless need_state: a refund must
 -- see it.
-local function load(alg, p, skey, bkey, id, now, need_state, guard)
+local function load(alg, p, skey, bkey, id, now, need_state)
   local s = { key = skey, bkey = bkey, id = id, bu = 0, block_set = false, strikes = 0, last = 0 }
-  s.guard = guard
   if p.block > 0 then
     local b = redis.call('GET', bkey)
     if b then
@@ -516,25 +515,28 @@ local function debt_op(alg, p, s, now, n, mode)
   return d
 end
 
+-- decision_guard is nil but while batch.lua's nbatch makes a decision of
+-- a lazily guarded algorithm on a Cluster node (LAZY there): then an
+-- algorithm calls decision_guard(s) before a write that may delete a key a
+-- later command of the decision touches, and it raises an error if the
+-- decision must not go on (its slot is migrating).
+local decision_guard = nil
+
 -- take_one is one whole decision, as take.lua and batch.lua make it: load
--- the state and box, decide with commit, write what changed. guard, if
--- given, becomes s.guard: an algorithm calls it before a write that may
--- delete a key a later command of the decision touches, and it raises an
--- error if the decision must not go on (batch.lua's nbatch: on a Cluster
--- node, in a migrating slot).
-local function take_one(p, skey, bkey, id, now, n, mode, guard)
+-- the state and box, decide with commit, write what changed.
+local function take_one(p, skey, bkey, id, now, n, mode)
   local alg = ALG[p.kind]
   if mode >= DEBIT then
     if n > 0 then
       -- A debit or credit: it changes the state even under a box.
-      local s = load(alg, p, skey, bkey, id, now, true, guard)
+      local s = load(alg, p, skey, bkey, id, now, true)
       local d = debt_op(alg, p, s, now, n, mode)
       persist(alg, p, s, d)
       return d
     end
     mode = EXACT -- a cost of 0 peeks
   end
-  local s = load(alg, p, skey, bkey, id, now, false, guard)
+  local s = load(alg, p, skey, bkey, id, now, false)
   local d = take(alg, p, s, now, n, mode, true)
   persist(alg, p, s, d)
   return d

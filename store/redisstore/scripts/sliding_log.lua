@@ -71,11 +71,12 @@ local function log_rebuild(key, from)
   end
 end
 
--- log_guard calls the decision's guard, if any (prelude.lua's take_one),
--- before a write that may empty the key: a prune, or a rewrite.
+-- log_guard calls the decision's guard, if any (prelude.lua's
+-- decision_guard), before a write that may empty the key: a prune, or a
+-- rewrite.
 local function log_guard(s)
-  if s.guard then
-    s.guard()
+  if decision_guard then
+    decision_guard(s)
   end
 end
 
