@@ -397,15 +397,13 @@ func nodeMigratingSlot(t *testing.T, c *redistest.ClusterGroup) {
 	}
 }
 
-// nodeProbe: while a slot migrates, a decision on it that would write
-// before a command that may fail is refused before its first write. A
-// sliding_log or concurrency decision whose key exists on the migrating
-// node with only events (leases) that have ended would otherwise prune
-// them (its first write, which Redis lets through: the key exists) and
-// then fail on the emptied, so missing, key: a decision run in part. A
-// sliding_log take probes its slot just before the prune; a concurrency
-// decision is checked up front, in a call of 1 (which probes every slot)
-// and in one of 20 (which asks CLUSTER NODES first).
+// nodeProbe: while a slot migrates, a decision on it is refused before
+// its first write. A sliding_log or concurrency decision whose key exists
+// on the migrating node with only events (leases) that have ended would
+// otherwise prune them (a write, which Redis lets through: the key
+// exists) and then fail on the emptied, so missing, key: a decision run in
+// part. Both ways of knowing are checked: a call of 1 decision (which
+// probes every slot) and one of 20 (which asks CLUSTER NODES first).
 func nodeProbe(t *testing.T, c *redistest.ClusterGroup) {
 	clock := storetest.NewClock(storetest.Epoch)
 	s := newTestStore(t, Config{Addrs: c.Addrs, Prefix: "probe", Clock: clock.Now})
@@ -480,9 +478,8 @@ func nodeProbe(t *testing.T, c *redistest.ClusterGroup) {
 	}
 }
 
-// nodeGuarded: the decisions of a guarded algorithm (batch.lua's GUARDED),
-// and sliding_log takes that prune nothing (LAZY), need no migration
-// check, and get none: in a call of 20 decisions (which
+// nodeGuarded: the decisions of a guarded algorithm (batch.lua's GUARDED)
+// need no migration check, and get none: in a call of 20 decisions (which
 // would ask CLUSTER NODES for an unguarded algorithm) the node sends
 // neither CLUSTER NODES nor a probe. In a migrating slot, a decision whose
 // keys all exist on the node runs there, whole; one whose state is
@@ -508,7 +505,7 @@ func nodeGuarded(t *testing.T, c *redistest.ClusterGroup) {
 		}
 		return 0
 	}
-	for _, a := range []weir.Algorithm{weir.FixedWindow, weir.GCRA, weir.TokenBucket, weir.LeakyBucket, weir.SlidingWindow, weir.SlidingLog} {
+	for _, a := range []weir.Algorithm{weir.FixedWindow, weir.GCRA, weir.TokenBucket, weir.LeakyBucket, weir.SlidingWindow} {
 		t.Run(string(a), func(t *testing.T) {
 			plain := weir.Limit{Algorithm: a, Rate: 5, Period: time.Minute}
 			boxed := weir.Limit{Algorithm: a, Rate: 5, Period: time.Minute, Block: time.Minute}

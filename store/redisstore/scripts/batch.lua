@@ -62,26 +62,17 @@
 -- warmup's) is the state's last command, followed at most by the box's
 -- SET. So a decision that reaches its first write runs whole, and one that
 -- would meet a missing key fails at a read, before any write. An algorithm
--- whose load may write first (concurrency prunes its ZSET, which may
--- delete the key later commands touch) is not guarded. An algorithm file
--- that changes its commands must keep this true or leave the table.
+-- whose load writes (sliding_log and concurrency prune their ZSET first,
+-- which may delete the key that later commands touch) is not guarded. An
+-- algorithm file that changes its commands must keep this true or leave
+-- the table.
 
 -- GUARDED names the algorithms whose decisions need no migration check
--- (see above). LAZY names those whose takes and peeks (not their debits
--- or credits) need one only before a write that may empty a key a later
--- command touches: sliding_log's prune of events that left the window and
--- its rewrite of old-form members, either of which is the decision's first
--- write when it happens, after reads only. Such a decision probes its slot
--- just before (prelude.lua's decision_guard), and otherwise runs as a
--- guarded one does: a read of its state first (the box's before it, if
--- any), then an add to the key it read (a take never drops the member it
--- adds: what it grants fits the rate, so its log never passes the rate),
--- the key's expiry or, last, its DEL, and the box's SET.
+-- (see above).
 local GUARDED = {
   fixed_window = true, gcra = true, token_bucket = true,
   leaky_bucket = true, sliding_window = true,
 }
-local LAZY = { sliding_log = true }
 
 -- batch_run makes the decisions whose keys are K[ko+1 ..] (2 each, nk in
 -- all) and whose other arguments are A[ao+1 ..], laid out as batch's ARGV.
@@ -95,31 +86,11 @@ local function batch_run(K, ko, nk, A, ao, probe)
   local base = ao + 3 + nl * NLIMIT
   local out = { now }
   local careful, probed = false, {}
-  -- checked(a) says whether the decision at A[a] needs the check up front:
-  -- on a Cluster node, one of an algorithm neither guarded nor lazy, or a
-  -- lazy one's debit or credit.
-  local function checked(a)
-    local kind = limits[tonumber(A[a])].kind
-    return probe and not GUARDED[kind] and not (LAZY[kind] and tonumber(A[a + 2]) < DEBIT)
-  end
-  -- probe_slot probes the slot of the decision whose box key is bkey: the
-  -- refusal's message, or false.
-  local function probe_slot(bkey)
-    local refused = probed[bkey]
-    if refused == nil then
-      local r = redis.pcall('EXISTS', bkey .. '?')
-      refused = false
-      if type(r) == 'table' and r.err then
-        refused = tostring(r.err)
-      end
-      probed[bkey] = refused
-    end
-    return refused
-  end
   if probe then
+    -- Only the decisions of unguarded algorithms need the check.
     local unguarded = 0
     for i = 1, nk / 2 do
-      if checked(base + (i - 1) * 4) then
+      if not GUARDED[limits[tonumber(A[base + (i - 1) * 4])].kind] then
         unguarded = unguarded + 1
       end
     end
@@ -133,25 +104,24 @@ local function batch_run(K, ko, nk, A, ao, probe)
   for i = 1, nk / 2 do
     local a = base + (i - 1) * 4
     local skey, bkey = K[ko + 2 * i - 1], K[ko + 2 * i]
-    local refused, guard = false, nil
-    if careful and checked(a) then
-      refused = probe_slot(bkey)
-    elseif probe and LAZY[limits[tonumber(A[a])].kind] then
-      guard = function(s)
-        local e = s.bkey == bkey and probe_slot(bkey) -- (a stale guard does nothing)
-        if e then
-          error({ err = e }) -- nothing of the decision ran: WEIRNOTLOCAL below
+    local refused
+    if careful and not GUARDED[limits[tonumber(A[a])].kind] then
+      refused = probed[bkey]
+      if refused == nil then
+        local r = redis.pcall('EXISTS', bkey .. '?')
+        refused = false
+        if type(r) == 'table' and r.err then
+          refused = 'WEIRNOTLOCAL not run: ' .. tostring(r.err)
         end
+        probed[bkey] = refused
       end
     end
     local r
     if refused then
-      r = { err = 'WEIRNOTLOCAL not run: ' .. refused }
+      r = { err = refused }
     else
-      decision_guard = guard
       local ok, d = pcall(take_one, limits[tonumber(A[a])], skey, bkey,
         A[a + 3], now, tonumber(A[a + 1]), tonumber(A[a + 2]))
-      decision_guard = nil
       if ok then
         r = {}
         put(r, d)

@@ -515,13 +515,6 @@ local function debt_op(alg, p, s, now, n, mode)
   return d
 end
 
--- decision_guard is nil but while batch.lua's nbatch makes a decision of
--- a lazily guarded algorithm on a Cluster node (LAZY there): then an
--- algorithm calls decision_guard(s) before a write that may delete a key a
--- later command of the decision touches, and it raises an error if the
--- decision must not go on (its slot is migrating).
-local decision_guard = nil
-
 -- take_one is one whole decision, as take.lua and batch.lua make it: load
 -- the state and box, decide with commit, write what changed.
 local function take_one(p, skey, bkey, id, now, n, mode)

@@ -71,15 +71,6 @@ local function log_rebuild(key, from)
   end
 end
 
--- log_guard calls the decision's guard, if any (prelude.lua's
--- decision_guard), before a write that may empty the key: a prune, or a
--- rewrite.
-local function log_guard(s)
-  if decision_guard then
-    decision_guard(s)
-  end
-end
-
 -- LOG_HEAD is how many of the oldest members load reads at once: in most
 -- keys the whole log.
 local LOG_HEAD = 4
@@ -121,7 +112,6 @@ local function log_state(s, head)
     if not fc or bc then
       -- Old members at the oldest end, or running counts grown past 2^50
       -- (a key that never went idle): rewrite from zero.
-      log_guard(s)
       log_rebuild(s.key, 0)
     else
       -- Old members at the newest end only (an older weir wrote there):
@@ -130,7 +120,6 @@ local function log_state(s, head)
       while r > 0 and not log_parse(redis.call('ZRANGE', s.key, r - 1, r - 1)[1]) do
         r = r - 1
       end
-      log_guard(s)
       log_rebuild(s.key, r)
     end
   end
@@ -144,7 +133,6 @@ local function log_event_ts(s, j)
     local c = log_parse(redis.call('ZRANGE', s.key, mid, mid)[1])
     if c == nil then
       -- An old-form member inside the log: rewrite it all, search again.
-      log_guard(s)
       log_rebuild(s.key, 0)
       log_state(s)
       lo, hi = 0, s.size - 1
@@ -183,7 +171,6 @@ ALG.sliding_log = {
     if head[1] and tonumber(head[2]) <= now - p.period then
       -- Drop entries that left the window (ts + Period <= now), if the
       -- oldest has; one member was the whole log.
-      log_guard(s)
       redis.call('ZREMRANGEBYSCORE', s.key, '-inf', fmt(now - p.period))
       if #head == 2 then
         head = {}
