@@ -17,7 +17,8 @@
 #
 # The count includes what the server does by the second rather than by
 # the decision (its cron, a Cluster node's bus), which under valgrind,
-# some 50 times slower, weighs more than it would natively: about 1% here.
+# some 50 times slower, weighs more than it would natively (a few percent
+# at most; the same for both versions).
 #
 #   bench/redis/instructions.sh                  # CALLS=200 calls of 64 per cell
 #   OTHER=/path/to/other/checkout bench/redis/instructions.sh
