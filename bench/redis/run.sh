@@ -123,9 +123,10 @@ fi
 
 # Redis Cluster against standalone, per node (BenchmarkClusterNodes starts
 # its own standalone Redis and three-node Cluster): the redis-server CPU
-# time per decision at the same load per node (256 goroutines per busy
-# Redis), with the store's coalescing (per node on the Cluster) and without
-# it (MaxBatch 1, what a Cluster store did before it coalesced per node).
+# time per decision at the same load per node (256 goroutines and keys
+# drawn from 100k per busy Redis), with the store's coalescing (per node on
+# the Cluster) and without it (MaxBatch 1, what a Cluster store did before
+# it coalesced per node).
 # "one node" draws only keys of the first node's slots, so one redis-server
 # works as in the standalone run; "3 nodes" spreads keys over all three
 # (on a 2-core machine the three servers and the client then share cores).

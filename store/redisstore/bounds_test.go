@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -230,6 +232,72 @@ func TestSlidingLogClockBack(t *testing.T) {
 		r2, e2 := ms.Take(ctx, k, l, n)
 		if r1 != r2 || e1 != nil || e2 != nil {
 			t.Fatalf("step %d, Take(%s, %d):\n redisstore %+v %v\n memstore   %+v %v", step, k, n, r1, e1, r2, e2)
+		}
+	}
+}
+
+// TestSlidingLogCommands checks the commands a sliding_log decision sends:
+// a log of fewer than four members is read with one ZRANGE, and pruned only
+// when its oldest member has left the window, so a decision on a key
+// missing or of up to three members sends three commands (ZRANGE, ZADD,
+// PEXPIRE). The decisions stay memstore's.
+func TestSlidingLogCommands(t *testing.T) {
+	srv := redistest.Standalone(t)
+	ctx := context.Background()
+	clock := storetest.NewClock(storetest.Epoch)
+	rs := newTestStore(t, Config{Addrs: []string{srv.Addr}, Clock: clock.Now, Prefix: fmt.Sprintf("slcmd%d", prefixSeq.Add(1))})
+	ms := memstore.New(memstore.WithClock(clock.Now))
+	l := weir.Limit{Algorithm: weir.SlidingLog, Rate: 10, Period: time.Minute}
+	stats := func() map[string]int64 {
+		v, err := srv.Do("INFO", "commandstats")
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]int64{}
+		for _, line := range strings.Split(v.(string), "\n") {
+			name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
+			if c, found := strings.CutPrefix(name, "cmdstat_z"); ok && found {
+				n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+				m["z"+c] = n
+			} else if ok && name == "cmdstat_pexpire" {
+				n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+				m["pexpire"] = n
+			}
+		}
+		return m
+	}
+	for i, want := range []map[string]int64{
+		{"zrange": 1, "zadd": 1, "pexpire": 1},                                    // no key
+		{"zrange": 1, "zadd": 1, "pexpire": 1},                                    // one member
+		{"zrange": 1, "zadd": 1, "pexpire": 1},                                    // two
+		{"zrange": 1, "zadd": 1, "pexpire": 1},                                    // three
+		{"zrange": 1, "zcard": 1, "zadd": 1, "pexpire": 1},                        // four: ZCARD
+		{"zrange": 2, "zcard": 1, "zadd": 1, "pexpire": 1},                        // five: and the newest
+		{"zrange": 1, "zremrangebyscore": 1, "zcard": 1, "zadd": 1, "pexpire": 1}, // all six left the window
+	} {
+		if i == 6 {
+			clock.Advance(l.Period) // the key itself lives on (Redis's clock)
+		}
+		before := stats()
+		var r [2]weir.Result
+		for j, s := range []weir.Store{rs, ms} {
+			var err error
+			if r[j], err = s.Take(ctx, "k", l, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if r[0] != r[1] {
+			t.Fatalf("decision %d:\n redisstore %+v\n memstore   %+v", i, r[0], r[1])
+		}
+		after := stats()
+		got := map[string]int64{}
+		for c, n := range after {
+			if d := n - before[c]; d != 0 {
+				got[c] = d
+			}
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("decision %d sent %v, want %v", i, got, want)
 		}
 	}
 }

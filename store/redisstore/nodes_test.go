@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -25,6 +26,7 @@ func TestClusterNodeBatches(t *testing.T) {
 	t.Run("StaleTable", func(t *testing.T) { nodeStaleTable(t, c) })
 	t.Run("EvalFallback", func(t *testing.T) { nodeEvalFallback(t, c) })
 	t.Run("ProbeInMigratingSlot", func(t *testing.T) { nodeProbe(t, c) })
+	t.Run("GuardedInMigratingSlot", func(t *testing.T) { nodeGuarded(t, c) })
 	t.Run("MigratingSlot", func(t *testing.T) { nodeMigratingSlot(t, c) })
 	t.Run("MigrationUnderLoad", func(t *testing.T) { nodeMigrationUnderLoad(t, c) })
 }
@@ -396,9 +398,9 @@ func nodeMigratingSlot(t *testing.T, c *redistest.ClusterGroup) {
 }
 
 // nodeProbe: while a slot migrates, a decision on it is refused before
-// its first command. A sliding_log decision whose key exists on the
-// migrating node with only events that left the window would otherwise
-// prune them (its first command, which Redis lets through: the key
+// its first write. A sliding_log or concurrency decision whose key exists
+// on the migrating node with only events (leases) that have ended would
+// otherwise prune them (a write, which Redis lets through: the key
 // exists) and then fail on the emptied, so missing, key: a decision run in
 // part. Both ways of knowing are checked: a call of 1 decision (which
 // probes every slot) and one of 20 (which asks CLUSTER NODES first).
@@ -407,19 +409,27 @@ func nodeProbe(t *testing.T, c *redistest.ClusterGroup) {
 	s := newTestStore(t, Config{Addrs: c.Addrs, Prefix: "probe", Clock: clock.Now})
 	ctx := context.Background()
 	from, to := c.Nodes[0], c.Nodes[1]
-	l := weir.Limit{Algorithm: weir.SlidingLog, Rate: 5, Period: time.Minute}
-	cl, err := s.compile(l)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, size := range []int{1, 20} {
-		keys := keysOnNode(c, from, fmt.Sprintf("probe%d", size), size, -1)
+	for _, tc := range []struct {
+		a    weir.Algorithm
+		size int
+	}{{weir.SlidingLog, 1}, {weir.SlidingLog, 20}, {weir.Concurrency, 1}, {weir.Concurrency, 20}} {
+		size := tc.size
+		l := weir.Limit{Algorithm: tc.a, Rate: 5, Period: time.Minute}
+		cl, err := s.compile(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys := keysOnNode(c, from, fmt.Sprintf("probe-%s-%d", tc.a, size), size, -1)
 		moving := keys[0]
 		sl := strconv.Itoa(int(slot(tagOf(moving))))
 		if _, err := s.Take(ctx, moving, l, 1); err != nil {
 			t.Fatal(err)
 		}
 		state := s.names(moving, cl.algo).state
+		before, err := from.Do("DUMP", state)
+		if err != nil {
+			t.Fatal(err)
+		}
 		fromID, _ := from.Do("CLUSTER", "MYID")
 		toID, _ := to.Do("CLUSTER", "MYID")
 		t.Cleanup(func() { // also when the test fails: later subtests need a stable slot
@@ -433,7 +443,7 @@ func nodeProbe(t *testing.T, c *redistest.ClusterGroup) {
 		if _, err := from.Do("CLUSTER", "SETSLOT", sl, "MIGRATING", toID.(string)); err != nil {
 			t.Fatal(err)
 		}
-		clock.Advance(2 * time.Minute) // the event has left the window
+		clock.Advance(2 * time.Minute) // the event has left the window, the lease has expired
 		args := []string{strconv.Itoa(2 * len(keys))}
 		for _, k := range keys {
 			n := s.names(k, cl.algo)
@@ -450,21 +460,144 @@ func nodeProbe(t *testing.T, c *redistest.ClusterGroup) {
 		}
 		var vals [8]int64
 		if err := decodeInts(&arr[1], vals[:]); !notLocal(err) {
-			t.Fatalf("size %d: decision on the migrating slot: %v %v, want WEIRNOTLOCAL", size, vals, err)
+			t.Fatalf("%s, size %d: decision on the migrating slot: %v %v, want WEIRNOTLOCAL", tc.a, size, vals, err)
 		}
 		for i := 2; i < len(arr); i++ {
 			if err := decodeInts(&arr[i], vals[:]); err != nil || vals[0] != 1 {
-				t.Fatalf("size %d: decision %d on a stable slot: %v %v, want admitted", size, i-1, vals, err)
+				t.Fatalf("%s, size %d: decision %d on a stable slot: %v %v, want admitted", tc.a, size, i-1, vals, err)
 			}
 		}
-		if n, err := from.Do("ZCARD", state); err != nil || n.(int64) != 1 {
-			t.Fatalf("size %d: the refused decision changed its state: ZCARD %v %v, want the 1 old event", size, n, err)
+		if after, err := from.Do("DUMP", state); err != nil || after != before {
+			t.Fatalf("%s, size %d: the refused decision changed its state (%v)", tc.a, size, err)
 		}
 		for _, nd := range []*redistest.Server{from, to} {
 			if _, err := nd.Do("CLUSTER", "SETSLOT", sl, "STABLE"); err != nil {
 				t.Fatal(err)
 			}
 		}
+	}
+}
+
+// nodeGuarded: the decisions of a guarded algorithm (batch.lua's GUARDED)
+// need no migration check, and get none: in a call of 20 decisions (which
+// would ask CLUSTER NODES for an unguarded algorithm) the node sends
+// neither CLUSTER NODES nor a probe. In a migrating slot, a decision whose
+// keys all exist on the node runs there, whole; one whose state is
+// missing, or whose limit has a penalty box that does not exist, is
+// refused at its first command and changes nothing.
+func nodeGuarded(t *testing.T, c *redistest.ClusterGroup) {
+	clock := storetest.NewClock(storetest.Epoch)
+	s := newTestStore(t, Config{Addrs: c.Addrs, Prefix: "guarded", Clock: clock.Now})
+	ctx := context.Background()
+	from, to := c.Nodes[0], c.Nodes[1]
+	fromID, _ := from.Do("CLUSTER", "MYID")
+	toID, _ := to.Do("CLUSTER", "MYID")
+	calls := func(cmd string) int64 {
+		v, err := from.Do("INFO", "commandstats")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(v.(string), "\n") {
+			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":calls="); ok {
+				n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+				return n
+			}
+		}
+		return 0
+	}
+	for _, a := range []weir.Algorithm{weir.FixedWindow, weir.GCRA, weir.TokenBucket, weir.LeakyBucket, weir.SlidingWindow} {
+		t.Run(string(a), func(t *testing.T) {
+			plain := weir.Limit{Algorithm: a, Rate: 5, Period: time.Minute}
+			boxed := weir.Limit{Algorithm: a, Rate: 5, Period: time.Minute, Block: time.Minute}
+			cp, err := s.compile(plain)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cb, err := s.compile(boxed)
+			if err != nil {
+				t.Fatal(err)
+			}
+			keys := keysOnNode(c, from, "guarded-"+string(a), 20, -1)
+			// keys[0]: state on the node; keys[1]: no state; keys[2]: state,
+			// but its limit's penalty box does not exist. Their slots migrate.
+			if _, err := s.Take(ctx, keys[0], plain, 1); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Take(ctx, keys[2], boxed, 1); err != nil {
+				t.Fatal(err)
+			}
+			boxedState := s.names(keys[2], cb.algo).state
+			before, err := from.Do("DUMP", boxedState)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, k := range keys[:3] {
+				sl := strconv.Itoa(int(slot(tagOf(k))))
+				t.Cleanup(func() {
+					for _, nd := range []*redistest.Server{from, to} {
+						_, _ = nd.Do("CLUSTER", "SETSLOT", sl, "STABLE")
+					}
+				})
+				if _, err := to.Do("CLUSTER", "SETSLOT", sl, "IMPORTING", fromID.(string)); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := from.Do("CLUSTER", "SETSLOT", sl, "MIGRATING", toID.(string)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			args := []string{strconv.Itoa(2 * len(keys))}
+			for i, k := range keys {
+				n := s.names(k, cp.algo)
+				if i == 2 {
+					n = s.names(k, cb.algo)
+				}
+				args = append(args, n.state, n.block)
+			}
+			args = append(args, s.nowArg(), "2")
+			args = append(args, cp.args[:]...)
+			args = append(args, cb.args[:]...)
+			for i := range keys {
+				l := "1"
+				if i == 2 {
+					l = "2"
+				}
+				args = append(args, l, "1", "0", fmt.Sprintf("g-%d", i))
+			}
+			v, err := from.Do("CLUSTER", "COUNTKEYSINSLOT", strconv.Itoa(int(slot(tagOf(keys[1])))))
+			if err != nil {
+				t.Fatal(err)
+			}
+			count1 := v.(int64)
+			nodes0, exists0 := calls("cluster|nodes"), calls("exists")
+			arr, err := s.callNode(ctx, from.Addr, args)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n, e := calls("cluster|nodes")-nodes0, calls("exists")-exists0; n != 0 || e != 0 {
+				t.Errorf("the node sent CLUSTER NODES %d times and %d probes for guarded decisions, want none", n, e)
+			}
+			var vals [8]int64
+			if err := decodeInts(&arr[1], vals[:]); err != nil || vals[0] != 1 || vals[3] != 3 {
+				t.Errorf("existing state in a migrating slot: %v %v, want admitted with 3 remaining (run on the node, once)", vals, err)
+			}
+			if err := decodeInts(&arr[2], vals[:]); !notLocal(err) {
+				t.Errorf("missing state in a migrating slot: %v %v, want WEIRNOTLOCAL", vals, err)
+			}
+			if n, err := from.Do("CLUSTER", "COUNTKEYSINSLOT", strconv.Itoa(int(slot(tagOf(keys[1]))))); err != nil || n.(int64) != count1 {
+				t.Errorf("the refused decision created a key on the migrating node: %v keys in its slot (%v), want %d", n, err, count1)
+			}
+			if err := decodeInts(&arr[3], vals[:]); !notLocal(err) {
+				t.Errorf("missing penalty box in a migrating slot: %v %v, want WEIRNOTLOCAL", vals, err)
+			}
+			if after, err := from.Do("DUMP", boxedState); err != nil || after != before {
+				t.Errorf("the refused decision changed its state: %v", err)
+			}
+			for i := 4; i < len(arr); i++ {
+				if err := decodeInts(&arr[i], vals[:]); err != nil || vals[0] != 1 {
+					t.Errorf("decision %d on a stable slot: %v %v, want admitted", i-1, vals, err)
+				}
+			}
+		})
 	}
 }
 

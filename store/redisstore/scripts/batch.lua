@@ -37,8 +37,8 @@
 -- a command there only if one of its keys is missing, which a decision can
 -- meet after it has written. So nbatch first asks CLUSTER NODES whether any
 -- slot of this node is migrating or importing ('[' in the reply; it costs
--- Redis about as much as 14 probes, so a call of fewer than 16 decisions
--- probes them all instead); if one is, each decision first probes its
+-- Redis about as much as 14 probes, so a call of fewer than 16 such
+-- decisions probes them all instead); if one is, each decision first probes its
 -- slot: EXISTS on a key of the same slot that no one writes (the
 -- penalty-box key and '?'), which fails in a slot migrating away (the probe key is missing: ASK), in a slot being imported
 -- (no ASKING: MOVED) and wherever the first command would. A decision that
@@ -46,6 +46,33 @@
 -- WEIRNOTLOCAL, and the store sends it again alone through the cluster
 -- client, which follows the redirection. A script runs atomically, so
 -- nothing moves while it runs.
+--
+-- Most algorithms need neither the question nor the probe (GUARDED below):
+-- their decisions are safe in a migrating slot as they are. In such a slot
+-- a command fails exactly when one of its keys is missing (on the node it
+-- migrates from: ASK; on the importing node every keyed command fails, as
+-- everywhere the node does not serve the slot), and a script's clock and
+-- keys stand still while it runs, so a key a command found stays there
+-- until one of the decision's own commands deletes it. A guarded
+-- algorithm's decision (take, peek, debit or credit) sends no write before
+-- it has read every key it will write or delete: load reads the penalty
+-- box first (when the limit has one; a box is written only then), then
+-- the state with one command (GET or HMGET); every later command names one
+-- of those keys, and the only delete (save's DEL of the state, or
+-- warmup's) is the state's last command, followed at most by the box's
+-- SET. So a decision that reaches its first write runs whole, and one that
+-- would meet a missing key fails at a read, before any write. An algorithm
+-- whose load writes (sliding_log and concurrency prune their ZSET first,
+-- which may delete the key that later commands touch) is not guarded. An
+-- algorithm file that changes its commands must keep this true or leave
+-- the table.
+
+-- GUARDED names the algorithms whose decisions need no migration check
+-- (see above).
+local GUARDED = {
+  fixed_window = true, gcra = true, token_bucket = true,
+  leaky_bucket = true, sliding_window = true,
+}
 
 -- batch_run makes the decisions whose keys are K[ko+1 ..] (2 each, nk in
 -- all) and whose other arguments are A[ao+1 ..], laid out as batch's ARGV.
@@ -59,17 +86,26 @@ local function batch_run(K, ko, nk, A, ao, probe)
   local base = ao + 3 + nl * NLIMIT
   local out = { now }
   local careful, probed = false, {}
-  if probe and nk < 32 then
-    careful = true -- fewer probes than CLUSTER NODES costs (~14 probes)
-  elseif probe then
-    local ok, nodes = pcall(redis.call, 'CLUSTER', 'NODES')
-    careful = not ok or type(nodes) ~= 'string' or string.find(nodes, '[', 1, true) ~= nil
+  if probe then
+    -- Only the decisions of unguarded algorithms need the check.
+    local unguarded = 0
+    for i = 1, nk / 2 do
+      if not GUARDED[limits[tonumber(A[base + (i - 1) * 4])].kind] then
+        unguarded = unguarded + 1
+      end
+    end
+    if unguarded >= 16 then
+      local ok, nodes = pcall(redis.call, 'CLUSTER', 'NODES')
+      careful = not ok or type(nodes) ~= 'string' or string.find(nodes, '[', 1, true) ~= nil
+    else
+      careful = unguarded > 0 -- fewer probes than CLUSTER NODES costs (~14 probes)
+    end
   end
   for i = 1, nk / 2 do
     local a = base + (i - 1) * 4
     local skey, bkey = K[ko + 2 * i - 1], K[ko + 2 * i]
     local refused
-    if careful then
+    if careful and not GUARDED[limits[tonumber(A[a])].kind] then
       refused = probed[bkey]
       if refused == nil then
         local r = redis.pcall('EXISTS', bkey .. '?')

@@ -71,18 +71,37 @@ local function log_rebuild(key, from)
   end
 end
 
+-- LOG_HEAD is how many of the oldest members load reads at once: in most
+-- keys the whole log.
+local LOG_HEAD = 4
+
 -- log_state reads the oldest and newest members into s: size (members),
 -- base (the running count before the oldest), last_end, last_ts and total
--- (events). It first rewrites old-form members found at either end.
-local function log_state(s)
+-- (events). It first rewrites old-form members found at either end. head,
+-- if given, is what ZRANGE 0 LOG_HEAD-1 WITHSCORES returns now (load has
+-- read it): the whole log when it holds fewer than LOG_HEAD members, and
+-- the newest member when it holds LOG_HEAD.
+local function log_state(s, head)
   s.size, s.base, s.last_end, s.last_ts, s.total = 0, 0, 0, 0, 0
   for _ = 1, 2 do
-    s.size = redis.call('ZCARD', s.key)
+    if head and #head < 2 * LOG_HEAD then
+      s.size = #head / 2
+    else
+      s.size = redis.call('ZCARD', s.key)
+    end
     if s.size == 0 then
       return
     end
-    local f = redis.call('ZRANGE', s.key, 0, 0)
-    local b = redis.call('ZRANGE', s.key, -1, -1, 'WITHSCORES')
+    local f, b = head, nil
+    if not head then
+      f = redis.call('ZRANGE', s.key, 0, 0)
+    end
+    if head and s.size <= LOG_HEAD then
+      b = { head[2 * s.size - 1], head[2 * s.size] }
+    else
+      b = redis.call('ZRANGE', s.key, -1, -1, 'WITHSCORES')
+    end
+    head = nil -- a rewrite below changes the log: read it again
     local fc, fw = log_parse(f[1])
     local bc = log_parse(b[1])
     if fc and bc and bc < 2 ^ 50 then
@@ -148,9 +167,18 @@ end
 
 ALG.sliding_log = {
   load = function(s, p, now)
-    -- Drop entries that left the window: ts + Period <= now.
-    redis.call('ZREMRANGEBYSCORE', s.key, '-inf', fmt(now - p.period))
-    log_state(s)
+    local head = redis.call('ZRANGE', s.key, 0, LOG_HEAD - 1, 'WITHSCORES')
+    if head[1] and tonumber(head[2]) <= now - p.period then
+      -- Drop entries that left the window (ts + Period <= now), if the
+      -- oldest has; one member was the whole log.
+      redis.call('ZREMRANGEBYSCORE', s.key, '-inf', fmt(now - p.period))
+      if #head == 2 then
+        head = {}
+      else
+        head = nil
+      end
+    end
+    log_state(s, head)
   end,
 
   decide = function(p, s, now, cost, mode, apply)
