@@ -4,9 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // ClusterGroup is a Redis Cluster of three primaries (no replicas) started by
@@ -209,6 +211,75 @@ func (c *ClusterGroup) MigrateSlot(slot int, from, to *Server) error {
 		}
 		if _, err := n.doString("CLUSTER", "SETSLOT", s, "NODE", toID); err != nil {
 			return fmt.Errorf("redistest: MigrateSlot: %w", err)
+		}
+	}
+	return c.settled(slot, toID)
+}
+
+// settled waits (up to 10 s) until every running node gives slot to owner
+// and all of them agree on every node's config epoch. Moving a slot again
+// before gossip has spread the epoch the new owner took can make the next
+// owner take an epoch no higher than another node's claim, and the slot
+// then flips back to an old owner: a test that moves a slot back and forth
+// quickly would see its keys on two nodes.
+func (c *ClusterGroup) settled(slot int, owner string) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := c.agree(slot, owner)
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("redistest: MigrateSlot: the cluster did not settle: %w", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// agree reports nil when every running node's CLUSTER NODES gives slot to
+// owner (no migration marks) and the same config epoch for each node.
+func (c *ClusterGroup) agree(slot int, owner string) error {
+	var epochs string
+	for _, n := range c.Nodes {
+		if !n.running.Load() {
+			continue
+		}
+		nodes, err := n.doString("CLUSTER", "NODES")
+		if err != nil {
+			return err
+		}
+		var ids []string
+		holder := ""
+		for _, line := range strings.Split(strings.TrimSpace(nodes), "\n") {
+			f := strings.Fields(line)
+			if len(f) < 8 {
+				return fmt.Errorf("%s: malformed CLUSTER NODES line %q", n.Addr, line)
+			}
+			ids = append(ids, f[0]+"="+f[6])
+			for _, r := range f[8:] {
+				if strings.HasPrefix(r, "[") {
+					return fmt.Errorf("%s: a slot is still migrating: %s", n.Addr, r)
+				}
+				lo, hi, found := strings.Cut(r, "-")
+				if !found {
+					hi = lo
+				}
+				a, err1 := strconv.Atoi(lo)
+				b, err2 := strconv.Atoi(hi)
+				if err1 == nil && err2 == nil && a <= slot && slot <= b {
+					holder = f[0]
+				}
+			}
+		}
+		if holder != owner {
+			return fmt.Errorf("%s: slot %d is %q's, want %q's", n.Addr, slot, holder, owner)
+		}
+		sort.Strings(ids)
+		e := strings.Join(ids, " ")
+		if epochs == "" {
+			epochs = e
+		} else if e != epochs {
+			return fmt.Errorf("%s: config epochs %s, another node has %s", n.Addr, e, epochs)
 		}
 	}
 	return nil
