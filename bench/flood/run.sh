@@ -68,6 +68,13 @@ script_usec_calls() {
 		END { printf "%d %d\n", u, c }'
 }
 
+# redis_cpu_usec prints redis-server's CPU time so far (user + system, µs):
+# what the server spent, without the time a script's usec also counts while
+# the server waits for a core the other processes hold.
+redis_cpu_usec() {
+	cli INFO cpu | tr -d '\r' | awk -F: '$1 == "used_cpu_user" || $1 == "used_cpu_sys" { s += $2 } END { printf "%d\n", s * 1e6 }'
+}
+
 echo "Machine: $(nproc) cores, $(redis-server --version | cut -d' ' -f3), $(go version | cut -d' ' -f3), load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
 
@@ -106,8 +113,8 @@ descriptors:
 YAML
 	echo "### weir serve over gRPC: weir bench --abusive $ABUSIVE --abusive-keys $ABUSIVE_KEYS, $CONNS callers, $KEYS keys, $DURATION"
 	echo
-	echo "| deny cache | decisions/s | Redis µs per decision | script calls | p50 ms | p99 ms | store errors |"
-	echo "|---|---:|---:|---:|---:|---:|---:|"
+	echo "| deny cache | decisions/s | Redis µs per decision | Redis CPU µs per decision | script calls | p50 ms | p99 ms | store errors |"
+	echo "|---|---:|---:|---:|---:|---:|---:|---:|"
 	: >"$tmp/classes"
 	for cache in $CACHES; do
 		cli FLUSHALL >/dev/null
@@ -129,14 +136,16 @@ YAML
 		fi
 		curl -fs "http://127.0.0.1:$hport/metrics" >"$tmp/metrics0" || true
 		read -r u0 c0 < <(script_usec_calls)
+		cpu0=$(redis_cpu_usec)
 		"$weir" bench --target grpc --addr "127.0.0.1:$gport" --concurrency "$CONNS" --keys "$KEYS" \
 			--abusive "$ABUSIVE" --abusive-keys "$ABUSIVE_KEYS" --duration "$DURATION" --json --quiet >"$tmp/bench.json"
 		read -r u1 c1 < <(script_usec_calls)
+		cpu1=$(redis_cpu_usec)
 		curl -fs "http://127.0.0.1:$hport/metrics" >"$tmp/metrics1" || true
 		errors=$(awk '$1 == "weir_store_errors_total" { print $2 }' "$tmp/metrics1")
 		kill "$spid" 2>/dev/null || true
 		wait "$spid" 2>/dev/null || true
-		python3 - "$tmp/bench.json" "$cache" "$((u1 - u0))" "$((c1 - c0))" "${errors:-?}" "$tmp/metrics0" "$tmp/metrics1" "$ABUSIVE" "$tmp/classes" <<'PY'
+		python3 - "$tmp/bench.json" "$cache" "$((u1 - u0))" "$((c1 - c0))" "${errors:-?}" "$tmp/metrics0" "$tmp/metrics1" "$ABUSIVE" "$tmp/classes" "$((cpu1 - cpu0))" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 usec, calls = int(sys.argv[3]), int(sys.argv[4])
@@ -145,7 +154,8 @@ rps = r.get("decisions_per_second") or 0
 lat = r.get("latency_ms") or {}
 fmt = lambda v: f'{v:.2f}' if isinstance(v, (int, float)) else '?'
 cache = "on" if sys.argv[2] == "true" else "off"
-print(f'| {cache} | {rps:,.0f} | {usec / n if n else 0:.3f} | {calls:,} | {fmt(lat.get("p50"))} | {fmt(lat.get("p99"))} | {sys.argv[5]} |')
+cpu = int(sys.argv[10])
+print(f'| {cache} | {rps:,.0f} | {usec / n if n else 0:.3f} | {cpu / n if n else 0:.3f} | {calls:,} | {fmt(lat.get("p50"))} | {fmt(lat.get("p99"))} | {sys.argv[5]} |')
 def metrics(path):
     out = {}
     try:
