@@ -372,15 +372,24 @@ func (s *Store) debt(ctx context.Context, reqs []weir.Request, results []weir.Re
 // that answers from memory never count for its circuit breaker). A miss is
 // not counted here: the Take or TakeAll that follows counts it.
 func (s *Store) Answer(req *weir.Request) (weir.Result, bool) {
-	n := req.N
-	if n < 1 || req.Mode != weir.ModeTake || !cacheable(req.Limit) || !s.live.Load() {
+	n, ok := s.askable(req)
+	if !ok {
 		return weir.Result{}, false
-	}
-	if req.AtMost {
-		n = 1
 	}
 	lc := s.t.locate(req.Key)
 	return s.t.lookup(&lc, req.Key, req.Limit, n, s.t.now())
+}
+
+// askable reports whether a cached denial could answer req, and the cost
+// it must cover (1 for an AtMost request: any denial of its key denies it).
+func (s *Store) askable(req *weir.Request) (int64, bool) {
+	if req.N < 1 || req.Mode != weir.ModeTake || !cacheable(req.Limit) || !s.live.Load() {
+		return 0, false
+	}
+	if req.AtMost {
+		return 1, true
+	}
+	return req.N, true
 }
 
 // Await is Answer, and more: if req's key has a lapsed denial that would
@@ -391,12 +400,9 @@ func (s *Store) Answer(req *weir.Request) (weir.Result, bool) {
 // answer that waited for another request's does not count for its circuit
 // breaker either. A miss is not counted here.
 func (s *Store) Await(ctx context.Context, req *weir.Request) (weir.Result, bool) {
-	n := req.N
-	if n < 1 || req.Mode != weir.ModeTake || !cacheable(req.Limit) || !s.live.Load() {
+	n, ok := s.askable(req)
+	if !ok {
 		return weir.Result{}, false
-	}
-	if req.AtMost {
-		n = 1
 	}
 	lc := s.t.locate(req.Key)
 	if r, ok := s.t.lookup(&lc, req.Key, req.Limit, n, s.t.now()); ok {

@@ -673,20 +673,7 @@ func (g *Guard) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 	if g.multi == nil {
 		return fmt.Errorf("%w: TakeAll needs a MultiStore", weir.ErrUnsupported)
 	}
-	if g.answerer != nil && len(reqs) == 1 && len(results) >= 1 {
-		if r, ok := g.answer(ctx, &reqs[0]); ok {
-			results[0] = r
-			return nil
-		}
-	}
-	if !g.closed() {
-		for i := range reqs {
-			if err := invalidRequest(&reqs[i]); err != nil {
-				return err
-			}
-		}
-	}
-	return g.call(ctx, func(ctx context.Context) error { return g.multi.TakeAll(ctx, reqs, results) })
+	return g.takeAll(ctx, reqs, results, func(ctx context.Context) error { return g.multi.TakeAll(ctx, reqs, results) })
 }
 
 // TakeAllStamped implements weir.StampAllStore as TakeAll does, through
@@ -702,8 +689,15 @@ func (g *Guard) TakeAllStamped(ctx context.Context, reqs []weir.Request, results
 	if !ok {
 		return g.TakeAll(ctx, reqs, results)
 	}
+	return g.takeAll(ctx, reqs, results, func(ctx context.Context) error { return sa.TakeAllStamped(ctx, reqs, results, stamps) })
+}
+
+// takeAll is TakeAll's and TakeAllStamped's path: a batch of one that a
+// cached denial answers (through the Awaiter, as Take asks) never reaches
+// the breaker; otherwise the batch is checked and call runs through it.
+func (g *Guard) takeAll(ctx context.Context, reqs []weir.Request, results []weir.Result, call func(context.Context) error) error {
 	if g.answerer != nil && len(reqs) == 1 && len(results) >= 1 {
-		if r, ok := g.answerer.Answer(&reqs[0]); ok {
+		if r, ok := g.answer(ctx, &reqs[0]); ok {
 			results[0] = r
 			return nil
 		}
@@ -715,7 +709,7 @@ func (g *Guard) TakeAllStamped(ctx context.Context, reqs []weir.Request, results
 			}
 		}
 	}
-	return g.call(ctx, func(ctx context.Context) error { return sa.TakeAllStamped(ctx, reqs, results, stamps) })
+	return g.call(ctx, call)
 }
 
 // Release implements weir.MultiStore.
