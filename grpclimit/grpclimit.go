@@ -47,6 +47,7 @@ import (
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/clientip"
 	"github.com/weir-dev/weir/httplimit"
+	"github.com/weir-dev/weir/internal/waitctx"
 	"github.com/weir-dev/weir/policy"
 )
 
@@ -197,7 +198,7 @@ func NewPolicy(get func() *policy.Policy, opts ...Option) *Interceptor {
 }
 
 func newConfig(opts []Option) *config {
-	c := &config{name: DefaultName, ipHeader: clientip.Auto, sleep: sleepContext}
+	c := &config{name: DefaultName, ipHeader: clientip.Auto, sleep: waitctx.Sleep}
 	for _, o := range opts {
 		o(c)
 	}
@@ -426,16 +427,5 @@ func callRequest(ctx context.Context, method string) *http.Request {
 		Header:     h,
 		RemoteAddr: addr,
 		Proto:      "HTTP/2.0", ProtoMajor: 2,
-	}
-}
-
-func sleepContext(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }

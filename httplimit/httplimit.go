@@ -49,6 +49,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/clientip"
+	"github.com/weir-dev/weir/internal/waitctx"
 )
 
 // DefaultName is the rule name New uses in keys and headers unless WithName
@@ -259,7 +260,7 @@ func newConfig(opts []Option) *config {
 		byIP:  true,
 		ip:    defaultIPKeyer(),
 		name:  DefaultName,
-		sleep: sleepContext,
+		sleep: waitctx.Sleep,
 	}
 	c.key = func(r *http.Request) (string, error) { return c.ip.key(r), nil }
 	for _, o := range opts {
@@ -281,18 +282,6 @@ func (c *config) writeHeaders(h http.Header, statuses []Status, limiting int, po
 		policyLegacy = *c.legacy
 	}
 	DraftHeaders{Legacy: policyLegacy}.WriteHeaders(h, statuses, limiting)
-}
-
-// sleepContext waits for d or until ctx is done.
-func sleepContext(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // New returns middleware that applies l to every request, each key (by

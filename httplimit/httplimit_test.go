@@ -381,17 +381,6 @@ func TestNewShaping(t *testing.T) {
 	}
 }
 
-func TestSleepContext(t *testing.T) {
-	if err := sleepContext(context.Background(), time.Nanosecond); err != nil {
-		t.Errorf("sleepContext: %v", err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if err := sleepContext(ctx, time.Hour); !errors.Is(err, context.Canceled) {
-		t.Errorf("cancelled sleepContext: %v", err)
-	}
-}
-
 func TestNewConcurrencyReleasesOnPanic(t *testing.T) {
 	c := newClock()
 	one := weir.Limit{Algorithm: weir.Concurrency, Rate: 1, Period: time.Minute}

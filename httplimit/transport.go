@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/weir-dev/weir/internal/waitctx"
 )
 
 // DefaultTransportHosts is how many hosts a Transport remembers budgets
@@ -229,7 +231,7 @@ func (t *Transport) sleepFor(ctx context.Context, d time.Duration) error {
 	if t.sleep != nil {
 		return t.sleep(ctx, d)
 	}
-	return sleepContext(ctx, d)
+	return waitctx.Sleep(ctx, d)
 }
 
 // wait says how long b holds a request at now, or, while a first request
