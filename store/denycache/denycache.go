@@ -104,6 +104,9 @@ func New(next weir.Store, cfg Config) (*Store, error) {
 	if s.log == nil {
 		s.log = slog.Default()
 	}
+	if r, ok := weir.StoreAs[refunder](next); ok {
+		r.OnRefund(s.refunded)
+	}
 	if s.bus == nil {
 		s.live.Store(true)
 		close(s.done)
@@ -365,6 +368,28 @@ func (s *Store) debt(ctx context.Context, reqs []weir.Request, results []weir.Re
 		}
 	}
 	return err
+}
+
+// A refunder gives back takes by itself and says so (redisstore.Store:
+// the refund that undoes a Cluster batch spanning hash slots).
+type refunder interface {
+	OnRefund(f func(ctx context.Context, key string))
+}
+
+// refunded is the wrapped store's OnRefund callback: capacity came back to
+// key, so a denial of it made between the take and the refund, here or on
+// another instance, may be wrong. It drops the key's entries here and on
+// every instance, as after a reset; a failure to publish is logged.
+func (s *Store) refunded(ctx context.Context, key string) {
+	d := s.timeout
+	if d <= 0 {
+		d = time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	if err := s.Invalidate(ctx, key); err != nil {
+		s.log.Warn("weir: deny cache: publishing the invalidation after a Cluster batch's refund failed; other instances may answer the old denial until it lapses", "err", err)
+	}
 }
 
 // Answer returns the cached denial that answers req, if there is one,

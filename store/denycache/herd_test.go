@@ -58,6 +58,10 @@ func (g *herdGate) Take(ctx context.Context, key string, l weir.Limit, n int64) 
 	return g.MultiStore.Take(ctx, key, l, n)
 }
 
+// Unwrap lets weir.StoreAs see the real store (the deny cache finds
+// redisstore's OnRefund through it).
+func (g *herdGate) Unwrap() weir.Store { return g.MultiStore }
+
 func (g *herdGate) TakeAll(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
 	if len(reqs) == 1 {
 		g.hold(reqs[0].Key)

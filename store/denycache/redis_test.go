@@ -376,6 +376,99 @@ func TestCluster(t *testing.T) {
 	f := newFleet(t, 2, redisstore.Config{Addrs: c.Addrs, Prefix: "cl"}, clock.Now)
 	crossInstance(t, f, "")
 	clusterMigration(t, c, f)
+	crossSlotRefund(t, c, f)
+}
+
+// crossSlotRefund: a batch of two rules whose keys lie on two Cluster
+// nodes, one of which rejects, takes from the other key and then gives it
+// back. Another instance denied on that key in between must not keep the
+// denial once the refund is done: the slow node is paused so that the
+// denial lands in that gap every time. Without redisstore's OnRefund
+// reaching the caches, instance 1 would deny its last take from memory
+// although Redis has room.
+func crossSlotRefund(t *testing.T, c *redistest.ClusterGroup, f *fleet) {
+	ctx := context.Background()
+	la := weir.Limit{Algorithm: weir.FixedWindow, Rate: 2, Period: time.Hour}
+	lb := weir.Limit{Algorithm: weir.FixedWindow, Rate: 1, Period: time.Hour}
+	// Two keys (each its own hash tag) on two different nodes.
+	keyA, keyB := "refund-a", ""
+	slotOf := func(key string) int {
+		v, err := c.Nodes[0].Do("CLUSTER", "KEYSLOT", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return int(v.(int64))
+	}
+	nodeA := c.NodeForSlot(slotOf(keyA))
+	var nodeB *redistest.Server
+	for i := range 100 {
+		k := "refund-b" + strconv.Itoa(i)
+		if n := c.NodeForSlot(slotOf(k)); n != nodeA {
+			keyB, nodeB = k, n
+			break
+		}
+	}
+	if nodeB == nil {
+		t.Fatal("no key on another node")
+	}
+	a, b := f.caches[0], f.caches[1]
+	// keyA: one unit left; keyB: none.
+	for _, tk := range []struct {
+		key string
+		l   weir.Limit
+	}{{keyA, la}, {keyB, lb}} {
+		if r, err := a.Take(ctx, tk.key, tk.l, 1); err != nil || !r.Allowed {
+			t.Fatalf("setting up %s: %+v %v", tk.key, r, err)
+		}
+	}
+	// Pause keyB's node: the batch's take on keyA runs, its take on keyB
+	// waits, and so does the refund.
+	if _, err := nodeB.Do("CLIENT", "PAUSE", "1500", "WRITE"); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	var res [2]weir.Result
+	go func() {
+		done <- a.TakeAll(ctx, []weir.Request{{Key: keyA, Limit: la, N: 1}, {Key: keyB, Limit: lb, N: 1}}, res[:])
+	}()
+	// Once the batch's take has spent keyA's last unit (a peek on the
+	// store itself, past the caches, says so), instance 1 asks for it and
+	// is denied: that denial is cached.
+	waitFor(t, "the batch's take on keyA", func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("the batch ended before its take on keyA was seen (%v): the pause did not hold it", err)
+		default:
+		}
+		r, err := f.stores[1].Take(ctx, keyA, la, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Remaining == 0
+	})
+	if r, err := b.Take(ctx, keyA, la, 1); err != nil || r.Allowed {
+		t.Fatalf("instance 1 during the batch: %+v %v", r, err)
+	}
+	if _, ok := b.Answer(&weir.Request{Key: keyA, Limit: la, N: 1}); !ok {
+		t.Fatal("instance 1 did not cache its denial of keyA")
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if res[1].Allowed {
+		t.Fatalf("keyB admitted although it had no room: %+v", res)
+	}
+	// The refund gave keyA's unit back: instance 1 must take it.
+	waitFor(t, "instance 1 is admitted on keyA after the refund", func() bool {
+		r, err := b.Take(ctx, keyA, la, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Allowed
+	})
+	if r, err := b.Take(ctx, keyA, la, 1); err != nil || r.Allowed {
+		t.Fatalf("keyA admitted beyond its limit: %+v %v", r, err)
+	}
 }
 
 // clusterMigration floods one key from two instances while its slot moves

@@ -181,6 +181,8 @@ func clusterSameSlotBatch(t *testing.T, c *redistest.ClusterGroup) {
 func clusterCrossSlotRefund(t *testing.T, c *redistest.ClusterGroup) {
 	s := newTestStore(t, Config{Addrs: c.Addrs, Prefix: "refund"})
 	ctx := context.Background()
+	var refunded []string // OnRefund's calls
+	s.OnRefund(func(_ context.Context, key string) { refunded = append(refunded, key) })
 	for _, a := range weir.Algorithms() {
 		wide := weir.Limit{Algorithm: a, Rate: 10, Period: time.Hour}
 		narrow := weir.Limit{Algorithm: a, Rate: 2, Period: time.Hour}
@@ -205,10 +207,19 @@ func clusterCrossSlotRefund(t *testing.T, c *redistest.ClusterGroup) {
 				t.Fatalf("%s round %d: %+v", a, round, res)
 			}
 		}
+		if len(refunded) != 0 {
+			t.Fatalf("%s: OnRefund called for admitted batches: %q", a, refunded)
+		}
 		for range 3 {
 			if err := s.TakeAll(ctx, reqs, res); err != nil {
 				t.Fatal(err)
 			}
+			// The two wide keys' takes came back: OnRefund hears of each
+			// once, and not of the narrow key, which took nothing.
+			if len(refunded) != 2 || refunded[0] == refunded[1] || refunded[0] == reqs[2].Key || refunded[1] == reqs[2].Key {
+				t.Fatalf("%s: OnRefund got %q, want %s and %s once each", a, refunded, reqs[0].Key, reqs[1].Key)
+			}
+			refunded = refunded[:0]
 			if res[2].Allowed || res[2].RetryAfter <= 0 {
 				t.Fatalf("%s: narrow limit admitted a third time: %+v", a, res[2])
 			}

@@ -185,6 +185,7 @@ func (s *Store) takeAcrossSlots(ctx context.Context, items []item, groups []grou
 			fill(results, r.idx, r.vals)
 		}
 	}
+	s.refunded(context.WithoutCancel(ctx), items, refunds)
 	if firstErr != nil {
 		return firstErr
 	}
@@ -197,6 +198,56 @@ func (s *Store) takeAcrossSlots(ctx context.Context, items []item, groups []grou
 }
 
 func modeOf(r *weir.Request) algorithm.Mode { return r.AlgorithmMode() }
+
+// OnRefund sets f, which the store calls with the key of every take that it
+// gives back by itself. That happens in one case only: a TakeAll batch whose
+// keys span Redis Cluster hash slots is decided slot by slot, and when one
+// slot rejects, the takes the others admitted are refunded. Between the take
+// and its refund, another caller can be denied on such a key; a deny cache
+// (package denycache, which calls OnRefund when it wraps this store) must
+// drop that denial once the refund is done, on every instance, or it would
+// deny requests that Redis has room for again.
+//
+// f runs on the caller's goroutine after the refund has been made, once per
+// distinct key (a key whose refund failed keeps its capacity consumed and is
+// not passed), with a context that is not cancelled with the caller's. A
+// nil f turns it off. The last f set wins.
+func (s *Store) OnRefund(f func(ctx context.Context, key string)) {
+	if f == nil {
+		s.onRefund.Store(nil)
+		return
+	}
+	s.onRefund.Store(&f)
+}
+
+// refunded passes the keys of the refunds that were made to OnRefund's f.
+func (s *Store) refunded(ctx context.Context, items []item, refunds []group) {
+	f := s.onRefund.Load()
+	if f == nil {
+		return
+	}
+	var done []string
+	for i := range refunds {
+		r := &refunds[i]
+		if r.err != nil {
+			continue
+		}
+	next:
+		for _, j := range r.idx {
+			key := items[j].req.Key
+			if items[j].granted <= 0 {
+				continue // nothing was taken, nothing came back
+			}
+			for _, k := range done {
+				if k == key {
+					continue next
+				}
+			}
+			done = append(done, key)
+			(*f)(ctx, key)
+		}
+	}
+}
 
 // groupBySlot splits a batch by cluster hash slot, keeping request order
 // within each group. Outside a cluster every key can go in one script.

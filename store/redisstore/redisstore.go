@@ -158,6 +158,8 @@ type Store struct {
 
 	limitsMu sync.Mutex
 	limits   atomic.Pointer[map[weir.Limit]*compiled] // copy on write
+
+	onRefund atomic.Pointer[func(context.Context, string)] // OnRefund's f
 }
 
 // compiled is a Limit with its algorithm constants and their ARGV form,
