@@ -11,14 +11,17 @@ import (
 	"time"
 )
 
-// ClusterGroup is a Redis Cluster of three primaries (no replicas) started by
-// Cluster.
+// ClusterGroup is a Redis Cluster of three primaries started by Cluster, and
+// the replicas AddReplica adds.
 type ClusterGroup struct {
 	// Addrs are the client addresses of the nodes, in the order of Nodes.
 	Addrs []string
 	// Nodes are the cluster nodes. Initially Nodes[0] owns slots 0-5460,
 	// Nodes[1] 5461-10922 and Nodes[2] 10923-16383.
 	Nodes []*Server
+	// Replicas are the replicas AddReplica started (after a Failover, the
+	// demoted primary stands in its replica's place).
+	Replicas []*Server
 }
 
 // clusterSlotRanges is the initial slot assignment of the three nodes.
