@@ -617,7 +617,6 @@ func splitAddr(addr string) (string, string, error) {
 // what was reported admitted: no decision ran twice, none was lost.
 func nodeMigrationUnderLoad(t *testing.T, c *redistest.ClusterGroup) {
 	s := newTestStore(t, Config{Addrs: c.Addrs, Prefix: "load", Timeout: 20 * time.Second})
-	ctx := context.Background()
 	hot, sl := sameSlotKeys("hot", 4)
 	from := c.NodeForSlot(int(sl))
 	to := c.Nodes[0]
@@ -627,79 +626,18 @@ func nodeMigrationUnderLoad(t *testing.T, c *redistest.ClusterGroup) {
 	keys := append([]string{}, hot...)
 	keys = append(keys, keysOnNode(c, from, "calm-a", 6, int(sl))...)
 	keys = append(keys, keysOnNode(c, to, "calm-b", 6, int(sl))...)
-	const limit = 300
-	limits := []weir.Limit{
-		{Algorithm: weir.SlidingLog, Rate: limit, Period: time.Hour},
-		{Algorithm: weir.GCRA, Rate: limit, Period: 24 * time.Hour},
-		{Algorithm: weir.TokenBucket, Rate: limit, Period: 24 * time.Hour},
-		{Algorithm: weir.FixedWindow, Rate: limit, Period: 24 * time.Hour},
-	}
-	lim := func(k int) weir.Limit { return limits[k%len(limits)] }
-	admitted := make([]atomic.Int64, len(keys))
-	var failures, made atomic.Int64
-	var firstErr atomic.Value
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for g := range 64 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				k := (g + i) % len(keys)
-				r, err := s.Take(ctx, keys[k], lim(k), 1)
-				made.Add(1)
-				if err != nil {
-					failures.Add(1)
-					firstErr.CompareAndSwap(nil, err)
-					continue
-				}
-				admitted[k].Add(r.Granted)
-			}
-		}()
-	}
+	l := startLoad(s, keys, 300, 64, false)
 	// Let the load build before the first move, and between moves.
-	waitMade := func(n int64) {
-		deadline := time.Now().Add(30 * time.Second)
-		for made.Load() < n && time.Now().Before(deadline) {
-			time.Sleep(2 * time.Millisecond)
-		}
-	}
 	for i := range 6 {
-		waitMade(int64(500 * (i + 1)))
+		l.waitMade(int64(500 * (i + 1)))
 		if err := c.MigrateSlot(int(sl), from, to); err != nil {
-			close(stop)
-			wg.Wait()
+			l.halt()
 			t.Fatalf("migration %d: %v", i, err)
 		}
 		from, to = to, from
 	}
-	close(stop)
-	wg.Wait()
-	batches, decisions := s.batchStats()
-	t.Logf("slot %d moved 6 times: %d decisions in %d node batches, %d sent again alone, %d retried after a refusal, %d failed (first: %v)",
-		sl, decisions, batches, s.nodes.resent.Load(), s.notRunRetries.Load(), failures.Load(), firstErr.Load())
-	if failures.Load() != 0 {
-		t.Errorf("%d decisions failed (first: %v)", failures.Load(), firstErr.Load())
-	}
+	l.check(t, fmt.Sprintf("slot %d moved 6 times", sl))
 	if s.nodes.resent.Load() == 0 {
 		t.Error("no decision was refused by a node during six migrations under load")
-	}
-	for i, k := range keys {
-		got := admitted[i].Load()
-		if got > limit {
-			t.Errorf("%s (%s): %d admitted, limit %d", k, lim(i).Algorithm, got, limit)
-		}
-		r, err := s.Take(ctx, k, lim(i), 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if used := limit - r.Remaining; used != got {
-			t.Errorf("%s (%s): %d used per the state, %d reported admitted", k, lim(i).Algorithm, used, got)
-		}
 	}
 }
