@@ -239,7 +239,7 @@ func (q *coalescer) send(ctx context.Context, batch []*call) {
 	if q.node != "" {
 		nk = 1 + 2*len(batch)
 	}
-	args := make([]string, nk, nk+2+nLimitArgs*len(ls)+4*len(batch))
+	args := make([]string, nk, nk+2+len(ls)+4*len(batch))
 	var keys []string
 	if q.node != "" {
 		args[0] = strconv.Itoa(2 * len(batch))
@@ -254,7 +254,7 @@ func (q *coalescer) send(ctx context.Context, batch []*call) {
 	}
 	args = append(args, s.nowArg(), strconv.Itoa(len(ls)))
 	for _, c := range ls {
-		args = append(args, s.argsOf(c)[:]...)
+		args = append(args, s.argOf(c))
 	}
 	for i, c := range batch {
 		args = append(args, smallInt(index[i]), strconv.FormatInt(c.n, 10), modeArg(c.mode), c.id)
@@ -269,7 +269,7 @@ func (q *coalescer) send(ctx context.Context, batch []*call) {
 		}
 		return
 	}
-	if err == nil && len(arr) != len(batch)+1 {
+	if err == nil && len(arr) != 1+8*len(batch) {
 		err = fmt.Errorf("unexpected reply of %d values for %d decisions", len(arr), len(batch))
 	}
 	var now int64
@@ -281,7 +281,7 @@ func (q *coalescer) send(ctx context.Context, batch []*call) {
 			c.err = err
 			continue
 		}
-		c.err = decodeInts(&arr[i+1], c.vals[:8])
+		c.err = batchDecision(arr, i, c.vals[:8])
 		c.vals[8] = now
 		if c.err != nil && q.node != "" && notLocal(c.err) {
 			c.again = true // not made: its slot is elsewhere, or moving
@@ -304,18 +304,20 @@ var smallInts = func() (s [65]string) {
 	return
 }()
 
-// decodeInts reads an array reply of len(dst) integers into dst.
-func decodeInts(m *rueidis.RedisMessage, dst []int64) error {
-	vals, err := m.ToArray()
-	if err != nil {
-		return err
-	}
-	if len(vals) != len(dst) {
-		return fmt.Errorf("unexpected reply of %d values", len(vals))
-	}
-	for i := range vals {
-		if dst[i], err = vals[i].AsInt64(); err != nil {
-			return fmt.Errorf("reply value %d: %w", i, err)
+// batchDecision reads decision i (from 0) of a batch function's flat
+// reply (batch.lua) into dst, its 8 values; or returns the decision's
+// error reply, which stands in place of its first value.
+func batchDecision(arr []rueidis.RedisMessage, i int, dst []int64) error {
+	vals := arr[1+8*i : 1+8*i+8]
+	for j := range vals {
+		var err error
+		if dst[j], err = vals[j].AsInt64(); err != nil {
+			if j == 0 {
+				if re := vals[0].Error(); re != nil {
+					return re
+				}
+			}
+			return fmt.Errorf("reply value %d: %w", j, err)
 		}
 	}
 	return nil

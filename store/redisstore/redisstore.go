@@ -130,7 +130,7 @@ type Store struct {
 	timeout    time.Duration
 	prefix     string
 	clock      func() time.Time
-	// boundsClock, for tests, replaces the clock by which argsOf picks a
+	// boundsClock, for tests, replaces the clock by which argOf picks a
 	// calendar limit's window bounds (calendar.go), without changing the
 	// clock the scripts read.
 	boundsClock func() time.Time
@@ -166,7 +166,7 @@ type compiled struct {
 	p       algorithm.Params
 	maxCost int64
 	algo    string // the algorithm name, the state key's suffix
-	args    [nLimitArgs]string
+	arg     string   // the limit packed in one ARGV value (limitArg)
 	cal     calCache // a calendar limit's ARGV of the current window (calendar.go)
 }
 
@@ -428,7 +428,7 @@ func (s *Store) compile(l weir.Limit) (*compiled, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &compiled{p: p, maxCost: p.MaxCost(), algo: p.Kind.String(), args: limitArgs(&p)}
+	c := &compiled{p: p, maxCost: p.MaxCost(), algo: p.Kind.String(), arg: limitArg(&p)}
 	c.algo = stateAlgo(p.Kind, l)
 	s.limitsMu.Lock()
 	defer s.limitsMu.Unlock()
@@ -549,9 +549,7 @@ func (s *Store) take(ctx context.Context, key string, l weir.Limit, n int64, mod
 // takeAlone makes one decision in a call of its own and returns its eight
 // values and the clock reading it was made at.
 func (s *Store) takeAlone(ctx context.Context, c *compiled, keys [2]string, n int64, mode algorithm.Mode, id string) ([9]int64, error) {
-	var args [4 + nLimitArgs]string
-	args[0], args[1], args[2], args[3] = s.nowArg(), strconv.FormatInt(n, 10), modeArg(mode), id
-	copy(args[4:], s.argsOf(c)[:])
+	args := [5]string{s.nowArg(), strconv.FormatInt(n, 10), modeArg(mode), id, s.argOf(c)}
 	var buf [9]int64
 	vals, err := s.eval(ctx, &takeRoutines[c.p.Kind], keys[:], args[:], buf[:0])
 	if err == nil && len(vals) != 9 {
