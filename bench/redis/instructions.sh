@@ -29,7 +29,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CALLS=${CALLS:-200}
-BATCH=64
+BATCH=${BATCH:-64}
 for tool in valgrind callgrind_control redis-server redis-cli redis-benchmark go; do
 	command -v "$tool" >/dev/null || { echo "instructions.sh: $tool not found" >&2; exit 1; }
 done

@@ -165,7 +165,7 @@ type Store struct {
 type compiled struct {
 	p       algorithm.Params
 	maxCost int64
-	algo    string // the algorithm name, the state key's suffix
+	algo    string   // the algorithm name, the state key's suffix
 	arg     string   // the limit packed in one ARGV value (limitArg)
 	cal     calCache // a calendar limit's ARGV of the current window (calendar.go)
 }
