@@ -23,6 +23,9 @@ const DefaultMaxInFlight = 2
 // DefaultMaxBatch is Config.MaxBatch when zero.
 const DefaultMaxBatch = 64
 
+// MaxLinger bounds Config.Linger.
+const MaxLinger = 10 * time.Millisecond
+
 // call is one queued decision and, once its batch returns, its outcome.
 type call struct {
 	ctx      context.Context
@@ -55,14 +58,31 @@ type coalescer struct {
 	s        *Store
 	inFlight int // most calls out at once
 	maxBatch int
-	node     string // on a Cluster, the address of the primary this queue sends to (nodes.go)
+	node     string        // on a Cluster, the address of the primary this queue sends to (nodes.go)
+	linger   time.Duration // Config.Linger: how long a call that found a slot free waits for company
 
-	mu    sync.Mutex
-	busy  int // calls out now; len(queue) > 0 only when busy == inFlight
-	queue []*call
+	mu   sync.Mutex
+	busy int // calls out now; len(queue) > 0 only when busy == inFlight or lingering
+	// lingering: a call holds a slot and waits (up to linger) for others
+	// to join it; meanwhile every decision queues behind it, and the one
+	// that makes the queue a full call signals full.
+	lingering bool
+	full      chan struct{} // capacity 1; made with the queue when linger > 0
+	queue     []*call
 
 	batches   atomic.Int64 // calls sent (tests and benchmarks report it)
 	decisions atomic.Int64 // decisions they carried
+}
+
+// newCoalescer makes a queue of inFlight calls of up to maxBatch decisions
+// that linger as Config.Linger says, sending to the Cluster primary node
+// ("" elsewhere).
+func newCoalescer(s *Store, inFlight, maxBatch int, linger time.Duration, node string) *coalescer {
+	q := &coalescer{s: s, inFlight: inFlight, maxBatch: maxBatch, node: node, linger: linger}
+	if linger > 0 {
+		q.full = make(chan struct{}, 1)
+	}
+	return q
 }
 
 // do makes c's decision, alone at once or in a batch, and sets its
@@ -81,8 +101,12 @@ func (q *coalescer) do(ctx context.Context, c *call) error {
 		c.deadline = dl
 	}
 	q.mu.Lock()
-	if q.busy < q.inFlight {
+	if q.busy < q.inFlight && !q.lingering {
 		q.busy++
+		if q.linger > 0 {
+			q.lead(ctx, c) // unlocks q.mu
+			return q.wait(ctx, c)
+		}
 		q.mu.Unlock()
 		one := [1]*call{c}
 		dctx, cancel := context.WithDeadline(ctx, c.deadline)
@@ -99,7 +123,56 @@ func (q *coalescer) do(ctx context.Context, c *call) error {
 	c.ctx = ctx
 	c.state = callQueued
 	q.queue = append(q.queue, c)
+	if q.lingering && len(q.queue) >= q.maxBatch {
+		select {
+		case q.full <- struct{}{}: // a full call: no reason to wait longer
+		default:
+		}
+	}
 	q.mu.Unlock()
+	return q.wait(ctx, c)
+}
+
+// lead holds the in-flight slot it took for c (q.mu held, which it
+// unlocks) while it lingers: c waits in the queue, and so does every
+// decision that comes meanwhile, until the queue holds a full call, the
+// linger ends (or half of c's time to its deadline) or c's caller leaves.
+// Then the queue leaves as calls do after a returning call, in batches of
+// MaxBatch, by a goroutine of their own; the caller waits for c's outcome
+// as a queued caller does. A full call never waits: the linger ends at
+// once.
+func (q *coalescer) lead(ctx context.Context, c *call) {
+	c.ctx = ctx
+	c.state = callQueued
+	q.queue = append(q.queue, c)
+	q.lingering = true
+	full := len(q.queue) >= q.maxBatch
+	q.mu.Unlock()
+	if !full {
+		// Never more than half the time c has left: the call must still
+		// reach Redis by its deadline.
+		t := time.NewTimer(min(q.linger, time.Until(c.deadline)/2))
+		select {
+		case <-t.C:
+		case <-q.full:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
+	q.mu.Lock()
+	q.lingering = false
+	select {
+	case <-q.full: // a signal that came after the linger ended
+	default:
+	}
+	q.mu.Unlock()
+	if next, deadline := q.next(); next != nil {
+		go q.drain(next, deadline)
+	}
+}
+
+// wait waits for queued c's outcome, or for its caller to leave: see do.
+func (q *coalescer) wait(ctx context.Context, c *call) error {
 	select {
 	case <-c.done:
 		return nil

@@ -93,6 +93,14 @@ type Config struct {
 	// call of its own, sent at once however many are out, as on a Redis
 	// Cluster.
 	MaxBatch int
+	// Linger, if above zero, makes a decision that finds a call free wait
+	// up to this long for others to go with it, instead of leaving alone
+	// at once: fewer, bigger calls, which cost Redis less per decision (a
+	// call's fixed price is several decisions' worth), for up to Linger
+	// more latency. A call that is full (MaxBatch decisions) leaves at
+	// once. At most MaxLinger; 0 (the default) never waits. It has no
+	// effect with a MaxBatch of 1.
+	Linger time.Duration
 
 	// Clock, for tests only, replaces Redis TIME as the scripts' clock: the
 	// store passes Clock's time to every script, so that a test can step
@@ -298,6 +306,9 @@ func newStore(cfg *Config) (*Store, error) {
 	}
 	if cfg.MaxInFlight < 0 {
 		return nil, fmt.Errorf("redisstore: negative calls in flight %d", cfg.MaxInFlight)
+	}
+	if cfg.Linger < 0 || cfg.Linger > MaxLinger {
+		return nil, fmt.Errorf("redisstore: linger %v out of range 0..%v", cfg.Linger, MaxLinger)
 	}
 	s := &Store{timeout: cfg.Timeout, prefix: cfg.Prefix, clock: cfg.Clock}
 	if s.timeout == 0 {
