@@ -68,8 +68,10 @@ type coalescer struct {
 	// that makes the queue a full call signals full.
 	lingering bool
 	full      chan struct{} // capacity 1; made with the queue when linger > 0
+	last      time.Time     // when the latest decision came (with a linger only)
 	queue     []*call
 
+	lingers   atomic.Int64 // calls that lingered (tests report it)
 	batches   atomic.Int64 // calls sent (tests and benchmarks report it)
 	decisions atomic.Int64 // decisions they carried
 }
@@ -96,14 +98,22 @@ func newCoalescer(s *Store, inFlight, maxBatch int, linger time.Duration, node s
 // it waited is failed, never sent. So every call ends by its deadline, and
 // a heavily loaded store makes one timer per batch, not one per decision.
 func (q *coalescer) do(ctx context.Context, c *call) error {
-	c.deadline = time.Now().Add(q.s.timeout)
+	now := time.Now()
+	c.deadline = now.Add(q.s.timeout)
 	if dl, ok := ctx.Deadline(); ok && dl.Before(c.deadline) {
 		c.deadline = dl
 	}
 	q.mu.Lock()
+	// A call lingers only when the decision before this one came less
+	// than a linger ago: company is likely. At light load nothing waits.
+	linger := false
+	if q.linger > 0 {
+		linger = now.Sub(q.last) < q.linger
+		q.last = now
+	}
 	if q.busy < q.inFlight && !q.lingering {
 		q.busy++
-		if q.linger > 0 {
+		if linger {
 			q.lead(ctx, c) // unlocks q.mu
 			return q.wait(ctx, c)
 		}
@@ -134,7 +144,8 @@ func (q *coalescer) do(ctx context.Context, c *call) error {
 }
 
 // lead holds the in-flight slot it took for c (q.mu held, which it
-// unlocks) while it lingers: c waits in the queue, and so does every
+// unlocks) while it lingers (do lets it when the decision before c came
+// less than a linger before it): c waits in the queue, and so does every
 // decision that comes meanwhile, until the queue holds a full call, the
 // linger ends (or half of c's time to its deadline) or c's caller leaves.
 // Then the queue leaves as calls do after a returning call, in batches of
@@ -148,6 +159,7 @@ func (q *coalescer) lead(ctx context.Context, c *call) {
 	q.lingering = true
 	full := len(q.queue) >= q.maxBatch
 	q.mu.Unlock()
+	q.lingers.Add(1)
 	if !full {
 		// Never more than half the time c has left: the call must still
 		// reach Redis by its deadline.

@@ -120,14 +120,34 @@ func TestLinger(t *testing.T) {
 	s := newTestStore(t, Config{Addrs: []string{srv.Addr}, MaxBatch: 8, Linger: time.Millisecond, Timeout: 2 * time.Hour})
 	q := s.coalesce
 
-	// Alone: each decision leaves when its linger ends, in a call of its own.
+	// Quiet: a decision that comes more than a linger after the one before
+	// never lingers; with a linger of an hour, it would wait that long.
+	q.linger = time.Hour
+	for i := range 3 {
+		q.mu.Lock()
+		q.last = time.Now().Add(-2 * time.Hour)
+		q.mu.Unlock()
+		if r, err := s.Take(ctx, "quiet", l, 1); err != nil || !r.Allowed {
+			t.Fatalf("take %d after a quiet spell: %+v %v", i, r, err)
+		}
+	}
+	if n := q.lingers.Load(); n != 0 {
+		t.Fatalf("%d calls lingered after quiet spells, want 0", n)
+	}
+
+	// Alone: each decision comes less than a linger after the one before
+	// (set just before it), lingers, and leaves alone when the linger ends.
+	q.linger = 50 * time.Millisecond
 	for i := range 5 {
+		q.mu.Lock()
+		q.last = time.Now()
+		q.mu.Unlock()
 		if r, err := s.Take(ctx, "alone", l, 1); err != nil || !r.Allowed {
 			t.Fatalf("take %d alone: %+v %v", i, r, err)
 		}
 	}
-	if b, d := q.batches.Load(), q.decisions.Load(); b != 5 || d != 5 {
-		t.Fatalf("5 decisions one after another: %d decisions in %d calls, want 5 in 5", d, b)
+	if b, d, n := q.batches.Load(), q.decisions.Load(), q.lingers.Load(); b != 8 || d != 8 || n != 5 {
+		t.Fatalf("5 decisions one after another: %d decisions in %d calls (%d lingered), want 8 in 8, the 5 lingering", d, b, n)
 	}
 
 	// Full: with a linger of an hour, 8 decisions on one key (a full call)
@@ -147,8 +167,8 @@ func TestLinger(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if b, d := q.batches.Load(), q.decisions.Load(); b != 6 || d != 13 || admitted.Load() != 5 {
-		t.Fatalf("8 decisions at once: %d admitted, %d decisions in %d calls so far; want 5 admitted, 13 in 6 (the 8 in one call)", admitted.Load(), d, b)
+	if b, d := q.batches.Load(), q.decisions.Load(); b != 9 || d != 16 || admitted.Load() != 5 {
+		t.Fatalf("8 decisions at once: %d admitted, %d decisions in %d calls so far; want 5 admitted, 16 in 9 (the 8 in one call)", admitted.Load(), d, b)
 	}
 
 	// Left: the lingering caller leaves; the 3 decisions that joined it
@@ -177,8 +197,8 @@ func TestLinger(t *testing.T) {
 	if err := <-leaderErr; !errors.Is(err, weir.ErrNotSent) {
 		t.Fatalf("the lingering caller that left: %v, want ErrNotSent", err)
 	}
-	if b, d := q.batches.Load(), q.decisions.Load(); b != 7 || d != 16 {
-		t.Fatalf("after the leader left: %d decisions in %d calls, want 16 in 7 (the 3 that joined in one call, the leader's not sent)", d, b)
+	if b, d := q.batches.Load(), q.decisions.Load(); b != 10 || d != 19 {
+		t.Fatalf("after the leader left: %d decisions in %d calls, want 19 in 10 (the 3 that joined in one call, the leader's not sent)", d, b)
 	}
 	q.linger = time.Millisecond
 	r, err := s.Take(ctx, "left", l, 0)

@@ -87,7 +87,7 @@ local function batch_run(K, ko, nk, A, ao, probe)
   end
   local base = ao + 3 + nl
   local out = { now }
-  local careful, probed = false, {}
+  local careful, probed = false, nil
   if probe then
     -- Only the decisions of unguarded algorithms need the check.
     local unguarded = 0
@@ -101,6 +101,9 @@ local function batch_run(K, ko, nk, A, ao, probe)
       careful = not ok or type(nodes) ~= 'string' or string.find(nodes, '[', 1, true) ~= nil
     else
       careful = unguarded > 0 -- fewer probes than CLUSTER NODES costs (~14 probes)
+    end
+    if careful then
+      probed = {}
     end
   end
   for i = 1, nk / 2 do
