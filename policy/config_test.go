@@ -123,9 +123,9 @@ deny:
 	if err != nil {
 		t.Fatal(err)
 	}
-	oneMs := time.Millisecond
+	lingerWant := time.Millisecond
 	want := &Config{
-		Store: StoreConfig{Type: "redis", Redis: RedisConfig{Addrs: []string{"10.1.1.1:6379"}, MasterName: "mymaster", Username: "weir", PasswordEnv: "REDIS_PASSWORD", TLS: true, DB: 2, MaxInFlight: 4, MaxBatch: 32, Linger: &oneMs},
+		Store: StoreConfig{Type: "redis", Redis: RedisConfig{Addrs: []string{"10.1.1.1:6379"}, MasterName: "mymaster", Username: "weir", PasswordEnv: "REDIS_PASSWORD", TLS: true, DB: 2, MaxInFlight: 4, MaxBatch: 32, Linger: &lingerWant},
 			Timeout: 20 * time.Millisecond, OnError: "deny", MaxKeys: 1000,
 			Breaker: BreakerConfig{Failures: 3, FailureRatio: 0.25, MinRequests: 10, Window: 5 * time.Second, Cooldown: 2 * time.Second}},
 		Headers:   HeadersConfig{Legacy: true},

@@ -121,10 +121,6 @@ func init() {
 	releaseRoutine = routine{fn: fn("release"), script: newScript("weir_release", "prelude", algorithm.Concurrency.String(), "release")}
 }
 
-// nLimitFields is the number of values of a compiled limit, packed in
-// one ARGV value (prelude.lua's NLIMIT).
-const nLimitFields = 15
-
 // limitArg renders p as the scripts' limit_of reads it: params()'s values
 // in order, each followed by '|' but the last (extArgs, which holds no
 // '|'). Every derived constant is Compile's; the scripts never recompute
@@ -140,6 +136,7 @@ func limitArg(p *algorithm.Params) string {
 		outlasts = "1"
 	}
 	f := func(v int64) string { return strconv.FormatInt(v, 10) }
+	// As many fields as prelude.lua's NLIMIT.
 	return strings.Join([]string{
 		p.Kind.String(), f(p.Rate), f(p.Period), f(p.Burst), f(p.Block),
 		f(p.MaxDelay), f(p.DelayAfter), f(p.Cap), f(p.A), f(p.B), f(p.Tick), shaping, outlasts,

@@ -132,8 +132,8 @@ local function grant(cost, avail, mode)
   return 0
 end
 
--- NLIMIT is the number of values of one compiled limit (scripts.go's
--- nLimitFields), packed in one ARGV value (limit_of).
+-- NLIMIT is the number of values of one compiled limit (the fields of
+-- scripts.go's limitArg), packed in one ARGV value (limit_of).
 local NLIMIT = 15
 
 -- params_ext reads the last field of a compiled limit (scripts.go's
