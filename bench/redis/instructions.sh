@@ -21,6 +21,7 @@
 # at most; the same for both versions).
 #
 #   bench/redis/instructions.sh                  # CALLS=200 calls of 64 per cell
+#   BATCH=3 CALLS=1000 bench/redis/instructions.sh   # calls of 3, as weir serve's
 #   OTHER=/path/to/other/checkout bench/redis/instructions.sh
 #   ALGOS="gcra sliding_log" bench/redis/instructions.sh
 #
