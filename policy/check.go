@@ -289,6 +289,9 @@ func checkStore(cfg *Config, rep reporter) {
 	if r.MaxInFlight < 0 {
 		rep.addAt("store.redis.max_in_flight", fmt.Sprintf("max_in_flight must be at least 1, got %d", r.MaxInFlight))
 	}
+	if r.Linger != nil && (*r.Linger < 0 || *r.Linger > MaxLinger) {
+		rep.addAt("store.redis.linger", fmt.Sprintf("linger must be 0 to %v, got %v", MaxLinger, *r.Linger))
+	}
 	if r.MaxBatch < 0 || r.MaxBatch > 1000 {
 		rep.addAt("store.redis.max_batch", fmt.Sprintf("max_batch must be 1 to 1000, got %d", r.MaxBatch))
 	}

@@ -87,6 +87,7 @@ store:
     db: 2
     max_in_flight: 4
     max_batch: 32
+    linger: 1ms
   timeout: 20ms
   on_error: deny
   max_keys: 1000
@@ -122,8 +123,9 @@ deny:
 	if err != nil {
 		t.Fatal(err)
 	}
+	lingerWant := time.Millisecond
 	want := &Config{
-		Store: StoreConfig{Type: "redis", Redis: RedisConfig{Addrs: []string{"10.1.1.1:6379"}, MasterName: "mymaster", Username: "weir", PasswordEnv: "REDIS_PASSWORD", TLS: true, DB: 2, MaxInFlight: 4, MaxBatch: 32},
+		Store: StoreConfig{Type: "redis", Redis: RedisConfig{Addrs: []string{"10.1.1.1:6379"}, MasterName: "mymaster", Username: "weir", PasswordEnv: "REDIS_PASSWORD", TLS: true, DB: 2, MaxInFlight: 4, MaxBatch: 32, Linger: &lingerWant},
 			Timeout: 20 * time.Millisecond, OnError: "deny", MaxKeys: 1000,
 			Breaker: BreakerConfig{Failures: 3, FailureRatio: 0.25, MinRequests: 10, Window: 5 * time.Second, Cooldown: 2 * time.Second}},
 		Headers:   HeadersConfig{Legacy: true},
@@ -329,6 +331,8 @@ func TestParseProblems(t *testing.T) {
 			[]string{`2:35: prefix "` + strings.Repeat("p", 65) + `" is 65 bytes; the limit is 64`}},
 		{"max_in_flight zero", "store:\n  redis: {addrs: [\"a:1\"], max_in_flight: 0}\n",
 			[]string{`2:42: max_in_flight must be at least 1, got 0`}},
+		{"linger too long", "store:\n  redis: {addrs: [\"a:1\"], linger: 11ms}\n",
+			[]string{`2:35: linger must be 0 to 10ms, got 11ms`}},
 		{"bad bool", "shadow: yes\n",
 			[]string{`1:9: shadow must be true or false, got "yes"`}},
 		{"bad int", rule("    limit: 5/m\n    burst: ten\n"),

@@ -258,6 +258,14 @@ func (w *walker) duration(path string, n *yaml.Node) time.Duration {
 	return read(w, path, n, yamlnode.Duration)
 }
 
+// durationOrZero decodes a duration that may also be zero: 0 or 0s.
+func (w *walker) durationOrZero(path string, n *yaml.Node) time.Duration {
+	if r := yamlnode.Resolve(n); r.Kind == yaml.ScalarNode && (r.Value == "0" || r.Value == "0s") {
+		return 0
+	}
+	return w.duration(path, n)
+}
+
 // blocks decodes block: one duration, or a list of them (escalating
 // penalty boxes), whose first is returned as the single box too.
 func (w *walker) blocks(path string, n *yaml.Node) (time.Duration, []time.Duration) {
@@ -360,6 +368,7 @@ func (w *walker) store(path string, n *yaml.Node, s *StoreConfig) {
 				{"db", func(p string, v *yaml.Node) { r.DB = int(w.integer(p, v, 0)) }},
 				{"max_in_flight", func(p string, v *yaml.Node) { r.MaxInFlight = int(w.integer(p, v, 1)) }},
 				{"max_batch", func(p string, v *yaml.Node) { r.MaxBatch = int(w.integer(p, v, 1)) }},
+				{"linger", func(p string, v *yaml.Node) { d := w.durationOrZero(p, v); r.Linger = &d }},
 				{"prefix", func(p string, v *yaml.Node) { r.Prefix = w.str(p, v) }},
 			}, nil)
 		}},

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/weir-dev/weir/policy"
 	"github.com/weir-dev/weir/server/envoyrls"
@@ -303,7 +304,16 @@ func TestRedisURLKeepsTuning(t *testing.T) {
 	if len(r.Addrs) != 1 || r.Addrs[0] != "h:7" || r.DB != 2 || r.Username != "u" || r.MaxInFlight != 3 || r.MaxBatch != 9 {
 		t.Fatalf("after --redis: %v", r)
 	}
-	if rc, _ := redisConfig(cfg.Store); rc.MaxInFlight != 3 || rc.MaxBatch != 9 || rc.Timeout != policy.DefaultTimeout || rc.Prefix != "blue" {
-		t.Fatalf("store config: in flight %d, batch %d, timeout %v, prefix %q", rc.MaxInFlight, rc.MaxBatch, rc.Timeout, rc.Prefix)
+	if rc, _ := redisConfig(cfg.Store); rc.MaxInFlight != 3 || rc.MaxBatch != 9 || rc.Timeout != policy.DefaultTimeout || rc.Prefix != "blue" || rc.Linger != policy.DefaultLinger {
+		t.Fatalf("store config: in flight %d, batch %d, timeout %v, prefix %q, linger %v", rc.MaxInFlight, rc.MaxBatch, rc.Timeout, rc.Prefix, rc.Linger)
+	}
+	for yaml, want := range map[string]time.Duration{"0s": 0, "0": 0, "3ms": 3 * time.Millisecond} {
+		cfg := mustParse(t, "store:\n  redis: {addrs: [\"a:1\"], linger: "+yaml+"}\n")
+		if err := applyRedisURL(cfg, "redis://h:7"); err != nil {
+			t.Fatal(err)
+		}
+		if rc, _ := redisConfig(cfg.Store); rc.Linger != want {
+			t.Fatalf("linger: %s: store config's linger %v, want %v", yaml, rc.Linger, want)
+		}
 	}
 }

@@ -87,6 +87,7 @@ func applyRedisURL(cfg *policy.Config, url string) error {
 		TLSServerName: cfg.Store.Redis.TLSServerName,
 		MaxInFlight:   cfg.Store.Redis.MaxInFlight,
 		MaxBatch:      cfg.Store.Redis.MaxBatch,
+		Linger:        cfg.Store.Redis.Linger,
 		Prefix:        cfg.Store.Redis.Prefix,
 	}
 	return nil
@@ -125,6 +126,7 @@ func redisConfig(sc policy.StoreConfig) (redisstore.Config, error) {
 		Timeout:     sc.Timeout,
 		MaxInFlight: r.MaxInFlight,
 		MaxBatch:    r.MaxBatch,
+		Linger:      r.LingerValue(),
 		Prefix:      r.Prefix,
 	}
 	if rc.Timeout <= 0 {

@@ -21,6 +21,7 @@
 # at most; the same for both versions).
 #
 #   bench/redis/instructions.sh                  # CALLS=200 calls of 64 per cell
+#   BATCH=3 CALLS=1000 bench/redis/instructions.sh   # calls of 3, as weir serve's
 #   OTHER=/path/to/other/checkout bench/redis/instructions.sh
 #   ALGOS="gcra sliding_log" bench/redis/instructions.sh
 #
@@ -29,7 +30,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CALLS=${CALLS:-200}
-BATCH=64
+BATCH=${BATCH:-64}
 for tool in valgrind callgrind_control redis-server redis-cli redis-benchmark go; do
 	command -v "$tool" >/dev/null || { echo "instructions.sh: $tool not found" >&2; exit 1; }
 done

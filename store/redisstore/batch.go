@@ -23,6 +23,9 @@ const DefaultMaxInFlight = 2
 // DefaultMaxBatch is Config.MaxBatch when zero.
 const DefaultMaxBatch = 64
 
+// MaxLinger bounds Config.Linger.
+const MaxLinger = 10 * time.Millisecond
+
 // call is one queued decision and, once its batch returns, its outcome.
 type call struct {
 	ctx      context.Context
@@ -55,14 +58,33 @@ type coalescer struct {
 	s        *Store
 	inFlight int // most calls out at once
 	maxBatch int
-	node     string // on a Cluster, the address of the primary this queue sends to (nodes.go)
+	node     string        // on a Cluster, the address of the primary this queue sends to (nodes.go)
+	linger   time.Duration // Config.Linger: how long a call that found a slot free waits for company
 
-	mu    sync.Mutex
-	busy  int // calls out now; len(queue) > 0 only when busy == inFlight
-	queue []*call
+	mu   sync.Mutex
+	busy int // calls out now; len(queue) > 0 only when busy == inFlight or lingering
+	// lingering: a call holds a slot and waits (up to linger) for others
+	// to join it; meanwhile every decision queues behind it, and the one
+	// that makes the queue a full call signals full.
+	lingering bool
+	full      chan struct{} // capacity 1; made with the queue when linger > 0
+	last      time.Time     // when the latest decision came (with a linger only)
+	queue     []*call
 
+	lingers   atomic.Int64 // calls that lingered (tests report it)
 	batches   atomic.Int64 // calls sent (tests and benchmarks report it)
 	decisions atomic.Int64 // decisions they carried
+}
+
+// newCoalescer makes a queue of inFlight calls of up to maxBatch decisions
+// that linger as Config.Linger says, sending to the Cluster primary node
+// ("" elsewhere).
+func newCoalescer(s *Store, inFlight, maxBatch int, linger time.Duration, node string) *coalescer {
+	q := &coalescer{s: s, inFlight: inFlight, maxBatch: maxBatch, node: node, linger: linger}
+	if linger > 0 {
+		q.full = make(chan struct{}, 1)
+	}
+	return q
 }
 
 // do makes c's decision, alone at once or in a batch, and sets its
@@ -76,13 +98,25 @@ type coalescer struct {
 // it waited is failed, never sent. So every call ends by its deadline, and
 // a heavily loaded store makes one timer per batch, not one per decision.
 func (q *coalescer) do(ctx context.Context, c *call) error {
-	c.deadline = time.Now().Add(q.s.timeout)
+	now := time.Now()
+	c.deadline = now.Add(q.s.timeout)
 	if dl, ok := ctx.Deadline(); ok && dl.Before(c.deadline) {
 		c.deadline = dl
 	}
 	q.mu.Lock()
-	if q.busy < q.inFlight {
+	// A call lingers only when the decision before this one came less
+	// than a linger ago: company is likely. At light load nothing waits.
+	linger := false
+	if q.linger > 0 {
+		linger = now.Sub(q.last) < q.linger
+		q.last = now
+	}
+	if q.busy < q.inFlight && !q.lingering {
 		q.busy++
+		if linger {
+			q.lead(ctx, c) // unlocks q.mu
+			return q.wait(ctx, c)
+		}
 		q.mu.Unlock()
 		one := [1]*call{c}
 		dctx, cancel := context.WithDeadline(ctx, c.deadline)
@@ -99,7 +133,58 @@ func (q *coalescer) do(ctx context.Context, c *call) error {
 	c.ctx = ctx
 	c.state = callQueued
 	q.queue = append(q.queue, c)
+	if q.lingering && len(q.queue) >= q.maxBatch {
+		select {
+		case q.full <- struct{}{}: // a full call: no reason to wait longer
+		default:
+		}
+	}
 	q.mu.Unlock()
+	return q.wait(ctx, c)
+}
+
+// lead holds the in-flight slot it took for c (q.mu held, which it
+// unlocks) while it lingers (do lets it when the decision before c came
+// less than a linger before it): c waits in the queue, and so does every
+// decision that comes meanwhile, until the queue holds a full call, the
+// linger ends (or half of c's time to its deadline) or c's caller leaves.
+// Then the queue leaves as calls do after a returning call, in batches of
+// MaxBatch, by a goroutine of their own; the caller waits for c's outcome
+// as a queued caller does. A full call never waits: the linger ends at
+// once.
+func (q *coalescer) lead(ctx context.Context, c *call) {
+	c.ctx = ctx
+	c.state = callQueued
+	q.queue = append(q.queue, c)
+	q.lingering = true
+	full := len(q.queue) >= q.maxBatch
+	q.mu.Unlock()
+	q.lingers.Add(1)
+	if !full {
+		// Never more than half the time c has left: the call must still
+		// reach Redis by its deadline.
+		t := time.NewTimer(min(q.linger, time.Until(c.deadline)/2))
+		select {
+		case <-t.C:
+		case <-q.full:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
+	q.mu.Lock()
+	q.lingering = false
+	select {
+	case <-q.full: // a signal that came after the linger ended
+	default:
+	}
+	q.mu.Unlock()
+	if next, deadline := q.next(); next != nil {
+		go q.drain(next, deadline)
+	}
+}
+
+// wait waits for queued c's outcome, or for its caller to leave: see do.
+func (q *coalescer) wait(ctx context.Context, c *call) error {
 	select {
 	case <-c.done:
 		return nil
@@ -239,7 +324,7 @@ func (q *coalescer) send(ctx context.Context, batch []*call) {
 	if q.node != "" {
 		nk = 1 + 2*len(batch)
 	}
-	args := make([]string, nk, nk+2+nLimitArgs*len(ls)+4*len(batch))
+	args := make([]string, nk, nk+2+len(ls)+4*len(batch))
 	var keys []string
 	if q.node != "" {
 		args[0] = strconv.Itoa(2 * len(batch))
@@ -254,7 +339,7 @@ func (q *coalescer) send(ctx context.Context, batch []*call) {
 	}
 	args = append(args, s.nowArg(), strconv.Itoa(len(ls)))
 	for _, c := range ls {
-		args = append(args, s.argsOf(c)[:]...)
+		args = append(args, s.argOf(c))
 	}
 	for i, c := range batch {
 		args = append(args, smallInt(index[i]), strconv.FormatInt(c.n, 10), modeArg(c.mode), c.id)
@@ -269,7 +354,7 @@ func (q *coalescer) send(ctx context.Context, batch []*call) {
 		}
 		return
 	}
-	if err == nil && len(arr) != len(batch)+1 {
+	if err == nil && len(arr) != 1+8*len(batch) {
 		err = fmt.Errorf("unexpected reply of %d values for %d decisions", len(arr), len(batch))
 	}
 	var now int64
@@ -281,7 +366,7 @@ func (q *coalescer) send(ctx context.Context, batch []*call) {
 			c.err = err
 			continue
 		}
-		c.err = decodeInts(&arr[i+1], c.vals[:8])
+		c.err = batchDecision(arr, i, c.vals[:8])
 		c.vals[8] = now
 		if c.err != nil && q.node != "" && notLocal(c.err) {
 			c.again = true // not made: its slot is elsewhere, or moving
@@ -304,18 +389,20 @@ var smallInts = func() (s [65]string) {
 	return
 }()
 
-// decodeInts reads an array reply of len(dst) integers into dst.
-func decodeInts(m *rueidis.RedisMessage, dst []int64) error {
-	vals, err := m.ToArray()
-	if err != nil {
-		return err
-	}
-	if len(vals) != len(dst) {
-		return fmt.Errorf("unexpected reply of %d values", len(vals))
-	}
-	for i := range vals {
-		if dst[i], err = vals[i].AsInt64(); err != nil {
-			return fmt.Errorf("reply value %d: %w", i, err)
+// batchDecision reads decision i (from 0) of a batch function's flat
+// reply (batch.lua) into dst, its 8 values; or returns the decision's
+// error reply, which stands in place of its first value.
+func batchDecision(arr []rueidis.RedisMessage, i int, dst []int64) error {
+	vals := arr[1+8*i : 1+8*i+8]
+	for j := range vals {
+		var err error
+		if dst[j], err = vals[j].AsInt64(); err != nil {
+			if j == 0 {
+				if re := vals[0].Error(); re != nil {
+					return re
+				}
+			}
+			return fmt.Errorf("reply value %d: %w", j, err)
 		}
 	}
 	return nil

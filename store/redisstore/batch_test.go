@@ -28,10 +28,21 @@ func (q *coalescer) inFlightNow() int {
 // every key still admits exactly its limit. The clock stands still, so each
 // admitted result's Remaining must appear exactly once per key, 0 through
 // limit-1, as consecutive calls would report them.
+//
+// With a linger (Config.Linger), the same with two calls in flight.
 func TestCoalesce(t *testing.T) {
+	for _, cfg := range []Config{{MaxInFlight: 1, MaxBatch: 16}, {MaxInFlight: 2, MaxBatch: 16, Linger: 2 * time.Millisecond}} {
+		t.Run(fmt.Sprintf("in_flight=%d,linger=%v", cfg.MaxInFlight, cfg.Linger), func(t *testing.T) {
+			testCoalesce(t, cfg)
+		})
+	}
+}
+
+func testCoalesce(t *testing.T, cfg Config) {
 	srv := redistest.Standalone(t)
 	clock := storetest.NewClock(storetest.Epoch)
-	s := newTestStore(t, Config{Addrs: []string{srv.Addr}, Clock: clock.Now, MaxInFlight: 1, MaxBatch: 16})
+	cfg.Addrs, cfg.Clock = []string{srv.Addr}, clock.Now
+	s := newTestStore(t, cfg)
 	type target struct {
 		key string
 		l   weir.Limit
@@ -88,6 +99,112 @@ func TestCoalesce(t *testing.T) {
 		t.Fatalf("%d decisions in %d calls to Redis; want all %d, coalesced into fewer calls", decisions, batches, total)
 	}
 	t.Logf("%d decisions in %d calls", decisions, batches)
+}
+
+// lingering reports whether a call of q lingers now, and the queue's length.
+func (q *coalescer) lingering_() (bool, int) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.lingering, len(q.queue)
+}
+
+// TestLinger: a call that finds a slot free waits for company and leaves
+// as soon as it is a full call; one whose caller leaves while it lingers
+// is not sent, and the decisions that joined it are; a lone decision
+// leaves when the linger ends. No timing is asserted: the lingers are an
+// hour long or counted, not measured.
+func TestLinger(t *testing.T) {
+	srv := redistest.Standalone(t)
+	ctx := context.Background()
+	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 5, Period: time.Hour}
+	s := newTestStore(t, Config{Addrs: []string{srv.Addr}, MaxBatch: 8, Linger: time.Millisecond, Timeout: 2 * time.Hour})
+	q := s.coalesce
+
+	// Quiet: a decision that comes more than a linger after the one before
+	// never lingers; with a linger of an hour, it would wait that long.
+	q.linger = time.Hour
+	for i := range 3 {
+		q.mu.Lock()
+		q.last = time.Now().Add(-2 * time.Hour)
+		q.mu.Unlock()
+		if r, err := s.Take(ctx, "quiet", l, 1); err != nil || !r.Allowed {
+			t.Fatalf("take %d after a quiet spell: %+v %v", i, r, err)
+		}
+	}
+	if n := q.lingers.Load(); n != 0 {
+		t.Fatalf("%d calls lingered after quiet spells, want 0", n)
+	}
+
+	// Alone: each decision comes less than a linger after the one before
+	// (set just before it), lingers, and leaves alone when the linger ends.
+	q.linger = 50 * time.Millisecond
+	for i := range 5 {
+		q.mu.Lock()
+		q.last = time.Now()
+		q.mu.Unlock()
+		if r, err := s.Take(ctx, "alone", l, 1); err != nil || !r.Allowed {
+			t.Fatalf("take %d alone: %+v %v", i, r, err)
+		}
+	}
+	if b, d, n := q.batches.Load(), q.decisions.Load(), q.lingers.Load(); b != 8 || d != 8 || n != 5 {
+		t.Fatalf("5 decisions one after another: %d decisions in %d calls (%d lingered), want 8 in 8, the 5 lingering", d, b, n)
+	}
+
+	// Full: with a linger of an hour, 8 decisions on one key (a full call)
+	// leave at once, together; the key admits exactly its 5.
+	q.linger = time.Hour
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			r, err := s.Take(ctx, "full", l, 1)
+			if err != nil {
+				t.Error(err)
+			}
+			if r.Allowed {
+				admitted.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if b, d := q.batches.Load(), q.decisions.Load(); b != 9 || d != 16 || admitted.Load() != 5 {
+		t.Fatalf("8 decisions at once: %d admitted, %d decisions in %d calls so far; want 5 admitted, 16 in 9 (the 8 in one call)", admitted.Load(), d, b)
+	}
+
+	// Left: the lingering caller leaves; the 3 decisions that joined it
+	// are sent without waiting out the hour, and its own is not.
+	lctx, cancel := context.WithCancel(ctx)
+	leaderErr := make(chan error, 1)
+	go func() {
+		_, err := s.Take(lctx, "left", l, 1)
+		leaderErr <- err
+	}()
+	for on, _ := q.lingering_(); !on; on, _ = q.lingering_() {
+		time.Sleep(time.Millisecond)
+	}
+	for range 3 {
+		wg.Go(func() {
+			if r, err := s.Take(ctx, "left", l, 1); err != nil || !r.Allowed {
+				t.Errorf("a decision that joined the lingering call: %+v %v, want admitted", r, err)
+			}
+		})
+	}
+	for _, n := q.lingering_(); n < 4; _, n = q.lingering_() {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	wg.Wait()
+	if err := <-leaderErr; !errors.Is(err, weir.ErrNotSent) {
+		t.Fatalf("the lingering caller that left: %v, want ErrNotSent", err)
+	}
+	if b, d := q.batches.Load(), q.decisions.Load(); b != 10 || d != 19 {
+		t.Fatalf("after the leader left: %d decisions in %d calls, want 19 in 10 (the 3 that joined in one call, the leader's not sent)", d, b)
+	}
+	q.linger = time.Millisecond
+	r, err := s.Take(ctx, "left", l, 0)
+	if err != nil || r.Remaining != 2 {
+		t.Fatalf("key left: %+v %v, want 2 remaining (3 taken)", r, err)
+	}
 }
 
 // TestCoalesceFailureIsolated: a decision that fails inside a batch (its

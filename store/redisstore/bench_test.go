@@ -123,10 +123,8 @@ func TestDumpScripts(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			args := limitArgs(&p)
-			// One value a line: a limit's last value (its extras) is often
-			// empty, which a line of words would lose.
-			write(name, strings.Join(args[:], "\n")+"\n")
+			// One ARGV value a line (the packed limit is one).
+			write(name, limitArg(&p)+"\n")
 		}
 	}
 }

@@ -15,7 +15,7 @@ import (
 // store sends, with every call of a calendar limit, the starts of the
 // window its own clock falls in, of the one before and of the two after
 // (algorithm.CalendarBounds), as "c=<b0>,<b1>,<b2>,<b3>" in the limit's
-// last ARGV value; prelude.lua's fw_window picks the window that Redis's
+// packed ARGV value's last field; prelude.lua's fw_window picks the window that Redis's
 // clock falls in. The boundaries depend on the zone alone, so every
 // instance sends the same ones, and instance and Redis clocks may differ
 // by up to a window (at least 23 hours) before the script refuses the
@@ -25,16 +25,16 @@ import (
 // store's clock.
 type calArgs struct {
 	from, until int64
-	args        [nLimitArgs]string
+	arg         string
 }
 
 // calCache holds a compiled calendar limit's current calArgs.
 type calCache struct{ p atomic.Pointer[calArgs] }
 
-// argsOf returns c's ARGV values for a call made now.
-func (s *Store) argsOf(c *compiled) *[nLimitArgs]string {
+// argOf returns c's packed ARGV value for a call made now.
+func (s *Store) argOf(c *compiled) string {
 	if !c.p.IsCalendar() {
-		return &c.args
+		return c.arg
 	}
 	now := time.Now()
 	switch {
@@ -45,13 +45,13 @@ func (s *Store) argsOf(c *compiled) *[nLimitArgs]string {
 	}
 	us := now.UnixMicro()
 	if ca := c.cal.p.Load(); ca != nil && us >= ca.from && us < ca.until {
-		return &ca.args
+		return ca.arg
 	}
 	b := algorithm.CalendarBounds(&c.p, us)
-	ca := &calArgs{from: b[1], until: b[2], args: c.args}
+	ca := &calArgs{from: b[1], until: b[2]}
 	var sb strings.Builder
-	if ext := c.args[nLimitArgs-1]; ext != "" {
-		sb.WriteString(ext)
+	sb.WriteString(c.arg) // its last field, the extras, goes on
+	if !strings.HasSuffix(c.arg, "|") {
 		sb.WriteByte(';')
 	}
 	sb.WriteString("c=")
@@ -61,7 +61,7 @@ func (s *Store) argsOf(c *compiled) *[nLimitArgs]string {
 		}
 		sb.WriteString(strconv.FormatInt(v, 10))
 	}
-	ca.args[nLimitArgs-1] = sb.String()
+	ca.arg = sb.String()
 	c.cal.p.Store(ca)
-	return &ca.args
+	return ca.arg
 }

@@ -231,9 +231,9 @@ func (s *Store) setup(ctx context.Context, c rueidis.Client, cfg *Config) error 
 			maxBatch = DefaultMaxBatch
 		}
 		if cluster {
-			s.nodes = newNodeQueues(s, inFlight, maxBatch)
+			s.nodes = newNodeQueues(s, inFlight, maxBatch, cfg.Linger)
 		} else {
-			s.coalesce = &coalescer{s: s, inFlight: inFlight, maxBatch: maxBatch}
+			s.coalesce = newCoalescer(s, inFlight, maxBatch, cfg.Linger, "")
 		}
 	}
 	s.client.swap(c) // the closed stand-in needs no closing

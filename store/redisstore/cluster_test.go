@@ -31,6 +31,43 @@ func TestCluster(t *testing.T) {
 	t.Run("WarmupRefund", func(t *testing.T) { clusterWarmupRefund(t, c) })
 	t.Run("Library", func(t *testing.T) { clusterLibrary(t, c) })
 	t.Run("Migration", func(t *testing.T) { clusterMigration(t, c) })
+	t.Run("Linger", func(t *testing.T) { clusterLinger(t, c) })
+}
+
+// clusterLinger: with a linger, the node queues' calls carry several
+// decisions each, and every key, on every node, admits exactly its limit.
+func clusterLinger(t *testing.T, c *redistest.ClusterGroup) {
+	s := newTestStore(t, Config{Addrs: c.Addrs, Prefix: "linger", Linger: 2 * time.Millisecond})
+	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 20, Period: time.Hour}
+	const keys, per = 12, 50
+	var admitted [keys]atomic.Int64
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range 32 {
+		wg.Go(func() {
+			for i := next.Add(1) - 1; i < keys*per; i = next.Add(1) - 1 {
+				r, err := s.Take(context.Background(), fmt.Sprintf("user-%d", i%keys), l, 1)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if r.Allowed {
+					admitted[i%keys].Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for k := range admitted {
+		if n := admitted[k].Load(); n != l.Rate {
+			t.Errorf("key user-%d admitted %d, want %d", k, n, l.Rate)
+		}
+	}
+	b, d := s.batchStats()
+	if d == 0 || b >= d {
+		t.Fatalf("%d decisions in %d node calls: nothing coalesced", d, b)
+	}
+	t.Logf("%d decisions in %d node calls", d, b)
 }
 
 func keyslot(t *testing.T, c *redistest.ClusterGroup, key string) int64 {

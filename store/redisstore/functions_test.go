@@ -272,3 +272,65 @@ func TestACLUser(t *testing.T) {
 		}
 	}
 }
+
+// cachedLimits asks srv's weir library how many parsed limits it holds.
+func cachedLimits(t *testing.T, srv *redistest.Server) int64 {
+	t.Helper()
+	v, err := srv.Do("FCALL", lib.name+"_limits", "0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v.(int64)
+}
+
+// TestLimitCache: the library keeps a limit's parse between calls (the
+// same limit, called again, adds nothing), keeps at most 256 of them
+// however many distinct limits come, and a limit that changes takes effect
+// at its first call: batched, alone (MaxBatch 1) and all-or-nothing.
+func TestLimitCache(t *testing.T) {
+	ctx := context.Background()
+	for _, maxBatch := range []int{0, 1} {
+		srv := redistest.Standalone(t)
+		s := newTestStore(t, Config{Addrs: []string{srv.Addr}, MaxBatch: maxBatch})
+		l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 1, Period: time.Hour}
+		for i := 0; i < 5; i++ {
+			if _, err := s.Take(ctx, fmt.Sprintf("same%d", i), l, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n := cachedLimits(t, srv); n != 1 {
+			t.Fatalf("MaxBatch %d: %d cached limits after 5 calls of one limit, want 1", maxBatch, n)
+		}
+		for r := 1; r <= 600; r++ {
+			d := weir.Limit{Algorithm: weir.TokenBucket, Rate: int64(r), Period: time.Hour}
+			if _, err := s.Take(ctx, "many", d, 1); err != nil {
+				t.Fatal(err)
+			}
+			if n := cachedLimits(t, srv); n < 1 || n > 256 {
+				t.Fatalf("MaxBatch %d: %d cached limits after %d distinct limits, want 1..256", maxBatch, n, r+1)
+			}
+		}
+		// A changed limit: rate 1 is spent, rate 3 admits two more at once.
+		key := "changed"
+		for i, want := range []bool{true, false} {
+			if r, err := s.Take(ctx, key, l, 1); err != nil || r.Allowed != want {
+				t.Fatalf("MaxBatch %d: take %d under rate 1: %+v %v, want allowed %v", maxBatch, i, r, err, want)
+			}
+		}
+		l3 := l
+		l3.Rate = 3
+		for i, want := range []bool{true, true, false} {
+			if r, err := s.Take(ctx, key, l3, 1); err != nil || r.Allowed != want || r.Limit != 3 {
+				t.Fatalf("MaxBatch %d: take %d under rate 3: %+v %v, want allowed %v of 3", maxBatch, i, r, err, want)
+			}
+		}
+		// The same through the all-or-nothing script.
+		l5 := l
+		l5.Rate = 5
+		rs := make([]weir.Result, 1)
+		err := s.TakeAll(ctx, []weir.Request{{Key: key, Limit: l5, N: 2}}, rs)
+		if err != nil || !rs[0].Allowed || rs[0].Remaining != 0 {
+			t.Fatalf("MaxBatch %d: TakeAll of 2 under rate 5: %+v %v, want allowed, 0 remaining", maxBatch, rs, err)
+		}
+	}
+}

@@ -299,7 +299,7 @@ func (s *Store) runGroups(ctx context.Context, items []item, groups []group, op 
 // ran at takeNow granted them (read from the take's reply in item order).
 func (s *Store) runGroup(ctx context.Context, items []item, idx []int, op, takeNow string) ([]int64, error) {
 	keys := make([]string, 0, 2*len(idx))
-	args := make([]string, 0, 3+len(idx)*(4+nLimitArgs))
+	args := make([]string, 0, 3+len(idx)*5)
 	args = append(args, op, s.nowArg(), takeNow)
 	for _, i := range idx {
 		it := &items[i]
@@ -309,7 +309,7 @@ func (s *Store) runGroup(ctx context.Context, items []item, idx []int, op, takeN
 			granted = strconv.FormatInt(it.granted, 10)
 		}
 		args = append(args, strconv.FormatInt(it.n, 10), modeArg(it.mode), it.id, granted)
-		args = append(args, s.argsOf(it.c)[:]...)
+		args = append(args, s.argOf(it.c))
 	}
 	vals, err := s.eval(ctx, &multiRoutine, keys, args, make([]int64, 0, 2+8*len(idx)))
 	if err == nil && len(vals) != 2+8*len(idx) {

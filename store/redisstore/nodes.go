@@ -41,6 +41,7 @@ type nodeQueues struct {
 	s        *Store
 	inFlight int
 	maxBatch int
+	linger   time.Duration
 
 	table  atomic.Pointer[slotTable]
 	queues atomic.Pointer[map[string]*coalescer] // copy on write, under mu
@@ -57,8 +58,8 @@ type nodeQueues struct {
 // every batch on its slot ask for one, and one a tick is plenty.
 const minRefreshEvery = 100 * time.Millisecond
 
-func newNodeQueues(s *Store, inFlight, maxBatch int) *nodeQueues {
-	nq := &nodeQueues{s: s, inFlight: inFlight, maxBatch: maxBatch}
+func newNodeQueues(s *Store, inFlight, maxBatch int, linger time.Duration) *nodeQueues {
+	nq := &nodeQueues{s: s, inFlight: inFlight, maxBatch: maxBatch, linger: linger}
 	empty := map[string]*coalescer{}
 	nq.queues.Store(&empty)
 	return nq
@@ -94,7 +95,7 @@ func (nq *nodeQueues) queue(tag string) *coalescer {
 	for a, q := range old {
 		m[a] = q
 	}
-	q := &coalescer{s: nq.s, inFlight: nq.inFlight, maxBatch: nq.maxBatch, node: addr}
+	q := newCoalescer(nq.s, nq.inFlight, nq.maxBatch, nq.linger, addr)
 	m[addr] = q
 	nq.queues.Store(&m)
 	return q

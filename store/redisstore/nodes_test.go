@@ -96,7 +96,7 @@ func nodeCrossSlotCall(t *testing.T, c *redistest.ClusterGroup) {
 			args = append(args, n.state, n.block)
 		}
 		args = append(args, "", "1")
-		args = append(args, cl.args[:]...)
+		args = append(args, cl.arg)
 		for i := range all {
 			args = append(args, "1", "2", "0", "m"+strconv.Itoa(i))
 		}
@@ -104,12 +104,12 @@ func nodeCrossSlotCall(t *testing.T, c *redistest.ClusterGroup) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(arr) != len(all)+1 {
-			t.Fatalf("%d values in the reply, want %d", len(arr), len(all)+1)
+		if len(arr) != 1+8*len(all) {
+			t.Fatalf("%d values in the reply, want %d", len(arr), 1+8*len(all))
 		}
 		for i, k := range all {
 			var vals [8]int64
-			err := decodeInts(&arr[i+1], vals[:])
+			err := batchDecision(arr, i, vals[:])
 			if k == foreign {
 				if !notLocal(err) {
 					t.Fatalf("size %d: foreign key: %v, want WEIRNOTLOCAL", size, err)
@@ -450,7 +450,7 @@ func nodeProbe(t *testing.T, c *redistest.ClusterGroup) {
 			args = append(args, n.state, n.block)
 		}
 		args = append(args, s.nowArg(), "1")
-		args = append(args, cl.args[:]...)
+		args = append(args, cl.arg)
 		for i := range keys {
 			args = append(args, "1", "1", "0", fmt.Sprintf("p%d-%d", size, i))
 		}
@@ -459,12 +459,12 @@ func nodeProbe(t *testing.T, c *redistest.ClusterGroup) {
 			t.Fatal(err)
 		}
 		var vals [8]int64
-		if err := decodeInts(&arr[1], vals[:]); !notLocal(err) {
+		if err := batchDecision(arr, 0, vals[:]); !notLocal(err) {
 			t.Fatalf("%s, size %d: decision on the migrating slot: %v %v, want WEIRNOTLOCAL", tc.a, size, vals, err)
 		}
-		for i := 2; i < len(arr); i++ {
-			if err := decodeInts(&arr[i], vals[:]); err != nil || vals[0] != 1 {
-				t.Fatalf("%s, size %d: decision %d on a stable slot: %v %v, want admitted", tc.a, size, i-1, vals, err)
+		for i := 1; i < len(keys); i++ {
+			if err := batchDecision(arr, i, vals[:]); err != nil || vals[0] != 1 {
+				t.Fatalf("%s, size %d: decision %d on a stable slot: %v %v, want admitted", tc.a, size, i, vals, err)
 			}
 		}
 		if after, err := from.Do("DUMP", state); err != nil || after != before {
@@ -554,8 +554,8 @@ func nodeGuarded(t *testing.T, c *redistest.ClusterGroup) {
 				args = append(args, n.state, n.block)
 			}
 			args = append(args, s.nowArg(), "2")
-			args = append(args, cp.args[:]...)
-			args = append(args, cb.args[:]...)
+			args = append(args, cp.arg)
+			args = append(args, cb.arg)
 			for i := range keys {
 				l := "1"
 				if i == 2 {
@@ -577,24 +577,24 @@ func nodeGuarded(t *testing.T, c *redistest.ClusterGroup) {
 				t.Errorf("the node sent CLUSTER NODES %d times and %d probes for guarded decisions, want none", n, e)
 			}
 			var vals [8]int64
-			if err := decodeInts(&arr[1], vals[:]); err != nil || vals[0] != 1 || vals[3] != 3 {
+			if err := batchDecision(arr, 0, vals[:]); err != nil || vals[0] != 1 || vals[3] != 3 {
 				t.Errorf("existing state in a migrating slot: %v %v, want admitted with 3 remaining (run on the node, once)", vals, err)
 			}
-			if err := decodeInts(&arr[2], vals[:]); !notLocal(err) {
+			if err := batchDecision(arr, 1, vals[:]); !notLocal(err) {
 				t.Errorf("missing state in a migrating slot: %v %v, want WEIRNOTLOCAL", vals, err)
 			}
 			if n, err := from.Do("CLUSTER", "COUNTKEYSINSLOT", strconv.Itoa(int(slot(tagOf(keys[1]))))); err != nil || n.(int64) != count1 {
 				t.Errorf("the refused decision created a key on the migrating node: %v keys in its slot (%v), want %d", n, err, count1)
 			}
-			if err := decodeInts(&arr[3], vals[:]); !notLocal(err) {
+			if err := batchDecision(arr, 2, vals[:]); !notLocal(err) {
 				t.Errorf("missing penalty box in a migrating slot: %v %v, want WEIRNOTLOCAL", vals, err)
 			}
 			if after, err := from.Do("DUMP", boxedState); err != nil || after != before {
 				t.Errorf("the refused decision changed its state: %v", err)
 			}
-			for i := 4; i < len(arr); i++ {
-				if err := decodeInts(&arr[i], vals[:]); err != nil || vals[0] != 1 {
-					t.Errorf("decision %d on a stable slot: %v %v, want admitted", i-1, vals, err)
+			for i := 3; i < len(keys); i++ {
+				if err := batchDecision(arr, i, vals[:]); err != nil || vals[0] != 1 {
+					t.Errorf("decision %d on a stable slot: %v %v, want admitted", i, vals, err)
 				}
 			}
 		})

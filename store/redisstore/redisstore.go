@@ -93,6 +93,14 @@ type Config struct {
 	// call of its own, sent at once however many are out, as on a Redis
 	// Cluster.
 	MaxBatch int
+	// Linger, if above zero, makes a decision that finds a call free wait
+	// up to this long for others to go with it, instead of leaving alone
+	// at once: fewer, bigger calls, which cost Redis less per decision (a
+	// call's fixed price is several decisions' worth), for up to Linger
+	// more latency. A call that is full (MaxBatch decisions) leaves at
+	// once. At most MaxLinger; 0 (the default) never waits. It has no
+	// effect with a MaxBatch of 1.
+	Linger time.Duration
 
 	// Clock, for tests only, replaces Redis TIME as the scripts' clock: the
 	// store passes Clock's time to every script, so that a test can step
@@ -130,7 +138,7 @@ type Store struct {
 	timeout    time.Duration
 	prefix     string
 	clock      func() time.Time
-	// boundsClock, for tests, replaces the clock by which argsOf picks a
+	// boundsClock, for tests, replaces the clock by which argOf picks a
 	// calendar limit's window bounds (calendar.go), without changing the
 	// clock the scripts read.
 	boundsClock func() time.Time
@@ -167,8 +175,8 @@ type Store struct {
 type compiled struct {
 	p       algorithm.Params
 	maxCost int64
-	algo    string // the algorithm name, the state key's suffix
-	args    [nLimitArgs]string
+	algo    string   // the algorithm name, the state key's suffix
+	arg     string   // the limit packed in one ARGV value (limitArg)
 	cal     calCache // a calendar limit's ARGV of the current window (calendar.go)
 }
 
@@ -301,6 +309,9 @@ func newStore(cfg *Config) (*Store, error) {
 	if cfg.MaxInFlight < 0 {
 		return nil, fmt.Errorf("redisstore: negative calls in flight %d", cfg.MaxInFlight)
 	}
+	if cfg.Linger < 0 || cfg.Linger > MaxLinger {
+		return nil, fmt.Errorf("redisstore: linger %v out of range 0..%v", cfg.Linger, MaxLinger)
+	}
 	s := &Store{timeout: cfg.Timeout, prefix: cfg.Prefix, clock: cfg.Clock}
 	if s.timeout == 0 {
 		s.timeout = DefaultTimeout
@@ -430,7 +441,7 @@ func (s *Store) compile(l weir.Limit) (*compiled, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &compiled{p: p, maxCost: p.MaxCost(), algo: p.Kind.String(), args: limitArgs(&p)}
+	c := &compiled{p: p, maxCost: p.MaxCost(), algo: p.Kind.String(), arg: limitArg(&p)}
 	c.algo = stateAlgo(p.Kind, l)
 	s.limitsMu.Lock()
 	defer s.limitsMu.Unlock()
@@ -551,9 +562,7 @@ func (s *Store) take(ctx context.Context, key string, l weir.Limit, n int64, mod
 // takeAlone makes one decision in a call of its own and returns its eight
 // values and the clock reading it was made at.
 func (s *Store) takeAlone(ctx context.Context, c *compiled, keys [2]string, n int64, mode algorithm.Mode, id string) ([9]int64, error) {
-	var args [4 + nLimitArgs]string
-	args[0], args[1], args[2], args[3] = s.nowArg(), strconv.FormatInt(n, 10), modeArg(mode), id
-	copy(args[4:], s.argsOf(c)[:])
+	args := [5]string{s.nowArg(), strconv.FormatInt(n, 10), modeArg(mode), id, s.argOf(c)}
 	var buf [9]int64
 	vals, err := s.eval(ctx, &takeRoutines[c.p.Kind], keys[:], args[:], buf[:0])
 	if err == nil && len(vals) != 9 {

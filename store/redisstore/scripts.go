@@ -105,6 +105,8 @@ func init() {
 	for _, d := range []string{"take", "batch", "multi", "release"} {
 		fmt.Fprintf(&reg, "redis.register_function('%s', weir_%s)\n", fn(d), d)
 	}
+	// limits reports the size of the library's parsed-limit cache (tests).
+	fmt.Fprintf(&reg, "redis.register_function{function_name='%s', callback=weir_limits, flags={'no-writes'}}\n", fn("limits"))
 	// nbatch touches keys of several slots of one Cluster node (batch.lua).
 	fmt.Fprintf(&reg, "redis.register_function{function_name='%s', callback=weir_nbatch, flags={'allow-cross-slot-keys'}}\n", fn("nbatch"))
 	lib.src = "#!lua name=" + lib.name + "\n" + body + reg.String()
@@ -119,12 +121,12 @@ func init() {
 	releaseRoutine = routine{fn: fn("release"), script: newScript("weir_release", "prelude", algorithm.Concurrency.String(), "release")}
 }
 
-// nLimitArgs is the number of ARGV values a compiled limit takes.
-const nLimitArgs = 15
-
-// limitArgs renders p as the scripts' params() reads it. Every derived
-// constant is Compile's; the scripts never recompute one.
-func limitArgs(p *algorithm.Params) [nLimitArgs]string {
+// limitArg renders p as the scripts' limit_of reads it: params()'s values
+// in order, each followed by '|' but the last (extArgs, which holds no
+// '|'). Every derived constant is Compile's; the scripts never recompute
+// one. The library keeps what it parsed of the string between calls,
+// keyed by the string itself, so a limit costs its parse once.
+func limitArg(p *algorithm.Params) string {
 	shaping := "0"
 	if p.Shaping() {
 		shaping = "1"
@@ -134,15 +136,16 @@ func limitArgs(p *algorithm.Params) [nLimitArgs]string {
 		outlasts = "1"
 	}
 	f := func(v int64) string { return strconv.FormatInt(v, 10) }
-	return [nLimitArgs]string{
+	// As many fields as prelude.lua's NLIMIT.
+	return strings.Join([]string{
 		p.Kind.String(), f(p.Rate), f(p.Period), f(p.Burst), f(p.Block),
 		f(p.MaxDelay), f(p.DelayAfter), f(p.Cap), f(p.A), f(p.B), f(p.Tick), shaping, outlasts,
 		f(p.Buckets), extArgs(p),
-	}
+	}, "|")
 }
 
-// extArgs renders the settings most limits leave unset, as one ARGV value
-// that prelude.lua's params_ext reads: ';'-separated "<letter>=<values>",
+// extArgs renders the settings most limits leave unset, as the packed
+// limit's last field, which prelude.lua's params_ext reads: ';'-separated "<letter>=<values>",
 // the values ','-separated integers; "" when none is set.
 //
 //	e=<forget_after>,<box 2>,<box 3>...   an escalating penalty

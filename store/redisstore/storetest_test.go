@@ -46,6 +46,22 @@ func TestConformanceStandalone(t *testing.T) {
 	storetest.Run(t, harness([]string{srv.Addr}))
 }
 
+// TestConformanceLinger runs the suite on stores whose calls linger
+// (Config.Linger) for company.
+func TestConformanceLinger(t *testing.T) {
+	srv := redistest.Standalone(t)
+	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		clock := storetest.NewClock(storetest.Epoch)
+		s := newTestStore(t, Config{
+			Addrs:  []string{srv.Addr},
+			Clock:  clock.Now,
+			Prefix: fmt.Sprintf("lg%d", prefixSeq.Add(1)),
+			Linger: 200 * time.Microsecond,
+		})
+		return storetest.Harness{Store: s, Clock: clock, TTL: s.TTL, TTLSlack: time.Millisecond}
+	})
+}
+
 // TestConformanceCallersClient runs the suite on stores built by
 // NewWithClient over one client of the test's, which every subtest's
 // store shares and none closes.

@@ -8,14 +8,16 @@
 -- KEYS[2i-1], KEYS[2i]  decision i's state and penalty-box keys
 -- ARGV[1]  now in µs, or '' to read Redis TIME (the normal case)
 -- ARGV[2]  L, the number of distinct compiled limits that follow
--- ARGV[3 .. 2+NLIMIT*L]  the limits, NLIMIT values each (see params)
+-- ARGV[3 .. 2+L]  the limits, each packed in one value (see limit_of)
 -- then 4 values per decision: its limit's number (1..L), n, mode, member id
 --
--- Reply: {now_us, then per decision its 8 values as put() writes them, in
--- an array of their own, or an error reply if that decision failed}. A
--- failure (a key of the wrong type, say) touches only its own decision:
--- the others stand, and the reply says which failed. On a replica the
--- reply is READONLY for the whole batch.
+-- Reply: {now_us, then per decision its 8 values as put() writes them}, one
+-- flat array (an array per decision costs Redis a table and its reply
+-- header each). A decision that failed has an error reply in place of its
+-- first value and 0 in the other seven: a failure (a key of the wrong
+-- type, say) touches only its own decision; the others stand, and the
+-- reply says which failed. On a replica the reply is READONLY for the
+-- whole batch.
 
 -- nbatch is the same for the decisions a Redis Cluster node owns, whatever
 -- their slots (batch.go's node queues send it to one node): its keys are
@@ -78,14 +80,14 @@ local GUARDED = {
 -- all) and whose other arguments are A[ao+1 ..], laid out as batch's ARGV.
 local function batch_run(K, ko, nk, A, ao, probe)
   local now = clock(A[ao + 1])
-  local nl = tonumber(A[ao + 2])
+  local nl = SMALL[A[ao + 2]] or tonumber(A[ao + 2])
   local limits = {}
   for j = 1, nl do
-    limits[j] = params(A, ao + 3 + (j - 1) * NLIMIT)
+    limits[j] = limit_of(A[ao + 2 + j])
   end
-  local base = ao + 3 + nl * NLIMIT
+  local base = ao + 3 + nl
   local out = { now }
-  local careful, probed = false, {}
+  local careful, probed = false, nil
   if probe then
     -- Only the decisions of unguarded algorithms need the check.
     local unguarded = 0
@@ -100,12 +102,18 @@ local function batch_run(K, ko, nk, A, ao, probe)
     else
       careful = unguarded > 0 -- fewer probes than CLUSTER NODES costs (~14 probes)
     end
+    if careful then
+      probed = {}
+    end
   end
   for i = 1, nk / 2 do
     local a = base + (i - 1) * 4
+    local o = 2 + (i - 1) * 8 -- the decision's first value in out
     local skey, bkey = K[ko + 2 * i - 1], K[ko + 2 * i]
+    local li, n, mode = A[a], A[a + 1], A[a + 2]
+    local p = limits[SMALL[li] or tonumber(li)]
     local refused
-    if careful and not GUARDED[limits[tonumber(A[a])].kind] then
+    if careful and not GUARDED[p.kind] then
       refused = probed[bkey]
       if refused == nil then
         local r = redis.pcall('EXISTS', bkey .. '?')
@@ -116,19 +124,18 @@ local function batch_run(K, ko, nk, A, ao, probe)
         probed[bkey] = refused
       end
     end
-    local r
+    local msg
     if refused then
-      r = { err = refused }
+      msg = refused
     else
-      local ok, d = pcall(take_one, limits[tonumber(A[a])], skey, bkey,
-        A[a + 3], now, tonumber(A[a + 1]), tonumber(A[a + 2]))
+      local ok, d = pcall(take_one, p, skey, bkey, A[a + 3], now,
+        SMALL[n] or tonumber(n), SMALL[mode] or tonumber(mode))
       if ok then
-        r = {}
-        put(r, d)
+        put_at(out, o, d)
       else
         -- redis.call raises a table {err = ...} in a function and may raise
         -- the bare message in an EVAL script; a bug in the Lua, a string.
-        local msg = d
+        msg = d
         if type(d) == 'table' then
           msg = d.err
         end
@@ -145,10 +152,13 @@ local function batch_run(K, ko, nk, A, ao, probe)
         elseif not string.find(msg, '^%u+ ') then
           msg = 'ERR weir batch decision ' .. i .. ': ' .. msg
         end
-        r = { err = msg } -- Redis's own error code first, as redis.call gave it
       end
     end
-    out[i + 1] = r
+    if msg then
+      -- Redis's own error code first, as redis.call gave it
+      out[o], out[o + 1], out[o + 2], out[o + 3] = { err = msg }, 0, 0, 0
+      out[o + 4], out[o + 5], out[o + 6], out[o + 7] = 0, 0, 0, 0
+    end
   end
   return out
 end
@@ -160,4 +170,10 @@ end
 local function weir_nbatch(KEYS, ARGV)
   local nk = tonumber(ARGV[1])
   return batch_run(ARGV, 1, nk, ARGV, 1 + nk, true)
+end
+
+-- weir_limits answers how many parsed limits the library holds (limit_of's
+-- cache; tests check its bound). It reads no key.
+local function weir_limits(KEYS, ARGV)
+  return cached_limits()
 end

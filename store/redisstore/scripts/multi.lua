@@ -6,8 +6,9 @@
 -- ARGV[1]  'take' or 'refund'
 -- ARGV[2]  now in µs, or '' to read Redis TIME
 -- ARGV[3]  refund only: the now at which the refunded take ran
--- then 4 + NLIMIT values per request:
---   n, mode, member id, granted (refund only), the compiled limit (NLIMIT)
+-- then 5 values per request:
+--   n, mode, member id, granted (refund only), the compiled limit packed
+--   (see limit_of)
 --
 -- take:   phase 1 checks every request without writing (algorithm.Check);
 --         if all are admitted, phase 2 takes them all; otherwise nothing is
@@ -19,14 +20,14 @@
 -- Reply: {all_admitted, now_us, then 8 values per request as put() writes}
 
 local function weir_multi(KEYS, ARGV)
-  local W = 4 + NLIMIT -- 4 per request + the values of a compiled limit
+  local W = 5 -- 4 per request + the packed compiled limit
   local op = ARGV[1]
   local now = clock(ARGV[2])
   local m = #KEYS / 2
   local reqs = {}
   for i = 1, m do
     local b = 4 + (i - 1) * W
-    local p = params(ARGV, b + 4)
+    local p = limit_of(ARGV[b + 4])
     local r = {
       p = p, alg = ALG[p.kind],
       n = tonumber(ARGV[b]), mode = tonumber(ARGV[b + 1]), id = ARGV[b + 2],

@@ -132,11 +132,11 @@ local function grant(cost, avail, mode)
   return 0
 end
 
--- NLIMIT is the number of ARGV values of one compiled limit (scripts.go's
--- nLimitArgs).
+-- NLIMIT is the number of values of one compiled limit (the fields of
+-- scripts.go's limitArg), packed in one ARGV value (limit_of).
 local NLIMIT = 15
 
--- params_ext reads the last value of a compiled limit (scripts.go's
+-- params_ext reads the last field of a compiled limit (scripts.go's
 -- extArgs and calendar.go): the settings most limits leave unset, "" for
 -- none. It sets p.forget and p.esc (an escalating penalty) and p.cal (a
 -- calendar window's bounds, see fw_window).
@@ -163,7 +163,8 @@ local function params_ext(p, ext)
 end
 
 -- params reads one compiled limit from ARGV[i..i+NLIMIT-1], in the order of
--- limitArgs in scripts.go. Every derived constant comes from Go's
+-- limitArg in scripts.go (limit_of below hands it the packed value's
+-- fields). Every derived constant comes from Go's
 -- algorithm.Compile; the scripts never recompute one. (The drivers take
 -- KEYS and ARGV as arguments: a Redis function gets them that way, and an
 -- EVAL script passes its globals.)
@@ -189,6 +190,55 @@ local function params(ARGV, i)
   params_ext(p, ARGV[i + 14])
   return p
 end
+
+-- A limit arrives packed in one ARGV value (scripts.go's limitArg): its
+-- NLIMIT values in params' order, each followed by '|' but the last (the
+-- extras, which hold no '|'). The library keeps what params made of it
+-- between calls in LIMITS, keyed by the packed string itself, so that a
+-- call of a limit seen before parses nothing: the string Redis hands the
+-- function is the key, and any change of the limit (a new rate, a calendar
+-- limit's next bounds) is a new string, parsed at once. A library's
+-- top-level locals live as long as the library; an EVAL script's are made
+-- anew on every call, so the EVAL form parses every time. LIMITS holds at
+-- most LIMITS_MAX entries: the one that would pass the bound empties it
+-- first. params' tables are never written after params returns, so one
+-- may serve every call.
+local LIMITS, NLIMITS, LIMITS_MAX = {}, 0, 256
+
+-- limit_of returns the parsed limit of a packed ARGV value.
+local function limit_of(packed)
+  local p = LIMITS[packed]
+  if p then
+    return p
+  end
+  local v = {}
+  for f in string.gmatch(packed .. '|', '([^|]*)|') do
+    v[#v + 1] = f
+  end
+  if #v ~= NLIMIT then
+    error('weir: a packed limit needs ' .. NLIMIT .. " '|'-separated values, got " .. #v)
+  end
+  p = params(v, 1)
+  if NLIMITS >= LIMITS_MAX then
+    LIMITS, NLIMITS = {}, 0
+  end
+  LIMITS[packed] = p
+  NLIMITS = NLIMITS + 1
+  return p
+end
+
+-- cached_limits is the number of parsed limits the library holds (tests).
+local function cached_limits()
+  return NLIMITS
+end
+
+-- SMALL maps the ARGV strings of small integers (a batch's limit numbers,
+-- costs and modes) to their numbers: a table lookup costs less than a call
+-- of tonumber. Anything else goes to tonumber.
+local SMALL = {
+  ['0'] = 0, ['1'] = 1, ['2'] = 2, ['3'] = 3, ['4'] = 4, ['5'] = 5, ['6'] = 6,
+  ['7'] = 7, ['8'] = 8, ['9'] = 9, ['10'] = 10,
+}
 
 -- fw_window mirrors algorithm.fwWindow: the fixed window now falls in and
 -- its end, in µs. A plain window is identified by its epoch-aligned index;
@@ -611,4 +661,14 @@ local function put(out, d)
   out[#out + 1] = d.reset
   out[#out + 1] = d.delay
   out[#out + 1] = d.blocked
+end
+
+-- put_at writes d's 8 values as put does, at out[i .. i+7].
+local function put_at(out, i, d)
+  local allowed = 0
+  if d.allowed then
+    allowed = 1
+  end
+  out[i], out[i + 1], out[i + 2], out[i + 3] = allowed, d.granted, d.limit, d.remaining
+  out[i + 4], out[i + 5], out[i + 6], out[i + 7] = d.retry, d.reset, d.delay, d.blocked
 end

@@ -9,13 +9,13 @@
 --          4 settle (a refund that settles a dated take)
 -- ARGV[4]  member id for sliding_log entries and concurrency leases; with
 --          mode 4, the take it settles: "<at_us>:<cost>:<remaining>"
--- ARGV[5..4+NLIMIT]  the compiled limit (see params)
+-- ARGV[5]  the compiled limit, packed (see limit_of)
 --
 -- Reply: {allowed, granted, limit, remaining, retry_after_us,
 --         reset_after_us, delay_us, blocked_until_us, now_us}
 
 local function weir_take(KEYS, ARGV)
-  local p = params(ARGV, 5)
+  local p = limit_of(ARGV[5])
   local now = clock(ARGV[1])
   local d = take_one(p, KEYS[1], KEYS[2], ARGV[4], now, tonumber(ARGV[2]), tonumber(ARGV[3]))
   local out = {}
