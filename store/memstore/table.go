@@ -49,6 +49,7 @@ const maxKeyLen = 1<<32 - 1
 type shardData struct {
 	mu    sync.Mutex
 	slots []slot // a power of two long, or empty
+	hint  *hint  // the store's record of where slots is (prefetch.go)
 	used  int    // full slots
 	keys  int    // distinct keys held
 	// limit is the most keys the shard may hold; the shards' limits add
@@ -158,6 +159,7 @@ func (sh *shard) shrinkIfSparse() {
 func (sh *shard) resize(n int) {
 	old := sh.slots
 	sh.slots = make([]slot, n)
+	sh.hint.set(sh.slots)
 	m := sh.mask()
 	for j := range old {
 		if old[j].c == nil {
