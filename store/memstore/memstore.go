@@ -326,7 +326,7 @@ func (s *Store) take(key string, l *weir.Limit, n int64, mode algorithm.Mode, le
 		sl := &sh.slots[i]
 		unpack(c.lay, &sl.v, &sh.scratch)
 		algorithm.TakeTo(&c.params, &sh.scratch, now, n, mode, &d)
-		sl.v = packed(c.lay, &sh.scratch)
+		storePacked(c.lay, &sh.scratch, &sl.v)
 		sl.expires = now + d.TTL
 		r.SetDecision(&d)
 		return nil

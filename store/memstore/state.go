@@ -53,18 +53,22 @@ func plainOf(p *algorithm.Params, lay layout) bool {
 	return lay != layoutNone && p.Block == 0 && p.Buckets == 0
 }
 
-// packed returns lay's integers of st, which must pack under lay (see
-// plainOf).
-func packed(lay layout, st *algorithm.State) [3]int64 {
+// storePacked writes lay's integers of st, which must pack under lay (see
+// plainOf), to v. It writes each element itself: returning the three as
+// an array stored them to a temporary first, which was then copied with
+// 16-byte loads over 8-byte stores, a load the CPU cannot forward from the
+// stores and waits for.
+func storePacked(lay layout, st *algorithm.State, v *[3]int64) {
 	switch lay {
 	case layoutWindow:
-		return [3]int64{st.Window, st.Count, st.Prev}
+		v[0], v[1], v[2] = st.Window, st.Count, st.Prev
 	case layoutBucket:
-		return [3]int64{st.Level, st.TS, st.WarmStart}
+		v[0], v[1], v[2] = st.Level, st.TS, st.WarmStart
 	case layoutGCRA:
-		return [3]int64{st.TAT, st.Frac, 0}
+		v[0], v[1], v[2] = st.TAT, st.Frac, 0
+	default:
+		*v = [3]int64{}
 	}
-	return [3]int64{}
 }
 
 // unpack sets st to the state v holds under lay. Every field of st that no
