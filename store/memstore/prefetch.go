@@ -3,6 +3,8 @@ package memstore
 import (
 	"sync/atomic"
 	"unsafe"
+
+	"github.com/weir-dev/weir/algorithm"
 )
 
 // A decision on a key not in cache waits for two lines from memory or
@@ -38,10 +40,51 @@ func (h *hint) set(slots []slot) {
 	h.base.Store(uintptr(unsafe.Pointer(unsafe.SliceData(slots))))
 }
 
-// prefetchSlot asks for the shard's line and for the line of the slot
+// shardLines are the offsets in a shard of the lines a decision on a
+// packed state writes or reads: the mutex's, and those of the scratch
+// fields that unpack writes and package algorithm reads (the counters,
+// the penalty box's end, the warm-up's start and the debt flag). Fewer
+// distinct lines repeat the last.
+var shardLines = lineOffsets(
+	unsafe.Offsetof(shardData{}.mu),
+	unsafe.Offsetof(shardData{}.scratch)+unsafe.Offsetof(algorithm.State{}.Window),
+	unsafe.Offsetof(shardData{}.scratch)+unsafe.Offsetof(algorithm.State{}.Frac),
+	unsafe.Offsetof(shardData{}.scratch)+unsafe.Offsetof(algorithm.State{}.BlockedUntil),
+	unsafe.Offsetof(shardData{}.scratch)+unsafe.Offsetof(algorithm.State{}.WarmStart),
+	unsafe.Offsetof(shardData{}.scratch)+unsafe.Offsetof(algorithm.State{}.Debt),
+)
+
+const lineSize = 64
+
+// lineOffsets returns the distinct cache lines of the offsets, at most
+// four.
+func lineOffsets(offs ...uintptr) [4]uintptr {
+	var lines [4]uintptr
+	n := 0
+	for _, o := range offs {
+		l := o &^ (lineSize - 1)
+		if n > 0 && lines[n-1] == l {
+			continue
+		}
+		if n < len(lines) {
+			lines[n] = l
+			n++
+		}
+	}
+	for i := n; i < len(lines); i++ {
+		lines[i] = lines[n-1]
+	}
+	return lines
+}
+
+// prefetchSlot asks for the shard's lines and for the line of the slot
 // where a key of hash tag is looked for first.
 func (s *Store) prefetchSlot(si uint64, tag uint32) {
-	prefetch(uintptr(unsafe.Pointer(&s.shards[si])))
+	sp := uintptr(unsafe.Pointer(&s.shards[si]))
+	prefetch(sp + shardLines[0])
+	prefetch(sp + shardLines[1])
+	prefetch(sp + shardLines[2])
+	prefetch(sp + shardLines[3])
 	h := &s.hints[si]
 	if base := h.base.Load(); base != 0 {
 		prefetch(base + (uintptr(tag)&h.mask.Load())*unsafe.Sizeof(slot{}))

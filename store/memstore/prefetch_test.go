@@ -64,3 +64,35 @@ func TestPrefetchAnyAddress(t *testing.T) {
 		prefetch(a)
 	}
 }
+
+// TestShardLines: the lines prefetched are the shard's, in increasing
+// order, and include those of the mutex and of the scratch fields a
+// decision on a packed state uses.
+func TestShardLines(t *testing.T) {
+	var sh shard
+	base := uintptr(unsafe.Pointer(&sh))
+	has := func(p unsafe.Pointer) bool {
+		l := (uintptr(p) - base) &^ (lineSize - 1)
+		for _, o := range shardLines {
+			if o == l {
+				return true
+			}
+		}
+		return false
+	}
+	for i, o := range shardLines {
+		if o >= unsafe.Sizeof(sh) || o%lineSize != 0 || i > 0 && o < shardLines[i-1] {
+			t.Fatalf("shardLines %v: not lines of a %d-byte shard in order", shardLines, unsafe.Sizeof(sh))
+		}
+	}
+	st := &sh.scratch
+	for name, p := range map[string]unsafe.Pointer{
+		"mu": unsafe.Pointer(&sh.mu), "Window": unsafe.Pointer(&st.Window), "Level": unsafe.Pointer(&st.Level),
+		"TAT": unsafe.Pointer(&st.TAT), "Frac": unsafe.Pointer(&st.Frac), "BlockedUntil": unsafe.Pointer(&st.BlockedUntil),
+		"WarmStart": unsafe.Pointer(&st.WarmStart), "Debt": unsafe.Pointer(&st.Debt),
+	} {
+		if !has(p) {
+			t.Errorf("the line of %s (offset %d) is not prefetched: %v", name, uintptr(p)-base, shardLines)
+		}
+	}
+}
