@@ -44,7 +44,7 @@ func (h *hint) set(slots []slot) {
 // packed state writes or reads: the mutex's, and those of the scratch
 // fields that unpack writes and package algorithm reads (the counters,
 // the penalty box's end, the warm-up's start and the debt flag). Fewer
-// distinct lines repeat the last.
+// distinct lines repeat the last. prefetch_*.s reads it.
 var shardLines = lineOffsets(
 	unsafe.Offsetof(shardData{}.mu),
 	unsafe.Offsetof(shardData{}.scratch)+unsafe.Offsetof(algorithm.State{}.Window),
@@ -78,15 +78,14 @@ func lineOffsets(offs ...uintptr) [4]uintptr {
 }
 
 // prefetchSlot asks for the shard's lines and for the line of the slot
-// where a key of hash tag is looked for first.
+// where a key of hash tag is looked for first (or the shard's first line
+// again while its table is empty).
 func (s *Store) prefetchSlot(si uint64, tag uint32) {
 	sp := uintptr(unsafe.Pointer(&s.shards[si]))
-	prefetch(sp + shardLines[0])
-	prefetch(sp + shardLines[1])
-	prefetch(sp + shardLines[2])
-	prefetch(sp + shardLines[3])
 	h := &s.hints[si]
+	at := sp
 	if base := h.base.Load(); base != 0 {
-		prefetch(base + (uintptr(tag)&h.mask.Load())*unsafe.Sizeof(slot{}))
+		at = base + (uintptr(tag)&h.mask.Load())*unsafe.Sizeof(slot{})
 	}
+	prefetchShard(sp, at)
 }

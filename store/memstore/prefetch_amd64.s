@@ -2,16 +2,38 @@
 
 #include "textflag.h"
 
-// func prefetch(addr uintptr)
-TEXT ·prefetch(SB), NOSPLIT|NOFRAME, $0-8
-	MOVQ addr+0(FP), AX
+// PREFETCHW (reg), which the assembler does not know: 0F 0D /1.
+#define PREFETCHW_AX BYTE $0x0F; BYTE $0x0D; BYTE $0x08
+#define PREFETCHW_CX BYTE $0x0F; BYTE $0x0D; BYTE $0x09
+#define PREFETCHW_DX BYTE $0x0F; BYTE $0x0D; BYTE $0x0A
+#define PREFETCHW_SI BYTE $0x0F; BYTE $0x0D; BYTE $0x0E
+#define PREFETCHW_DI BYTE $0x0F; BYTE $0x0D; BYTE $0x0F
+
+// func prefetchShard(shard, slot uintptr)
+TEXT ·prefetchShard(SB), NOSPLIT|NOFRAME, $0-16
+	MOVQ shard+0(FP), AX
+	MOVQ slot+8(FP), DI
+	MOVQ ·shardLines+8(SB), CX
+	ADDQ AX, CX
+	MOVQ ·shardLines+16(SB), DX
+	ADDQ AX, DX
+	MOVQ ·shardLines+24(SB), SI
+	ADDQ AX, SI
+	ADDQ ·shardLines+0(SB), AX
 	CMPB ·hasPrefetchW(SB), $0
 	JEQ  read
-	// PREFETCHW (AX), which the assembler does not know.
-	BYTE $0x0F; BYTE $0x0D; BYTE $0x08
+	PREFETCHW_AX
+	PREFETCHW_CX
+	PREFETCHW_DX
+	PREFETCHW_SI
+	PREFETCHW_DI
 	RET
 read:
 	PREFETCHT0 (AX)
+	PREFETCHT0 (CX)
+	PREFETCHT0 (DX)
+	PREFETCHT0 (SI)
+	PREFETCHT0 (DI)
 	RET
 
 // func cpuPrefetchW() bool

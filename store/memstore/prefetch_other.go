@@ -2,5 +2,5 @@
 
 package memstore
 
-// prefetch does nothing where memstore has no prefetch instruction.
-func prefetch(addr uintptr) {}
+// prefetchShard does nothing where memstore has no prefetch instruction.
+func prefetchShard(shard, slot uintptr) {}

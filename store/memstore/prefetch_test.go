@@ -61,7 +61,8 @@ func TestHintFollowsTable(t *testing.T) {
 func TestPrefetchAnyAddress(t *testing.T) {
 	var x [64]byte
 	for _, a := range []uintptr{0, 8, 1 << 20, ^uintptr(0), ^uintptr(0) - 4095, uintptr(unsafe.Pointer(&x))} {
-		prefetch(a)
+		prefetchShard(a, a)
+		prefetchShard(uintptr(unsafe.Pointer(&x)), a)
 	}
 }
 
