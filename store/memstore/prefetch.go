@@ -41,10 +41,11 @@ func (h *hint) set(slots []slot) {
 }
 
 // shardLines are the offsets in a shard of the lines a decision on a
-// packed state writes or reads: the mutex's, and those of the scratch
-// fields that unpack writes and package algorithm reads (the counters,
-// the penalty box's end, the warm-up's start and the debt flag). Fewer
-// distinct lines repeat the last. prefetch_*.s reads it.
+// packed state uses: first the two it writes (the mutex's, and the
+// scratch counters'), prefetched to be written, then the two it only
+// reads (the penalty box's end, the warm-up's start and the debt flag),
+// prefetched to be read, so that both cores keep them. Fewer distinct
+// lines repeat the last. prefetch_*.s reads it.
 var shardLines = lineOffsets(
 	unsafe.Offsetof(shardData{}.mu),
 	unsafe.Offsetof(shardData{}.scratch)+unsafe.Offsetof(algorithm.State{}.Window),

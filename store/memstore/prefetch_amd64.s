@@ -5,8 +5,6 @@
 // PREFETCHW (reg), which the assembler does not know: 0F 0D /1.
 #define PREFETCHW_AX BYTE $0x0F; BYTE $0x0D; BYTE $0x08
 #define PREFETCHW_CX BYTE $0x0F; BYTE $0x0D; BYTE $0x09
-#define PREFETCHW_DX BYTE $0x0F; BYTE $0x0D; BYTE $0x0A
-#define PREFETCHW_SI BYTE $0x0F; BYTE $0x0D; BYTE $0x0E
 #define PREFETCHW_DI BYTE $0x0F; BYTE $0x0D; BYTE $0x0F
 
 // func prefetchShard(shard, slot uintptr)
@@ -24,8 +22,8 @@ TEXT ·prefetchShard(SB), NOSPLIT|NOFRAME, $0-16
 	JEQ  read
 	PREFETCHW_AX
 	PREFETCHW_CX
-	PREFETCHW_DX
-	PREFETCHW_SI
+	PREFETCHT0 (DX)
+	PREFETCHT0 (SI)
 	PREFETCHW_DI
 	RET
 read:

@@ -73,13 +73,10 @@ func TestShardLines(t *testing.T) {
 	var sh shard
 	base := uintptr(unsafe.Pointer(&sh))
 	has := func(p unsafe.Pointer) bool {
-		l := (uintptr(p) - base) &^ (lineSize - 1)
-		for _, o := range shardLines {
-			if o == l {
-				return true
-			}
-		}
-		return false
+		return hasIn(shardLines[:], base, p)
+	}
+	written := func(p unsafe.Pointer) bool {
+		return hasIn(shardLines[:2], base, p)
 	}
 	for i, o := range shardLines {
 		if o >= unsafe.Sizeof(sh) || o%lineSize != 0 || i > 0 && o < shardLines[i-1] {
@@ -96,4 +93,25 @@ func TestShardLines(t *testing.T) {
 			t.Errorf("the line of %s (offset %d) is not prefetched: %v", name, uintptr(p)-base, shardLines)
 		}
 	}
+	// The first two are prefetched to be written: they must hold what a
+	// decision writes.
+	for name, p := range map[string]unsafe.Pointer{
+		"mu": unsafe.Pointer(&sh.mu), "Window": unsafe.Pointer(&st.Window), "Count": unsafe.Pointer(&st.Count),
+		"Prev": unsafe.Pointer(&st.Prev), "Level": unsafe.Pointer(&st.Level), "TS": unsafe.Pointer(&st.TS),
+		"TAT": unsafe.Pointer(&st.TAT), "Frac": unsafe.Pointer(&st.Frac),
+	} {
+		if !written(p) {
+			t.Errorf("the line of %s (offset %d) is not among the lines prefetched to be written: %v", name, uintptr(p)-base, shardLines[:2])
+		}
+	}
+}
+
+func hasIn(lines []uintptr, base uintptr, p unsafe.Pointer) bool {
+	l := (uintptr(p) - base) &^ (lineSize - 1)
+	for _, o := range lines {
+		if o == l {
+			return true
+		}
+	}
+	return false
 }
