@@ -41,26 +41,33 @@ func (h *hint) set(slots []slot) {
 }
 
 // shardLines are the offsets in a shard of the lines a decision on a
-// packed state uses: first the two it writes (the mutex's, and the
-// scratch counters'), prefetched to be written, then the two it only
-// reads (the penalty box's end, the warm-up's start and the debt flag),
-// prefetched to be read, so that both cores keep them. Fewer distinct
-// lines repeat the last. prefetch_*.s reads it.
-var shardLines = lineOffsets(
-	unsafe.Offsetof(shardData{}.mu),
-	unsafe.Offsetof(shardData{}.scratch)+unsafe.Offsetof(algorithm.State{}.Window),
-	unsafe.Offsetof(shardData{}.scratch)+unsafe.Offsetof(algorithm.State{}.Frac),
-	unsafe.Offsetof(shardData{}.scratch)+unsafe.Offsetof(algorithm.State{}.BlockedUntil),
-	unsafe.Offsetof(shardData{}.scratch)+unsafe.Offsetof(algorithm.State{}.WarmStart),
-	unsafe.Offsetof(shardData{}.scratch)+unsafe.Offsetof(algorithm.State{}.Debt),
-)
+// packed state uses: first the two it writes (the mutex's and the scratch
+// counters': one line, twice, in the shard's layout), prefetched to be
+// written, then the two it only reads (the table's header, the penalty
+// box's end, the warm-up's start and the debt flag), prefetched to be
+// read, so that both cores keep them. prefetch_*.s reads it.
+var shardLines = func() [4]uintptr {
+	scratch := unsafe.Offsetof(shardData{}.scratch)
+	w := lineOffsets(
+		unsafe.Offsetof(shardData{}.mu),
+		scratch+unsafe.Offsetof(algorithm.State{}.Window),
+		scratch+unsafe.Offsetof(algorithm.State{}.Frac),
+	)
+	r := lineOffsets(
+		scratch+unsafe.Offsetof(algorithm.State{}.BlockedUntil),
+		scratch+unsafe.Offsetof(algorithm.State{}.WarmStart),
+		scratch+unsafe.Offsetof(algorithm.State{}.Debt),
+		unsafe.Offsetof(shardData{}.slots),
+	)
+	return [4]uintptr{w[0], w[1], r[0], r[1]}
+}()
 
 const lineSize = 64
 
-// lineOffsets returns the distinct cache lines of the offsets, at most
-// four.
-func lineOffsets(offs ...uintptr) [4]uintptr {
-	var lines [4]uintptr
+// lineOffsets returns the first two distinct cache lines of the offsets,
+// which must be in increasing order; one line is returned twice.
+func lineOffsets(offs ...uintptr) [2]uintptr {
+	var lines [2]uintptr
 	n := 0
 	for _, o := range offs {
 		l := o &^ (lineSize - 1)
@@ -72,8 +79,8 @@ func lineOffsets(offs ...uintptr) [4]uintptr {
 			n++
 		}
 	}
-	for i := n; i < len(lines); i++ {
-		lines[i] = lines[n-1]
+	if n == 1 {
+		lines[1] = lines[0]
 	}
 	return lines
 }
