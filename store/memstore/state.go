@@ -74,9 +74,9 @@ func storePacked(lay layout, st *algorithm.State, v *[3]int64) {
 // unpack sets st to the state v holds under lay. Every field of st that no
 // layout holds must already be zero (the scratch's invariant: see pack).
 //
-// WarmStart, alone on a cache line of its own in a State and zero unless
-// a limit has a warm-up, is written only when it changes: a line a
-// decision only reads stays in both cores' caches (see prefetch.go).
+// WarmStart, on another cache line than the counters and zero unless a
+// limit has a warm-up, is written only when it changes: a line a decision
+// only reads stays in both cores' caches (see prefetch.go).
 func unpack(lay layout, v *[3]int64, st *algorithm.State) {
 	st.Window, st.Count, st.Prev = 0, 0, 0
 	st.Level, st.TS = 0, 0
