@@ -128,8 +128,9 @@ func TestPlainKeepsPacked(t *testing.T) {
 				if !ok {
 					t.Fatalf("%s %+v seed %d op %d n=%d: plainOf accepts the limit, but a decision left a state that does not pack: %+v", a, p.Config, seed, op, n, st)
 				}
-				if got := packed(lay, &st); got != after {
-					t.Fatalf("%s seed %d op %d: packed gives %v, pack %v", a, seed, op, got, after)
+				var got [3]int64
+				if storePacked(lay, &st, &got); got != after {
+					t.Fatalf("%s seed %d op %d: storePacked gives %v, pack %v", a, seed, op, got, after)
 				}
 			}
 		}

@@ -32,6 +32,7 @@ const DefaultMaxKeys = 1 << 20
 // Store is the in-memory store. The zero value is not usable; call New.
 type Store struct {
 	shards  []shard
+	hints   []hint // where each shard's table is (prefetch.go)
 	mask    uint64
 	seed    maphash.Seed
 	now     func() time.Time // an injected clock; nil means clock
@@ -119,9 +120,11 @@ func New(opts ...Option) *Store {
 		n >>= 1
 	}
 	s.shards = make([]shard, n)
+	s.hints = make([]hint, n)
 	s.mask = uint64(n - 1)
 	// The shards share MaxKeys exactly: the first MaxKeys%n get one more.
 	for i := range s.shards {
+		s.shards[i].hint = &s.hints[i]
 		s.shards[i].limit = s.maxKeys / n
 		if i < s.maxKeys%n {
 			s.shards[i].limit++
@@ -288,9 +291,15 @@ func (s *Store) Take(ctx context.Context, key string, l weir.Limit, n int64) (r 
 // take decides into r, the caller's Result, so that the Result is built
 // where it is returned instead of being copied out through each frame.
 func (s *Store) take(key string, l *weir.Limit, n int64, mode algorithm.Mode, lease string, r *weir.Result) error {
-	sh, tag := s.hash(key)
+	si, tag := s.hashIndex(key)
+	s.prefetchSlot(uint64(si), tag)
+	sh := &s.shards[si]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	// The clock is read under the lock (so that decisions on a key see
+	// time in the order they take it) and before the slot is looked at:
+	// the slot's line, prefetched, is on its way meanwhile.
+	now := s.micros()
 	i, c, err := s.resolve(sh, key, tag, l)
 	if err != nil {
 		return err
@@ -309,7 +318,6 @@ func (s *Store) take(key string, l *weir.Limit, n int64, mode algorithm.Mode, le
 	if n < 0 || n > maxCost {
 		return weir.CheckCost(key, n, maxCost)
 	}
-	now := s.micros()
 	var d algorithm.Decision
 	if i >= 0 && c.plain && mode < algorithm.Debit && sh.slots[i].x == nil {
 		// The common case: a packed state under a limit whose decisions
@@ -318,7 +326,7 @@ func (s *Store) take(key string, l *weir.Limit, n int64, mode algorithm.Mode, le
 		sl := &sh.slots[i]
 		unpack(c.lay, &sl.v, &sh.scratch)
 		algorithm.TakeTo(&c.params, &sh.scratch, now, n, mode, &d)
-		sl.v = packed(c.lay, &sh.scratch)
+		storePacked(c.lay, &sh.scratch, &sl.v)
 		sl.expires = now + d.TTL
 		r.SetDecision(&d)
 		return nil

@@ -53,33 +53,45 @@ func plainOf(p *algorithm.Params, lay layout) bool {
 	return lay != layoutNone && p.Block == 0 && p.Buckets == 0
 }
 
-// packed returns lay's integers of st, which must pack under lay (see
-// plainOf).
-func packed(lay layout, st *algorithm.State) [3]int64 {
+// storePacked writes lay's integers of st, which must pack under lay (see
+// plainOf), to v. It writes each element itself: returning the three as
+// an array stored them to a temporary first, which was then copied with
+// 16-byte loads over 8-byte stores, a load the CPU cannot forward from the
+// stores and waits for.
+func storePacked(lay layout, st *algorithm.State, v *[3]int64) {
 	switch lay {
 	case layoutWindow:
-		return [3]int64{st.Window, st.Count, st.Prev}
+		v[0], v[1], v[2] = st.Window, st.Count, st.Prev
 	case layoutBucket:
-		return [3]int64{st.Level, st.TS, st.WarmStart}
+		v[0], v[1], v[2] = st.Level, st.TS, st.WarmStart
 	case layoutGCRA:
-		return [3]int64{st.TAT, st.Frac, 0}
+		v[0], v[1], v[2] = st.TAT, st.Frac, 0
+	default:
+		*v = [3]int64{}
 	}
-	return [3]int64{}
 }
 
 // unpack sets st to the state v holds under lay. Every field of st that no
 // layout holds must already be zero (the scratch's invariant: see pack).
+//
+// WarmStart, on another cache line than the counters and zero unless a
+// limit has a warm-up, is written only when it changes: a line a decision
+// only reads stays in both cores' caches (see prefetch.go).
 func unpack(lay layout, v *[3]int64, st *algorithm.State) {
 	st.Window, st.Count, st.Prev = 0, 0, 0
-	st.Level, st.TS, st.WarmStart = 0, 0, 0
+	st.Level, st.TS = 0, 0
 	st.TAT, st.Frac = 0, 0
+	var warm int64
 	switch lay {
 	case layoutWindow:
 		st.Window, st.Count, st.Prev = v[0], v[1], v[2]
 	case layoutBucket:
-		st.Level, st.TS, st.WarmStart = v[0], v[1], v[2]
+		st.Level, st.TS, warm = v[0], v[1], v[2]
 	case layoutGCRA:
 		st.TAT, st.Frac = v[0], v[1]
+	}
+	if st.WarmStart != warm {
+		st.WarmStart = warm
 	}
 }
 

@@ -47,18 +47,24 @@ func (sl *slot) is(key string, tag uint32) bool {
 const maxKeyLen = 1<<32 - 1
 
 type shardData struct {
-	mu    sync.Mutex
-	slots []slot // a power of two long, or empty
-	used  int    // full slots
-	keys  int    // distinct keys held
-	// limit is the most keys the shard may hold; the shards' limits add
-	// up to the store's MaxKeys.
-	limit int
-	hand  int // where the next sweep or eviction sample starts
+	// A random key's shard was most often last used by the other core, so
+	// each line a decision writes then comes from that core's cache.
+	// A decision on a packed state writes mu and scratch's counters only,
+	// which share the first line; the rest of the shard it only reads
+	// (slots) or changes when keys come and go (see prefetch.go).
+	mu sync.Mutex
 	// scratch is the State a decision runs on when the key's state is
 	// packed in its slot. Only its packed fields are ever non-zero
 	// between decisions: what does not pack moves out (spill).
 	scratch algorithm.State
+	slots   []slot // a power of two long, or empty
+	hint    *hint  // the store's record of where slots is (prefetch.go)
+	used    int    // full slots
+	keys    int    // distinct keys held
+	// limit is the most keys the shard may hold; the shards' limits add
+	// up to the store's MaxKeys.
+	limit int
+	hand  int // where the next sweep or eviction sample starts
 }
 
 // shard is padded to a whole number of 64-byte lines, so that neighbours
@@ -158,6 +164,7 @@ func (sh *shard) shrinkIfSparse() {
 func (sh *shard) resize(n int) {
 	old := sh.slots
 	sh.slots = make([]slot, n)
+	sh.hint.set(sh.slots)
 	m := sh.mask()
 	for j := range old {
 		if old[j].c == nil {
