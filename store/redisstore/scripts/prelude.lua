@@ -418,7 +418,7 @@ end
 -- read (take answers from the box alone), unless need_state: a refund must
 -- see it.
 local function load(alg, p, skey, bkey, id, now, need_state)
-  local s = { key = skey, bkey = bkey, id = id, bu = 0, block_set = false, strikes = 0, last = 0 }
+  local s = { key = skey, bkey = bkey, id = id, bu = 0, block_set = false, strikes = 0, last = 0, saving = need_state }
   if p.block > 0 then
     local b = redis.call('GET', bkey)
     if b then
