@@ -64,14 +64,15 @@ end
 -- old negative members only when a lease stays, so that the key does not
 -- empty on the way. A key that holds no lease but negative members loses
 -- them (and so the key) at once, or with defer it is left as it is and
--- the second result says so (load: s.stale).
+-- the second result says so (load: s.stale). The third says that the key
+-- does not exist.
 local function lease_total(key, defer)
   local t = redis.call('ZSCORE', key, '#t')
   if t then
     return -tonumber(t)
   end
-  if redis.call('EXISTS', key) == 0 then
-    return 0
+  if redis.call('ZCARD', key) == 0 then
+    return 0, false, true
   end
   local total, off, args = 0, 0, {}
   while true do
@@ -165,10 +166,14 @@ ALG.concurrency = {
   -- expired leases stay until the decision's end (s.stale; see GUARDED in
   -- batch.lua): decide drops them after adding its lease, or last.
   load = function(s, p, now)
-    local negs
-    s.total, negs = lease_total(s.key, true)
+    local negs, fresh
+    s.total, negs, fresh = lease_total(s.key, true)
     if negs then
       s.stale = { negs = true }
+      return
+    end
+    if fresh then
+      s.fresh = true -- no key: nothing expires, and decide knows its last lease
       return
     end
     local gone, leases, weights, off = 0, {}, {}, 0
@@ -224,9 +229,16 @@ ALG.concurrency = {
     d.granted, d.remaining = g, p.rate - held
     -- The last lease to expire (an expiry past now: expired leases may
     -- still be there, s.stale).
-    local e = redis.call('ZRANGE', s.key, -1, -1, 'WITHSCORES')
-    if e[2] and tonumber(e[2]) > now then
-      d.reset = tonumber(e[2]) - now
+    if s.fresh then
+      -- The key was missing: the lease just added, if any, is its only one.
+      if d.changed then
+        d.reset = p.period
+      end
+    else
+      local e = redis.call('ZRANGE', s.key, -1, -1, 'WITHSCORES')
+      if e[2] and tonumber(e[2]) > now then
+        d.reset = tonumber(e[2]) - now
+      end
     end
     if s.stale and not s.saving then
       lease_clear(s) -- nothing follows on the key: this may delete it
