@@ -744,7 +744,7 @@ func splitAddr(addr string) (string, string, error) {
 func nodeMigrationUnderLoad(t *testing.T, c *redistest.ClusterGroup) {
 	s := newTestStore(t, Config{Addrs: c.Addrs, Prefix: "load", Timeout: 20 * time.Second})
 	ctx := context.Background()
-	hot, sl := sameSlotKeys("hot", 4)
+	hot, sl := sameSlotKeys("hot", 5) // one per limit below
 	from := c.NodeForSlot(int(sl))
 	to := c.Nodes[0]
 	if to == from {
@@ -759,6 +759,7 @@ func nodeMigrationUnderLoad(t *testing.T, c *redistest.ClusterGroup) {
 		{Algorithm: weir.GCRA, Rate: limit, Period: 24 * time.Hour},
 		{Algorithm: weir.TokenBucket, Rate: limit, Period: 24 * time.Hour},
 		{Algorithm: weir.FixedWindow, Rate: limit, Period: 24 * time.Hour},
+		{Algorithm: weir.Concurrency, Rate: limit, Period: 24 * time.Hour},
 	}
 	lim := func(k int) weir.Limit { return limits[k%len(limits)] }
 	admitted := make([]atomic.Int64, len(keys))
