@@ -240,7 +240,10 @@ func TestSlidingLogClockBack(t *testing.T) {
 // a log of fewer than four members is read with one ZRANGE, and pruned only
 // when its oldest member has left the window, so a decision on a key
 // missing or of up to three members sends three commands (ZRANGE, ZADD,
-// PEXPIRE). The decisions stay memstore's.
+// PEXPIRE), and one more when it prunes. A log whose every member has left
+// is pruned after the new member is in (or, by a peek, last), so that the
+// key never empties before a later command (GUARDED in batch.lua). The
+// decisions stay memstore's.
 func TestSlidingLogCommands(t *testing.T) {
 	srv := redistest.Standalone(t)
 	ctx := context.Background()
@@ -266,23 +269,31 @@ func TestSlidingLogCommands(t *testing.T) {
 		}
 		return m
 	}
-	for i, want := range []map[string]int64{
-		{"zrange": 1, "zadd": 1, "pexpire": 1},                                    // no key
-		{"zrange": 1, "zadd": 1, "pexpire": 1},                                    // one member
-		{"zrange": 1, "zadd": 1, "pexpire": 1},                                    // two
-		{"zrange": 1, "zadd": 1, "pexpire": 1},                                    // three
-		{"zrange": 1, "zcard": 1, "zadd": 1, "pexpire": 1},                        // four: ZCARD
-		{"zrange": 2, "zcard": 1, "zadd": 1, "pexpire": 1},                        // five: and the newest
-		{"zrange": 1, "zremrangebyscore": 1, "zcard": 1, "zadd": 1, "pexpire": 1}, // all six left the window
+	for i, step := range []struct {
+		advance time.Duration // before the decision
+		n       int64
+		want    map[string]int64
+	}{
+		{0, 1, map[string]int64{"zrange": 1, "zadd": 1, "pexpire": 1}},                                             // no key
+		{0, 1, map[string]int64{"zrange": 1, "zadd": 1, "pexpire": 1}},                                             // one member
+		{0, 1, map[string]int64{"zrange": 1, "zadd": 1, "pexpire": 1}},                                             // two
+		{0, 1, map[string]int64{"zrange": 1, "zadd": 1, "pexpire": 1}},                                             // three
+		{0, 1, map[string]int64{"zrange": 1, "zcard": 1, "zadd": 1, "pexpire": 1}},                                 // four: ZCARD
+		{0, 1, map[string]int64{"zrange": 2, "zcard": 1, "zadd": 1, "pexpire": 1}},                                 // five: and the newest
+		{l.Period, 1, map[string]int64{"zrange": 2, "zadd": 1, "zremrangebyscore": 1, "pexpire": 1}},               // all six left: the newest read, pruned after the ZADD
+		{time.Second, 1, map[string]int64{"zrange": 1, "zadd": 1, "pexpire": 1}},                                   // two members
+		{l.Period - time.Second, 1, map[string]int64{"zrange": 1, "zremrangebyscore": 1, "zadd": 1, "pexpire": 1}}, // the oldest left, the newest stays
+		{l.Period, 1, map[string]int64{"zrange": 1, "zadd": 1, "zremrangebyscore": 1, "pexpire": 1}},               // both left
+		{l.Period, 0, map[string]int64{"zrange": 1, "zremrangebyscore": 1}},                                        // a peek: the pruning, last, deletes the key
+		{0, 1, map[string]int64{"zrange": 1, "zadd": 1, "pexpire": 1}},                                             // no key
 	} {
-		if i == 6 {
-			clock.Advance(l.Period) // the key itself lives on (Redis's clock)
-		}
+		want := step.want
+		clock.Advance(step.advance) // the key itself lives on (Redis's clock)
 		before := stats()
 		var r [2]weir.Result
 		for j, s := range []weir.Store{rs, ms} {
 			var err error
-			if r[j], err = s.Take(ctx, "k", l, 1); err != nil {
+			if r[j], err = s.Take(ctx, "k", l, step.n); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -298,6 +309,72 @@ func TestSlidingLogCommands(t *testing.T) {
 		}
 		if fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("decision %d sent %v, want %v", i, got, want)
+		}
+	}
+}
+
+// TestConcurrencyCommands checks the commands a concurrency decision sends
+// (a missing key: no expiry read, no reset read; expired leases dropped
+// after the new lease is in, or last), and that its decisions stay
+// memstore's.
+func TestConcurrencyCommands(t *testing.T) {
+	srv := redistest.Standalone(t)
+	ctx := context.Background()
+	clock := storetest.NewClock(storetest.Epoch)
+	rs := newTestStore(t, Config{Addrs: []string{srv.Addr}, Clock: clock.Now, Prefix: fmt.Sprintf("cccmd%d", prefixSeq.Add(1))})
+	ms := memstore.New(memstore.WithClock(clock.Now))
+	l := weir.Limit{Algorithm: weir.Concurrency, Rate: 10, Period: time.Minute}
+	keyed := map[string]bool{"zscore": true, "zcard": true, "zadd": true, "zrem": true, "zrange": true,
+		"zrangebyscore": true, "zrevrangebyscore": true, "zremrangebyscore": true, "exists": true, "pexpire": true, "del": true}
+	stats := func() map[string]int64 {
+		v, err := srv.Do("INFO", "commandstats")
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]int64{}
+		for _, line := range strings.Split(v.(string), "\n") {
+			name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
+			if c, found := strings.CutPrefix(name, "cmdstat_"); ok && found && keyed[c] {
+				n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+				m[c] = n
+			}
+		}
+		return m
+	}
+	for i, step := range []struct {
+		advance time.Duration // before the decision
+		n       int64
+		want    map[string]int64
+	}{
+		{0, 1, map[string]int64{"zscore": 1, "zcard": 1, "zadd": 2, "pexpire": 1}},                                                      // no key
+		{0, 2, map[string]int64{"zscore": 1, "zrangebyscore": 1, "zadd": 3, "zrange": 1, "pexpire": 1}},                                 // a lease of weight 2: its weight member too
+		{time.Second, 1, map[string]int64{"zscore": 1, "zrangebyscore": 1, "zadd": 2, "zrange": 1, "pexpire": 1}},                       // nothing expired
+		{l.Period - time.Second, 1, map[string]int64{"zscore": 1, "zrangebyscore": 1, "zrem": 2, "zadd": 3, "zrange": 1, "pexpire": 1}}, // the first two expired: dropped in load ("#t" stays)
+		{l.Period, 1, map[string]int64{"zscore": 1, "zrangebyscore": 1, "zadd": 2, "zrem": 1, "zrange": 1, "pexpire": 1}},               // all expired: dropped after the new lease is in
+		{l.Period, 0, map[string]int64{"zscore": 1, "zrangebyscore": 1, "zrange": 1, "zrem": 2}},                                        // a peek, all expired: dropped last, "#t" (and the key) at the end
+		{0, 1, map[string]int64{"zscore": 1, "zcard": 1, "zadd": 2, "pexpire": 1}},                                                      // no key
+	} {
+		clock.Advance(step.advance) // the key itself lives on (Redis's clock)
+		before := stats()
+		var r [2]weir.Result
+		for j, s := range []weir.Store{rs, ms} {
+			var err error
+			if r[j], err = s.Take(ctx, "k", l, step.n); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if r[0] != r[1] {
+			t.Fatalf("decision %d:\n redisstore %+v\n memstore   %+v", i, r[0], r[1])
+		}
+		after := stats()
+		got := map[string]int64{}
+		for c, n := range after {
+			if d := n - before[c]; d != 0 {
+				got[c] = d
+			}
+		}
+		if fmt.Sprint(got) != fmt.Sprint(step.want) {
+			t.Errorf("decision %d sent %v, want %v", i, got, step.want)
 		}
 	}
 }

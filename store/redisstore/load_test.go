@@ -11,7 +11,7 @@ import (
 )
 
 // clusterLoad is goroutines deciding on keys until halted, each key under
-// one of four algorithms with the same limit, counting what each key was
+// one of five algorithms with the same limit, counting what each key was
 // reported to admit, so that a test can move the cluster under it
 // (nodeMigrationUnderLoad, TestClusterFailover) and then check that the
 // store stayed exact.
@@ -70,13 +70,15 @@ func startLoad(s *Store, keys []string, limit int64, n int, batches bool) *clust
 
 // lim is key k's limit.
 func (l *clusterLoad) lim(k int) weir.Limit {
-	switch k % 4 {
+	switch k % 5 {
 	case 0:
 		return weir.Limit{Algorithm: weir.SlidingLog, Rate: l.limit, Period: time.Hour}
 	case 1:
 		return weir.Limit{Algorithm: weir.GCRA, Rate: l.limit, Period: 24 * time.Hour}
 	case 2:
 		return weir.Limit{Algorithm: weir.TokenBucket, Rate: l.limit, Period: 24 * time.Hour}
+	case 3:
+		return weir.Limit{Algorithm: weir.Concurrency, Rate: l.limit, Period: 24 * time.Hour}
 	}
 	return weir.Limit{Algorithm: weir.FixedWindow, Rate: l.limit, Period: 24 * time.Hour}
 }

@@ -397,18 +397,31 @@ func nodeMigratingSlot(t *testing.T, c *redistest.ClusterGroup) {
 	}
 }
 
-// nodeProbe: while a slot migrates, a decision on it is refused before
-// its first write. A sliding_log or concurrency decision whose key exists
-// on the migrating node with only events (leases) that have ended would
-// otherwise prune them (a write, which Redis lets through: the key
-// exists) and then fail on the emptied, so missing, key: a decision run in
-// part. Both ways of knowing are checked: a call of 1 decision (which
-// probes every slot) and one of 20 (which asks CLUSTER NODES first).
+// nodeProbe: while a slot migrates, a decision of an algorithm outside
+// batch.lua's GUARDED is refused before its first write. Every algorithm
+// is in the table today, so the test loads a copy of the library without
+// sliding_log and concurrency in it (as they were before they learnt to
+// keep their ZSET from emptying mid-decision) and calls its nbatch. A
+// decision whose key exists on the migrating node with only events
+// (leases) that have ended is then refused, and changes nothing. Both ways
+// of knowing are checked: a call of 1 decision (which probes every slot)
+// and one of 20 (which asks CLUSTER NODES first).
 func nodeProbe(t *testing.T, c *redistest.ClusterGroup) {
 	clock := storetest.NewClock(storetest.Epoch)
 	s := newTestStore(t, Config{Addrs: c.Addrs, Prefix: "probe", Clock: clock.Now})
 	ctx := context.Background()
 	from, to := c.Nodes[0], c.Nodes[1]
+	const guarded = "sliding_window = true, sliding_log = true,\n  concurrency = true,\n"
+	if !strings.Contains(lib.src, guarded) {
+		t.Fatalf("batch.lua's GUARDED table is not as this test expects (%q)", guarded)
+	}
+	src := strings.ReplaceAll(lib.src, lib.name, "weirprobe")
+	src = strings.Replace(src, guarded, "sliding_window = true,\n", 1)
+	if _, err := from.Do("FUNCTION", "LOAD", "REPLACE", src); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = from.Do("FUNCTION", "DELETE", "weirprobe") })
+	node := s.client.Nodes()[from.Addr]
 	for _, tc := range []struct {
 		a    weir.Algorithm
 		size int
@@ -454,7 +467,7 @@ func nodeProbe(t *testing.T, c *redistest.ClusterGroup) {
 		for i := range keys {
 			args = append(args, "1", "1", "0", fmt.Sprintf("p%d-%d", size, i))
 		}
-		arr, err := s.callNode(ctx, from.Addr, args)
+		arr, err := node.Do(ctx, node.B().Fcall().Function("weirprobe_nbatch").Numkeys(0).Arg(args...).Build()).ToArray()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -478,13 +491,20 @@ func nodeProbe(t *testing.T, c *redistest.ClusterGroup) {
 	}
 }
 
-// nodeGuarded: the decisions of a guarded algorithm (batch.lua's GUARDED)
-// need no migration check, and get none: in a call of 20 decisions (which
-// would ask CLUSTER NODES for an unguarded algorithm) the node sends
-// neither CLUSTER NODES nor a probe. In a migrating slot, a decision whose
-// keys all exist on the node runs there, whole; one whose state is
-// missing, or whose limit has a penalty box that does not exist, is
-// refused at its first command and changes nothing.
+// nodeGuarded: the decisions of a guarded algorithm (batch.lua's GUARDED:
+// all seven) need no migration check, and get none: in a call of 20
+// decisions (which would ask CLUSTER NODES for an unguarded algorithm) the
+// node sends neither CLUSTER NODES nor a probe. In a migrating slot, on
+// the node it migrates from, a decision whose keys all exist runs there,
+// whole; one whose state is missing, or whose limit has a penalty box that
+// does not exist, is refused at its first command and changes nothing. So
+// are a sliding_log's or concurrency's decisions where every event left
+// the window (every lease expired: their pruning would empty the key
+// before the decision adds its own member), a peek there (the pruning
+// comes last and takes the key), and a credit of a log's only member (the
+// key goes with save's DEL, not before). On the importing node (no ASKING)
+// every decision of the slot is refused and changes nothing, on either
+// node.
 func nodeGuarded(t *testing.T, c *redistest.ClusterGroup) {
 	clock := storetest.NewClock(storetest.Epoch)
 	s := newTestStore(t, Config{Addrs: c.Addrs, Prefix: "guarded", Clock: clock.Now})
@@ -492,8 +512,8 @@ func nodeGuarded(t *testing.T, c *redistest.ClusterGroup) {
 	from, to := c.Nodes[0], c.Nodes[1]
 	fromID, _ := from.Do("CLUSTER", "MYID")
 	toID, _ := to.Do("CLUSTER", "MYID")
-	calls := func(cmd string) int64 {
-		v, err := from.Do("INFO", "commandstats")
+	calls := func(nd *redistest.Server, cmd string) int64 {
+		v, err := nd.Do("INFO", "commandstats")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -505,8 +525,10 @@ func nodeGuarded(t *testing.T, c *redistest.ClusterGroup) {
 		}
 		return 0
 	}
-	for _, a := range []weir.Algorithm{weir.FixedWindow, weir.GCRA, weir.TokenBucket, weir.LeakyBucket, weir.SlidingWindow} {
+	for _, a := range []weir.Algorithm{weir.FixedWindow, weir.GCRA, weir.TokenBucket, weir.LeakyBucket, weir.SlidingWindow, weir.SlidingLog, weir.Concurrency} {
 		t.Run(string(a), func(t *testing.T) {
+			clock.Set(storetest.Epoch)
+			zset := a == weir.SlidingLog || a == weir.Concurrency
 			plain := weir.Limit{Algorithm: a, Rate: 5, Period: time.Minute}
 			boxed := weir.Limit{Algorithm: a, Rate: 5, Period: time.Minute, Block: time.Minute}
 			cp, err := s.compile(plain)
@@ -518,20 +540,48 @@ func nodeGuarded(t *testing.T, c *redistest.ClusterGroup) {
 				t.Fatal(err)
 			}
 			keys := keysOnNode(c, from, "guarded-"+string(a), 20, -1)
-			// keys[0]: state on the node; keys[1]: no state; keys[2]: state,
-			// but its limit's penalty box does not exist. Their slots migrate.
-			if _, err := s.Take(ctx, keys[0], plain, 1); err != nil {
-				t.Fatal(err)
+			// The first six keys' slots migrate. keys[0]: state on the node;
+			// keys[1]: no state; keys[2]: state (an event that left the
+			// window, one that has not), but its limit's penalty box does
+			// not exist; keys[3]: state whose events all left the window;
+			// keys[4]: the same, for a peek; keys[5]: one event, for a
+			// credit of it (a take for concurrency, which has no debt).
+			// The others are stable.
+			take := func(k string, l weir.Limit) {
+				t.Helper()
+				if _, err := s.Take(ctx, k, l, 1); err != nil {
+					t.Fatal(err)
+				}
 			}
-			if _, err := s.Take(ctx, keys[2], boxed, 1); err != nil {
-				t.Fatal(err)
+			take(keys[2], boxed)
+			take(keys[3], plain)
+			take(keys[4], plain)
+			clock.Advance(plain.Period + time.Second)
+			take(keys[0], plain)
+			take(keys[2], boxed)
+			take(keys[5], plain)
+			const moving = 6
+			state := func(i int) string {
+				if i == 2 {
+					return s.names(keys[i], cb.algo).state
+				}
+				return s.names(keys[i], cp.algo).state
 			}
-			boxedState := s.names(keys[2], cb.algo).state
-			before, err := from.Do("DUMP", boxedState)
-			if err != nil {
-				t.Fatal(err)
+			dump := func(nd *redistest.Server) []any {
+				var d []any
+				for i := range moving {
+					v, err := nd.Do("DUMP", state(i))
+					if err != nil && strings.HasPrefix(err.Error(), "ASK") {
+						v, err = "missing", nil // the slot migrates: its key is not on the node
+					}
+					if err != nil {
+						t.Fatal(err)
+					}
+					d = append(d, v)
+				}
+				return d
 			}
-			for _, k := range keys[:3] {
+			for _, k := range keys[:moving] {
 				sl := strconv.Itoa(int(slot(tagOf(k))))
 				t.Cleanup(func() {
 					for _, nd := range []*redistest.Server{from, to} {
@@ -545,56 +595,132 @@ func nodeGuarded(t *testing.T, c *redistest.ClusterGroup) {
 					t.Fatal(err)
 				}
 			}
-			args := []string{strconv.Itoa(2 * len(keys))}
-			for i, k := range keys {
-				n := s.names(k, cp.algo)
-				if i == 2 {
-					n = s.names(k, cb.algo)
+			before := dump(from)
+			mode := func(i int) (n, m string) {
+				switch {
+				case i == 4:
+					return "0", "0" // a peek
+				case i == 5 && a != weir.Concurrency:
+					return "1", "3" // a credit
 				}
-				args = append(args, n.state, n.block)
+				return "1", "0"
 			}
-			args = append(args, s.nowArg(), "2")
-			args = append(args, cp.arg)
-			args = append(args, cb.arg)
-			for i := range keys {
-				l := "1"
-				if i == 2 {
-					l = "2"
+			args := func(ks []string) []string {
+				args := []string{strconv.Itoa(2 * len(ks))}
+				for i, k := range ks {
+					n := s.names(k, cp.algo)
+					if i == 2 {
+						n = s.names(k, cb.algo)
+					}
+					args = append(args, n.state, n.block)
 				}
-				args = append(args, l, "1", "0", fmt.Sprintf("g-%d", i))
+				args = append(args, s.nowArg(), "2")
+				args = append(args, cp.arg)
+				args = append(args, cb.arg)
+				for i := range ks {
+					l := "1"
+					if i == 2 {
+						l = "2"
+					}
+					n, m := mode(i)
+					args = append(args, l, n, m, fmt.Sprintf("g-%d", i))
+				}
+				return args
 			}
-			v, err := from.Do("CLUSTER", "COUNTKEYSINSLOT", strconv.Itoa(int(slot(tagOf(keys[1])))))
+			keysIn := func(nd *redistest.Server, i int) int64 {
+				v, err := nd.Do("CLUSTER", "COUNTKEYSINSLOT", strconv.Itoa(int(slot(tagOf(keys[i])))))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return v.(int64)
+			}
+
+			// The importing node: every decision of the moving slots refused.
+			toNodes0, toExists0 := calls(to, "cluster|nodes"), calls(to, "exists")
+			arr, err := s.callNode(ctx, to.Addr, args(keys[:moving]))
 			if err != nil {
 				t.Fatal(err)
 			}
-			count1 := v.(int64)
-			nodes0, exists0 := calls("cluster|nodes"), calls("exists")
-			arr, err := s.callNode(ctx, from.Addr, args)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if n, e := calls("cluster|nodes")-nodes0, calls("exists")-exists0; n != 0 || e != 0 {
-				t.Errorf("the node sent CLUSTER NODES %d times and %d probes for guarded decisions, want none", n, e)
+			if n, e := calls(to, "cluster|nodes")-toNodes0, calls(to, "exists")-toExists0; n != 0 || e != 0 {
+				t.Errorf("the importing node sent CLUSTER NODES %d times and %d probes for guarded decisions, want none", n, e)
 			}
 			var vals [8]int64
+			for i := 1; i <= (len(arr)-1)/8; i++ {
+				if err := batchDecision(arr, i-1, vals[:]); !notLocal(err) {
+					t.Errorf("decision %d on the importing node: %v %v, want WEIRNOTLOCAL", i-1, vals, err)
+				}
+				if n := keysIn(to, i-1); n != 0 {
+					t.Errorf("decision %d created %d keys on the importing node", i-1, n)
+				}
+			}
+			if after := dump(from); fmt.Sprint(after) != fmt.Sprint(before) {
+				t.Errorf("decisions refused on the importing node changed the state on the other: %q, was %q", after, before)
+			}
+
+			// The node the slots migrate from.
+			count1 := keysIn(from, 1)
+			nodes0, exists0 := calls(from, "cluster|nodes"), calls(from, "exists")
+			arr, err = s.callNode(ctx, from.Addr, args(keys))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n, e := calls(from, "cluster|nodes")-nodes0, calls(from, "exists")-exists0; n != 0 || e != 0 {
+				t.Errorf("the node sent CLUSTER NODES %d times and %d probes for guarded decisions, want none", n, e)
+			}
+			after := dump(from)
 			if err := batchDecision(arr, 0, vals[:]); err != nil || vals[0] != 1 || vals[3] != 3 {
 				t.Errorf("existing state in a migrating slot: %v %v, want admitted with 3 remaining (run on the node, once)", vals, err)
 			}
 			if err := batchDecision(arr, 1, vals[:]); !notLocal(err) {
 				t.Errorf("missing state in a migrating slot: %v %v, want WEIRNOTLOCAL", vals, err)
 			}
-			if n, err := from.Do("CLUSTER", "COUNTKEYSINSLOT", strconv.Itoa(int(slot(tagOf(keys[1]))))); err != nil || n.(int64) != count1 {
-				t.Errorf("the refused decision created a key on the migrating node: %v keys in its slot (%v), want %d", n, err, count1)
+			if n := keysIn(from, 1); n != count1 {
+				t.Errorf("the refused decision created a key on the migrating node: %v keys in its slot, want %d", n, count1)
 			}
 			if err := batchDecision(arr, 2, vals[:]); !notLocal(err) {
 				t.Errorf("missing penalty box in a migrating slot: %v %v, want WEIRNOTLOCAL", vals, err)
 			}
-			if after, err := from.Do("DUMP", boxedState); err != nil || after != before {
-				t.Errorf("the refused decision changed its state: %v", err)
+			if after[2] != before[2] {
+				t.Errorf("the refused decision changed its state")
 			}
-			for i := 3; i < len(keys); i++ {
-				if err := batchDecision(arr, i, vals[:]); err != nil || vals[0] != 1 {
-					t.Errorf("decision %d on a stable slot: %v %v, want admitted", i, vals, err)
+			// (A sliding window still counts the last window's events in part.)
+			if err := batchDecision(arr, 3, vals[:]); err != nil || vals[0] != 1 || zset && vals[3] != 4 {
+				t.Errorf("state whose events all left the window, in a migrating slot: %v %v, want admitted (with 4 remaining) (run on the node, whole)", vals, err)
+			}
+			if err := batchDecision(arr, 4, vals[:]); err != nil || vals[0] != 1 || zset && vals[3] != 5 {
+				t.Errorf("a peek on state whose events all left the window, in a migrating slot: %v %v, want (5 remaining) (run on the node, whole)", vals, err)
+			}
+			if err := batchDecision(arr, 5, vals[:]); err != nil || vals[0] != 1 {
+				t.Errorf("decision %d in a migrating slot: %v %v, want run on the node", 5, vals, err)
+			}
+			if zset {
+				members := func(i int) int64 {
+					v, err := from.Do("ZCARD", state(i))
+					if err != nil && strings.HasPrefix(err.Error(), "ASK") {
+						return 0 // no key
+					}
+					if err != nil {
+						t.Fatal(err)
+					}
+					return v.(int64)
+				}
+				want3, want5 := int64(1), int64(0) // a log: the new event; the credit emptied it
+				if a == weir.Concurrency {
+					want3, want5 = 2, 3 // the new lease and "#t"; two leases and "#t"
+				}
+				if n := members(3); n != want3 {
+					t.Errorf("state whose events all left the window holds %d members after the take, want %d", n, want3)
+				}
+				if n := members(4); n != 0 {
+					t.Errorf("state whose events all left the window holds %d members after a peek, want none (no key)", n)
+				}
+				if n := members(5); n != want5 {
+					t.Errorf("decision 5 left %d members, want %d", n, want5)
+				}
+			}
+			for i := moving + 1; i <= (len(arr)-1)/8; i++ {
+				if err := batchDecision(arr, i-1, vals[:]); err != nil || vals[0] != 1 {
+					t.Errorf("decision %d on a stable slot: %v %v, want admitted", i-1, vals, err)
 				}
 			}
 		})
@@ -617,7 +743,7 @@ func splitAddr(addr string) (string, string, error) {
 // what was reported admitted: no decision ran twice, none was lost.
 func nodeMigrationUnderLoad(t *testing.T, c *redistest.ClusterGroup) {
 	s := newTestStore(t, Config{Addrs: c.Addrs, Prefix: "load", Timeout: 20 * time.Second})
-	hot, sl := sameSlotKeys("hot", 4)
+	hot, sl := sameSlotKeys("hot", 5) // one per algorithm of clusterLoad
 	from := c.NodeForSlot(int(sl))
 	to := c.Nodes[0]
 	if to == from {

@@ -37,7 +37,8 @@
 -- decision's first command already fails, having changed nothing, and so
 -- does the decision. Within a migrating slot that is not so: Redis refuses
 -- a command there only if one of its keys is missing, which a decision can
--- meet after it has written. So nbatch first asks CLUSTER NODES whether any
+-- meet after it has written. So for decisions of an algorithm not in
+-- GUARDED (below) nbatch first asks CLUSTER NODES whether any
 -- slot of this node is migrating or importing ('[' in the reply; it costs
 -- Redis about as much as 14 probes, so a call of fewer than 16 such
 -- decisions probes them all instead); if one is, each decision first probes its
@@ -49,31 +50,42 @@
 -- client, which follows the redirection. A script runs atomically, so
 -- nothing moves while it runs.
 --
--- Most algorithms need neither the question nor the probe (GUARDED below):
--- their decisions are safe in a migrating slot as they are. In such a slot
--- a command fails exactly when one of its keys is missing (on the node it
--- migrates from: ASK; on the importing node every keyed command fails, as
--- everywhere the node does not serve the slot), and a script's clock and
--- keys stand still while it runs, so a key a command found stays there
--- until one of the decision's own commands deletes it. A guarded
--- algorithm's decision (take, peek, debit or credit) sends no write before
--- it has read every key it will write or delete: load reads the penalty
--- box first (when the limit has one; a box is written only then), then
--- the state with one command (GET or HMGET); every later command names one
--- of those keys, and the only delete (save's DEL of the state, or
--- warmup's) is the state's last command, followed at most by the box's
--- SET. So a decision that reaches its first write runs whole, and one that
--- would meet a missing key fails at a read, before any write. An algorithm
--- whose load writes (sliding_log and concurrency prune their ZSET first,
--- which may delete the key that later commands touch) is not guarded. An
--- algorithm file that changes its commands must keep this true or leave
--- the table.
+-- The algorithms in GUARDED (today all seven; the question and the probe
+-- stay for one that is not) need neither: their decisions are safe in a
+-- migrating slot as they are.
+-- In such a slot a command fails exactly when one of its keys is missing
+-- (on the node it migrates from: ASK; on the importing node every keyed
+-- command fails, as everywhere the node does not serve the slot), and a
+-- script's clock and keys stand still while it runs, so a key a command
+-- found stays there until one of the decision's own commands deletes it
+-- (DEL, or removing the last member of a ZSET or field of a hash). A
+-- guarded algorithm's decision (take, peek, debit, credit or settle) sends
+-- no write before it has read every key it will write or delete: load
+-- reads the penalty box first (when the limit has one; a box is written
+-- only then), then the state (GET, HMGET, or for sliding_log a ZRANGE and
+-- for concurrency a ZSCORE); every later command names one of those keys,
+-- and no command empties the state before the decision's last command on
+-- it, which is followed at most by the box's SET. For the string and hash
+-- states the only delete is save's DEL of the state (or warmup's). A
+-- sliding_log or concurrency decision keeps its ZSET from emptying on the
+-- way: load drops members that left the window or expired only when one
+-- stays (the newest entry, a live lease: "#t" stays); when none does, they
+-- stay until decide has added its own member and then go, or go as
+-- decide's last command (or save's DEL); a credit or settlement adds a
+-- member's remainder before removing the member and leaves the log's last
+-- member to save's DEL; a rewrite of old-form members adds before it
+-- removes (sliding_log.lua, concurrency.lua). So a decision that reaches
+-- its first write runs whole, and one that would meet a missing key fails
+-- at a read, before any write. (concurrency has no debt: the store refuses
+-- debits, refunds and settlements for it.) An algorithm file that changes
+-- its commands must keep this true or leave the table.
 
 -- GUARDED names the algorithms whose decisions need no migration check
 -- (see above).
 local GUARDED = {
   fixed_window = true, gcra = true, token_bucket = true,
-  leaky_bucket = true, sliding_window = true,
+  leaky_bucket = true, sliding_window = true, sliding_log = true,
+  concurrency = true,
 }
 
 -- batch_run makes the decisions whose keys are K[ko+1 ..] (2 each, nk in

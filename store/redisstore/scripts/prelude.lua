@@ -24,7 +24,8 @@
 -- Params arrive in ARGV, computed by Compile), and the drivers take.lua,
 -- batch.lua, multi.lua and release.lua. The sliding log and the
 -- concurrency leases live in ZSETs read by rank and score rather than in
--- slices, and expire in load rather than as decide's first step. A refund
+-- slices, and expire in load rather than as decide's first step (or,
+-- when none stays, at the decision's end: GUARDED in batch.lua). A refund
 -- finds the take's log member or lease by its call id; Go finds a named
 -- lease by its id too, but an anonymous one (a memstore Take) by its
 -- expiry, and a log's events by time, as it merges the calls of one
@@ -466,9 +467,11 @@ end
 -- without a box ignores any box on the key (algorithm.take), so its box is
 -- not read. While a box that outlasts the state holds, the state is not
 -- read (take answers from the box alone), unless need_state: a refund must
--- see it.
+-- see it. s.saving says that a save follows decide whatever it decides (a
+-- debit, credit, settlement or multi.lua's refund), which sliding_log and
+-- concurrency need to know where their last command on the key falls.
 local function load(alg, p, skey, bkey, id, now, need_state)
-  local s = { key = skey, bkey = bkey, id = id, bu = 0, block_set = false, strikes = 0, last = 0 }
+  local s = { key = skey, bkey = bkey, id = id, bu = 0, block_set = false, strikes = 0, last = 0, saving = need_state }
   if p.block > 0 then
     local b = redis.call('GET', bkey)
     if b then

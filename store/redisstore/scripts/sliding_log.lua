@@ -33,17 +33,20 @@ end
 -- log_rebuild rewrites the members from rank `from` on: old members count
 -- one event each, and consecutive old members of one timestamp (one old
 -- take) become one member; every end is recomputed. Each old member is
--- rewritten once.
+-- rewritten once. It reads them all, then adds the new members before it
+-- removes the old ones that are not among them, so the key never empties
+-- on the way (see GUARDED in batch.lua).
 local function log_rebuild(key, from)
   local prev = 0
   if from > 0 then
     prev = log_parse(redis.call('ZRANGE', key, from - 1, from - 1)[1])
   end
-  local ts, ws, ids, old = {}, {}, {}, {}
+  local ts, ws, ids, old, names = {}, {}, {}, {}, {}
   local r = from
   while true do
     local e = redis.call('ZRANGE', key, r, r + 999, 'WITHSCORES')
     for i = 1, #e, 2 do
+      names[#names + 1] = e[i]
       local _, w, id = log_parse(e[i])
       local t = tonumber(e[i + 1])
       local n = #ts
@@ -58,14 +61,24 @@ local function log_rebuild(key, from)
     end
     r = r + 1000
   end
-  redis.call('ZREMRANGEBYRANK', key, from, -1)
-  local args = {}
+  local args, added = {}, {}
   for i = 1, #ts do
     prev = prev + ws[i]
+    local m = log_member(prev, ws[i], ids[i])
+    added[m] = true
     args[#args + 1] = fmt(ts[i])
-    args[#args + 1] = log_member(prev, ws[i], ids[i])
+    args[#args + 1] = m
     if #args >= 1000 or i == #ts then
       redis.call('ZADD', key, unpack(args))
+      args = {}
+    end
+  end
+  for i = 1, #names do
+    if not added[names[i]] then
+      args[#args + 1] = names[i]
+    end
+    if #args >= 1000 or (i == #names and #args > 0) then
+      redis.call('ZREM', key, unpack(args))
       args = {}
     end
   end
@@ -80,8 +93,9 @@ local LOG_HEAD = 4
 -- (events). It first rewrites old-form members found at either end. head,
 -- if given, is what ZRANGE 0 LOG_HEAD-1 WITHSCORES returns now (load has
 -- read it): the whole log when it holds fewer than LOG_HEAD members, and
--- the newest member when it holds LOG_HEAD.
-local function log_state(s, head)
+-- the newest member when it holds LOG_HEAD. last, if given, is what ZRANGE
+-- -1 -1 WITHSCORES returns now.
+local function log_state(s, head, last)
   s.size, s.base, s.last_end, s.last_ts, s.total = 0, 0, 0, 0, 0
   for _ = 1, 2 do
     if head and #head < 2 * LOG_HEAD then
@@ -92,16 +106,18 @@ local function log_state(s, head)
     if s.size == 0 then
       return
     end
-    local f, b = head, nil
+    local f, b = head, last
     if not head then
       f = redis.call('ZRANGE', s.key, 0, 0)
     end
-    if head and s.size <= LOG_HEAD then
+    if b then
+      -- load read it
+    elseif head and s.size <= LOG_HEAD then
       b = { head[2 * s.size - 1], head[2 * s.size] }
     else
       b = redis.call('ZRANGE', s.key, -1, -1, 'WITHSCORES')
     end
-    head = nil -- a rewrite below changes the log: read it again
+    head, last = nil, nil -- a rewrite below changes the log: read it again
     local fc, fw = log_parse(f[1])
     local bc = log_parse(b[1])
     if fc and bc and bc < 2 ^ 50 then
@@ -127,6 +143,9 @@ end
 
 -- log_event_ts returns the timestamp of the j-th oldest event (0-based).
 local function log_event_ts(s, j)
+  if s.size == 0 then
+    return nil -- no event (a cost past the limit, which the store refuses)
+  end
   local lo, hi = 0, s.size - 1
   while lo < hi do
     local mid = math.floor((lo + hi) / 2)
@@ -146,18 +165,20 @@ local function log_event_ts(s, j)
 end
 
 -- log_drop_oldest drops the k oldest events: whole members, then part of
--- the oldest one.
+-- the oldest one (its remainder added before the member goes). It never
+-- reaches the newest member, which its callers have just added.
 local function log_drop_oldest(s, k)
   while k > 0 and s.size > 0 do
     local e = redis.call('ZRANGE', s.key, 0, 0, 'WITHSCORES')
     local c, w, id = log_parse(e[1])
-    redis.call('ZREM', s.key, e[1])
     if w <= k then
+      redis.call('ZREM', s.key, e[1])
       s.size = s.size - 1
       s.base = c
       k = k - w
     else
       redis.call('ZADD', s.key, e[2], log_member(c, w - k, id))
+      redis.call('ZREM', s.key, e[1])
       s.base = s.base + k
       k = 0
     end
@@ -165,20 +186,69 @@ local function log_drop_oldest(s, k)
   s.total = s.last_end - s.base
 end
 
+-- log_clear drops the members of a log whose every member has left the
+-- window (s.stale, see load), and with them the key.
+local function log_clear(s)
+  redis.call('ZREMRANGEBYSCORE', s.key, '-inf', s.stale)
+  s.stale = nil
+end
+
+-- log_add adds g events at now (the newest member's timestamp if later)
+-- as one member, then drops what load left of a log that had wholly left
+-- the window (which cannot take the key now), then the oldest events past
+-- cap.
+local function log_add(s, now, g, cap)
+  local t = max(now, s.last_ts)
+  s.last_end = s.last_end + g
+  redis.call('ZADD', s.key, fmt(t), log_member(s.last_end, g, s.id))
+  s.size, s.last_ts, s.total = s.size + 1, t, s.total + g
+  if s.stale then
+    log_clear(s)
+  end
+  if s.total > cap then
+    log_drop_oldest(s, s.total - cap)
+  end
+end
+
 ALG.sliding_log = {
+  -- load sends no write that could empty the key (see GUARDED in
+  -- batch.lua): it drops entries that left the window (ts + Period <= now)
+  -- only if the newest stays. When every entry has left, the log is empty
+  -- but its members stay until the decision's end (s.stale): log_add drops
+  -- them after its member is in, and otherwise decide drops them, and the
+  -- key, as its last command (save deletes the key instead when one
+  -- follows, s.saving: a debit's, refund's or settlement's).
   load = function(s, p, now)
     local head = redis.call('ZRANGE', s.key, 0, LOG_HEAD - 1, 'WITHSCORES')
-    if head[1] and tonumber(head[2]) <= now - p.period then
-      -- Drop entries that left the window (ts + Period <= now), if the
-      -- oldest has; one member was the whole log.
-      redis.call('ZREMRANGEBYSCORE', s.key, '-inf', fmt(now - p.period))
-      if #head == 2 then
-        head = {}
+    local cut = now - p.period
+    local last = nil
+    if head[1] and tonumber(head[2]) <= cut then
+      -- The oldest has left; has the newest?
+      if #head < 2 * LOG_HEAD then
+        last = { head[#head - 1], head[#head] }
+      else
+        last = redis.call('ZRANGE', s.key, -1, -1, 'WITHSCORES')
+      end
+      if tonumber(last[2]) <= cut then
+        s.size, s.base, s.last_end, s.last_ts, s.total = 0, 0, 0, 0, 0
+        s.stale = fmt(cut)
+        return
+      end
+      redis.call('ZREMRANGEBYSCORE', s.key, '-inf', fmt(cut))
+      if #head < 2 * LOG_HEAD then
+        -- head held the whole log: what is left of it is the log now.
+        local live = {}
+        for i = 1, #head, 2 do
+          if tonumber(head[i + 1]) > cut then
+            live[#live + 1], live[#live + 2] = head[i], head[i + 1]
+          end
+        end
+        head = live
       else
         head = nil
       end
     end
-    log_state(s, head)
+    log_state(s, head, last)
   end,
 
   decide = function(p, s, now, cost, mode, apply)
@@ -192,14 +262,8 @@ ALG.sliding_log = {
       local k = count + cost - p.rate
       d.retry = log_event_ts(s, k - 1) + p.period - now
     elseif apply then
-      local t = max(now, s.last_ts)
-      s.last_end = s.last_end + g
-      redis.call('ZADD', s.key, fmt(t), log_member(s.last_end, g, s.id))
-      s.size, s.last_ts, s.total = s.size + 1, t, s.total + g
-      if s.total > p.rate then
-        -- Like algorithm.Log: keep the newest Rate events.
-        log_drop_oldest(s, s.total - p.rate)
-      end
+      -- Like algorithm.Log: keep the newest Rate events.
+      log_add(s, now, g, p.rate)
       count = count + g
       d.changed = true
     end
@@ -208,17 +272,31 @@ ALG.sliding_log = {
       -- The newest entry leaves last.
       d.reset = s.last_ts + p.period - now
     end
+    if s.stale and not s.saving then
+      log_clear(s) -- nothing follows on the key: this may delete it
+    end
     return d
   end,
 
+  -- save: decide wrote the members. A log that a credit or settlement
+  -- emptied, or that had wholly left the window, still holds its last
+  -- members (credit, settle, load): the key goes.
   save = function(s, pttl)
-    redis.call('PEXPIRE', s.key, pttl) -- decide wrote the members
+    if s.size == 0 then
+      redis.call('DEL', s.key)
+    else
+      redis.call('PEXPIRE', s.key, pttl)
+    end
   end,
 
   -- refund: remove the member the take added (what is left of it, if the
   -- log has since dropped its oldest events), and move the ends of the
-  -- members added after it back by its weight.
+  -- members added after it back by its weight. (multi.lua's refund only;
+  -- a batch refunds with credit or settle.)
   refund = function(p, s, take_now, now, g)
+    if s.stale then
+      log_clear(s) -- as load did before GUARDED
+    end
     local e = redis.call('ZRANGEBYSCORE', s.key, fmt(take_now), '+inf', 'WITHSCORES')
     local w = nil
     for i = 1, #e, 2 do
@@ -239,10 +317,15 @@ ALG.sliding_log = {
 
   -- settle: a settlement's refund (algorithm.Log.removeAt): up to g events
   -- of the members at exactly take_now (one Go entry), and the ends of the
-  -- members after them moved back by what was removed.
+  -- members after them moved back by what was removed. A member's
+  -- replacement goes in before it goes out, and the log's last member, if
+  -- it goes, stays for save's DEL: the key never empties on the way.
   settle = function(p, s, take_now, now, g)
+    if s.stale then
+      return false -- every member left the window before take_now did
+    end
     local e = redis.call('ZRANGEBYSCORE', s.key, fmt(take_now), '+inf', 'WITHSCORES')
-    local off = 0
+    local off, left = 0, s.size
     for i = 1, #e, 2 do
       local c, w, id = log_parse(e[i])
       if c then
@@ -251,33 +334,41 @@ ALG.sliding_log = {
           k = min(g - off, w)
         end
         if k > 0 or off > 0 then
-          redis.call('ZREM', s.key, e[i])
           if w > k then
             redis.call('ZADD', s.key, e[i + 1], log_member(c - off - k, w - k, id))
+            redis.call('ZREM', s.key, e[i])
+          else
+            if left > 1 then
+              redis.call('ZREM', s.key, e[i])
+            end
+            left = left - 1
           end
           off = off + k
         end
       end
     end
-    log_state(s)
-    return off > 0
+    if off == 0 then
+      return false -- nothing changed: s stands
+    end
+    if left == 0 then
+      s.size, s.base, s.last_end, s.last_ts, s.total = 0, 0, 0, 0, 0
+    else
+      log_state(s)
+    end
+    return true
   end,
 
   -- debit: add n events at now, past the rate if need be (debt), keeping
   -- at most 2*Rate, the oldest dropped first (slidingLogDebit).
   debit = function(p, s, now, n)
     local cap = 2 * p.rate
-    local g = min(n, cap)
-    local t = max(now, s.last_ts)
-    s.last_end = s.last_end + g
-    redis.call('ZADD', s.key, fmt(t), log_member(s.last_end, g, s.id))
-    s.size, s.last_ts, s.total = s.size + 1, t, s.total + g
-    if s.total > cap then
-      log_drop_oldest(s, s.total - cap)
-    end
+    log_add(s, now, min(n, cap), cap)
   end,
 
-  -- credit: take back up to n of the newest events (slidingLogCredit).
+  -- credit: take back up to n of the newest events (slidingLogCredit). A
+  -- member's remainder goes in before it goes out, and the log's last
+  -- member, if it goes, stays for save's DEL: the key never empties on
+  -- the way.
   credit = function(p, s, now, n)
     local k = n
     while k > 0 and s.size > 0 do
@@ -286,14 +377,15 @@ ALG.sliding_log = {
       if c == nil then
         log_rebuild(s.key, 0) -- an old-form member: rewrite, then go on
         log_state(s)
-      else
-        redis.call('ZREM', s.key, e[1])
-        if w <= k then
-          s.size, k, s.last_end = s.size - 1, k - w, c - w
-        else
-          redis.call('ZADD', s.key, e[2], log_member(c - k, w - k, id))
-          s.last_end, k = c - k, 0
+      elseif w <= k then
+        if s.size > 1 then
+          redis.call('ZREM', s.key, e[1])
         end
+        s.size, k, s.last_end = s.size - 1, k - w, c - w
+      else
+        redis.call('ZADD', s.key, e[2], log_member(c - k, w - k, id))
+        redis.call('ZREM', s.key, e[1])
+        s.last_end, k = c - k, 0
       end
     end
     s.last_ts, s.total = 0, 0
