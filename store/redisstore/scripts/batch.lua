@@ -140,11 +140,23 @@ local function batch_run(K, ko, nk, A, ao, probe)
     if refused then
       msg = refused
     else
-      local ok, d = pcall(take_one, p, skey, bkey, A[a + 3], now,
-        SMALL[n] or tonumber(n), SMALL[mode] or tonumber(mode))
-      if ok then
-        put_at(out, o, d)
-      else
+      n, mode = SMALL[n] or tonumber(n), SMALL[mode] or tonumber(mode)
+      local ok, d = true, false
+      if p.plain and mode and n and mode <= ATMOST and n > 0 then
+        -- A plain take: the algorithm's fast path, if it has one, makes
+        -- it whole or reads only and leaves it to take_one.
+        local fast = ALG[p.kind].fast
+        if fast then
+          ok, d = pcall(fast, p, skey, now, n, mode, out, o)
+        end
+      end
+      if ok and not d then
+        ok, d = pcall(take_one, p, skey, bkey, A[a + 3], now, n, mode)
+        if ok then
+          put_at(out, o, d)
+        end
+      end
+      if not ok then
         -- redis.call raises a table {err = ...} in a function and may raise
         -- the bare message in an EVAL script; a bug in the Lua, a string.
         msg = d

@@ -189,6 +189,9 @@ local function params(ARGV, i)
     buckets = tonumber(ARGV[i + 13]), -- sliding_window: 0, or its buckets
   }
   params_ext(p, ARGV[i + 14])
+  -- plain: no penalty box, calendar or warm-up, the common case for
+  -- which an algorithm may have a fast take (ALG.x.fast, batch.lua).
+  p.plain = p.block == 0 and not p.cal and p.warm == 0
   return p
 end
 
@@ -275,6 +278,13 @@ end
 --   save(s, pttl)         writes s with an expiry of pttl ms (see save below)
 --   refund(p, s, take_now, now, g)  mirrors the Go <algorithm>Refund: gives
 --                         back g events taken at take_now
+--   fast(p, key, now, cost, mode, out, o)  optional: take_one of a take
+--                         (cost > 0, mode EXACT or ATMOST) of a plain
+--                         limit (p.plain), inlined, with no table made;
+--                         it writes the decision's 8 values as put_at
+--                         does and returns true, or returns false having
+--                         only read (a state it leaves to the generic
+--                         path, such as one in debt)
 local ALG = {}
 
 -- decide mirrors algorithm.decide: the algorithm's decide, then allowed,
