@@ -481,7 +481,13 @@ end
 -- debit, credit, settlement or multi.lua's refund), which sliding_log and
 -- concurrency need to know where their last command on the key falls.
 local function load(alg, p, skey, bkey, id, now, need_state)
-  local s = { key = skey, bkey = bkey, id = id, bu = 0, block_set = false, strikes = 0, last = 0, saving = need_state }
+  -- The nil fields cost nothing but size the table's hash part for the
+  -- algorithm's fields too (a constructor sizes it for the fields it
+  -- names), so that load's and decide's writes find room without a rehash.
+  local s = {
+    key = skey, bkey = bkey, id = id, bu = 0, block_set = false, strikes = 0, last = 0, saving = need_state,
+    window = nil, count = nil, level = nil, ts = nil,
+  }
   if p.block > 0 then
     local b = redis.call('GET', bkey)
     if b then
