@@ -88,6 +88,9 @@ local GUARDED = {
   concurrency = true,
 }
 
+-- ZEROS holds zeros to size a batch's reply table with (batch_run).
+local ZEROS = {}
+
 -- batch_run makes the decisions whose keys are K[ko+1 ..] (2 each, nk in
 -- all) and whose other arguments are A[ao+1 ..], laid out as batch's ARGV.
 local function batch_run(K, ko, nk, A, ao, probe)
@@ -98,7 +101,19 @@ local function batch_run(K, ko, nk, A, ao, probe)
     limits[j] = limit_of(A[ao + 2 + j])
   end
   local base = ao + 3 + nl
-  local out = { now }
+  local out
+  local nv = 4 * nk -- 8 values per decision
+  if nv <= 4000 then
+    -- Sized at once: filling a table from { now } rehashes it each time
+    -- its size doubles. The constructor takes unpack's values in one
+    -- piece (Lua's stack allows some 8000 of them).
+    for j = #ZEROS + 1, nv do
+      ZEROS[j] = 0
+    end
+    out = { now, unpack(ZEROS, 1, nv) }
+  else
+    out = { now }
+  end
   local careful, probed = false, nil
   if probe then
     -- Only the decisions of unguarded algorithms need the check.

@@ -96,7 +96,11 @@ ALG.fixed_window = {
       count = count + g
     end
     if count > 0 then
-      reset = fin + (ceil_div(count, rate) - 1) * period
+      local k = math.floor(count / rate) -- ceil_div(count, rate), inlined
+      if k * rate < count then
+        k = k + 1
+      end
+      reset = fin + (k - 1) * period
     end
     local allowed = 0
     if g > 0 then
