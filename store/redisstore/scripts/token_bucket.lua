@@ -80,25 +80,47 @@ ALG.token_bucket = {
         end
       end
     end
-    local g = grant(cost, idiv(tokens, a), mode)
+    -- What follows is decide's grant, idiv and ceil_div, inlined.
+    local floor = math.floor
+    local g -- grant(cost, idiv(tokens, a), mode)
+    if tokens < 0 then
+      g = -floor(-tokens / a)
+    else
+      g = floor(tokens / a)
+    end
+    if g >= cost then
+      g = cost
+    elseif mode ~= ATMOST or g <= 0 then
+      g = 0
+    end
     local retry = 0
     if g == 0 then
       retry = ceil_div(cost * a - tokens, b)
     else
       tokens = tokens - g * a
     end
-    local reset = ceil_div(c - tokens, b)
+    local reset, x = 0, c - tokens -- reset = ceil_div(x, b)
+    if x > 0 then
+      reset = floor(x / b)
+      if reset * b < x then
+        reset = reset + 1
+      end
+    end
     local allowed = 0
     if g > 0 then
       allowed = 1
       if reset <= 0 then
         redis.call('DEL', key)
       else
-        redis.call('HSET', key, 'tokens', fmt(tokens), 'ts', fmt(now))
+        redis.call('HSET', key, 'tokens', string.format('%d', tokens), 'ts', string.format('%d', now))
         redis.call('PEXPIRE', key, ms(reset))
       end
     end
-    out[o], out[o + 1], out[o + 2], out[o + 3] = allowed, g, p.cap, idiv(max(tokens, 0), a)
+    local remaining = 0 -- idiv(max(tokens, 0), a)
+    if tokens > 0 then
+      remaining = floor(tokens / a)
+    end
+    out[o], out[o + 1], out[o + 2], out[o + 3] = allowed, g, p.cap, remaining
     out[o + 4], out[o + 5], out[o + 6], out[o + 7] = retry, reset, 0, 0
     return true
   end,
