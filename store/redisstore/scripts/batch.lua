@@ -65,7 +65,9 @@
 -- only then), then the state (GET, HMGET, or for sliding_log a ZRANGE and
 -- for concurrency a ZSCORE); every later command names one of those keys,
 -- and no command empties the state before the decision's last command on
--- it, which is followed at most by the box's SET. For the string and hash
+-- it, which is followed at most by the box's SET. (A plain take's fast
+-- path, ALG.x.fast, sends the same commands in the same order: the
+-- state's read, then its write or its DEL.) For the string and hash
 -- states the only delete is save's DEL of the state (or warmup's). A
 -- sliding_log or concurrency decision keeps its ZSET from emptying on the
 -- way: load drops members that left the window or expired only when one
