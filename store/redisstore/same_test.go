@@ -117,6 +117,14 @@ func TestSameAsMemstore(t *testing.T) {
 	sameAsMemstore(t, []string{srv.Addr}, sameSteps(t, 1500))
 }
 
+// TestSameAsMemstoreAlone is TestSameAsMemstore with a MaxBatch of 1: every
+// decision in a call of its own (take.lua, whose plain takes run the
+// algorithms' fast paths as batch.lua's do).
+func TestSameAsMemstoreAlone(t *testing.T) {
+	srv := redistest.Standalone(t)
+	sameAsMemstoreWith(t, Config{Addrs: []string{srv.Addr}, MaxBatch: 1}, sameSteps(t, 1500))
+}
+
 // sameStepsEnv names the environment variable that sets the number of steps
 // of every differential run, for deeper runs than make test affords (say
 // WEIR_SAME_STEPS=20000 go test -run 'TestSameAsMemstore|TestCluster/SameAsMemstore'
@@ -159,6 +167,12 @@ func sameSteps(t *testing.T, def int) int {
 // On a cluster the batches' keys span slots, so the cross-slot path with
 // its refunds must give memstore's results too.
 func sameAsMemstore(t *testing.T, addrs []string, steps int) {
+	sameAsMemstoreWith(t, Config{Addrs: addrs}, steps)
+}
+
+// sameAsMemstoreWith is sameAsMemstore with the store's Config (its Clock
+// and Prefix set here).
+func sameAsMemstoreWith(t *testing.T, cfg Config, steps int) {
 	ctx := context.Background()
 	type group struct {
 		name   string
@@ -174,7 +188,9 @@ func sameAsMemstore(t *testing.T, addrs []string, steps int) {
 		a := gr.a
 		t.Run(gr.name, func(t *testing.T) {
 			clock := storetest.NewClock(storetest.Epoch)
-			rs := newTestStore(t, Config{Addrs: addrs, Clock: clock.Now, Prefix: fmt.Sprintf("same%d", prefixSeq.Add(1))})
+			cfg := cfg
+			cfg.Clock, cfg.Prefix = clock.Now, fmt.Sprintf("same%d", prefixSeq.Add(1))
+			rs := newTestStore(t, cfg)
 			ms := memstore.New(memstore.WithClock(clock.Now), memstore.WithShards(1<<14)) // see the TakeAll note below
 			// Redis first, right after the clock moves (see advance).
 			stores := [2]weir.MultiStore{rs, ms}

@@ -65,7 +65,9 @@
 -- only then), then the state (GET, HMGET, or for sliding_log a ZRANGE and
 -- for concurrency a ZSCORE); every later command names one of those keys,
 -- and no command empties the state before the decision's last command on
--- it, which is followed at most by the box's SET. For the string and hash
+-- it, which is followed at most by the box's SET. (A plain take's fast
+-- path, ALG.x.fast, sends the same commands in the same order: the
+-- state's read, then its write or its DEL.) For the string and hash
 -- states the only delete is save's DEL of the state (or warmup's). A
 -- sliding_log or concurrency decision keeps its ZSET from emptying on the
 -- way: load drops members that left the window or expired only when one
@@ -88,6 +90,9 @@ local GUARDED = {
   concurrency = true,
 }
 
+-- ZEROS holds zeros to size a batch's reply table with (batch_run).
+local ZEROS = {}
+
 -- batch_run makes the decisions whose keys are K[ko+1 ..] (2 each, nk in
 -- all) and whose other arguments are A[ao+1 ..], laid out as batch's ARGV.
 local function batch_run(K, ko, nk, A, ao, probe)
@@ -98,7 +103,19 @@ local function batch_run(K, ko, nk, A, ao, probe)
     limits[j] = limit_of(A[ao + 2 + j])
   end
   local base = ao + 3 + nl
-  local out = { now }
+  local out
+  local nv = 4 * nk -- 8 values per decision
+  if nv <= 4000 then
+    -- Sized at once: filling a table from { now } rehashes it each time
+    -- its size doubles. The constructor takes unpack's values in one
+    -- piece (Lua's stack allows some 8000 of them).
+    for j = #ZEROS + 1, nv do
+      ZEROS[j] = 0
+    end
+    out = { now, unpack(ZEROS, 1, nv) }
+  else
+    out = { now }
+  end
   local careful, probed = false, nil
   if probe then
     -- Only the decisions of unguarded algorithms need the check.
@@ -140,11 +157,23 @@ local function batch_run(K, ko, nk, A, ao, probe)
     if refused then
       msg = refused
     else
-      local ok, d = pcall(take_one, p, skey, bkey, A[a + 3], now,
-        SMALL[n] or tonumber(n), SMALL[mode] or tonumber(mode))
-      if ok then
-        put_at(out, o, d)
-      else
+      n, mode = SMALL[n] or tonumber(n), SMALL[mode] or tonumber(mode)
+      local ok, d = true, false
+      if p.plain and mode and n and mode <= ATMOST and n > 0 then
+        -- A plain take: the algorithm's fast path, if it has one, makes
+        -- it whole or reads only and leaves it to take_one.
+        local fast = ALG[p.kind].fast
+        if fast then
+          ok, d = pcall(fast, p, skey, now, n, mode, out, o)
+        end
+      end
+      if ok and not d then
+        ok, d = pcall(take_one, p, skey, bkey, A[a + 3], now, n, mode)
+        if ok then
+          put_at(out, o, d)
+        end
+      end
+      if not ok then
         -- redis.call raises a table {err = ...} in a function and may raise
         -- the bare message in an EVAL script; a bug in the Lua, a string.
         msg = d

@@ -58,6 +58,68 @@ ALG.fixed_window = {
     set_string(s.key, fmt(s.window) .. ':' .. fmt(s.count) .. debt_suffix(s), pttl)
   end,
 
+  -- fast: take_one of a plain limit's take (see ALG in prelude.lua),
+  -- load, fw_window, fw_count, decide, take and persist inlined for a
+  -- state not in debt and now >= 0; a state in debt goes the generic way.
+  fast = function(p, key, now, cost, mode, out, o)
+    if now < 0 then
+      return false
+    end
+    local window, count = 0, 0
+    local v = redis.call('GET', key)
+    if v then
+      if string.find(v, ':d', 1, true) then
+        return false -- in debt
+      end
+      local i = string.find(v, ':', 1, true)
+      window, count = tonumber(string.sub(v, 1, i - 1)), tonumber(string.sub(v, i + 1))
+    end
+    local rate, period = p.rate, p.period
+    local w = math.floor(now / period) -- idiv(now, period): now >= 0
+    local fin = (w + 1) * period - now
+    if window ~= w then
+      count = 0
+    elseif count > rate then
+      count = rate
+    end
+    -- grant(cost, rate - count, mode)
+    local g = rate - count
+    if g >= cost then
+      g = cost
+    elseif mode ~= ATMOST or g <= 0 then
+      g = 0
+    end
+    local retry, reset = 0, 0
+    if g == 0 then
+      retry = fin + (ceil_div(count + cost - rate, rate) - 1) * period
+    else
+      count = count + g
+    end
+    if count > 0 then
+      local k = math.floor(count / rate) -- ceil_div(count, rate), inlined
+      if k * rate < count then
+        k = k + 1
+      end
+      reset = fin + (k - 1) * period
+    end
+    local allowed = 0
+    if g > 0 then
+      allowed = 1
+      if reset <= 0 then
+        redis.call('DEL', key)
+      else
+        redis.call('SET', key, string.format('%d:%d', w, count), 'PX', ms(reset))
+      end
+    end
+    local remaining = rate - count
+    if remaining < 0 then
+      remaining = 0
+    end
+    out[o], out[o + 1], out[o + 2], out[o + 3] = allowed, g, p.cap, remaining
+    out[o + 4], out[o + 5], out[o + 6], out[o + 7] = retry, reset, 0, 0
+    return true
+  end,
+
   -- refund: the g events counted at take_now leave the count, if that
   -- window is still the stored one (a later window forgot them anyway).
   refund = function(p, s, take_now, now, g)

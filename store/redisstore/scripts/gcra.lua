@@ -51,6 +51,53 @@ ALG.gcra = {
     set_string(s.key, fmt(s.tat) .. ':' .. fmt(s.frac) .. debt_suffix(s), pttl)
   end,
 
+  -- fast: take_one of a plain limit's take (see ALG in prelude.lua),
+  -- load, gcra_diff, decide, take and persist inlined for a state not in
+  -- debt; a state in debt goes the generic way.
+  fast = function(p, key, now, cost, mode, out, o)
+    local tat, frac = 0, 0
+    local v = redis.call('GET', key)
+    if v then
+      if string.find(v, ':d', 1, true) then
+        return false -- in debt
+      end
+      local i = string.find(v, ':', 1, true)
+      tat, frac = tonumber(string.sub(v, 1, i - 1)), tonumber(string.sub(v, i + 1))
+    end
+    local a, b = p.a, p.b
+    local c = p.burst * a
+    local diff = 0
+    if tat ~= 0 then
+      local ahead = tat - now
+      if ahead > idiv(c, b) then
+        diff = c -- guard before multiplying: ahead*B would pass c
+      else
+        diff = max(ahead * b + frac, 0)
+      end
+    end
+    local g = grant(cost, idiv(max(c - diff, 0), a), mode)
+    local retry = 0
+    if g == 0 then
+      retry = ceil_div((diff - c) + cost * a, b)
+    else
+      diff = diff + g * a
+      tat, frac = now + idiv(diff, b), imod(diff, b)
+    end
+    local reset = ceil_div(diff, b)
+    local allowed = 0
+    if g > 0 then
+      allowed = 1
+      if reset <= 0 then
+        redis.call('DEL', key)
+      else
+        redis.call('SET', key, string.format('%d:%d', tat, frac), 'PX', ms(reset))
+      end
+    end
+    out[o], out[o + 1], out[o + 2], out[o + 3] = allowed, g, p.cap, idiv(max(c - diff, 0), a)
+    out[o + 4], out[o + 5], out[o + 6], out[o + 7] = retry, reset, 0, 0
+    return true
+  end,
+
   -- refund: move TAT back by g cells, measured from now and floored at now
   -- (TAT advances linearly, so this is the TAT without the take).
   refund = function(p, s, take_now, now, g)

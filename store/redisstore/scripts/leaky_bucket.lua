@@ -76,6 +76,64 @@ ALG.leaky_bucket = {
     set_debt_field(s)
   end,
 
+  -- fast: take_one of a plain limit's take (see ALG in prelude.lua),
+  -- load, lb_level, decide, take and persist inlined for a state with no
+  -- debt field; one with it goes the generic way.
+  fast = function(p, key, now, cost, mode, out, o)
+    local v = redis.call('HMGET', key, 'level', 'ts', 'd')
+    if v[3] then
+      return false -- in debt, or was
+    end
+    local level, ts = 0, 0
+    if v[1] then
+      level, ts = tonumber(v[1]), tonumber(v[2])
+    end
+    local a, b = p.a, p.b
+    local c = p.burst * a
+    local lvl = 0
+    if ts ~= 0 then
+      lvl = level
+      local el = now - ts
+      if el > 0 then
+        -- Compare before multiplying: el*B only when it stays below level.
+        if el >= ceil_div(lvl, b) then
+          lvl = 0
+        else
+          lvl = lvl - el * b
+        end
+      end
+      lvl = min(lvl, c)
+    end
+    local room = c
+    if p.shaping then
+      room = min(room, p.maxdelay * b + p.delayafter * a)
+    end
+    local g = grant(cost, idiv(max(room - lvl, 0), a), mode)
+    local retry, delay = 0, 0
+    if g == 0 then
+      retry = ceil_div(lvl - (room - cost * a), b) -- until cost*A fits
+    else
+      lvl = lvl + g * a
+      if p.shaping then
+        delay = max(ceil_div(lvl - p.delayafter * a, b), 0)
+      end
+    end
+    local reset = ceil_div(lvl, b)
+    local allowed = 0
+    if g > 0 then
+      allowed = 1
+      if reset <= 0 then
+        redis.call('DEL', key)
+      else
+        redis.call('HSET', key, 'level', fmt(lvl), 'ts', fmt(now))
+        redis.call('PEXPIRE', key, ms(reset))
+      end
+    end
+    out[o], out[o + 1], out[o + 2], out[o + 3] = allowed, g, p.cap, idiv(max(room - lvl, 0), a)
+    out[o + 4], out[o + 5], out[o + 6], out[o + 7] = retry, reset, delay, 0
+    return true
+  end,
+
   -- refund: take g*A units out at now, floored at 0; draining is linear
   -- above 0, so this is the level the bucket would have without the take.
   -- The take admitted, so the level it found was below c and uncapped:

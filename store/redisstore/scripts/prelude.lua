@@ -107,8 +107,16 @@ end
 
 -- ms converts a TTL in µs to PEXPIRE milliseconds, rounded up so that a key
 -- never expires while its state still matters.
+-- It is fmt(max(ceil_div(us, 1000), 1)), inlined: every save calls it.
 local function ms(us)
-  return fmt(max(ceil_div(us, 1000), 1))
+  if us <= 0 then
+    return '1'
+  end
+  local q = math.floor(us / 1000)
+  if q * 1000 < us then
+    q = q + 1
+  end
+  return string.format('%d', q)
 end
 
 -- clock returns now in µs: the test clock's time when the Go side passed one
@@ -189,6 +197,9 @@ local function params(ARGV, i)
     buckets = tonumber(ARGV[i + 13]), -- sliding_window: 0, or its buckets
   }
   params_ext(p, ARGV[i + 14])
+  -- plain: no penalty box, calendar or warm-up, the common case for
+  -- which an algorithm may have a fast take (ALG.x.fast, batch.lua).
+  p.plain = p.block == 0 and not p.cal and p.warm == 0
   return p
 end
 
@@ -275,6 +286,13 @@ end
 --   save(s, pttl)         writes s with an expiry of pttl ms (see save below)
 --   refund(p, s, take_now, now, g)  mirrors the Go <algorithm>Refund: gives
 --                         back g events taken at take_now
+--   fast(p, key, now, cost, mode, out, o)  optional: take_one of a take
+--                         (cost > 0, mode EXACT or ATMOST) of a plain
+--                         limit (p.plain), inlined, with no table made;
+--                         it writes the decision's 8 values as put_at
+--                         does and returns true, or returns false having
+--                         only read (a state it leaves to the generic
+--                         path, such as one in debt)
 local ALG = {}
 
 -- decide mirrors algorithm.decide: the algorithm's decide, then allowed,
@@ -471,7 +489,13 @@ end
 -- debit, credit, settlement or multi.lua's refund), which sliding_log and
 -- concurrency need to know where their last command on the key falls.
 local function load(alg, p, skey, bkey, id, now, need_state)
-  local s = { key = skey, bkey = bkey, id = id, bu = 0, block_set = false, strikes = 0, last = 0, saving = need_state }
+  -- The nil fields cost nothing but size the table's hash part for the
+  -- algorithm's fields too (a constructor sizes it for the fields it
+  -- names), so that load's and decide's writes find room without a rehash.
+  local s = {
+    key = skey, bkey = bkey, id = id, bu = 0, block_set = false, strikes = 0, last = 0, saving = need_state,
+    window = nil, count = nil, level = nil, ts = nil,
+  }
   if p.block > 0 then
     local b = redis.call('GET', bkey)
     if b then

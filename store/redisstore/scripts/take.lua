@@ -17,9 +17,14 @@
 local function weir_take(KEYS, ARGV)
   local p = limit_of(ARGV[5])
   local now = clock(ARGV[1])
-  local d = take_one(p, KEYS[1], KEYS[2], ARGV[4], now, tonumber(ARGV[2]), tonumber(ARGV[3]))
+  local n, mode = tonumber(ARGV[2]), tonumber(ARGV[3])
   local out = {}
-  put(out, d)
-  out[#out + 1] = now
+  -- A plain take: the algorithm's fast path, if it has one (see ALG in
+  -- prelude.lua), makes it whole or reads only and leaves it to take_one.
+  local fast = p.plain and mode <= ATMOST and n > 0 and ALG[p.kind].fast
+  if not (fast and fast(p, KEYS[1], now, n, mode, out, 1)) then
+    put(out, take_one(p, KEYS[1], KEYS[2], ARGV[4], now, n, mode))
+  end
+  out[9] = now
   return out
 end

@@ -57,6 +57,74 @@ ALG.token_bucket = {
     set_hash(s.key, pttl, 'tokens', fmt(s.level), 'ts', fmt(s.ts))
   end,
 
+  -- fast: take_one of a plain limit's take (see ALG in prelude.lua),
+  -- load, tb_tokens, decide, take and persist inlined.
+  fast = function(p, key, now, cost, mode, out, o)
+    local level, ts = 0, 0
+    local v = redis.call('HMGET', key, 'tokens', 'ts')
+    if v[1] then
+      level, ts = tonumber(v[1]), tonumber(v[2])
+    end
+    local a, b = p.a, p.b
+    local c = p.burst * a
+    local tokens = c
+    if ts ~= 0 then
+      tokens = min(level, c)
+      local el = now - ts
+      if el > 0 then
+        -- Compare before multiplying: el*B only when it stays below c.
+        if el >= ceil_div(c - tokens, b) then
+          tokens = c
+        else
+          tokens = tokens + el * b
+        end
+      end
+    end
+    -- What follows is decide's grant, idiv and ceil_div, inlined.
+    local floor = math.floor
+    local g -- grant(cost, idiv(tokens, a), mode)
+    if tokens < 0 then
+      g = -floor(-tokens / a)
+    else
+      g = floor(tokens / a)
+    end
+    if g >= cost then
+      g = cost
+    elseif mode ~= ATMOST or g <= 0 then
+      g = 0
+    end
+    local retry = 0
+    if g == 0 then
+      retry = ceil_div(cost * a - tokens, b)
+    else
+      tokens = tokens - g * a
+    end
+    local reset, x = 0, c - tokens -- reset = ceil_div(x, b)
+    if x > 0 then
+      reset = floor(x / b)
+      if reset * b < x then
+        reset = reset + 1
+      end
+    end
+    local allowed = 0
+    if g > 0 then
+      allowed = 1
+      if reset <= 0 then
+        redis.call('DEL', key)
+      else
+        redis.call('HSET', key, 'tokens', string.format('%d', tokens), 'ts', string.format('%d', now))
+        redis.call('PEXPIRE', key, ms(reset))
+      end
+    end
+    local remaining = 0 -- idiv(max(tokens, 0), a)
+    if tokens > 0 then
+      remaining = floor(tokens / a)
+    end
+    out[o], out[o + 1], out[o + 2], out[o + 3] = allowed, g, p.cap, remaining
+    out[o + 4], out[o + 5], out[o + 6], out[o + 7] = retry, reset, 0, 0
+    return true
+  end,
+
   -- refund: put g*A tokens back at now, capped at c. Refilling is linear
   -- below the cap, so this is the state the bucket would have without the
   -- take: min(min(x - gA, c) + gA, c) = min(x, c).
