@@ -93,8 +93,16 @@ func (c *ClusterGroup) Failover(replica *Server) error {
 	}
 	old := c.Nodes[pi]
 	all := append(slices.Clone(c.Nodes), c.Replicas...)
-	err = waitFor(20*time.Second, func() error {
+	asked := time.Now()
+	err = waitFor(60*time.Second, func() error {
 		if err := c.roles(all, rID, "master", ""); err != nil {
+			// A manual failover that does not finish in Redis's 5 s
+			// (a loaded machine: the primary must pause its clients and
+			// the replica catch up) is dropped; ask again.
+			if role, _ := replica.infoField("replication", "role"); role != "master" && time.Since(asked) > 6*time.Second {
+				asked = time.Now()
+				_, _ = replica.doString("CLUSTER", "FAILOVER")
+			}
 			return err
 		}
 		if err := c.roles(all, primaryID, "slave", rID); err != nil {
