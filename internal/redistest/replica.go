@@ -125,6 +125,9 @@ func (c *ClusterGroup) Failover(replica *Server) error {
 	if err != nil {
 		return fmt.Errorf("redistest: Failover: %w", err)
 	}
+	// New slices, not writes into the old ones: clients given c.Addrs
+	// (or c.Nodes) may still be reading them.
+	c.Nodes, c.Replicas, c.Addrs = slices.Clone(c.Nodes), slices.Clone(c.Replicas), slices.Clone(c.Addrs)
 	c.Nodes[pi], c.Replicas[ri] = replica, old
 	c.Addrs[pi] = replica.Addr
 	return nil

@@ -213,7 +213,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, err
 	}
 	opt := rueidis.ClientOption{
-		InitAddress:  cfg.Addrs,
+		InitAddress:  slices.Clone(cfg.Addrs), // the client reads it on every topology refresh: never the caller's slice
 		Username:     cfg.Username,
 		Password:     cfg.Password,
 		SelectDB:     cfg.DB,
