@@ -245,35 +245,8 @@ func TestSlidingLogClockBack(t *testing.T) {
 // key never empties before a later command (GUARDED in batch.lua). The
 // decisions stay memstore's.
 func TestSlidingLogCommands(t *testing.T) {
-	srv := redistest.Standalone(t)
-	ctx := context.Background()
-	clock := storetest.NewClock(storetest.Epoch)
-	rs := newTestStore(t, Config{Addrs: []string{srv.Addr}, Clock: clock.Now, Prefix: fmt.Sprintf("slcmd%d", prefixSeq.Add(1))})
-	ms := memstore.New(memstore.WithClock(clock.Now))
 	l := weir.Limit{Algorithm: weir.SlidingLog, Rate: 10, Period: time.Minute}
-	stats := func() map[string]int64 {
-		v, err := srv.Do("INFO", "commandstats")
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := map[string]int64{}
-		for _, line := range strings.Split(v.(string), "\n") {
-			name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
-			if c, found := strings.CutPrefix(name, "cmdstat_z"); ok && found {
-				n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
-				m["z"+c] = n
-			} else if ok && name == "cmdstat_pexpire" {
-				n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
-				m["pexpire"] = n
-			}
-		}
-		return m
-	}
-	for i, step := range []struct {
-		advance time.Duration // before the decision
-		n       int64
-		want    map[string]int64
-	}{
+	commandSteps(t, "slcmd", l, func(c string) bool { return strings.HasPrefix(c, "z") || c == "pexpire" }, []commandStep{
 		{0, 1, map[string]int64{"zrange": 1, "zadd": 1, "pexpire": 1}},                                             // no key
 		{0, 1, map[string]int64{"zrange": 1, "zadd": 1, "pexpire": 1}},                                             // one member
 		{0, 1, map[string]int64{"zrange": 1, "zadd": 1, "pexpire": 1}},                                             // two
@@ -286,31 +259,7 @@ func TestSlidingLogCommands(t *testing.T) {
 		{l.Period, 1, map[string]int64{"zrange": 1, "zadd": 1, "zremrangebyscore": 1, "pexpire": 1}},               // both left
 		{l.Period, 0, map[string]int64{"zrange": 1, "zremrangebyscore": 1}},                                        // a peek: the pruning, last, deletes the key
 		{0, 1, map[string]int64{"zrange": 1, "zadd": 1, "pexpire": 1}},                                             // no key
-	} {
-		want := step.want
-		clock.Advance(step.advance) // the key itself lives on (Redis's clock)
-		before := stats()
-		var r [2]weir.Result
-		for j, s := range []weir.Store{rs, ms} {
-			var err error
-			if r[j], err = s.Take(ctx, "k", l, step.n); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if r[0] != r[1] {
-			t.Fatalf("decision %d:\n redisstore %+v\n memstore   %+v", i, r[0], r[1])
-		}
-		after := stats()
-		got := map[string]int64{}
-		for c, n := range after {
-			if d := n - before[c]; d != 0 {
-				got[c] = d
-			}
-		}
-		if fmt.Sprint(got) != fmt.Sprint(want) {
-			t.Errorf("decision %d sent %v, want %v", i, got, want)
-		}
-	}
+	})
 }
 
 // TestConcurrencyCommands checks the commands a concurrency decision sends
@@ -318,14 +267,39 @@ func TestSlidingLogCommands(t *testing.T) {
 // after the new lease is in, or last), and that its decisions stay
 // memstore's.
 func TestConcurrencyCommands(t *testing.T) {
-	srv := redistest.Standalone(t)
-	ctx := context.Background()
-	clock := storetest.NewClock(storetest.Epoch)
-	rs := newTestStore(t, Config{Addrs: []string{srv.Addr}, Clock: clock.Now, Prefix: fmt.Sprintf("cccmd%d", prefixSeq.Add(1))})
-	ms := memstore.New(memstore.WithClock(clock.Now))
 	l := weir.Limit{Algorithm: weir.Concurrency, Rate: 10, Period: time.Minute}
 	keyed := map[string]bool{"zscore": true, "zcard": true, "zadd": true, "zrem": true, "zrange": true,
 		"zrangebyscore": true, "zrevrangebyscore": true, "zremrangebyscore": true, "exists": true, "pexpire": true, "del": true}
+	commandSteps(t, "cccmd", l, func(c string) bool { return keyed[c] }, []commandStep{
+		{0, 1, map[string]int64{"zscore": 1, "zcard": 1, "zadd": 2, "pexpire": 1}},                                                      // no key
+		{0, 2, map[string]int64{"zscore": 1, "zrangebyscore": 1, "zadd": 3, "zrange": 1, "pexpire": 1}},                                 // a lease of weight 2: its weight member too
+		{time.Second, 1, map[string]int64{"zscore": 1, "zrangebyscore": 1, "zadd": 2, "zrange": 1, "pexpire": 1}},                       // nothing expired
+		{l.Period - time.Second, 1, map[string]int64{"zscore": 1, "zrangebyscore": 1, "zrem": 2, "zadd": 3, "zrange": 1, "pexpire": 1}}, // the first two expired: dropped in load ("#t" stays)
+		{l.Period, 1, map[string]int64{"zscore": 1, "zrangebyscore": 1, "zadd": 2, "zrem": 1, "zrange": 1, "pexpire": 1}},               // all expired: dropped after the new lease is in
+		{l.Period, 0, map[string]int64{"zscore": 1, "zrangebyscore": 1, "zrange": 1, "zrem": 2}},                                        // a peek, all expired: dropped last, "#t" (and the key) at the end
+		{0, 1, map[string]int64{"zscore": 1, "zcard": 1, "zadd": 2, "pexpire": 1}},                                                      // no key
+	})
+}
+
+// A commandStep is one decision of commandSteps: the clock moves by
+// advance, then a take of n is made; want counts the commands it must send.
+type commandStep struct {
+	advance time.Duration
+	n       int64
+	want    map[string]int64
+}
+
+// commandSteps makes each step's decision on one key under l, on a
+// standalone Redis and on memstore at the same clock: the decisions must
+// agree, and Redis must see exactly the step's commands among those count
+// keeps (by INFO commandstats, in lower case).
+func commandSteps(t *testing.T, prefix string, l weir.Limit, count func(cmd string) bool, steps []commandStep) {
+	t.Helper()
+	srv := redistest.Standalone(t)
+	ctx := context.Background()
+	clock := storetest.NewClock(storetest.Epoch)
+	rs := newTestStore(t, Config{Addrs: []string{srv.Addr}, Clock: clock.Now, Prefix: fmt.Sprintf("%s%d", prefix, prefixSeq.Add(1))})
+	ms := memstore.New(memstore.WithClock(clock.Now))
 	stats := func() map[string]int64 {
 		v, err := srv.Do("INFO", "commandstats")
 		if err != nil {
@@ -334,26 +308,14 @@ func TestConcurrencyCommands(t *testing.T) {
 		m := map[string]int64{}
 		for _, line := range strings.Split(v.(string), "\n") {
 			name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
-			if c, found := strings.CutPrefix(name, "cmdstat_"); ok && found && keyed[c] {
+			if c, found := strings.CutPrefix(name, "cmdstat_"); ok && found && count(c) {
 				n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
 				m[c] = n
 			}
 		}
 		return m
 	}
-	for i, step := range []struct {
-		advance time.Duration // before the decision
-		n       int64
-		want    map[string]int64
-	}{
-		{0, 1, map[string]int64{"zscore": 1, "zcard": 1, "zadd": 2, "pexpire": 1}},                                                      // no key
-		{0, 2, map[string]int64{"zscore": 1, "zrangebyscore": 1, "zadd": 3, "zrange": 1, "pexpire": 1}},                                 // a lease of weight 2: its weight member too
-		{time.Second, 1, map[string]int64{"zscore": 1, "zrangebyscore": 1, "zadd": 2, "zrange": 1, "pexpire": 1}},                       // nothing expired
-		{l.Period - time.Second, 1, map[string]int64{"zscore": 1, "zrangebyscore": 1, "zrem": 2, "zadd": 3, "zrange": 1, "pexpire": 1}}, // the first two expired: dropped in load ("#t" stays)
-		{l.Period, 1, map[string]int64{"zscore": 1, "zrangebyscore": 1, "zadd": 2, "zrem": 1, "zrange": 1, "pexpire": 1}},               // all expired: dropped after the new lease is in
-		{l.Period, 0, map[string]int64{"zscore": 1, "zrangebyscore": 1, "zrange": 1, "zrem": 2}},                                        // a peek, all expired: dropped last, "#t" (and the key) at the end
-		{0, 1, map[string]int64{"zscore": 1, "zcard": 1, "zadd": 2, "pexpire": 1}},                                                      // no key
-	} {
+	for i, step := range steps {
 		clock.Advance(step.advance) // the key itself lives on (Redis's clock)
 		before := stats()
 		var r [2]weir.Result
@@ -366,9 +328,8 @@ func TestConcurrencyCommands(t *testing.T) {
 		if r[0] != r[1] {
 			t.Fatalf("decision %d:\n redisstore %+v\n memstore   %+v", i, r[0], r[1])
 		}
-		after := stats()
 		got := map[string]int64{}
-		for c, n := range after {
+		for c, n := range stats() {
 			if d := n - before[c]; d != 0 {
 				got[c] = d
 			}
