@@ -296,6 +296,7 @@ const MaxHerd = 1024
 func (s *Store) join(ctx context.Context, lc *loc, key string, l weir.Limit, n int64, mayLead bool) (lead *flight, r weir.Result, ok bool, err error) {
 	// The caller's lookup missed: look again only after a wait, or when an
 	// entry was kept since.
+	var ended *flight // an ended flight met once: its answer may have just been kept
 	for look, waited := false, false; ; look = true {
 		now := s.t.now()
 		if waited && !s.live.Load() {
@@ -333,6 +334,13 @@ func (s *Store) join(ctx context.Context, lc *loc, key string, l weir.Limit, n i
 				return nf, weir.Result{}, false, nil
 			}
 			f = e.flight.Load()
+		}
+		if f.ended() && f != ended {
+			// It ended between this request's lookup and now (another
+			// request made it and it was quick): look once more, since
+			// its denial, if it left one, answers.
+			ended = f
+			continue
 		}
 		if f.ended() || f.waiters.Add(1) > MaxHerd {
 			// The last leader's answer did not leave a denial (an
