@@ -3,7 +3,6 @@ package redisstore
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -118,17 +117,7 @@ func TestDebtRateStored(t *testing.T) {
 func TestStampIsRedisTime(t *testing.T) {
 	srv := redistest.Standalone(t)
 	s := newTestStore(t, Config{Addrs: []string{srv.Addr}, Prefix: "stamp"})
-	redisNow := func() int64 {
-		t.Helper()
-		v, err := srv.Do("TIME")
-		if err != nil {
-			t.Fatal(err)
-		}
-		a := v.([]any)
-		sec, _ := strconv.ParseInt(a[0].(string), 10, 64)
-		us, _ := strconv.ParseInt(a[1].(string), 10, 64)
-		return sec*1_000_000 + us
-	}
+	redisNow := func() int64 { return redisTime(t, srv) }
 	lim := weir.NewLimiter(s)
 	l := weir.PerMinute(weir.TokenBucket, 10)
 	before := redisNow()
