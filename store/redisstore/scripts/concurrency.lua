@@ -44,18 +44,13 @@ local function lease_set_total(key, total)
 end
 
 -- lease_zrem removes the members names[1..] from key, in commands of at
--- most 1000, skipping the member keep.
+-- most 1000, skipping the member keep (if any).
 local function lease_zrem(key, names, keep)
-  local args = {}
-  for i = 1, #names do
-    if names[i] ~= keep then
-      args[#args + 1] = names[i]
-    end
-    if #args >= 1000 or (i == #names and #args > 0) then
-      redis.call('ZREM', key, unpack(args))
-      args = {}
-    end
+  local skip
+  if keep then
+    skip = { [keep] = true }
   end
+  zrem_except(key, names, skip)
 end
 
 -- lease_total returns the slots held by the key's members (expired ones

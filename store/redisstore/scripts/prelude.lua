@@ -141,6 +141,22 @@ local function grant(cost, avail, mode)
   return 0
 end
 
+-- zrem_except removes the members names[1..] from key's ZSET, in commands
+-- of at most 1000 members, leaving out those in the set skip (nil: none).
+-- (sliding_log's rewrite of old members, concurrency's expired leases.)
+local function zrem_except(key, names, skip)
+  local args = {}
+  for i = 1, #names do
+    if not (skip and skip[names[i]]) then
+      args[#args + 1] = names[i]
+    end
+    if #args >= 1000 or (i == #names and #args > 0) then
+      redis.call('ZREM', key, unpack(args))
+      args = {}
+    end
+  end
+end
+
 -- NLIMIT is the number of values of one compiled limit (the fields of
 -- scripts.go's limitArg), packed in one ARGV value (limit_of).
 local NLIMIT = 15

@@ -73,15 +73,7 @@ local function log_rebuild(key, from)
       args = {}
     end
   end
-  for i = 1, #names do
-    if not added[names[i]] then
-      args[#args + 1] = names[i]
-    end
-    if #args >= 1000 or (i == #names and #args > 0) then
-      redis.call('ZREM', key, unpack(args))
-      args = {}
-    end
-  end
+  zrem_except(key, names, added)
 end
 
 -- LOG_HEAD is how many of the oldest members load reads at once: in most
