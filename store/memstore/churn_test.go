@@ -18,10 +18,11 @@ import (
 // releases take the shard's lock. The clock stands still, so under a
 // limit of 1,000 each hot key and algorithm admits exactly 1,000 of its
 // events (at least 2,400, until the churn has gone round 20 times): one
-// more means a decision was lost or run on a moved or stale slot. Run it under -race: a path that reads or writes a slot
-// outside the shard's lock (as an experiment with per-slot locks did)
-// shows here.
+// more means a decision was lost or run on a moved or stale slot. Under
+// -race, a path that reads or writes a slot outside the shard's lock (as
+// an experiment with per-slot locks did) shows here too.
 func TestExactUnderChurn(t *testing.T) {
+	algs := [...]weir.Algorithm{weir.FixedWindow, weir.TokenBucket, weir.GCRA, weir.LeakyBucket, weir.SlidingWindow}
 	const (
 		rate     = 1000
 		deciders = 6
@@ -32,11 +33,10 @@ func TestExactUnderChurn(t *testing.T) {
 	clock := storetest.NewClock(storetest.Epoch)
 	s := New(WithClock(clock.Now), WithShards(1))
 	ctx := context.Background()
-	algs := []weir.Algorithm{weir.FixedWindow, weir.TokenBucket, weir.GCRA, weir.LeakyBucket, weir.SlidingWindow}
 	limit := func(a weir.Algorithm) weir.Limit {
 		return weir.Limit{Algorithm: a, Rate: rate, Period: time.Hour}
 	}
-	var admitted, made [hot][5]atomic.Int64
+	var admitted, made [hot][len(algs)]atomic.Int64
 	var churned atomic.Int64
 	stop := make(chan struct{})
 	var churn sync.WaitGroup
@@ -46,7 +46,7 @@ func TestExactUnderChurn(t *testing.T) {
 		go func() {
 			defer churn.Done()
 			l := limit(weir.FixedWindow)
-			for round := 0; ; round++ {
+			for {
 				select {
 				case <-stop:
 					return
@@ -102,7 +102,8 @@ func TestExactUnderChurn(t *testing.T) {
 		deciding.Add(1)
 		go func() {
 			defer deciding.Done()
-			for i := 0; i < tries || churned.Load() < rounds; i++ {
+			// A churn goroutine that failed stops churning: stop too.
+			for i := 0; i < tries || churned.Load() < rounds && len(churnErr) == 0; i++ {
 				for k := range hot {
 					for a, alg := range algs {
 						r, err := s.Take(ctx, fmt.Sprint("hot", k), limit(alg), 1)
