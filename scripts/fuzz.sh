@@ -21,7 +21,7 @@ FUZZTIME=${FUZZTIME:-60s}
 FUZZ=${FUZZ:-}
 targets=${1:?usage: scripts/fuzz.sh "pkg:Name ..."}
 
-corpus() { # the files of a target's corpus of failing and interesting inputs
+corpus() { # the files of a target's corpus in testdata: its seeds and the failing inputs go test wrote
 	ls "$1/testdata/fuzz/$2" 2>/dev/null | sort
 }
 
