@@ -309,6 +309,9 @@ end
 --                         does and returns true, or returns false having
 --                         only read (a state it leaves to the generic
 --                         path, such as one in debt)
+--                         The four fast paths repeat one shape on
+--                         purpose: a shared helper for it costs a Lua
+--                         call per decision (docs/internals.md).
 local ALG = {}
 
 -- decide mirrors algorithm.decide: the algorithm's decide, then allowed,
