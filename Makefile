@@ -8,12 +8,22 @@ export WEIR_DEPS_EXTRA ?= nginx caddy chromium prometheus
 # Modules of their own (peer libraries stay out of weir's go.mod).
 NESTED     := bench examples/gin examples/echo
 
-.PHONY: all build test deps vet lint unit nested promtool-test tidy bench bench-debt bench-redis bench-overload bench-serve bench-flood bench-lease bench-window bench-replay fuzz same-long fmt clean
+.PHONY: all build release release-check test deps vet lint unit nested promtool-test tidy bench bench-debt bench-redis bench-overload bench-serve bench-flood bench-lease bench-window bench-replay fuzz same-long fmt clean
 
 all: build
 
 build:
-	$(GO) build -o bin/weir ./cmd/weir
+	$(GO) build -buildvcs=auto -o bin/weir ./cmd/weir
+
+# Release binaries: static, reproducible, for linux amd64/arm64 and darwin
+# arm64, with SHA256SUMS, into dist/ (scripts/release.sh).
+release:
+	GO=$(GO) ./scripts/release.sh
+
+# Two builds of the release binary, in two build caches, must be
+# byte-identical (run by CI after `make test`).
+release-check:
+	GO=$(GO) ./scripts/release.sh --check
 
 deps:
 	@./scripts/deps.sh

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/weir-dev/weir/internal/buildinfo"
 	"github.com/weir-dev/weir/protect"
 	"github.com/weir-dev/weir/store/lease"
 )
@@ -87,6 +88,31 @@ func newMetrics(breaker func() float64, protectStats func() []protect.Stats) *me
 	m.reloads.WithLabelValues("success")
 	m.reloads.WithLabelValues("failure")
 	return m
+}
+
+// buildInfo registers weir_build_info, a constant 1 whose labels name the
+// running binary: version, its VCS revision and the Go toolchain.
+func (m *metrics) buildInfo(version string) {
+	in := buildinfo.Read()
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "weir_build_info",
+		Help: "A constant 1 labelled with the running binary's version, VCS revision (with -dirty for uncommitted changes) and Go version.",
+		ConstLabels: prometheus.Labels{
+			"version":   version,
+			"revision":  revisionLabel(in),
+			"goversion": in.GoVersion,
+		},
+	}, func() float64 { return 1 }))
+}
+
+func revisionLabel(in buildinfo.Info) string {
+	if in.Revision == "" {
+		return "unknown"
+	}
+	if in.Modified {
+		return in.Revision + "-dirty"
+	}
+	return in.Revision
 }
 
 // leases registers the leased budgets' metrics, read from t when scraped,

@@ -57,6 +57,7 @@ import (
 	"google.golang.org/grpc/health"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/internal/buildinfo"
 	"github.com/weir-dev/weir/internal/tlsfiles"
 	"github.com/weir-dev/weir/policy"
 	"github.com/weir-dev/weir/server/envoyrls"
@@ -65,10 +66,6 @@ import (
 	"github.com/weir-dev/weir/store/lease"
 	"github.com/weir-dev/weir/weirotel"
 )
-
-// Version is reported by the dashboard snapshot unless WithVersion says
-// otherwise.
-const Version = "0.1.0"
 
 // DefaultAdminTokenEnv names the environment variable that holds the admin
 // token when the config's server.admin_token_env is empty.
@@ -208,7 +205,8 @@ func WithLookupEnv(lookup func(string) (string, bool)) Option {
 // "hostname-pid").
 func WithInstanceID(id string) Option { return func(o *options) { o.instanceID = id } }
 
-// WithVersion sets the version the snapshot reports (default Version).
+// WithVersion sets the version the snapshot and weir_build_info report
+// (default: the version the build stamped into the binary).
 func WithVersion(v string) Option { return func(o *options) { o.version = v } }
 
 // WithHTTPAddr sets the HTTP listen address, overriding server.http in the
@@ -298,7 +296,7 @@ type Server struct {
 func New(opts ...Option) (*Server, error) {
 	o := options{
 		log:        slog.Default(),
-		version:    Version,
+		version:    buildinfo.Read().Short(),
 		now:        time.Now,
 		fleetEvery: time.Second,
 		rulesEvery: 500 * time.Millisecond,
@@ -340,6 +338,7 @@ func (s *Server) init() error {
 		return err
 	}
 	s.metrics = newMetrics(func() float64 { return breakerValue(s.guard.State()) }, s.protectStats)
+	s.metrics.buildInfo(s.version)
 	s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "weir_store_up",
 		Help: "1 while the store answers the health probe (every 2s and on GET /healthz/store), 0 while it does not; alert on it, never take instances out of rotation for it.",

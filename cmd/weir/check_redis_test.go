@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -17,10 +16,7 @@ import (
 // because every decision is one atomic script in Redis.
 func TestCheckRedisProcesses(t *testing.T) {
 	srv := redistest.Standalone(t)
-	bin := filepath.Join(t.TempDir(), "weir")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := weirBinary(t)
 	const procs, hits, limit = 4, 50, 60
 	for _, algo := range []string{"sliding_log", "gcra", "concurrency"} {
 		t.Run(algo, func(t *testing.T) {

@@ -10,10 +10,22 @@ import (
 	"io"
 	"os"
 	"sort"
+
+	"github.com/weir-dev/weir/internal/buildinfo"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "0.1.0-dev"
+// version overrides the version the build stamped (internal/buildinfo) when
+// set at build time with -ldflags "-X main.version=...".
+var version = ""
+
+// binaryVersion is the version weir reports: the -X override, else the
+// module version, else "devel-<revision>[-dirty]".
+func binaryVersion() string {
+	if version != "" {
+		return version
+	}
+	return buildinfo.Read().Short()
+}
 
 type command struct {
 	summary string
@@ -29,7 +41,16 @@ func register(name, summary string, run func(args []string, stdout, stderr io.Wr
 
 func init() {
 	register("version", "print weir's version", func(args []string, stdout, stderr io.Writer) int {
-		fmt.Fprintln(stdout, "weir", version)
+		in := buildinfo.Read()
+		fmt.Fprintln(stdout, "weir", binaryVersion())
+		if in.Revision != "" {
+			dirty := ""
+			if in.Modified {
+				dirty = " (modified)"
+			}
+			fmt.Fprintf(stdout, "revision %s%s\n", in.Revision, dirty)
+		}
+		fmt.Fprintln(stdout, "built with", in.GoVersion)
 		return 0
 	})
 }

@@ -235,7 +235,7 @@ func parseServeArgs(args []string, stderr io.Writer, lookup func(string) (string
 func serverOptions(f *serveFlags, log *slog.Logger, lookup func(string) (string, bool)) []server.Option {
 	opts := []server.Option{
 		server.WithLogger(log),
-		server.WithVersion(strings.TrimSuffix(version, "-dev")),
+		server.WithVersion(binaryVersion()),
 		server.WithShutdownTimeout(f.shutdownTimeout),
 		server.WithShutdownDelay(f.shutdownDelay),
 		server.WithLookupEnv(lookup),
