@@ -302,9 +302,8 @@ func TestBar(t *testing.T) {
 
 // TestCountAndCostRules: a count rule counts the lines whose logged status
 // it lists (taking before, giving the others back after, as the middleware
-// does), a cost
-// from a header the log lacks is not evaluated, and a lease is replayed as
-// without one, each with a note.
+// does), a cost from a header the log lacks is not evaluated, and a lease
+// is replayed as without one, each with a note.
 func TestCountAndCostRules(t *testing.T) {
 	cfg := `
 rules:
