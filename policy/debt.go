@@ -33,16 +33,14 @@ func (p *Policy) CheckKeySettle(ctx context.Context, rule, tierName, key string,
 
 // CheckKeyStamped is CheckKeyTier for a reservation: when the store dates
 // its takes (weir.StampStore, through the guard), an admitted take comes
-// back with its Stamp, for CheckKeySettle. A rule with leases, a store
-// that dates nothing and a fallback's answer give a zero Stamp.
+// back with its Stamp, for CheckKeySettle. A rule with a lease is taken
+// from the store directly, not from this instance's lease, so that its
+// take is dated too. A store that dates nothing and a fallback's answer
+// give a zero Stamp.
 func (p *Policy) CheckKeyStamped(ctx context.Context, rule, tierName, key string, hits int64) (RuleResult, weir.Stamp, error) {
 	r, t, rr, err := p.keyResult(rule, tierName, key)
 	if err != nil {
 		return RuleResult{}, weir.Stamp{}, err
-	}
-	if r.lease > 0 && p.guard.Multi() {
-		rr, err := p.CheckKeyTier(ctx, rule, tierName, key, hits)
-		return rr, weir.Stamp{}, err
 	}
 	start := time.Now()
 	res, st, err := p.guard.TakeStamped(ctx, rr.Key, t.limit, hits)

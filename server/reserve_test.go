@@ -208,3 +208,43 @@ rules:
 		t.Fatalf("an undated record's settle: %d %s, want 6 remaining (today's behaviour)", code, b)
 	}
 }
+
+// TestSettleLateLeased: a reservation on a rule with a lease is dated too.
+// A fixed window of 10 a minute with lease 5: 10 reserved at 0:59, others
+// take 10 at 1:01 (the next window), the reservation settles at 0:
+// nothing comes back, so the window admits 10, not 20.
+func TestSettleLateLeased(t *testing.T) {
+	clock := storetest.NewClock(storetest.Epoch)
+	ms := memstore.New(memstore.WithClock(clock.Now))
+	_, ts := newTestServer(t, WithStore(ms), WithConfig(mustParse(t, `
+rules:
+  - name: tpm
+    limit: 10/m
+    algorithm: fixed_window
+    lease: 5
+`)))
+	clock.Set(storetest.Epoch.Add(59 * time.Second))
+	_, d, b := post(t, ts.URL+"/v1/reserve", `{"rule":"tpm","key":"k","estimate":10}`)
+	id, _ := d["reservation"].(string)
+	if id == "" {
+		t.Fatalf("reserve: %s", b)
+	}
+	clock.Set(storetest.Epoch.Add(61 * time.Second))
+	admitted := 0
+	for range 10 {
+		if _, d, _ = post(t, ts.URL+"/v1/check", `{"rule":"tpm","key":"k","hits":1}`); d["allowed"] == true {
+			admitted++
+		}
+	}
+	if code, _, b := post(t, ts.URL+"/v1/settle", `{"reservation":"`+id+`","actual":0}`); code != 200 {
+		t.Fatalf("a late settle at 0: %d %s", code, b)
+	}
+	for range 10 {
+		if _, d, _ = post(t, ts.URL+"/v1/check", `{"rule":"tpm","key":"k","hits":1}`); d["allowed"] == true {
+			admitted++
+		}
+	}
+	if admitted != 10 {
+		t.Fatalf("the window after a late settle admitted %d, want 10", admitted)
+	}
+}
