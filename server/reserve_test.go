@@ -248,3 +248,34 @@ rules:
 		t.Fatalf("the window after a late settle admitted %d, want 10", admitted)
 	}
 }
+
+// TestReservationRecordBounded: an open reservation keeps what its
+// settlement needs, not the identity: a reservation for an identity of
+// 63 KB (nearly as much as a body holds) is a record of a few hundred
+// bytes, and it settles the state of that identity.
+func TestReservationRecordBounded(t *testing.T) {
+	ms := memstore.New()
+	_, ts := newTestServer(t, WithStore(ms), WithConfig(mustParse(t, debtRules)))
+	key := strings.Repeat("k", 64<<10-1200)
+	_, d, b := post(t, ts.URL+"/v1/reserve", `{"rule":"tokens","key":"`+key+`","estimate":40,"tier":"`+strings.Repeat("t", 1000)+`"}`) // the tier names none of the rule
+	id, _ := d["reservation"].(string)
+	if id == "" {
+		t.Fatalf("reserve: %.200s", b)
+	}
+	rec, ok, err := ms.TakeReservation(context.Background(), id)
+	if err != nil || !ok {
+		t.Fatalf("the record: %v %v", ok, err)
+	}
+	if len(rec) > 256 {
+		t.Fatalf("an open reservation for a %d-byte identity keeps %d bytes, want at most 256: %.300s", len(key), len(rec), rec)
+	}
+	if err := ms.PutReservation(context.Background(), id, rec, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if code, d, b := post(t, ts.URL+"/v1/settle", `{"reservation":"`+id+`","actual":25}`); code != 200 || d["remaining"].(float64) != 75 {
+		t.Fatalf("settle 25 of 40: %d %.300s", code, b)
+	}
+	if _, d, b := post(t, ts.URL+"/v1/check", `{"rule":"tokens","key":"`+key+`","hits":0}`); d["remaining"].(float64) != 75 {
+		t.Fatalf("the identity's state after the settlement: %.300s, want 75 remaining", b)
+	}
+}
