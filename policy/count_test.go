@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -228,5 +229,20 @@ func TestCountBurstBoxed(t *testing.T) {
 				t.Fatalf("after the burst and its window: %+v %v, want boxed", rr.Result, err)
 			}
 		})
+	}
+}
+
+// TestMeteredLeaseRefused: cost and count settle in the store, which a
+// lease's units do not go back to: a rule with a lease refuses both.
+func TestMeteredLeaseRefused(t *testing.T) {
+	for _, extra := range []string{"cost: header:X-N", "count: { status: [401] }"} {
+		doc := "rules:\n  - name: a\n    limit: 10/m\n    algorithm: fixed_window\n    lease: 5\n    " + extra + "\n"
+		cfg, err := policy.Parse([]byte(doc), "weir.yaml")
+		if err == nil {
+			_, err = policy.New(cfg, nil)
+		}
+		if err == nil || !strings.Contains(err.Error(), "weir.yaml:5:12: lease 5 and cost or count do not combine") {
+			t.Errorf("%s on a leased rule: %v", extra, err)
+		}
 	}
 }
