@@ -1,6 +1,7 @@
 package policy_test
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -244,5 +245,36 @@ func TestMeteredLeaseRefused(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "weir.yaml:5:12: lease 5 and cost or count do not combine") {
 			t.Errorf("%s on a leased rule: %v", extra, err)
 		}
+	}
+}
+
+// TestCountGivenBackWhenLeftWhileDelayed: a request that a shaping rule
+// delays and whose client leaves before it is served never reaches the
+// handler: what its count rule took goes back.
+func TestCountGivenBackWhenLeftWhileDelayed(t *testing.T) {
+	c := newClock()
+	p := newPolicy(t, c, `
+rules:
+  - name: shaped
+    limit: 10/s
+    algorithm: leaky_bucket
+    burst: 4
+    max_delay: 300ms
+  - name: login
+    match: { methods: [POST], path: /login }
+    limit: 3/15m
+    algorithm: fixed_window
+    count: { status: [401] }
+`)
+	h := policy.Middleware(p)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(401) }))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for range 2 { // the second is delayed
+		r := httptest.NewRequest(http.MethodPost, "/login", nil).WithContext(ctx)
+		r.RemoteAddr = "192.0.2.1:1"
+		h.ServeHTTP(httptest.NewRecorder(), r)
+	}
+	if got := remaining(t, p, "login", "192.0.2.1"); got != 2 {
+		t.Fatalf("after one failure and one request that left while delayed: %d remaining, want 2", got)
 	}
 }
