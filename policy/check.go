@@ -108,6 +108,9 @@ type rule struct {
 	fixedID, fixedKey string
 }
 
+// settles reports whether r settles after the handler: a cost or a count.
+func (r *rule) settles() bool { return r.cost != nil || r.count != nil }
+
 // tier is one limit of a rule; an untiered rule has one, named "default".
 type tier struct {
 	name  string

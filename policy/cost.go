@@ -86,10 +86,12 @@ func (r *rule) checkCost(rc *RuleConfig, rp string, rep reporter) bool {
 }
 
 // costOf returns what a request costs under r's tier limit l: 1 without
-// a cost; the count rules peek (0) and are debited after the handler.
+// a cost. A count rule takes 1 before the handler, so that no more
+// requests than the limit has room for reach it at once, and Finish gives
+// it back when the response's status is not one it counts.
 func (r *rule) costOf(v *reqView, l weir.Limit) (int64, error) {
 	if r.count != nil {
-		return 0, nil
+		return 1, nil
 	}
 	c := r.cost
 	if c == nil {
@@ -129,11 +131,16 @@ func (v *Verdict) Metered() bool { return v.metered }
 
 // Finish settles the rules with a cost or a count once the handler is done:
 // a cost rule whose handler charged a real cost debits the excess over its
-// estimate or refunds the rest; a count rule debits its cost when the
-// response status is one it counts. Rules the store did not decide (a
-// fallback, a skip, a denial, a rejection) settle nothing. It runs with
-// ctx, which should outlive the client (context.WithoutCancel), so that a
-// client that went away is still charged.
+// estimate or refunds the rest; a count rule, which took its cost before
+// the handler, gives it back when the response status is not one it
+// counts. A refund is dated by its take's Stamp when the store dated it:
+// it goes back only into the window, trailing period or bucket level it
+// was taken from, never into a later one. Rules the store did not decide
+// (a fallback, a skip, a denial, a rejection) settle nothing, except that
+// a count rule decided by the local fallback gives its cost back to the
+// local store. It runs with ctx, which should outlive the client
+// (context.WithoutCancel), so that a client that went away is still
+// charged.
 func (p *Policy) Finish(ctx context.Context, v *Verdict, ch Charges) error {
 	if !v.metered {
 		return nil
@@ -142,16 +149,20 @@ func (p *Policy) Finish(ctx context.Context, v *Verdict, ch Charges) error {
 	for i := range v.Results {
 		rr := &v.Results[i]
 		ru := p.c.byName[rr.Rule]
-		if ru == nil || rr.Skipped || rr.Denied || rr.Err != nil || (!rr.Result.Allowed && !rr.Shadow) {
+		if ru == nil || rr.Skipped || rr.Denied {
+			continue
+		}
+		if ru.count != nil {
+			if err := p.finishCount(ctx, v, rr, ru, ch.Status); err != nil {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		if rr.Err != nil || (!rr.Result.Allowed && !rr.Shadow) {
 			continue
 		}
 		mode, n := weir.ModeTake, int64(0)
-		switch {
-		case ru.count != nil:
-			if slices.Contains(ru.count, ch.Status) {
-				mode, n = weir.ModeDebit, max(rr.Cost, 1)
-			}
-		case ru.cost != nil && ch.Charged:
+		if ru.cost != nil && ch.Charged {
 			switch {
 			case ch.Actual > rr.Cost:
 				mode, n = weir.ModeDebit, ch.Actual-rr.Cost
@@ -172,4 +183,36 @@ func (p *Policy) Finish(ctx context.Context, v *Verdict, ch Charges) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// finishCount settles count rule ru's result rr for a response of the
+// given status: a counted status keeps the cost taken before the handler;
+// any other gives it back, dated by the take's Stamp, to the store that
+// took it (the local store for a local fallback's take). A result that
+// took nothing (a rejection, a peek, a batch another rule rejected, an
+// allow or deny fallback) gives nothing back.
+func (p *Policy) finishCount(ctx context.Context, v *Verdict, rr *RuleResult, ru *rule, status int) error {
+	if slices.Contains(ru.count, status) || rr.Cost <= 0 || !rr.Result.Allowed || rr.Result.Granted < rr.Cost {
+		return nil
+	}
+	if !rr.Shadow && !v.Allowed {
+		return nil // all or nothing: a rejected request consumed nothing
+	}
+	reqs := [1]weir.Request{{Key: rr.Key, Limit: rr.Limit, N: rr.Cost, Mode: weir.ModeRefund}}
+	var out [1]weir.Result
+	if rr.Err != nil {
+		if rr.Fallback != OnErrorLocal {
+			return nil
+		}
+		// The local store took it: give it back there.
+		_ = p.guard.Fallback(ctx, OnErrorLocal, reqs[:], out[:], p.Instances())
+		return nil
+	}
+	if !rr.Stamp.IsZero() {
+		reqs[0].Stamp = rr.Stamp
+	}
+	if err := p.guard.TakeAll(ctx, reqs[:], out[:]); err != nil {
+		return fmt.Errorf("policy: rule %q: give back an uncounted response's %d: %w", rr.Rule, rr.Cost, err)
+	}
+	return nil
 }

@@ -154,6 +154,12 @@ func (m *ruled) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if delay > 0 {
 		if err := resp.Sleep(ctx, delay); err != nil {
+			if v.Metered() {
+				// Never served: what cost and count rules took goes back.
+				if err := p.Finish(context.WithoutCancel(ctx), &v, Charges{Status: httplimit.StatusClientClosedRequest, Charged: true}); err != nil {
+					p.log.Warn("weir: refunding a request that left while delayed failed", "err", err)
+				}
+			}
 			w.WriteHeader(httplimit.StatusClientClosedRequest)
 			return
 		}

@@ -404,11 +404,12 @@ type RuleResult struct {
 	Tier string
 	// Result is the decision. For a skipped or denied rule it is zero.
 	Result weir.Result
-	// Cost is what the request was charged before the handler: 1, the
-	// rule's cost (cost:), or 0 for a rule that counts only some
-	// responses (count:), which peeks.
+	// Cost is what the request was charged before the handler: 1, or the
+	// rule's cost (cost:). A rule that counts only some responses
+	// (count:) takes 1 too, and Finish gives it back when the response's
+	// status is not one it counts.
 	Cost int64
-	// Stamp dates the take of a rule with a cost when the store dates its
+	// Stamp dates the take of a rule with a cost or a count when the store dates its
 	// takes (weir.StampStore for a rule decided alone, weir.StampAllStore
 	// for one decided in a batch with other rules), so that Finish refunds
 	// only what the limit cannot have recovered since
@@ -839,14 +840,14 @@ func (p *Policy) decideLeased(ctx context.Context, res []RuleResult, leased, res
 func (p *Policy) decideStore(ctx context.Context, res []RuleResult, idx []int, n int64, verdict *Verdict) {
 	g := p.guard
 	var err error
-	if len(idx) == 1 && n > 0 && g.Multi() && res[idx[0]].Cost > 0 && p.c.byName[res[idx[0]].Rule].cost != nil {
-		// A rule with a cost, decided alone: a dated take, so that its
-		// settlement refunds with the take's time.
+	if len(idx) == 1 && n > 0 && g.Multi() && res[idx[0]].Cost > 0 && p.c.byName[res[idx[0]].Rule].settles() {
+		// A rule with a cost or a count, decided alone: a dated take, so
+		// that its settlement refunds with the take's time.
 		j := idx[0]
 		res[j].Result, res[j].Stamp, err = g.TakeStamped(ctx, res[j].Key, res[j].Limit, res[j].Cost)
 	} else if g.Multi() {
 		reqs, out, s := getScratch(len(idx))
-		dated := false // a rule with a cost takes: the batch is dated
+		dated := false // a rule with a cost or a count takes: the batch is dated
 		var stamps []weir.Stamp
 		for i, j := range idx {
 			c := res[j].Cost
@@ -857,11 +858,11 @@ func (p *Policy) decideStore(ctx context.Context, res []RuleResult, idx []int, n
 			if c > 0 && res[j].Limit.Algorithm == weir.Concurrency {
 				reqs[i].Lease = weir.NewLeaseID()
 			}
-			dated = dated || (c > 0 && p.c.byName[res[j].Rule].cost != nil)
+			dated = dated || (c > 0 && p.c.byName[res[j].Rule].settles())
 		}
 		if dated {
-			// A rule with a cost, decided with others: a dated batch, so
-			// that its settlement refunds with its take's time.
+			// A rule with a cost or a count, decided with others: a dated
+			// batch, so that its settlement refunds with its take's time.
 			if s != nil {
 				stamps = s.stamps[:len(idx)]
 			} else {
@@ -874,7 +875,7 @@ func (p *Policy) decideStore(ctx context.Context, res []RuleResult, idx []int, n
 		if err == nil {
 			for i, j := range idx {
 				res[j].Result = out[i]
-				if stamps != nil && p.c.byName[res[j].Rule].cost != nil {
+				if stamps != nil && p.c.byName[res[j].Rule].settles() {
 					res[j].Stamp = stamps[i]
 				}
 				if n == 0 {

@@ -301,9 +301,9 @@ func TestBar(t *testing.T) {
 }
 
 // TestCountAndCostRules: a count rule counts the lines whose logged status
-// it lists (peeking before, counting after, as the middleware does), a cost
-// from a header the log lacks is not evaluated, and a lease is replayed as
-// without one, each with a note.
+// it lists (taking before, giving the others back after, as the middleware
+// does), a cost from a header the log lacks is not evaluated, and a lease
+// is replayed as without one, each with a note.
 func TestCountAndCostRules(t *testing.T) {
 	cfg := `
 rules:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -33,26 +34,50 @@ type settleRequest struct {
 }
 
 // reservationRecord is what the store keeps under a reservation's id: the
-// reservation is bound to its rule, tier and key, and only weir writes it.
-// At and Remaining date the take (weir.Stamp, by the store's clock) so
-// that the settlement refunds only what the limit cannot have recovered
-// since; a record without them (written by an older weir, or by a store
-// that dates nothing) settles as before, into the state as it is.
+// reservation is bound to its rule, tier and store key, and only weir
+// writes it. It keeps only what the settlement needs, bounded whatever
+// the request held: the rule's name, the tier applied (a configured name,
+// not the request's), and the store key (policy.RuleResult.Key, in which
+// an identity over weir.MaxIdentityLen bytes is a hash), never the
+// identity itself. At and Remaining date the take (weir.Stamp, by the
+// store's clock) so that the settlement refunds only what the limit
+// cannot have recovered since; a record without them (written by an older
+// weir, or by a store that dates nothing) settles as before, into the
+// state as it is. Key, the identity, is only read: an older weir wrote it
+// instead of StoreKey.
 type reservationRecord struct {
 	Rule      string `json:"rule"`
 	Tier      string `json:"tier,omitempty"`
-	Key       string `json:"key"`
+	StoreKey  string `json:"sk,omitempty"`
+	Key       string `json:"key,omitempty"`
 	Estimate  int64  `json:"estimate"`
 	At        int64  `json:"at,omitempty"`
 	Remaining int64  `json:"remaining,omitempty"`
 }
 
-// stamp returns the record's take as a weir.Stamp (zero if undated).
+// stamp returns the record's take as a weir.Stamp: its estimate, and its
+// time when the record dates it.
 func (rec *reservationRecord) stamp() weir.Stamp {
 	if rec.At <= 0 || rec.Remaining < 0 {
-		return weir.Stamp{}
+		return weir.Stamp{Estimate: rec.Estimate}
 	}
 	return weir.Stamp{At: rec.At, Estimate: rec.Estimate, Remaining: rec.Remaining}
+}
+
+// storeKey returns the store key the record settles: StoreKey, or for an
+// older weir's record the key of its identity under the rule.
+func (rec *reservationRecord) storeKey(p *policy.Policy) (string, error) {
+	if rec.StoreKey != "" {
+		return rec.StoreKey, nil
+	}
+	if rec.Key == "" {
+		return "", fmt.Errorf("policy: rule %q: the reservation names no key", rec.Rule)
+	}
+	id, err := p.CanonicalKey(rec.Rule, rec.Key)
+	if err != nil {
+		return "", err
+	}
+	return weir.Key(rec.Rule, id), nil
 }
 
 // reserveDecision is the answer of POST /v1/reserve: the decision and,
@@ -139,7 +164,7 @@ func (s *Server) handleReserve(w http.ResponseWriter, r *http.Request) {
 	// rule's rejection or a fallback's answer keeps no reservation.
 	if rr.Err == nil && rr.Result.Allowed {
 		id := weir.NewReservationID()
-		rec, _ := json.Marshal(reservationRecord{Rule: rr.Rule, Tier: req.Tier, Key: rr.Identity, Estimate: *req.Estimate, At: st.At, Remaining: st.Remaining})
+		rec, _ := json.Marshal(reservationRecord{Rule: rr.Rule, Tier: rr.Tier, StoreKey: rr.Key, Estimate: *req.Estimate, At: st.At, Remaining: st.Remaining})
 		if err := rs.PutReservation(r.Context(), id, rec, ReservationTTL); err != nil {
 			s.undoReserve(p, req, rr)
 			if errors.Is(err, weir.ErrTooManyReservations) {
@@ -197,19 +222,14 @@ func (s *Server) handleSettle(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, codeUnknownReservation, "reservation %q is unknown, expired or already settled", req.Reservation)
 		return
 	}
-	mode, n := weir.ModeTake, int64(0) // settled at the estimate: a peek
-	switch {
-	case *req.Actual > res.Estimate:
-		mode, n = weir.ModeDebit, *req.Actual-res.Estimate
-	case *req.Actual < res.Estimate:
-		mode, n = weir.ModeRefund, res.Estimate-*req.Actual
+	n := *req.Actual - res.Estimate // what the settlement debits, or refunds
+	if n < 0 {
+		n = -n
 	}
 	var rr policy.RuleResult
-	if st := res.stamp(); mode == weir.ModeRefund && !st.IsZero() {
-		// Only what the limit cannot have recovered since the take.
-		rr, err = p.CheckKeySettle(r.Context(), res.Rule, res.Tier, res.Key, n, st)
-	} else {
-		rr, err = p.CheckKeyMode(r.Context(), res.Rule, res.Tier, res.Key, n, mode)
+	sk, err := res.storeKey(p)
+	if err == nil {
+		rr, err = p.SettleKey(r.Context(), res.Rule, res.Tier, sk, res.stamp(), *req.Actual)
 	}
 	if err != nil {
 		// The rule changed under the reservation (a reload): keep it, so

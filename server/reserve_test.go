@@ -208,3 +208,74 @@ rules:
 		t.Fatalf("an undated record's settle: %d %s, want 6 remaining (today's behaviour)", code, b)
 	}
 }
+
+// TestSettleLateLeased: a reservation on a rule with a lease is dated too.
+// A fixed window of 10 a minute with lease 5: 10 reserved at 0:59, others
+// take 10 at 1:01 (the next window), the reservation settles at 0:
+// nothing comes back, so the window admits 10, not 20.
+func TestSettleLateLeased(t *testing.T) {
+	clock := storetest.NewClock(storetest.Epoch)
+	ms := memstore.New(memstore.WithClock(clock.Now))
+	_, ts := newTestServer(t, WithStore(ms), WithConfig(mustParse(t, `
+rules:
+  - name: tpm
+    limit: 10/m
+    algorithm: fixed_window
+    lease: 5
+`)))
+	clock.Set(storetest.Epoch.Add(59 * time.Second))
+	_, d, b := post(t, ts.URL+"/v1/reserve", `{"rule":"tpm","key":"k","estimate":10}`)
+	id, _ := d["reservation"].(string)
+	if id == "" {
+		t.Fatalf("reserve: %s", b)
+	}
+	clock.Set(storetest.Epoch.Add(61 * time.Second))
+	admitted := 0
+	for range 10 {
+		if _, d, _ = post(t, ts.URL+"/v1/check", `{"rule":"tpm","key":"k","hits":1}`); d["allowed"] == true {
+			admitted++
+		}
+	}
+	if code, _, b := post(t, ts.URL+"/v1/settle", `{"reservation":"`+id+`","actual":0}`); code != 200 {
+		t.Fatalf("a late settle at 0: %d %s", code, b)
+	}
+	for range 10 {
+		if _, d, _ = post(t, ts.URL+"/v1/check", `{"rule":"tpm","key":"k","hits":1}`); d["allowed"] == true {
+			admitted++
+		}
+	}
+	if admitted != 10 {
+		t.Fatalf("the window after a late settle admitted %d, want 10", admitted)
+	}
+}
+
+// TestReservationRecordBounded: an open reservation keeps what its
+// settlement needs, not the identity: a reservation for an identity of
+// 63 KB (nearly as much as a body holds) is a record of a few hundred
+// bytes, and it settles the state of that identity.
+func TestReservationRecordBounded(t *testing.T) {
+	ms := memstore.New()
+	_, ts := newTestServer(t, WithStore(ms), WithConfig(mustParse(t, debtRules)))
+	key := strings.Repeat("k", 64<<10-1200)
+	_, d, b := post(t, ts.URL+"/v1/reserve", `{"rule":"tokens","key":"`+key+`","estimate":40,"tier":"`+strings.Repeat("t", 1000)+`"}`) // the tier names none of the rule
+	id, _ := d["reservation"].(string)
+	if id == "" {
+		t.Fatalf("reserve: %.200s", b)
+	}
+	rec, ok, err := ms.TakeReservation(context.Background(), id)
+	if err != nil || !ok {
+		t.Fatalf("the record: %v %v", ok, err)
+	}
+	if len(rec) > 256 {
+		t.Fatalf("an open reservation for a %d-byte identity keeps %d bytes, want at most 256: %.300s", len(key), len(rec), rec)
+	}
+	if err := ms.PutReservation(context.Background(), id, rec, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if code, d, b := post(t, ts.URL+"/v1/settle", `{"reservation":"`+id+`","actual":25}`); code != 200 || d["remaining"].(float64) != 75 {
+		t.Fatalf("settle 25 of 40: %d %.300s", code, b)
+	}
+	if _, d, b := post(t, ts.URL+"/v1/check", `{"rule":"tokens","key":"`+key+`","hits":0}`); d["remaining"].(float64) != 75 {
+		t.Fatalf("the identity's state after the settlement: %.300s, want 75 remaining", b)
+	}
+}
