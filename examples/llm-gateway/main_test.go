@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -30,10 +31,12 @@ type fakeUpstream struct {
 	sawKeyHeader    atomic.Bool
 	bodyLen         atomic.Int64  // the size of the last request body
 	release         chan struct{} // a stream waits on it before its usage event; nil: no wait
+	canceled        chan struct{} // closed when the gateway cancels a stream waiting on release
+	cancelOnce      sync.Once
 }
 
 func newFakeUpstream(t *testing.T) *fakeUpstream {
-	f := &fakeUpstream{}
+	f := &fakeUpstream{canceled: make(chan struct{})}
 	f.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get(costHeader) != "" {
 			f.sawCostHeader.Store(true)
@@ -73,7 +76,12 @@ func newFakeUpstream(t *testing.T) *fakeUpstream {
 			w.(http.Flusher).Flush()
 		}
 		if f.release != nil {
-			<-f.release
+			select {
+			case <-f.release:
+			case <-r.Context().Done():
+				f.cancelOnce.Do(func() { close(f.canceled) })
+				return
+			}
 		}
 		if req.StreamOptions.IncludeUsage && !req.XNoUsage {
 			fmt.Fprintf(w, "data: {\"choices\":[{\"delta\":{\"content\":\"%s\"}}],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":%d,\"total_tokens\":%d}}\n\n", pad, req.XUsage-5, req.XUsage)
@@ -85,10 +93,11 @@ func newFakeUpstream(t *testing.T) *fakeUpstream {
 }
 
 type testGateway struct {
-	t     *testing.T
-	p     *policy.Policy
-	clock *storetest.Clock
-	url   string
+	t       *testing.T
+	p       *policy.Policy
+	clock   *storetest.Clock
+	url     string
+	hangUps atomic.Int64 // requests whose client went away while the gateway served them
 }
 
 func newTestGateway(t *testing.T, up *fakeUpstream) *testGateway {
@@ -108,9 +117,15 @@ func newTestGatewayDrain(t *testing.T, up *fakeUpstream, drain time.Duration) *t
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(h)
+	g := &testGateway{t: t, p: p, clock: clock}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		stop := context.AfterFunc(r.Context(), func() { g.hangUps.Add(1) })
+		h.ServeHTTP(w, r)
+		stop()
+	}))
 	t.Cleanup(srv.Close)
-	return &testGateway{t: t, p: p, clock: clock, url: srv.URL}
+	g.url = srv.URL
+	return g
 }
 
 // chat posts a completion request for key.
@@ -302,7 +317,20 @@ func TestHangUpChargesUpstreamUsage(t *testing.T) {
 	}
 	cancel()
 	resp.Body.Close()
-	close(up.release) // the upstream finishes after the client went away
+	// The upstream finishes once the gateway has seen the client go away
+	// (and, had it cancelled the upstream request, once the upstream saw that).
+	deadline := time.Now().Add(10 * time.Second)
+	for g.hangUps.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if g.hangUps.Load() == 0 {
+		t.Fatal("the gateway never saw the client go away")
+	}
+	select {
+	case <-up.canceled:
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(up.release)
 	waitRemaining(t, g, "sk-c", 10000-6001)
 }
 
