@@ -20,13 +20,16 @@
 //     around the text is longer than the few tokens per message a chat
 //     template adds, so a text prompt never counts more tokens than its
 //     request has bytes. The rule reserves that bound (at most the whole
-//     budget) from X-Weir-Estimate;
+//     budget) from X-Weir-Estimate. A chat request without max_tokens, with
+//     a max_tokens or n (1 to 128) that is not a whole number in range, or
+//     whose max_tokens × n exceeds the budget, gets 400 naming the value;
 //   - the response's usage.total_tokens is charged with httplimit.Charge,
 //     from a JSON body of any size or from the stream event that carries it
 //     (the gateway asks for it with stream_options.include_usage); the
 //     middleware then refunds what the reservation did not use, or debits
-//     the excess, into debt if need be. A response whose usage cannot be
-//     read is charged the whole bound;
+//     the excess, into debt if need be. A 200 response whose usage cannot
+//     be read is charged the whole bound; an error response keeps the
+//     reservation;
 //   - a client that hangs up does not stop the metering: the gateway reads
 //     the rest of the upstream's answer, for at most two minutes, for its
 //     usage;
@@ -120,6 +123,9 @@ func newGateway(p *policy.Policy, upstream *url.URL, drain time.Duration) (http.
 			pr.SetURL(upstream)
 			pr.Out.Header.Del(costHeader)
 			pr.Out.Header.Del(keyHeader)
+			// The transport then asks for gzip itself and decompresses, so
+			// the meter reads the usage in plain JSON.
+			pr.Out.Header.Del("Accept-Encoding")
 		},
 		ModifyResponse: meterUsage,
 		FlushInterval:  -1, // pass stream events on as they come

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -62,6 +63,12 @@ func newFakeUpstream(t *testing.T) *fakeUpstream {
 		pad := strings.Repeat("x", req.XPad)
 		if !req.Stream {
 			w.Header().Set("Content-Type", "application/json")
+			if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+				w.Header().Set("Content-Encoding", "gzip")
+				zw := gzip.NewWriter(w)
+				defer zw.Close()
+				w = gzipWriter{w, zw}
+			}
 			if req.XNoUsage {
 				fmt.Fprintf(w, `{"id":"c1","choices":[{"message":{"role":"assistant","content":"hi%s"}}]}`, pad)
 				return
@@ -91,6 +98,14 @@ func newFakeUpstream(t *testing.T) *fakeUpstream {
 	t.Cleanup(f.Close)
 	return f
 }
+
+// gzipWriter writes a response's body through a gzip.Writer.
+type gzipWriter struct {
+	http.ResponseWriter
+	zw *gzip.Writer
+}
+
+func (g gzipWriter) Write(b []byte) (int, error) { return g.zw.Write(b) }
 
 type testGateway struct {
 	t       *testing.T
@@ -351,6 +366,27 @@ func TestHangUpStalledChargesEstimate(t *testing.T) {
 	cancel()
 	resp.Body.Close()
 	waitRemaining(t, g, "sk-s", 10000-700-up.bodyLen.Load())
+}
+
+// TestGzipClientUsage: a client that accepts gzip (as OpenAI's SDKs do)
+// is still charged the usage, not the whole estimate: the upstream's
+// answer is compressed only between it and the gateway.
+func TestGzipClientUsage(t *testing.T) {
+	up := newFakeUpstream(t)
+	g := newTestGateway(t, up)
+	req, _ := http.NewRequest("POST", g.url+"/v1/chat/completions", strings.NewReader(`{"model":"m","max_tokens":800,"XUsage":130,"messages":[]}`))
+	req.Header.Set("Authorization", "Bearer sk-z")
+	req.Header.Set("Accept-Encoding", "gzip")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("completion: %d", resp.StatusCode)
+	}
+	waitRemaining(t, g, "sk-z", 10000-130)
 }
 
 // TestUsageOfLargeJSONBody: a completion over 1 MB is charged its usage.
