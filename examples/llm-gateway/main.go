@@ -333,9 +333,9 @@ type detached struct {
 	drain  time.Duration
 }
 
-// meterUsage wraps a successful response's body so that its usage is
-// charged as it passes: at the end of a JSON body, or at the event of a
-// stream that carries it.
+// meterUsage wraps a successful chat response's body so that its usage is
+// read as it passes, from a JSON body or from a stream's events, and
+// charged when it ends.
 func meterUsage(resp *http.Response) error {
 	if resp.StatusCode != http.StatusOK {
 		return nil
@@ -390,7 +390,7 @@ func (m *meter) Close() error {
 	if !m.done {
 		if m.detached != nil {
 			t := time.AfterFunc(m.detached.drain, m.detached.cancel)
-			_, _ = io.Copy(io.Discard, struct{ io.Reader }{m})
+			_, _ = io.Copy(io.Discard, m)
 			t.Stop()
 		}
 		m.finish()
