@@ -6,10 +6,9 @@
 //	ic := grpclimit.New(lim, weir.Limit{Algorithm: weir.GCRA, Rate: 100, Period: time.Second})
 //	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(ic.Unary()), grpc.ChainStreamInterceptor(ic.Stream()))
 //
-// A call is keyed by its peer's address (KeyByPeer, the default; trusted
-// proxies' x-forwarded-for or x-real-ip metadata honoured as package
-// clientip reads the HTTP headers), by a metadata value (KeyByMetadata), or
-// by any function (WithKey).
+// A call is keyed by its peer's address (KeyByPeer, the default; behind
+// trusted proxies, the rightmost untrusted x-forwarded-for entry), by a
+// metadata value (KeyByMetadata), or by any function (WithKey).
 //
 // A rejected call ends with codes.ResourceExhausted and a
 // google.rpc.RetryInfo detail whose retry_delay says when the same call
@@ -23,6 +22,18 @@
 // When the store fails the call passes (FailOpen, the default) or ends
 // with codes.Unavailable (WithErrorPolicy(httplimit.FailClosed)); a policy
 // decides per rule with on_error.
+//
+// A policy's count: {status: [...]} rules take their cost before the
+// handler and give it back when the call ends with a code whose HTTP
+// status they do not count. Codes map to statuses as Google APIs and
+// grpc-gateway map them: OK 200; InvalidArgument, FailedPrecondition and
+// OutOfRange 400; Unauthenticated 401; PermissionDenied 403; NotFound 404;
+// AlreadyExists and Aborted 409; ResourceExhausted 429; Canceled 499;
+// Unknown, Internal, DataLoss and any other code 500; Unimplemented 501;
+// Unavailable 503; DeadlineExceeded 504. A handler that panics ends as
+// Internal. A cost: rule takes its cost (a constant, or a metadata value
+// for header:NAME) before the handler and keeps it: a gRPC handler has no
+// httplimit.Charge.
 package grpclimit
 
 import (
@@ -84,10 +95,12 @@ func WithName(rule string) Option { return func(c *config) { c.name = rule } }
 
 // KeyByPeer keys calls by the peer's IP address (the default). When the
 // peer lies inside one of trusted, a proxy you run, the client address is
-// read from the call's metadata as clientip.From reads HTTP headers
-// (x-real-ip, then x-forwarded-for walked from the right); metadata from
-// any other peer is ignored, so a client cannot choose its own key. IPv6
-// clients are grouped by their /64, as httplimit.KeyByIP does.
+// read from the call's x-forwarded-for metadata, walked from the right:
+// the first entry outside trusted is the client, as Envoy and other gRPC
+// proxies append it (see WithClientIPHeader for another header).
+// Metadata from any other peer is ignored, and x-real-ip is not read
+// unless WithClientIPHeader names it, so a client cannot choose its own
+// key. IPv6 clients are grouped by their /64, as httplimit.KeyByIP does.
 func KeyByPeer(trusted ...netip.Prefix) Option {
 	trusted = append([]netip.Prefix(nil), trusted...)
 	return func(c *config) {
@@ -98,10 +111,17 @@ func KeyByPeer(trusted ...netip.Prefix) Option {
 
 // WithClientIPHeader names the metadata key that carries the client
 // address when the peer is trusted (see KeyByPeer and
-// httplimit.WithClientIPHeader): "auto" (the default), "x-forwarded-for",
-// "x-real-ip" or any other.
+// clientip.From): "x-forwarded-for" (the default, also ""), "x-real-ip",
+// any other key your proxy sets, or "auto". Name x-real-ip, or "auto"
+// (x-real-ip first), only when your proxy overwrites x-real-ip: Envoy
+// passes a client's own x-real-ip through, which would let the client
+// choose its key.
 func WithClientIPHeader(name string) Option {
 	return func(c *config) {
+		if strings.TrimSpace(name) == "" {
+			c.ipHeader = clientip.ForwardedFor
+			return
+		}
 		h, ok := clientip.CanonicalHeader(name)
 		if !ok {
 			c.err = fmt.Errorf("WithClientIPHeader(%q): not a metadata key", name)
@@ -186,10 +206,13 @@ func New(lim *weir.Limiter, l weir.Limit, opts ...Option) *Interceptor {
 // policy as an HTTP request: method POST, path the full method name
 // ("/pkg.Service/Method"), host the :authority, headers the metadata
 // (binary "-bin" keys left out), remote address the peer. So rules match by
-// path, identities may be ip (trusted_proxies honoured), header or route,
-// and allow and deny lists apply; a deny-listed call ends with
-// codes.PermissionDenied. WithName, KeyByPeer, KeyByMetadata and WithKey do
-// not apply.
+// path, identities may be ip (trusted_proxies and client_ip_header
+// honoured: behind Envoy set client_ip_header: X-Forwarded-For), header or
+// route, and allow and deny lists apply; a deny-listed call ends with
+// codes.PermissionDenied, and a cost: value that is no whole number the
+// rule admits with codes.InvalidArgument. count: rules settle by the
+// call's code, mapped to an HTTP status as the package documentation says.
+// WithName, KeyByPeer, KeyByMetadata and WithKey do not apply.
 func NewPolicy(get func() *policy.Policy, opts ...Option) *Interceptor {
 	if get == nil {
 		panic("grpclimit: NewPolicy with a nil getter")
@@ -198,7 +221,7 @@ func NewPolicy(get func() *policy.Policy, opts ...Option) *Interceptor {
 }
 
 func newConfig(opts []Option) *config {
-	c := &config{name: DefaultName, ipHeader: clientip.Auto, sleep: waitctx.Sleep}
+	c := &config{name: DefaultName, ipHeader: clientip.ForwardedFor, sleep: waitctx.Sleep}
 	for _, o := range opts {
 		o(c)
 	}
@@ -211,12 +234,15 @@ func newConfig(opts []Option) *config {
 // Unary returns the unary server interceptor.
 func (ic *Interceptor) Unary() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		release, err := ic.admit(ctx, info.FullMethod, grpcSink{ctx})
+		finish, err := ic.admit(ctx, info.FullMethod, grpcSink{ctx})
 		if err != nil {
 			return nil, err
 		}
-		defer release()
-		return handler(ctx, req)
+		code := codes.Internal // if the handler panics
+		defer func() { finish(code) }()
+		resp, err := handler(ctx, req)
+		code = codeOf(err)
+		return resp, err
 	}
 }
 
@@ -224,12 +250,15 @@ func (ic *Interceptor) Unary() grpc.UnaryServerInterceptor {
 // held until the stream's handler returns, that is, until the stream ends.
 func (ic *Interceptor) Stream() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		release, err := ic.admit(ss.Context(), info.FullMethod, ss)
+		finish, err := ic.admit(ss.Context(), info.FullMethod, ss)
 		if err != nil {
 			return err
 		}
-		defer release()
-		return handler(srv, ss)
+		code := codes.Internal // if the handler panics
+		defer func() { finish(code) }()
+		err = handler(srv, ss)
+		code = codeOf(err)
+		return err
 	}
 }
 
@@ -245,11 +274,55 @@ type grpcSink struct{ ctx context.Context }
 func (s grpcSink) SetHeader(md metadata.MD) error { return grpc.SetHeader(s.ctx, md) }
 func (s grpcSink) SetTrailer(md metadata.MD)      { _ = grpc.SetTrailer(s.ctx, md) }
 
-func noop() {}
+func noop(codes.Code) {}
+
+// codeOf is the code a call whose handler returned err ends with, as the
+// gRPC server reports it: a context error is Canceled or DeadlineExceeded,
+// any other error without a status Unknown.
+func codeOf(err error) codes.Code {
+	if err == nil {
+		return codes.OK
+	}
+	if s, ok := status.FromError(err); ok {
+		return s.Code()
+	}
+	return status.FromContextError(err).Code()
+}
+
+// httpStatus maps a gRPC code to the HTTP status count: rules name, as
+// Google APIs and grpc-gateway map them.
+func httpStatus(c codes.Code) int {
+	switch c {
+	case codes.OK:
+		return http.StatusOK
+	case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange:
+		return http.StatusBadRequest
+	case codes.Unauthenticated:
+		return http.StatusUnauthorized
+	case codes.PermissionDenied:
+		return http.StatusForbidden
+	case codes.NotFound:
+		return http.StatusNotFound
+	case codes.AlreadyExists, codes.Aborted:
+		return http.StatusConflict
+	case codes.ResourceExhausted:
+		return http.StatusTooManyRequests
+	case codes.Canceled:
+		return httplimit.StatusClientClosedRequest
+	case codes.Unimplemented:
+		return http.StatusNotImplemented
+	case codes.Unavailable:
+		return http.StatusServiceUnavailable
+	case codes.DeadlineExceeded:
+		return http.StatusGatewayTimeout
+	}
+	return http.StatusInternalServerError // Unknown, Internal, DataLoss, any other
+}
 
 // admit decides the call; on admission it returns the function that
-// releases what the call holds.
-func (ic *Interceptor) admit(ctx context.Context, method string, out sink) (func(), error) {
+// settles and releases what the call holds, given the code the call ended
+// with.
+func (ic *Interceptor) admit(ctx context.Context, method string, out sink) (func(codes.Code), error) {
 	if ic.pol != nil {
 		return ic.admitPolicy(ctx, method, out)
 	}
@@ -290,20 +363,21 @@ func (ic *Interceptor) admit(ctx context.Context, method string, out sink) (func
 	}
 	release := noop
 	if lease != nil {
-		release = func() { _ = lease.Release(context.WithoutCancel(ctx)) }
+		release = func(codes.Code) { _ = lease.Release(context.WithoutCancel(ctx)) }
 	}
 	_ = out.SetHeader(ic.md(st, 0))
 	if res.Delay > 0 {
 		if err := c.sleep(ctx, res.Delay); err != nil {
-			release()
-			return nil, status.FromContextError(err).Err()
+			s := status.FromContextError(err)
+			release(s.Code())
+			return nil, s.Err()
 		}
 	}
 	return release, nil
 }
 
 // admitPolicy is admit for NewPolicy.
-func (ic *Interceptor) admitPolicy(ctx context.Context, method string, out sink) (func(), error) {
+func (ic *Interceptor) admitPolicy(ctx context.Context, method string, out sink) (func(codes.Code), error) {
 	p := ic.pol()
 	if p == nil {
 		if ic.c.errorPolicy == httplimit.FailClosed {
@@ -311,11 +385,18 @@ func (ic *Interceptor) admitPolicy(ctx context.Context, method string, out sink)
 		}
 		return noop, nil
 	}
-	v := p.Check(ctx, callRequest(ctx, method))
+	v := p.CheckCall(ctx, callRequest(ctx, method))
+	if v.BadCost != nil {
+		return nil, status.Error(codes.InvalidArgument, v.BadCost.Error())
+	}
 	release := func() { _ = v.Release(context.WithoutCancel(ctx)) }
+	finish := func(code codes.Code) {
+		defer release()
+		_ = p.FinishCall(context.WithoutCancel(ctx), &v, httpStatus(code)) // logged by the policy
+	}
 	switch {
 	case v.AllowListed:
-		return release, nil
+		return finish, nil
 	case v.Denied:
 		release()
 		return nil, status.Error(codes.PermissionDenied, "denied by the rate-limit policy")
@@ -340,11 +421,12 @@ func (ic *Interceptor) admitPolicy(ctx context.Context, method string, out sink)
 	}
 	if delay > 0 {
 		if err := ic.c.sleep(ctx, delay); err != nil {
-			release()
-			return nil, status.FromContextError(err).Err()
+			s := status.FromContextError(err)
+			finish(s.Code())
+			return nil, s.Err()
 		}
 	}
-	return release, nil
+	return finish, nil
 }
 
 // reject builds the ResourceExhausted status with its RetryInfo and sets
