@@ -40,6 +40,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
@@ -385,14 +386,19 @@ func (ic *Interceptor) admitPolicy(ctx context.Context, method string, out sink)
 		}
 		return noop, nil
 	}
-	v := p.CheckCall(ctx, callRequest(ctx, method))
+	v := p.Check(ctx, callRequest(ctx, method))
 	if v.BadCost != nil {
 		return nil, status.Error(codes.InvalidArgument, v.BadCost.Error())
 	}
 	release := func() { _ = v.Release(context.WithoutCancel(ctx)) }
 	finish := func(code codes.Code) {
 		defer release()
-		_ = p.FinishCall(context.WithoutCancel(ctx), &v, httpStatus(code)) // logged by the policy
+		// A count rule took 1 before the handler; a code it does not count
+		// gives it back. A store failure leaves it taken; the error names
+		// rules and hashed keys, never identities.
+		if err := p.Finish(context.WithoutCancel(ctx), &v, policy.Charges{Status: httpStatus(code)}); err != nil {
+			slog.Default().Warn("weir: settling a call's count rules failed", "err", err)
+		}
 	}
 	switch {
 	case v.AllowListed:
