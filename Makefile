@@ -129,7 +129,7 @@ FUZZTIME ?= 60s
 FUZZ_TARGETS := \
 	.:FuzzParseLimit .:FuzzKey ./algorithm:FuzzTake \
 	./policy:FuzzParseConfig ./clientip:FuzzParseHostAddr ./policy:FuzzPathPattern \
-	./server:FuzzCheckBody ./server:FuzzAuthHeaders \
+	./server:FuzzCheckBody ./server:FuzzAuthHeaders ./server:FuzzAuthClientIP \
 	./server/envoyrls:FuzzShouldRateLimit ./server/envoyrls:FuzzCheckJSON ./server/envoyrls:FuzzParse
 fuzz:
 	GO=$(GO) FUZZTIME=$(FUZZTIME) FUZZ=$(FUZZ) ./scripts/fuzz.sh '$(FUZZ_TARGETS)'

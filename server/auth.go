@@ -3,6 +3,7 @@ package server
 import (
 	"encoding/json"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strings"
 
@@ -22,9 +23,9 @@ import (
 // X-Forwarded-Host (Traefik, Caddy); auto (the default) takes the family
 // present and refuses a request whose two families disagree. The client
 // is in X-Real-IP or X-Forwarded-For, as client_ip_header says; in auto,
-// a request of the forwarded family (Caddy and Traefik set
+// a request carrying X-Forwarded-Uri (Caddy and Traefik set
 // X-Forwarded-For, and Caddy passes a client's X-Real-IP on) is read from
-// X-Forwarded-For alone. Every other header of the auth request is taken as the
+// X-Forwarded-For alone (dropClientRealIP). Every other header of the auth request is taken as the
 // original request's (proxies forward them), so header: and cookie:
 // identities work. The forwarded client address is believed only when the
 // peer (the proxy) is in trusted_proxies; otherwise the peer's own
@@ -52,17 +53,15 @@ func (s *Server) handleAuth(w http.ResponseWriter, r *http.Request) {
 	}
 	p := s.holder.Load()
 	cfg := p.Config()
-	orig, fam, err := originalRequest(r, cfg.Server.AuthHeaders)
+	orig, _, err := originalRequest(r, cfg.Server.AuthHeaders)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, codeBadRequest, "%v", err)
 		return
 	}
-	if fam == familyForwarded.setting {
-		if h, _ := clientip.CanonicalHeader(cfg.ClientIPHeader); h == clientip.Auto {
-			// Caddy and Traefik, which send this family, write the client
-			// in X-Forwarded-For, and Caddy passes a client's own X-Real-IP
-			// on: in auto, it must not outrank the proxy's address.
-			orig.Header.Del("X-Real-Ip")
+	if h, _ := clientip.CanonicalHeader(cfg.ClientIPHeader); h == clientip.Auto {
+		if err := dropClientRealIP(r, orig, cfg); err != nil {
+			writeError(w, http.StatusBadRequest, codeBadRequest, "%v", err)
+			return
 		}
 	}
 	v := p.Check(r.Context(), orig)
@@ -195,6 +194,55 @@ func originalRequest(r *http.Request, setting string) (orig *http.Request, fam s
 		RemoteAddr: r.RemoteAddr,
 	}
 	return orig.WithContext(r.Context()), f.setting, nil
+}
+
+// dropClientRealIP removes X-Real-IP from orig when a client may have
+// written it, under client_ip_header: auto. Caddy and Traefik, which send
+// the forwarded family, write the client in X-Forwarded-For, and Caddy
+// passes a client's own X-Real-IP on: a request read as the forwarded
+// family, or carrying X-Forwarded-Uri under auth_headers: auto, is read
+// from X-Forwarded-For alone. Under auto, a request carrying both URI
+// headers may come from either kind of proxy (nginx passes a client's
+// X-Forwarded-* on, and writes X-Real-IP): its X-Real-IP and
+// X-Forwarded-For must then name the same client, or it is refused.
+func dropClientRealIP(r, orig *http.Request, cfg *policy.Config) error {
+	switch cfg.Server.AuthHeaders {
+	case policy.AuthHeadersOriginal:
+		return nil
+	case policy.AuthHeadersForwarded:
+	default:
+		if firstHeader(r, familyForwarded.uri) == "" {
+			return nil
+		}
+		if real := firstHeader(r, "X-Real-Ip"); real != "" && firstHeader(r, familyOriginal.uri) != "" {
+			trusted := trustedPrefixes(cfg)
+			byXFF, byReal := orig.Clone(r.Context()), orig.Clone(r.Context())
+			byXFF.Header.Del("X-Real-Ip")
+			byReal.Header.Del("X-Forwarded-For")
+			if clientip.From(byXFF, trusted, clientip.Auto) != clientip.From(byReal, trusted, clientip.Auto) {
+				return &headerError{"the auth request carries both " + familyOriginal.uri + " and " + familyForwarded.uri +
+					", and X-Real-IP " + quoteShort(real) + " names another client than X-Forwarded-For " + quoteShort(r.Header.Get("X-Forwarded-For")) +
+					": a client may have sent one of them. Set server.auth_headers to original (nginx) or forwarded (Traefik, Caddy), " +
+					"set client_ip_header to the header your proxy writes, and make the proxy strip the family it does not set"}
+			}
+		}
+	}
+	orig.Header.Del("X-Real-Ip")
+	return nil
+}
+
+// trustedPrefixes parses the trusted_proxies of a validated config.
+func trustedPrefixes(cfg *policy.Config) []netip.Prefix {
+	out := make([]netip.Prefix, 0, len(cfg.TrustedProxies))
+	for _, s := range cfg.TrustedProxies {
+		s = strings.TrimSpace(s)
+		if p, err := netip.ParsePrefix(s); err == nil {
+			out = append(out, p)
+		} else if a, err := netip.ParseAddr(s); err == nil {
+			out = append(out, netip.PrefixFrom(a, a.BitLen()))
+		}
+	}
+	return out
 }
 
 type headerError struct{ msg string }

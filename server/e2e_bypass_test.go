@@ -239,3 +239,63 @@ func TestNginxIPv6Rotation(t *testing.T) {
 		t.Fatalf("another /64: %d", code)
 	}
 }
+
+// noneAfter3 checks that at most the first three logins reached the app.
+func noneAfter3(t *testing.T, what string, got []int) {
+	t.Helper()
+	for i, code := range got {
+		if code == 200 && i >= 3 {
+			t.Fatalf("%s: statuses %v; want at most the first 3 logins through (the login rule is 3/m)", what, got)
+		}
+	}
+}
+
+// TestCaddyBypassAgreeingFamilies: through Caddy stripping nothing, with
+// weir's defaults, a client that sends X-Original-URI, -Method and -Host
+// equal to its real request (so that the two families agree) and an
+// X-Real-IP of its choosing neither becomes a new client on every login
+// nor claims an allow-listed address: none of its logins reaches the
+// application, while a client sending nothing of the kind gets its 3.
+func TestCaddyBypassAgreeingFamilies(t *testing.T) {
+	requireBinary(t, "caddy")
+	app := startApp(t)
+	f := startWeirFleet(t, "caddy", defaults, func(cfg *policy.Config) { cfg.Allow = []string{"192.0.2.9"} })
+	base := startCaddy(t, f, app,
+		"\t\theader_up -X-Original-URI\n\t\theader_up -X-Original-Method\n\t\theader_up -X-Original-Host\n\t\theader_up -X-Real-IP\n", "")
+	host := strings.TrimPrefix(base, "http://")
+	agreeing := func(realIP func(i int) string) func(i int) []string {
+		return func(i int) []string {
+			return []string{"X-Original-URI", "/login", "X-Original-Method", "POST", "X-Original-Host", host, "X-Real-IP", realIP(i)}
+		}
+	}
+	for what, realIP := range map[string]func(int) string{
+		"a fresh X-Real-IP":         func(i int) string { return fmt.Sprintf("203.0.113.%d", i+1) },
+		"an allow-listed X-Real-IP": func(int) string { return "192.0.2.9" },
+	} {
+		for i, code := range logins(t, clientFrom(t, attackerIP), base, 6, agreeing(realIP)) {
+			if code == 200 {
+				t.Fatalf("%s and agreeing X-Original-*: login %d reached the app", what, i+1)
+			}
+		}
+	}
+	wantLimitedAfter3(t, "an honest client", logins(t, clientFrom(t, "127.0.0.8"), base, 5, func(int) []string { return nil }))
+}
+
+// TestNginxBypassAgreeingFamilies: through nginx configured the common way
+// (X-Real-IP set, the client's X-Forwarded-* passed on), with weir's
+// defaults, a client that sends X-Forwarded-Uri, -Method and -Host equal
+// to its real request and a fresh X-Forwarded-For stays inside the login
+// rule: weir does not take the request for Caddy's and believe the
+// client's X-Forwarded-For.
+func TestNginxBypassAgreeingFamilies(t *testing.T) {
+	requireBinary(t, "nginx")
+	app := startApp(t)
+	f := startWeirFleet(t, "nginx", defaults)
+	base := startNginx(t, f, app, nginxCommon...)
+	hostOnly, _, _ := strings.Cut(strings.TrimPrefix(base, "http://"), ":")
+	noneAfter3(t, "agreeing X-Forwarded-* and a fresh X-Forwarded-For", logins(t, clientFrom(t, attackerIP), base, 6, func(i int) []string {
+		return []string{"X-Forwarded-Uri", "/login", "X-Forwarded-Method", "POST", "X-Forwarded-Host", hostOnly,
+			"X-Forwarded-For", fmt.Sprintf("198.51.100.%d", i+1)}
+	}))
+	wantLimitedAfter3(t, "an honest client", logins(t, clientFrom(t, "127.0.0.8"), base, 5, func(int) []string { return nil }))
+}

@@ -5,8 +5,13 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/weir-dev/weir/clientip"
+	"github.com/weir-dev/weir/policy"
 )
 
 // fuzzServer is one Server for a whole fuzz run: building one per input
@@ -106,6 +111,83 @@ func FuzzAuthHeaders(f *testing.F) {
 		case http.StatusOK, http.StatusBadRequest, http.StatusForbidden, http.StatusTooManyRequests:
 		default:
 			t.Fatalf("status %d for %q: %s", rec.Code, []string{peer, uri, method, host, fwdURI, fwdMethod, xff, realIP, apiKey}, rec.Body)
+		}
+	})
+}
+
+// FuzzAuthClientIP checks which headers give /v1/auth its client under
+// client_ip_header: auto, for any header values and any auth_headers
+// setting. Nothing panics; under auth_headers: auto with X-Forwarded-Uri
+// present, and under forwarded, X-Real-IP never changes the client; a
+// request carrying both URI headers under auto is let through only when
+// its X-Real-IP (if any) names the client its X-Forwarded-For names; and
+// a request without X-Forwarded-Uri under auto keeps its X-Real-IP.
+func FuzzAuthClientIP(f *testing.F) {
+	type seed struct {
+		setting                                                        uint8
+		peer, uri, method, host, fwdURI, fwdMethod, fwdHost, xff, real string
+	}
+	for _, s := range []seed{
+		{0, "10.0.0.1:1", "/login", "POST", "app", "/login", "POST", "app", "198.51.100.4", "203.0.113.1"},
+		{0, "10.0.0.1:1", "/login", "POST", "app", "/login", "POST", "app", "", "198.51.100.4"},
+		{0, "10.0.0.1:1", "/login", "POST", "app", "/login", "POST", "app", "203.0.113.9, 198.51.100.4", "198.51.100.4"},
+		{0, "10.0.0.1:1", "", "", "", "/login", "POST", "", "198.51.100.4", "203.0.113.1"},
+		{0, "10.0.0.1:1", "/login", "POST", "", "", "", "", "203.0.113.1", "198.51.100.4"},
+		{1, "10.0.0.1:1", "/login", "POST", "", "/login", "", "", "203.0.113.1", "198.51.100.4"},
+		{2, "10.0.0.1:1", "/login", "", "", "/login", "POST", "", "198.51.100.4", "10.0.0.3"},
+		{0, "192.0.2.1:1", "/login", "POST", "app", "/login", "POST", "app", "198.51.100.4", "203.0.113.1"},
+		{0, "10.0.0.1:1", "/login", "POST", "app", "/login", "POST", "app", "garbage, ::1", "[::ffff:1.2.3.4]:5"},
+	} {
+		f.Add(s.setting, s.peer, s.uri, s.method, s.host, s.fwdURI, s.fwdMethod, s.fwdHost, s.xff, s.real)
+	}
+	var cfgs []*policy.Config
+	for _, setting := range []string{"", policy.AuthHeadersOriginal, policy.AuthHeadersForwarded} {
+		cfgs = append(cfgs, mustParse(f, "trusted_proxies: [10.0.0.0/8]\nserver: {auth_headers: "+strconv.Quote(setting)+"}\nrules: []\n"))
+	}
+	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
+	f.Fuzz(func(t *testing.T, setting uint8, peer, uri, method, host, fwdURI, fwdMethod, fwdHost, xff, real string) {
+		cfg := cfgs[int(setting)%len(cfgs)]
+		r := httptest.NewRequest(http.MethodGet, "/v1/auth", nil)
+		r.RemoteAddr = peer
+		for _, h := range [][2]string{{"X-Original-Uri", uri}, {"X-Original-Method", method}, {"X-Original-Host", host},
+			{"X-Forwarded-Uri", fwdURI}, {"X-Forwarded-Method", fwdMethod}, {"X-Forwarded-Host", fwdHost},
+			{"X-Forwarded-For", xff}, {"X-Real-Ip", real}} {
+			if h[1] != "" {
+				r.Header[h[0]] = []string{h[1]}
+			}
+		}
+		orig, _, err := originalRequest(r, cfg.Server.AuthHeaders)
+		if err != nil {
+			return
+		}
+		err = dropClientRealIP(r, orig, cfg)
+		without := func(name string) netip.Addr {
+			c := r.Clone(r.Context())
+			c.Header.Del(name)
+			return clientip.From(c, trusted, clientip.Auto)
+		}
+		auto := cfg.Server.AuthHeaders == ""
+		fwd := firstHeader(r, "X-Forwarded-Uri") != ""
+		both := fwd && firstHeader(r, "X-Original-Uri") != ""
+		if err != nil {
+			if !auto || !both || firstHeader(r, "X-Real-Ip") == "" || without("X-Real-Ip") == without("X-Forwarded-For") {
+				t.Fatalf("refused %q: %v", r.Header, err)
+			}
+			return
+		}
+		got := clientip.From(orig, trusted, clientip.Auto)
+		switch {
+		case auto && fwd || cfg.Server.AuthHeaders == policy.AuthHeadersForwarded:
+			if want := without("X-Real-Ip"); got != want {
+				t.Fatalf("client %v, want %v, the client without X-Real-IP, for %q", got, want, r.Header)
+			}
+			if auto && both && firstHeader(r, "X-Real-Ip") != "" && without("X-Real-Ip") != without("X-Forwarded-For") {
+				t.Fatalf("both families, X-Real-IP and X-Forwarded-For naming different clients, let through: %q", r.Header)
+			}
+		default:
+			if want := clientip.From(r, trusted, clientip.Auto); got != want {
+				t.Fatalf("client %v, want %v, for %q", got, want, r.Header)
+			}
 		}
 	})
 }

@@ -48,7 +48,10 @@ func TestAuthHeaderFamilies(t *testing.T) {
 		{"caddy, auto, honest", "", caddy, []int{200, 200, 200, 403}, ""},
 		{"nginx, auto, attacker's X-Forwarded-*", "", append(append([]string{}, nginx...), attackForwarded...), []int{400, 400, 400, 400}, `X-Original-URI "/login" and X-Forwarded-Uri "/robots.txt"`},
 		{"nginx, original, attacker's X-Forwarded-*", "server: {auth_headers: original}", append(append([]string{}, nginx...), attackForwarded...), []int{200, 200, 200, 403}, ""},
-		{"nginx, auto, agreeing families", "", append(append([]string{}, nginx...), "X-Forwarded-Uri", "/login", "X-Forwarded-Method", "post", "X-Forwarded-Host", "APP.example"), []int{200, 200, 200, 403}, ""},
+		// Both families, so the proxy cannot be told, and X-Real-IP without
+		// X-Forwarded-For: nginx's X-Real-IP, or one a client sent through
+		// a Caddy that dropped X-Forwarded-For. Refused.
+		{"nginx, auto, agreeing families", "", append(append([]string{}, nginx...), "X-Forwarded-Uri", "/login", "X-Forwarded-Method", "post", "X-Forwarded-Host", "APP.example"), []int{400, 400, 400, 400}, `X-Real-IP "198.51.100.4" names another client`},
 		{"nginx, forwarded", "server: {auth_headers: forwarded}", nginx, []int{400, 400, 400, 400}, "lacks X-Forwarded-Uri, which server.auth_headers: forwarded"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -92,6 +95,53 @@ func TestAuthClientIPByFamily(t *testing.T) {
 			}
 			if allowed != 3 {
 				t.Errorf("%d of 6 logins allowed, want 3", allowed)
+			}
+		})
+	}
+}
+
+// TestAuthAgreeingFamiliesClientIP: in auto, a request carrying the
+// forwarded family (X-Forwarded-Uri) is read from X-Forwarded-For, never
+// from an X-Real-IP a client sent through Caddy, even when the client
+// also sends X-Original-* equal to its real request; and a request with
+// both families whose X-Real-IP and X-Forwarded-For name different
+// clients is refused, since either may be the client's (nginx passes a
+// client's X-Forwarded-* on).
+func TestAuthAgreeingFamiliesClientIP(t *testing.T) {
+	caddy := []string{"X-Forwarded-Method", "POST", "X-Forwarded-Uri", "/login", "X-Forwarded-Host", "app.example", "X-Forwarded-For", "198.51.100.4",
+		"X-Original-Method", "POST", "X-Original-URI", "/login", "X-Original-Host", "app.example"}
+	nginx := []string{"X-Original-Method", "POST", "X-Original-URI", "/login", "X-Original-Host", "app.example", "X-Real-IP", "198.51.100.4",
+		"X-Forwarded-Method", "POST", "X-Forwarded-Uri", "/login", "X-Forwarded-Host", "app.example"}
+	with := func(base []string, more ...string) func(int) []string {
+		return func(int) []string { return append(append([]string{}, base...), more...) }
+	}
+	for _, c := range []struct {
+		name string
+		hdr  func(i int) []string
+		want []int // status of 4 logins
+	}{
+		{"caddy, a fresh X-Real-IP", func(i int) []string {
+			return append(append([]string{}, caddy...), "X-Real-IP", fmt.Sprintf("203.0.113.%d", i+1))
+		}, []int{400, 400, 400, 400}},
+		{"caddy, an allow-listed X-Real-IP", with(caddy, "X-Real-IP", "192.0.2.9"), []int{400, 400, 400, 400}},
+		{"caddy, X-Real-IP the client's own", with(caddy, "X-Real-IP", "198.51.100.4"), []int{200, 200, 200, 403}},
+		{"caddy, no X-Real-IP", with(caddy), []int{200, 200, 200, 403}},
+		{"nginx, a fresh X-Forwarded-For", func(i int) []string {
+			return append(append([]string{}, nginx...), "X-Forwarded-For", fmt.Sprintf("203.0.113.%d", i+1))
+		}, []int{400, 400, 400, 400}},
+		{"nginx, an allow-listed X-Forwarded-For", with(nginx, "X-Forwarded-For", "192.0.2.9"), []int{400, 400, 400, 400}},
+		{"nginx appending to X-Forwarded-For", with(nginx, "X-Forwarded-For", "192.0.2.9, 198.51.100.4"), []int{200, 200, 200, 403}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, ts := newTestServer(t, WithConfig(mustParse(t, fmt.Sprintf(authConfig, "allow: [192.0.2.9]"))))
+			for i, want := range c.want {
+				code, body := authCall(t, ts.URL, c.hdr(i)...)
+				if code != want {
+					t.Fatalf("login %d: %d %s, want %d", i+1, code, body, want)
+				}
+				if want == 400 && !strings.Contains(body, "names another client than X-Forwarded-For") {
+					t.Fatalf("login %d: %s, want it to name both headers", i+1, body)
+				}
 			}
 		})
 	}

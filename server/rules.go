@@ -108,6 +108,9 @@ func parseReplacement(data []byte) (*policy.Config, map[string]bool, error) {
 		}
 	}
 	cfg, err := policy.Parse(data, "rules")
+	if err == nil {
+		err = CheckConfig(cfg, "rules")
+	}
 	if err != nil {
 		return nil, nil, err
 	}

@@ -542,6 +542,9 @@ func (s *Server) build(cfg *policy.Config) (*policy.Policy, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := CheckConfig(eff, s.o.cfgPath); err != nil {
+		return nil, err
+	}
 	return policy.New(eff, s.guard, policy.WithObserver(s.observe), policy.WithLogger(s.log),
 		policy.WithLeases(s.leases), policy.WithInstances(s.fleet.count))
 }

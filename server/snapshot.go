@@ -42,11 +42,13 @@ type SnapshotInstance struct {
 
 // SnapshotStore is the store's health.
 type SnapshotStore struct {
-	Type     string   `json:"type"`     // memory | redis
-	Topology string   `json:"topology"` // memory | standalone | sentinel | cluster
-	Nodes    []string `json:"nodes"`
-	Healthy  bool     `json:"healthy"`
-	Breaker  string   `json:"breaker"` // closed | open | half_open
+	Type     string `json:"type"`     // memory | redis
+	Topology string `json:"topology"` // memory | standalone | sentinel | cluster
+	// Nodes lists the Redis nodes' addresses: empty without the admin
+	// token.
+	Nodes   []string `json:"nodes"`
+	Healthy bool     `json:"healthy"`
+	Breaker string   `json:"breaker"` // closed | open | half_open
 	// Store latency quantiles over the last minute.
 	LatencyP50MS float64 `json:"latency_p50_ms"`
 	LatencyP99MS float64 `json:"latency_p99_ms"`
@@ -294,8 +296,9 @@ func (s *Server) ruleFigures(sr SnapshotRule, w []counts, now time.Time) Snapsho
 	return sr
 }
 
-// handleSnapshot serves GET /v1/dashboard/snapshot: identities in full
-// with the admin token, redacted without.
+// handleSnapshot serves GET /v1/dashboard/snapshot: identities and the
+// store's node addresses with the admin token; without it, identities
+// redacted and no node.
 func (s *Server) handleSnapshot(w http.ResponseWriter, r *http.Request) {
 	full, ok := s.readAccess(w, r)
 	if !ok {
@@ -307,6 +310,8 @@ func (s *Server) handleSnapshot(w http.ResponseWriter, r *http.Request) {
 		snap.Identities = identitiesRedacted
 		snap.Top = s.redact.tops(snap.Top)
 		snap.Blocked = s.redact.blocked(snap.Blocked)
+		// The Redis nodes' addresses are the admin's to see.
+		snap.Store.Nodes = []string{}
 	}
 	writeJSON(w, http.StatusOK, snap)
 }

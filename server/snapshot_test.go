@@ -7,6 +7,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/weir-dev/weir/internal/redistest"
 )
 
 // keysOf returns the sorted keys of a JSON object.
@@ -153,3 +155,30 @@ func TestSnapshotCountsDecisions(t *testing.T) {
 }
 
 func newReq() *http.Request { return httptest.NewRequest("GET", "/v1/dashboard/snapshot", nil) }
+
+// TestSnapshotNodesNeedAdmin: the public snapshot (no admin token) lists
+// no Redis node address; with the admin token it lists them.
+func TestSnapshotNodesNeedAdmin(t *testing.T) {
+	r := redistest.Standalone(t)
+	_, base := newRedisServer(t, r.Addr, "a")
+	nodes := func(hdr ...string) []any {
+		resp, b := call(t, "GET", base+"/v1/dashboard/snapshot", "", hdr...)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%d %s", resp.StatusCode, b)
+		}
+		if strings.Contains(string(b), r.Addr) && len(hdr) == 0 {
+			t.Fatalf("the public snapshot names the Redis address %s", r.Addr)
+		}
+		n, ok := decode(t, b)["store"].(map[string]any)["nodes"].([]any)
+		if !ok {
+			t.Fatalf("nodes is not an array: %s", b)
+		}
+		return n
+	}
+	if n := nodes(bearer(token)...); len(n) != 1 || n[0] != r.Addr {
+		t.Fatalf("with the admin token: nodes %v, want [%s]", n, r.Addr)
+	}
+	if n := nodes(); len(n) != 0 {
+		t.Fatalf("without the admin token: nodes %v, want []", n)
+	}
+}

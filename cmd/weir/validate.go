@@ -5,8 +5,14 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
+	"strings"
 
+	"go.yaml.in/yaml/v3"
+
+	"github.com/weir-dev/weir/internal/yamlnode"
 	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/server"
 )
 
 func init() {
@@ -17,8 +23,9 @@ func init() {
 // "file:line:col: message". It exits 0 when every file is valid, 1 when a
 // file has problems, and 2 on a usage error or a file it cannot read.
 func runValidate(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("weir validate", "Usage: weir validate [-q] weir.yaml [more.yaml ...]\n\nChecks configuration files and prints every problem as file:line:col: message.\nExits 0 if every file is valid (printing \"ok: N rules\"), 1 if a file has\nproblems, 2 on a usage error or a file that cannot be read.\n\nFlags:", stderr)
+	fs := newFlagSet("weir validate", "Usage: weir validate [-q] weir.yaml [more.yaml ...]\n\nChecks configuration files for weir serve (with -middleware, for Go's policy\nmiddleware) and prints every problem as file:line:col: message.\nExits 0 if every file is valid (printing \"ok: N rules\"), 1 if a file has\nproblems, 2 on a usage error or a file that cannot be read.\n\nFlags:", stderr)
 	quiet := fs.Bool("q", false, "print nothing for valid files")
+	middleware := fs.Bool("middleware", false, "check the files for Go's policy middleware, which settles cost: and count:, rather than for weir serve")
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}
@@ -36,6 +43,11 @@ func runValidate(args []string, stdout, stderr io.Writer) int {
 			continue
 		}
 		cfg, err := policy.Parse(data, path)
+		if err == nil && !*middleware {
+			if err = server.CheckConfig(cfg, path); err != nil {
+				locate(data, err)
+			}
+		}
 		if err != nil {
 			var ce *policy.ConfigError
 			if errors.As(err, &ce) {
@@ -69,4 +81,42 @@ func runValidate(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "%sok: %d %s%s\n", prefix, len(cfg.Rules), noun, protects)
 	}
 	return status
+}
+
+// locate gives the problems of a *policy.ConfigError whose path is
+// rules[N].FIELD the line and column of that field in data.
+func locate(data []byte, err error) {
+	ce, ok := err.(*policy.ConfigError)
+	if !ok {
+		return
+	}
+	root, _ := yamlnode.Decode(data)
+	rules := field(root, "rules")
+	if rules == nil || rules.Kind != yaml.SequenceNode {
+		return
+	}
+	for i := range ce.Problems {
+		p := &ce.Problems[i]
+		idx, name, ok := strings.Cut(strings.TrimPrefix(p.Path, "rules["), "].")
+		n, err := strconv.Atoi(idx)
+		if !ok || err != nil || n < 0 || n >= len(rules.Content) {
+			continue
+		}
+		if v := field(yamlnode.Resolve(rules.Content[n]), name); v != nil {
+			p.Line, p.Column = v.Line, v.Column
+		}
+	}
+}
+
+// field returns the value of key name in mapping m, nil if none.
+func field(m *yaml.Node, name string) *yaml.Node {
+	if m == nil || m.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if m.Content[i].Value == name {
+			return yamlnode.Resolve(m.Content[i+1])
+		}
+	}
+	return nil
 }

@@ -125,3 +125,29 @@ system:
 		t.Fatalf("bad: exit %d, stderr:\n%s\nwant:\n%s", code, errs, want)
 	}
 }
+
+// TestValidateUnsettledRules: weir validate refuses what weir serve
+// refuses, a count: rule and a cost: read from the request, each at its
+// line and column and naming the rule; -middleware checks the file for
+// Go's policy middleware, which settles them.
+func TestValidateUnsettledRules(t *testing.T) {
+	p := writeFile(t, t.TempDir(), "login.yaml", `rules:
+  - name: failed-logins
+    match: { methods: [POST], path: /login }
+    limit: 5/15m
+    algorithm: fixed_window
+    count: { status: [401, 403] }
+  - name: tokens
+    limit: 1000/m
+    algorithm: token_bucket
+    cost: header:X-Tokens
+`)
+	out, errs, code := runCLI(t, "validate", p)
+	want := p + ":6:12: rule \"failed-logins\": weir serve cannot settle count:"
+	if code != 1 || out != "" || !strings.HasPrefix(errs, want) || !strings.Contains(errs, "\n"+p+":10:11: rule \"tokens\": weir serve cannot settle cost: header:X-Tokens") {
+		t.Fatalf("exit %d, stdout %q, stderr:\n%s\nwant it to start with %s", code, out, errs, want)
+	}
+	if out, errs, code := runCLI(t, "validate", "-middleware", p); code != 0 || out != "ok: 2 rules\n" || errs != "" {
+		t.Fatalf("-middleware: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+}

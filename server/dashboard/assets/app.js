@@ -589,13 +589,14 @@ function renderStore(snap) {
   setText($('store-type'), st.type === 'memory' ? 'in-memory' : (st.type || '–'));
   setText($('store-topology'), st.topology === 'memory' ? 'single process' : (st.topology || '–'));
   const nodes = st.nodes || [];
-  const nodesKey = nodes.join(',') + '|' + st.type;
+  const nodesKey = nodes.join(',') + '|' + st.type + '|' + snap.identities;
   const nd = $('store-nodes');
   if (nd.dataset.v !== nodesKey) {
     nd.dataset.v = nodesKey;
     nd.replaceChildren(nodes.length
       ? h('ul', { class: 'nodes' }, nodes.map((n) => h('li', null, n)))
-      : (st.type === 'memory' ? 'this process (state is not shared)' : '–'));
+      : (st.type === 'memory' ? 'this process (state is not shared)'
+        : snap.identities === 'redacted' ? 'shown with the admin token' : '–'));
   }
   setText($('store-p50'), fmt.ms(st.latency_p50_ms));
   setText($('store-p99'), fmt.ms(st.latency_p99_ms));
