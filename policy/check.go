@@ -198,6 +198,13 @@ func check(cfg *Config, rep reporter) *compiled {
 	default:
 		rep.addAt("server.auth_headers", fmt.Sprintf("auth_headers %s is not a header family (want auto, original for X-Original-URI/Method/Host as nginx sends, or forwarded for X-Forwarded-Uri/Method/Host as Traefik and Caddy send)", quote(cfg.Server.AuthHeaders)))
 	}
+	if d := cfg.Server.EnvoyMaxOverridePeriod; d != 0 && (d < time.Second || d > algorithm.MaxPeriod*time.Microsecond) {
+		shown := d.String()
+		if d%(24*time.Hour) == 0 {
+			shown = fmt.Sprintf("%dd", d/(24*time.Hour))
+		}
+		rep.addAt("server.envoy_max_override_period", fmt.Sprintf("envoy_max_override_period %s is out of range (1s to 3660d, the longest period of a limit)", shown))
+	}
 	c.allowNets = prefixes("allow", cfg.Allow)
 	c.denyNets = prefixes("deny", cfg.Deny)
 	for _, a := range c.allowNets {

@@ -250,6 +250,10 @@ type ServerConfig struct {
 	// request on GET /v1/auth: AuthHeadersAuto (or empty, the default),
 	// AuthHeadersOriginal or AuthHeadersForwarded.
 	AuthHeaders string
+	// EnvoyMaxOverridePeriod is the longest period (unit times
+	// unit_multiplier) an Envoy limit override may have; a longer one is
+	// refused as a bad request. 0 means a day.
+	EnvoyMaxOverridePeriod time.Duration
 }
 
 // ServerTLSConfig is server.tls: PEM files for weir serve's listeners,

@@ -316,6 +316,7 @@ func (w *walker) config(n *yaml.Node, c *Config) {
 					}, nil)
 				}},
 				{"auth_headers", func(p string, v *yaml.Node) { c.Server.AuthHeaders = w.str(p, v) }},
+				{"envoy_max_override_period", func(p string, v *yaml.Node) { c.Server.EnvoyMaxOverridePeriod = w.duration(p, v) }},
 			}, nil)
 		}},
 		{"trusted_proxies", func(p string, v *yaml.Node) { c.TrustedProxies = w.strList(p, v, false) }},

@@ -221,3 +221,85 @@ func TestInvalidInputIs400(t *testing.T) {
 		t.Fatalf("invalid input was counted as decisions: %v", series)
 	}
 }
+
+// TestEnvoyOverridesKeepBoxes: through weir serve's Envoy gRPC API, with a
+// memory store of 256 keys, a flood of limit overrides (64 a call) cannot
+// release a boxed identity nor one at its limit: an override longer than
+// server.envoy_max_override_period (a day by default) is refused, and the
+// day-long ones that fill the store evict only state that refuses nothing.
+// (Before, year-long overrides were counted and the store evicted the
+// state that expires soonest, the box first: the identity boxed for an
+// hour was admitted again after a few calls.)
+func TestEnvoyOverridesKeepBoxes(t *testing.T) {
+	cfg := mustParse(t, `
+store: {type: memory, max_keys: 256}
+rules:
+  - name: login
+    match: { path: /login }
+    identity: [header:X-User]
+    limit: 1/m
+    block: 1h
+  - name: quota
+    match: { path: /quota }
+    identity: [header:X-User]
+    limit: 1/h
+`)
+	s, _, addr := serveEnvoy(t, userRL, WithConfig(cfg))
+	ts := httptest.NewServer(s.Handler())
+	defer ts.Close()
+	rl := envoyClient(t, addr)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	for _, rule := range []string{"login", "quota"} {
+		if _, d := check(t, ts.URL, rule, "mallory", 1); d["allowed"] != true {
+			t.Fatalf("%s, first call: %v", rule, d)
+		}
+		if _, d := check(t, ts.URL, rule, "mallory", 1); d["allowed"] != false {
+			t.Fatalf("%s, second call: %v", rule, d)
+		}
+	}
+	flood := func(unit typev3.RateLimitUnit, call int) error {
+		descs := make([]*rlcommon.RateLimitDescriptor, 64)
+		for i := range descs {
+			descs[i] = rlDesc("user", fmt.Sprintf("flood-%d-%d", call, i))
+			descs[i].Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1000, Unit: unit}
+		}
+		_, err := rl.ShouldRateLimit(ctx, &rlspb.RateLimitRequest{Domain: "rl", Descriptors: descs})
+		return err
+	}
+	err := flood(typev3.RateLimitUnit_YEAR, 0)
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "a period of 365d, longer than the 1d") {
+		t.Fatalf("a year-long override: %v, want InvalidArgument naming 365d and 1d", err)
+	}
+	for call := range 100 {
+		if err := flood(typev3.RateLimitUnit_DAY, call); err != nil {
+			t.Fatalf("day-long overrides, call %d: %v", call, err)
+		}
+	}
+	for _, rule := range []string{"login", "quota"} {
+		if _, d := check(t, ts.URL, rule, "mallory", 1); d["allowed"] != false {
+			t.Fatalf("%s: admitted after the flood: %v", rule, d)
+		}
+	}
+}
+
+// TestEnvoyMaxOverridePeriodSetting: server.envoy_max_override_period
+// lets longer overrides through weir serve, up to its value.
+func TestEnvoyMaxOverridePeriodSetting(t *testing.T) {
+	_, _, addr := serveEnvoy(t, userRL, WithConfig(mustParse(t, testConfig+"server: {envoy_max_override_period: 365d}\n")))
+	rl := envoyClient(t, addr)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, c := range []struct {
+		mult uint32
+		want codes.Code
+	}{{1, codes.OK}, {2, codes.InvalidArgument}} {
+		d := rlDesc("user", "alice")
+		d.Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5, Unit: typev3.RateLimitUnit_YEAR, UnitMultiplier: wrapperspb.UInt32(c.mult)}
+		_, err := rl.ShouldRateLimit(ctx, &rlspb.RateLimitRequest{Domain: "rl", Descriptors: []*rlcommon.RateLimitDescriptor{d}})
+		if status.Code(err) != c.want {
+			t.Errorf("%d years under a bound of 365d: %v, want %v", c.mult, err, c.want)
+		}
+	}
+}

@@ -497,9 +497,19 @@ func (s *Server) initEnvoy() error {
 		}
 		ecfg, s.envoyDir = c, o.envoyDir
 	}
-	s.envoy = envoyrls.New(ecfg, s.guard, envoyrls.WithFallbackDecider(s.envoyDecider), envoyrls.WithObserver(s.envoyObserve))
+	maxOverride := s.base.Load().Server.EnvoyMaxOverridePeriod
+	if maxOverride == 0 {
+		maxOverride = defaultEnvoyMaxOverride
+	}
+	s.envoy = envoyrls.New(ecfg, s.guard, envoyrls.WithFallbackDecider(s.envoyDecider), envoyrls.WithObserver(s.envoyObserve),
+		envoyrls.WithMaxOverridePeriod(maxOverride))
 	return nil
 }
+
+// defaultEnvoyMaxOverride is server.envoy_max_override_period's default:
+// an Envoy limit override lasts at most a day, so that whoever reaches the
+// service cannot fill the store with counters that last a year.
+const defaultEnvoyMaxOverride = 24 * time.Hour
 
 // redisLoop runs work every period until ctx ends (once at the start too
 // when first is set), logging a failure as warn at most every 30s. Without

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -88,7 +89,7 @@ func TestOverrideKeyedApart(t *testing.T) {
 	// The keys differ for every limit, and match for the same one.
 	e := desc("user", "alice").Entries
 	k := func(d *rlcommon.RateLimitDescriptor) string {
-		r, err := overrideRule(h.svc.Config().domains["rl"], 0, d)
+		r, err := overrideRule(h.svc.Config().domains["rl"], 0, d, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -288,5 +289,45 @@ func TestInvalidInputFromDecider(t *testing.T) {
 	}))
 	if _, err := svc.ShouldRateLimit(context.Background(), request("another", 0, desc("key2", "x"))); status.Code(err) != codes.Unavailable {
 		t.Errorf("not sent: %v, want Unavailable", err)
+	}
+}
+
+// TestOverridePeriodBounded: with WithMaxOverridePeriod, an override whose
+// unit times unit_multiplier is longer is refused before the store is
+// asked (InvalidArgument, 400 as JSON), naming the unit, the period and
+// the bound; one of exactly the bound counts.
+func TestOverridePeriodBounded(t *testing.T) {
+	h := start(t, integrationConfig(t), WithMaxOverridePeriod(24*time.Hour))
+	for _, c := range []struct {
+		name string
+		d    *rlcommon.RateLimitDescriptor
+		msg  string
+	}{
+		{"a year", withOverride(desc("key2", "x"), 5, typev3.RateLimitUnit_YEAR, 0), "unit YEAR with unit_multiplier 1 is a period of 365d, longer than the 1d"},
+		{"a denying year", withOverride(desc("key2", "x"), 0, typev3.RateLimitUnit_YEAR, 0), "a period of 365d"},
+		{"25 hours", withOverride(desc("key2", "x"), 5, typev3.RateLimitUnit_HOUR, 25), "unit HOUR with unit_multiplier 25 is a period of 25h0m0s"},
+		{"a week", withOverride(desc("key2", "x"), 5, typev3.RateLimitUnit_DAY, 7), "unit DAY with unit_multiplier 7 is a period of 7d"},
+	} {
+		_, err := h.client.ShouldRateLimit(context.Background(), request("another", 0, c.d))
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), c.msg) ||
+			!strings.Contains(status.Convert(err).Message(), "descriptors[0].limit") {
+			t.Errorf("%s: %v, want InvalidArgument naming descriptors[0].limit and %q", c.name, err, c.msg)
+		}
+	}
+	body := `{"domain":"another","descriptors":[{"entries":[{"key":"key2","value":"j"}],"limit":{"requests_per_unit":5,"unit":"MONTH"}}]}`
+	out, code, err := h.svc.CheckJSON(context.Background(), []byte(body))
+	if code != http.StatusBadRequest || !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), "30d") {
+		t.Fatalf("JSON, a month: %d %s %v, want 400 naming 30d", code, out, err)
+	}
+	if n := h.store.Len(); n != 0 {
+		t.Fatalf("refused overrides left %d keys in the store", n)
+	}
+	for _, d := range []*rlcommon.RateLimitDescriptor{
+		withOverride(desc("key2", "x"), 5, typev3.RateLimitUnit_DAY, 0),
+		withOverride(desc("key2", "x"), 5, typev3.RateLimitUnit_HOUR, 24),
+	} {
+		if r := h.call(request("another", 0, d)); r.OverallCode != ok || r.Statuses[0].LimitRemaining != 4 {
+			t.Fatalf("a one-day override %v: %v", d.Limit, r)
+		}
 	}
 }

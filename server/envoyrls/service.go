@@ -159,6 +159,14 @@ func WithObserver(o Observer) Option { return func(s *Service) { s.observe = o }
 // It logs only what should never happen: a panic caught in a call.
 func WithLogger(l *slog.Logger) Option { return func(s *Service) { s.log = l } }
 
+// WithMaxOverridePeriod refuses, as a bad request, a limit override whose
+// period (unit times unit_multiplier) is longer than d. Each override
+// limit is a counter of its own that lasts its period, so the bound keeps
+// whoever reaches the service from creating state that lasts years. 0 (the
+// default) leaves the bound every limit has, ten years; weir serve sets a
+// day (server.envoy_max_override_period).
+func WithMaxOverridePeriod(d time.Duration) Option { return func(s *Service) { s.maxOverride = d } }
+
 // WithClock makes the service read time from now; it only needs time to
 // report duration_until_reset for a fixed window the store has not yet
 // touched. Tests set it to the store's clock.
@@ -180,6 +188,8 @@ type Service struct {
 	observe Observer
 	now     func() time.Time
 	log     *slog.Logger
+	// maxOverride is the longest period of a limit override; 0: ten years.
+	maxOverride time.Duration
 }
 
 // New returns a Service answering from cfg with counters in store. A nil
@@ -318,7 +328,7 @@ func (s *Service) Check(ctx context.Context, req *rlspb.RateLimitRequest) (*rlsp
 	if err := checkBounds(req); err != nil {
 		return nil, err
 	}
-	items, err := matchRules(s.cfg.Load().domains[req.Domain], req)
+	items, err := matchRules(s.cfg.Load().domains[req.Domain], req, s.maxOverride)
 	if err != nil {
 		return nil, err
 	}
@@ -340,8 +350,9 @@ func (s *Service) Check(ctx context.Context, req *rlspb.RateLimitRequest) (*rlsp
 }
 
 // matchRules finds each descriptor's rule in dom (nil for a domain the
-// configuration does not know) and the hits it asks for.
-func matchRules(dom *domainConfig, req *rlspb.RateLimitRequest) ([]item, error) {
+// configuration does not know) and the hits it asks for. A limit override
+// may last at most maxOverride (0: no bound but the ten years of any limit).
+func matchRules(dom *domainConfig, req *rlspb.RateLimitRequest, maxOverride time.Duration) ([]item, error) {
 	reqHits := max(int64(1), int64(req.GetHitsAddend()))
 	descs := req.GetDescriptors()
 	items := make([]item, len(descs))
@@ -352,7 +363,7 @@ func matchRules(dom *domainConfig, req *rlspb.RateLimitRequest) ([]item, error) 
 			continue // unknown domain: OK, as upstream
 		}
 		if ov := desc.GetLimit(); ov != nil {
-			r, err := overrideRule(dom, i, desc)
+			r, err := overrideRule(dom, i, desc, maxOverride)
 			if err != nil {
 				return nil, err
 			}
@@ -608,8 +619,9 @@ func (d *domainConfig) match(entries []*rlcommon.RateLimitDescriptor_Entry) (r *
 // path is the domain's fixed override label, never the request's entries,
 // and its limit passes weir's own validation (weir.Limit.Compile, as the
 // stores use) here, so that a limit no store accepts is a bad request
-// rather than a store failure.
-func overrideRule(dom *domainConfig, i int, desc *rlcommon.RateLimitDescriptor) (*rule, error) {
+// rather than a store failure. A period longer than maxOverride (when not
+// 0) is refused too.
+func overrideRule(dom *domainConfig, i int, desc *rlcommon.RateLimitDescriptor, maxOverride time.Duration) (*rule, error) {
 	ov := desc.GetLimit()
 	unit := rlspb.RateLimitResponse_RateLimit_Unit(ov.GetUnit())
 	ud := unitDuration(unit)
@@ -634,10 +646,24 @@ func overrideRule(dom *domainConfig, i int, desc *rlcommon.RateLimitDescriptor) 
 	if err != nil {
 		return nil, fmt.Errorf("%w: descriptors[%d].limit: %w", ErrBadRequest, i, err)
 	}
+	if maxOverride > 0 && r.limit.Period > maxOverride {
+		return nil, fmt.Errorf("%w: descriptors[%d].limit: unit %v with unit_multiplier %d is a period of %s, longer than the %s an override may have (weir serve: server.envoy_max_override_period)",
+			ErrBadRequest, i, unit, mult, span(r.limit.Period), span(maxOverride))
+	}
 	if !r.deny {
 		r.maxCost = params.MaxCost()
 	}
 	return r, nil
+}
+
+// span writes d in days when it is a whole number of them ("365d"), as
+// weir.yaml's durations may be written, and as a Go duration otherwise.
+func span(d time.Duration) string {
+	const day = 24 * time.Hour
+	if d >= day && d%day == 0 {
+		return strconv.FormatInt(int64(d/day), 10) + "d"
+	}
+	return d.String()
 }
 
 // overrideKey is the store key of an override's counter: apart from the

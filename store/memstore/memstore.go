@@ -7,10 +7,11 @@
 // state. The number of keys is bounded:
 // each key's state carries the instant after which it no longer matters
 // (its TTL), every insertion sweeps a couple of keys whose TTL has passed,
-// and a full shard first drops expired keys and otherwise the key whose
-// state expires soonest among a sample, as Redis's volatile-ttl policy does.
-// Evicting live state forgets a limit early, so size MaxKeys for the keys
-// you expect within the longest period.
+// and a full shard first drops expired keys and otherwise, in the order a
+// moving hand reaches them, a key whose state refuses nothing: a penalty
+// box in force or a counter at its limit is evicted only when the next 64
+// keys all are one. Evicting live state forgets a limit early, so size
+// MaxKeys for the keys you expect within the longest period.
 package memstore
 
 import (
@@ -419,42 +420,76 @@ func (sh *shard) dropKeys(idx []int) {
 	}
 }
 
-// evict drops the expired keys of a sample or, if none had expired, the
-// one whose state expires soonest, and reports whether it dropped any.
-// The shard must be locked.
+// Eviction looks at keys in the order a moving hand (the shard's hand)
+// reaches them, which is the order of their hashes' slots: nothing a
+// client chooses, neither its keys nor how long their state lasts, moves
+// its state ahead or behind another's. Among the keys it looks at, a full
+// shard drops the expired ones or else the first one that enforces
+// nothing (see keyEnforcing): a penalty box in force, or a counter that
+// refuses, is never evicted to make room while the hand finds a key that
+// refuses nothing within evictReach keys.
+const (
+	evictSample = 16 // keys looked at, at least, for expired ones
+	evictReach  = 64 // keys looked at, at most, for one that enforces nothing
+)
+
+// evict drops the expired keys among the next evictSample the hand
+// reaches or, if none had expired, the first of the next evictReach that
+// enforces nothing; if every one of those enforces, the first of them.
+// Keys for which protect (if not nil) is true are never dropped; if only
+// those were reached, every slot is looked at. It reports whether it
+// dropped any. The shard must be locked.
 func (s *Store) evict(sh *shard, now int64, protect func(string) bool) bool {
-	const sample = 16
 	if sh.used == 0 {
 		return false
 	}
-	var gone [sample]int
-	expired, victim := 0, -1
-	soonest := int64(1<<63 - 1)
-	for j := 0; j < sample && j < sh.used; j++ {
+	var gone [evictSample]int
+	expired, victim, enforcing := 0, -1, -1
+	for j := 0; j < evictReach && j < sh.used; j++ {
+		if j >= evictSample && (expired > 0 || victim >= 0) {
+			break
+		}
 		i := sh.next()
 		sl := &sh.slots[i]
 		k := sl.keyString()
 		switch {
 		case protect != nil && protect(k):
 		case sh.keyExpired(k, sl.tag, now):
-			gone[expired] = i
-			expired++
-		case sl.expires < soonest:
-			victim, soonest = i, sl.expires
+			if expired < len(gone) {
+				gone[expired] = i
+				expired++
+			}
+		case victim >= 0:
+		case sh.keyEnforcing(k, sl.tag, now):
+			if enforcing < 0 {
+				enforcing = i
+			}
+		default:
+			victim = i
 		}
 	}
 	if expired > 0 {
 		sh.dropKeys(gone[:expired])
 		return true
 	}
-	if victim < 0 && protect != nil {
-		// The sample held only protected keys: look at them all.
+	if victim < 0 && enforcing < 0 && protect != nil {
+		// Only protected keys were reached: look at them all.
 		for i := range sh.slots {
 			sl := &sh.slots[i]
-			if sl.c != nil && !protect(sl.keyString()) && sl.expires < soonest {
-				victim, soonest = i, sl.expires
+			if sl.c == nil || protect(sl.keyString()) {
+				continue
+			}
+			if !sh.keyEnforcing(sl.keyString(), sl.tag, now) {
+				victim = i
+				break
+			}
+			if enforcing < 0 {
+				enforcing = i
 			}
 		}
+	}
+	if victim < 0 {
+		victim = enforcing
 	}
 	if victim < 0 {
 		return false

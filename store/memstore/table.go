@@ -240,6 +240,32 @@ func (sh *shard) keyExpired(key string, tag uint32, now int64) bool {
 	return true
 }
 
+// keyEnforcing reports whether any algorithm's state under key enforces
+// at now: it would refuse a request of cost 1 (a penalty box in force, a
+// counter at or over its limit, a debt, leases at capacity). Eviction
+// keeps such keys (memstore.go, evict). It peeks (algorithm.Check) at a
+// copy of a packed state and at a spilled one, which, as any decision
+// does, only drops what has lapsed (an ended box, expired log entries).
+func (sh *shard) keyEnforcing(key string, tag uint32, now int64) bool {
+	m := sh.mask()
+	for i := int(tag) & m; sh.slots[i].c != nil; i = (i + 1) & m {
+		sl := &sh.slots[i]
+		if !sl.is(key, tag) || sl.expires <= now {
+			continue
+		}
+		st := sl.x
+		var packed algorithm.State
+		if st == nil {
+			unpack(sl.c.lay, &sl.v, &packed)
+			st = &packed
+		}
+		if !algorithm.Check(&sl.c.params, st, now, 0, algorithm.Exact).Allowed {
+			return true
+		}
+	}
+	return false
+}
+
 // next returns the index of the next full slot from the hand, moving the
 // hand past it. The shard must hold at least one slot.
 func (sh *shard) next() int {
