@@ -322,7 +322,11 @@ func (b *tab) onEvent(ev any) {
 		if strings.HasSuffix(u, "/v1/dashboard/snapshot") && strings.Contains(ev.ErrorText, "ABORTED") {
 			return
 		}
-		b.problem("request failed: %s %s", u, ev.ErrorText)
+		why := ev.ErrorText
+		if ev.BlockedReason != "" {
+			why += " (blocked: " + string(ev.BlockedReason) + ")"
+		}
+		b.problem("request failed: %s %s", u, why)
 	case *network.EventResponseReceived:
 		if r := ev.Response; r != nil && r.Status >= 400 {
 			path := r.URL
@@ -471,9 +475,9 @@ func (b *tab) innerText(l locator) string {
 func (b *tab) waitVisible(l locator, timeout time.Duration) {
 	b.t.Helper()
 	b.waitFor(string(l)+" to be visible", timeout, pollEvery, func() (bool, any, error) {
-		var ok bool
-		err := b.evalJS(fmt.Sprintf("W.visible(W.one(%s, %s))", l, jsString(string(l))), &ok)
-		return ok, "not visible", err
+		var why string
+		err := b.evalJS(fmt.Sprintf("((el) => !el ? 'not there' : W.visible(el) ? '' : 'not visible')(W.one(%s, %s))", l, jsString(string(l))), &why)
+		return err == nil && why == "", why, err
 	})
 }
 
