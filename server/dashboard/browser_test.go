@@ -238,9 +238,19 @@ func newTab(t *testing.T, chromium string) *tab {
 			}
 		}
 	})
-	// The first Run starts the browser; it must not carry a timeout.
-	if err := chromedp.Do(ctx); err != nil {
-		t.Fatalf("starting %s: %v", chromium, err)
+	// The first Run starts the browser; its context must not carry a
+	// timeout (the browser would stop with it), so the wait is bounded here.
+	started := make(chan error, 1)
+	go func() { started <- chromedp.Do(ctx) }()
+	select {
+	case err := <-started:
+		if err != nil {
+			t.Fatalf("starting %s: %v", chromium, err)
+		}
+	case <-time.After(2 * time.Minute):
+		cancel()
+		<-started
+		t.Fatalf("%s did not start within 2 minutes", chromium)
 	}
 	return b
 }

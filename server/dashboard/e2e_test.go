@@ -344,6 +344,7 @@ func TestDashboardInBrowser(t *testing.T) {
 		Timeout:   time.Minute,
 		Transport: &http.Transport{MaxIdleConnsPerHost: 64},
 	}}
+	t.Cleanup(c.client.CloseIdleConnections)
 	check := func(rule, key string) map[string]any {
 		t.Helper()
 		d, err := c.check(rule, key, 1)
