@@ -12,12 +12,9 @@ for extra in ${WEIR_DEPS_EXTRA:-}; do
     caddy) command -v caddy >/dev/null 2>&1 || need_apt+=(caddy) ;;
     # promtool (make promtool-test) and the Prometheus end-to-end test.
     prometheus) command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus) ;;
-    chromium)
-      [ -x /usr/bin/chromium ] || need_apt+=(chromium)
-      # The dashboard's browser test drives Chromium with playwright-core.
-      command -v node >/dev/null 2>&1 || need_apt+=(nodejs)
-      command -v npm >/dev/null 2>&1 || need_apt+=(npm)
-      ;;
+    # The browser tests (the dashboard's, driven from Go with chromedp, and
+    # replay's HTML report) run Debian's Chromium headless.
+    chromium) [ -x /usr/bin/chromium ] || need_apt+=(chromium) ;;
   esac
 done
 
