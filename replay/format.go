@@ -3,6 +3,7 @@ package replay
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -69,6 +70,33 @@ func (r *recorded) header(name string) bool {
 // set). It returns an error naming what is wrong.
 type parser interface {
 	parse(line string, rec *Record) error
+}
+
+// maxTime is the latest time a line may carry, in µs since the epoch: the
+// end of the year 9999, the last that RFC 3339 and nginx's $time_local
+// can write.
+const maxTime = 253402300799999999
+
+// checkTime refuses a time before 1970 or after 9999, naming it: no
+// request was made then, and the algorithms' window arithmetic counts
+// time from the epoch.
+func checkTime(us int64) error {
+	switch {
+	case us < 0:
+		return fmt.Errorf("time %s is before 1970", time.UnixMicro(us).UTC().Format(time.RFC3339Nano))
+	case us > maxTime:
+		return fmt.Errorf("time %s is after 9999", time.UnixMicro(us).UTC().Format(time.RFC3339Nano))
+	}
+	return nil
+}
+
+// parse parses one line into rec in the format, and refuses a time out of
+// range.
+func (f *format) parse(line string, rec *Record) error {
+	if err := f.p.parse(line, rec); err != nil {
+		return err
+	}
+	return checkTime(rec.Time)
 }
 
 // format is a detected log format.
@@ -437,7 +465,7 @@ func (envoyJSONParser) parse(line string, rec *Record) error {
 	if !validMethod(rec.Method) || rec.URI == "" {
 		return fmt.Errorf("no method or path")
 	}
-	rec.Status = int(num(m["response_code"]))
+	rec.Status = status(m["response_code"])
 	rec.UA = str(m["user_agent"])
 	xff := str(m["x_forwarded_for"])
 	if a := str(m["downstream_remote_address"]); a != "" {
@@ -476,6 +504,16 @@ func num(v any) float64 {
 	return 0
 }
 
+// status is v as a response status: 0 (not logged) unless it is from 0
+// to 999.
+func status(v any) int {
+	f := num(v)
+	if f >= 0 && f <= 999 {
+		return int(f)
+	}
+	return 0
+}
+
 // timeValue reads a timestamp: RFC 3339, nginx's $time_local, or a number
 // of seconds (or ms, µs, ns, told apart by size) since the epoch.
 func timeValue(v any) (int64, error) {
@@ -491,15 +529,26 @@ func timeValue(v any) (int64, error) {
 		return 0, fmt.Errorf("%v is not a time", v)
 	}
 	if f, err := strconv.ParseFloat(s, 64); err == nil {
-		switch a := f; {
-		case a < 1e11:
-			return int64(f * 1e6), nil
-		case a < 1e14:
-			return int64(f * 1e3), nil
-		case a < 1e17:
-			return int64(f), nil
+		if math.IsNaN(f) || math.IsInf(f, 0) {
+			return 0, fmt.Errorf("time %q is not a finite number", clip(s))
 		}
-		return int64(f / 1e3), nil
+		us := f / 1e3
+		switch {
+		case f < 1e11:
+			us = f * 1e6
+		case f < 1e14:
+			us = f * 1e3
+		case f < 1e17:
+			us = f
+		}
+		// Out of range, the conversion to int64 would be undefined.
+		if us < 0 {
+			return 0, fmt.Errorf("time %q is before 1970", clip(s))
+		}
+		if us > maxTime {
+			return 0, fmt.Errorf("time %q is after 9999", clip(s))
+		}
+		return int64(us), nil
 	}
 	if t, err := parseRFC3339(s); err == nil {
 		return t, nil
@@ -560,7 +609,7 @@ func (caddyParser) parse(line string, rec *Record) error {
 	if !validMethod(rec.Method) || rec.URI == "" {
 		return fmt.Errorf("no request.method or request.uri")
 	}
-	rec.Status = int(num(m["status"]))
+	rec.Status = status(m["status"])
 	// ts is when the entry was written, once the response was done; the
 	// request was decided when it came, duration (seconds) earlier.
 	if d := num(m["duration"]); d > 0 && d < 1e6 {
@@ -722,7 +771,7 @@ func (p *jsonlParser) parse(line string, rec *Record) error {
 		return fmt.Errorf("method %q is not a method", clip(rec.Method))
 	}
 	if p.status != nil {
-		rec.Status = int(num(lookup(m, p.status)))
+		rec.Status = status(lookup(m, p.status))
 	}
 	rec.Extra = rec.Extra[:0]
 	for _, h := range p.headers {

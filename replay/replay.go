@@ -443,7 +443,7 @@ func (e *engine) readInput(ctx context.Context, idx int, in *input, ro *reorder,
 			}
 			e.st.lines++
 			rec := Record{Line: lineNo, Input: idx}
-			if perr := e.f.p.parse(line, &rec); perr != nil {
+			if perr := e.f.parse(line, &rec); perr != nil {
 				e.skip(in.name, lineNo, perr)
 				continue
 			}
