@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"io"
 	"text/tabwriter"
-
-	"github.com/weir-dev/weir"
 )
 
 // Comparison is what `weir replay --compare` prints with --json: both
@@ -66,12 +64,12 @@ func Compare(base, other *Report) *Comparison {
 		am, bm := base.limited[name], other.limited[name]
 		for id, n := range bm {
 			if d := n - am[id]; d > 0 {
-				ch.NewlyLimited = append(ch.NewlyLimited, Top{Identity: weir.ShortIdentity(id), Limited: d})
+				ch.NewlyLimited = append(ch.NewlyLimited, Top{Identity: id, Limited: d})
 			}
 		}
 		for id, n := range am {
 			if d := n - bm[id]; d > 0 {
-				ch.NoLongerLimited = append(ch.NoLongerLimited, Top{Identity: weir.ShortIdentity(id), Limited: d})
+				ch.NoLongerLimited = append(ch.NoLongerLimited, Top{Identity: id, Limited: d})
 			}
 		}
 		sortTop(ch.NewlyLimited)
