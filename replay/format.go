@@ -91,12 +91,67 @@ func checkTime(us int64) error {
 }
 
 // parse parses one line into rec in the format, and refuses a time out of
-// range.
+// range. A record whose fields are less than half its line is compacted:
+// it holds at most twice the bytes of its fields (recBytes).
 func (f *format) parse(line string, rec *Record) error {
 	if err := f.p.parse(line, rec); err != nil {
 		return err
 	}
-	return checkTime(rec.Time)
+	if err := checkTime(rec.Time); err != nil {
+		return err
+	}
+	if n := fieldBytes(rec); 2*n < len(line) {
+		compact(rec, n)
+	}
+	return nil
+}
+
+// fieldBytes is the length of rec's strings.
+func fieldBytes(rec *Record) int {
+	n := len(rec.Addr) + len(rec.Method) + len(rec.URI) + len(rec.Host) + len(rec.UA) + len(rec.Referer) + len(rec.XFF)
+	for _, h := range rec.Extra {
+		n += len(h.Name) + len(h.Value)
+	}
+	return n
+}
+
+// recBytes bounds the memory rec holds beyond its own struct: its
+// strings share its line, at most twice as long as they are (parse
+// compacts the rest), or were decoded apart; a header costs its two
+// string headers too.
+func recBytes(rec *Record) int64 {
+	return 2*int64(fieldBytes(rec)) + 32*int64(len(rec.Extra))
+}
+
+// compact copies rec's strings, n bytes, into one string of their own,
+// so that rec no longer holds the line they were sliced from.
+func compact(rec *Record, n int) {
+	var b strings.Builder
+	b.Grow(n)
+	fields := [...]*string{&rec.Addr, &rec.Method, &rec.URI, &rec.Host, &rec.UA, &rec.Referer, &rec.XFF}
+	for _, f := range fields {
+		b.WriteString(*f)
+	}
+	for _, h := range rec.Extra {
+		b.WriteString(h.Name)
+		b.WriteString(h.Value)
+	}
+	all := b.String()
+	take := func(f *string) {
+		*f, all = all[:len(*f)], all[len(*f):]
+	}
+	for _, f := range fields {
+		take(f)
+	}
+	extra := make([]Header, len(rec.Extra))
+	for i, h := range rec.Extra {
+		take(&h.Name)
+		take(&h.Value)
+		extra[i] = h
+	}
+	if rec.Extra != nil {
+		rec.Extra = extra
+	}
 }
 
 // format is a detected log format.

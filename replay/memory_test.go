@@ -76,3 +76,44 @@ func TestLongIdentitiesShortened(t *testing.T) {
 	}
 	runtime.KeepAlive(reps)
 }
+
+// The lines waiting to be put in order are bounded in bytes, not only in
+// number: a 200 MB log of 8 KB lines, all of one second (so none is due
+// before the window's end), is not on the heap at the first decision;
+// nor is it when most of each line is a field the replay does not keep
+// (a long $remote_user), so that a record held must not keep its line.
+func TestReorderBoundedInBytes(t *testing.T) {
+	const lineLen, logLen = 8 << 10, 200 << 20
+	pad := strings.Repeat("m", lineLen)
+	for name, format := range map[string]string{
+		"long user agents": `198.51.100.%d - - [23/Nov/2026:09:00:01 +0000] "GET /%d HTTP/1.1" 200 1 "-" "%s"`,
+		"long users":       `198.51.100.%d - user%d%s [23/Nov/2026:09:00:01 +0000] "GET / HTTP/1.1" 200 1 "-" "ua"`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			in := &genReader{n: logLen / lineLen, line: func(i int) string { return fmt.Sprintf(format, i%200, i, pad) }}
+			cfg, err := policy.Parse([]byte(twoPerMinute), "t.yaml")
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := heapInUse()
+			var atFirst int64 = -1
+			decided := 0
+			o := Options{observe: func(*Record, int, *policy.Verdict) {
+				if decided++; decided == 1 {
+					atFirst = int64(heapInUse()) - int64(before)
+				}
+			}}
+			reps, err := Run(context.Background(), []Input{{Name: "long.log", R: in}}, []*policy.Config{cfg}, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep := reps[0]; decided != logLen/lineLen || rep.Skipped != 0 {
+				t.Fatalf("decided %d lines, skipped %d %v", decided, rep.Skipped, rep.SkippedLines)
+			}
+			t.Logf("%d MB on the heap at the first decision", atFirst>>20)
+			if atFirst > 80<<20 {
+				t.Fatalf("%d MB on the heap at the first decision of a 200 MB log", atFirst>>20)
+			}
+		})
+	}
+}
