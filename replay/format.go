@@ -276,7 +276,7 @@ func (p *nginxParser) parse(line string, rec *Record) error {
 	if sp < 0 {
 		sp = len(rest)
 	}
-	rec.Status, _ = strconv.Atoi(rest[:sp])
+	rec.Status = statusText(rest[:sp])
 	ref, rest, ok := quoted(rest)
 	if !ok {
 		return fmt.Errorf("no quoted referer")
@@ -441,7 +441,7 @@ func (p *envoyParser) parse(line string, rec *Record) error {
 	if sp < 0 {
 		return fmt.Errorf("no response code")
 	}
-	rec.Status, _ = strconv.Atoi(rest[:sp])
+	rec.Status = statusText(rest[:sp])
 	var q [5]string
 	for i := range q {
 		if q[i], rest, ok = quoted(rest); !ok {
@@ -565,6 +565,14 @@ func status(v any) int {
 	f := num(v)
 	if f >= 0 && f <= 999 {
 		return int(f)
+	}
+	return 0
+}
+
+// statusText is s as a response status, as status reads a JSON value.
+func statusText(s string) int {
+	if n, err := strconv.Atoi(s); err == nil && n >= 0 && n <= 999 {
+		return n
 	}
 	return 0
 }
