@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -689,7 +690,16 @@ func (caddyParser) parse(line string, rec *Record) error {
 	}
 	hs, _ := req["headers"].(map[string]any)
 	rec.Extra = rec.Extra[:0]
-	for k, v := range hs {
+	// In the order of their names: two spellings of one header (a JSON
+	// object may hold "x-key" and "X-Key") are read the same way every
+	// time, the last one winning.
+	keys := make([]string, 0, len(hs))
+	for k := range hs {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		v := hs[k]
 		vs, _ := v.([]any)
 		if len(vs) == 0 {
 			continue
