@@ -130,7 +130,8 @@ FUZZ_TARGETS := \
 	.:FuzzParseLimit .:FuzzKey ./algorithm:FuzzTake \
 	./policy:FuzzParseConfig ./clientip:FuzzParseHostAddr ./policy:FuzzPathPattern \
 	./server:FuzzCheckBody ./server:FuzzAuthHeaders ./server:FuzzAuthClientIP \
-	./server/envoyrls:FuzzShouldRateLimit ./server/envoyrls:FuzzCheckJSON ./server/envoyrls:FuzzParse
+	./server/envoyrls:FuzzShouldRateLimit ./server/envoyrls:FuzzCheckJSON ./server/envoyrls:FuzzParse \
+	./replay:FuzzParseLine
 fuzz:
 	GO=$(GO) FUZZTIME=$(FUZZTIME) FUZZ=$(FUZZ) ./scripts/fuzz.sh '$(FUZZ_TARGETS)'
 

@@ -59,6 +59,11 @@ func (u CalendarUnit) Nominal() int64 {
 	return 0
 }
 
+// maxCalendarTime bounds the instants calendar arithmetic takes, in µs
+// either side of the epoch: a window's start a month or two away from one
+// stays far within int64 and time.Time's range.
+const maxCalendarTime = 1 << 62
+
 // maxResetAt bounds ResetAt: a window starts within its first local day.
 const maxResetAt = 24 * 3600 * 1_000_000
 
@@ -113,17 +118,22 @@ func (p *Params) calendarAnchor(now int64) (int, time.Month, int) {
 // CalendarBounds returns the starts of the calendar window holding now, of
 // the one before it and of the two after it: b[0] <= b[1] <= now < b[2] <
 // b[3]. The Redis store sends them with each call.
+//
+// Calendar arithmetic is exact within ±2^62µs of the epoch (±146,000
+// years); an instant beyond is taken as that bound, so that no date
+// overflows: its bounds are in order but do not hold it.
 func CalendarBounds(p *Params, now int64) [4]int64 {
+	now = min(max(now, -maxCalendarTime), maxCalendarTime)
 	y, m, d := p.calendarAnchor(now)
 	i := 0
 	// The window named by now's local date starts ResetAt into it: before
 	// that, now is still in the previous window. (A zone's change of
-	// offset can move a start by a day at most, so the loop runs at most
-	// twice either way.)
-	for p.calendarStart(y, m, d, i) > now {
+	// offset can move a start by a day at most, so each loop runs at most
+	// twice; the bound on k makes that so whatever the zone's rules say.)
+	for k := 0; k < 4 && p.calendarStart(y, m, d, i) > now; k++ {
 		i--
 	}
-	for p.calendarStart(y, m, d, i+1) <= now {
+	for k := 0; k < 4 && p.calendarStart(y, m, d, i+1) <= now; k++ {
 		i++
 	}
 	return [4]int64{p.calendarStart(y, m, d, i-1), p.calendarStart(y, m, d, i), p.calendarStart(y, m, d, i+1), p.calendarStart(y, m, d, i+2)}

@@ -114,7 +114,12 @@ func swCount(p *Params, s *State, valid bool, i int64) int64 {
 //
 // Only one bucket is estimated, so the error is at most one bucket's
 // count; with one bucket this is the plain sliding window.
+//
+// The ring is indexed by bucket number, which an instant before the epoch
+// would make negative: such an instant counts as the epoch. (Redis's
+// clock never reads before it, so the Lua has no such step.)
 func slidingBuckets(p *Params, s *State, now, cost int64, mode Mode, apply bool) (granted, remaining, retryAfter, resetAfter, delay int64) {
+	now = max(now, 0)
 	nb := p.Buckets
 	ring := nb + 1
 	bt := p.Period / p.Tick / nb // a bucket, in ticks (Compile made it whole)
@@ -255,7 +260,9 @@ func ringOver(p *Params, c []int64) bool {
 
 // bucketRing rewrites a bucketed window's ring as buckets w−nb .. w, as
 // an admitted take does (sw_ring), and returns it with w.
+// An instant before the epoch counts as the epoch, as in slidingBuckets.
 func bucketRing(p *Params, s *State, now int64) ([]int64, int64) {
+	now = max(now, 0)
 	nb := p.Buckets
 	ring := nb + 1
 	w := now / p.Tick / (p.Period / p.Tick / nb)

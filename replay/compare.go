@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"io"
 	"text/tabwriter"
-
-	"github.com/weir-dev/weir"
 )
 
 // Comparison is what `weir replay --compare` prints with --json: both
@@ -66,12 +64,12 @@ func Compare(base, other *Report) *Comparison {
 		am, bm := base.limited[name], other.limited[name]
 		for id, n := range bm {
 			if d := n - am[id]; d > 0 {
-				ch.NewlyLimited = append(ch.NewlyLimited, Top{Identity: weir.ShortIdentity(id), Limited: d})
+				ch.NewlyLimited = append(ch.NewlyLimited, Top{Identity: id, Limited: d})
 			}
 		}
 		for id, n := range am {
 			if d := n - bm[id]; d > 0 {
-				ch.NoLongerLimited = append(ch.NoLongerLimited, Top{Identity: weir.ShortIdentity(id), Limited: d})
+				ch.NoLongerLimited = append(ch.NoLongerLimited, Top{Identity: id, Limited: d})
 			}
 		}
 		sortTop(ch.NewlyLimited)
@@ -85,19 +83,19 @@ func Compare(base, other *Report) *Comparison {
 
 // WriteCompareText writes the terminal form of a comparison.
 func WriteCompareText(w io.Writer, c *Comparison, baseName, otherName string) {
-	fmt.Fprintf(w, "%s lines (%s), %s to %s: %s against %s\n\n", num64(c.Base.Lines), c.Base.Format, orDash(c.Base.From), orDash(c.Base.To), otherName, baseName)
+	fmt.Fprintf(w, "%s lines (%s), %s to %s: %s against %s\n\n", num64(c.Base.Lines), clean(c.Base.Format), clean(orDash(c.Base.From)), clean(orDash(c.Base.To)), clean(otherName), clean(baseName))
 	for _, r := range []struct {
 		name string
 		rep  *Report
 	}{{baseName, c.Base}, {otherName, c.Other}} {
 		for _, n := range r.rep.NotEvaluated {
-			fmt.Fprintf(w, "NOT EVALUATED in %s: %s: %s\n", r.name, n.Rule, n.Reason)
+			fmt.Fprintf(w, "NOT EVALUATED in %s: %s: %s\n", clean(r.name), clean(n.Rule), clean(n.Reason))
 		}
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "rule\tlimited\t→\tchange\tlimited ids\t→\t")
 	for _, ch := range c.Changes {
-		name := ch.Rule
+		name := clean(ch.Rule)
 		switch ch.Shadow {
 		case [2]bool{true, false}:
 			name += " (shadow → enforced)"
@@ -114,12 +112,12 @@ func WriteCompareText(w io.Writer, c *Comparison, baseName, otherName string) {
 		if len(ch.NewlyLimited) == 0 && len(ch.NoLongerLimited) == 0 {
 			continue
 		}
-		fmt.Fprintf(w, "\n%s:\n", ch.Rule)
+		fmt.Fprintf(w, "\n%s:\n", clean(ch.Rule))
 		for _, t := range ch.NewlyLimited {
-			fmt.Fprintf(w, "  + %8s more limited  %s\n", num64(t.Limited), t.Identity)
+			fmt.Fprintf(w, "  + %8s more limited  %s\n", num64(t.Limited), clean(t.Identity))
 		}
 		for _, t := range ch.NoLongerLimited {
-			fmt.Fprintf(w, "  - %8s fewer limited %s\n", num64(t.Limited), t.Identity)
+			fmt.Fprintf(w, "  - %8s fewer limited %s\n", num64(t.Limited), clean(t.Identity))
 		}
 	}
 }

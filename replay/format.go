@@ -3,7 +3,9 @@ package replay
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -69,6 +71,88 @@ func (r *recorded) header(name string) bool {
 // set). It returns an error naming what is wrong.
 type parser interface {
 	parse(line string, rec *Record) error
+}
+
+// maxTime is the latest time a line may carry, in µs since the epoch: the
+// end of the year 9999, the last that RFC 3339 and nginx's $time_local
+// can write.
+const maxTime = 253402300799999999
+
+// checkTime refuses a time before 1970 or after 9999, naming it: no
+// request was made then, and the algorithms' window arithmetic counts
+// time from the epoch.
+func checkTime(us int64) error {
+	switch {
+	case us < 0:
+		return fmt.Errorf("time %s is before 1970", time.UnixMicro(us).UTC().Format(time.RFC3339Nano))
+	case us > maxTime:
+		return fmt.Errorf("time %s is after 9999", time.UnixMicro(us).UTC().Format(time.RFC3339Nano))
+	}
+	return nil
+}
+
+// parse parses one line into rec in the format, and refuses a time out of
+// range. A record whose fields are less than half its line is compacted:
+// it holds at most twice the bytes of its fields (recBytes).
+func (f *format) parse(line string, rec *Record) error {
+	if err := f.p.parse(line, rec); err != nil {
+		return err
+	}
+	if err := checkTime(rec.Time); err != nil {
+		return err
+	}
+	if n := fieldBytes(rec); 2*n < len(line) {
+		compact(rec, n)
+	}
+	return nil
+}
+
+// fieldBytes is the length of rec's strings.
+func fieldBytes(rec *Record) int {
+	n := len(rec.Addr) + len(rec.Method) + len(rec.URI) + len(rec.Host) + len(rec.UA) + len(rec.Referer) + len(rec.XFF)
+	for _, h := range rec.Extra {
+		n += len(h.Name) + len(h.Value)
+	}
+	return n
+}
+
+// recBytes bounds the memory rec holds beyond its own struct: its
+// strings share its line, at most twice as long as they are (parse
+// compacts the rest), or were decoded apart; a header costs its two
+// string headers too.
+func recBytes(rec *Record) int64 {
+	return 2*int64(fieldBytes(rec)) + 32*int64(len(rec.Extra))
+}
+
+// compact copies rec's strings, n bytes, into one string of their own,
+// so that rec no longer holds the line they were sliced from.
+func compact(rec *Record, n int) {
+	var b strings.Builder
+	b.Grow(n)
+	fields := [...]*string{&rec.Addr, &rec.Method, &rec.URI, &rec.Host, &rec.UA, &rec.Referer, &rec.XFF}
+	for _, f := range fields {
+		b.WriteString(*f)
+	}
+	for _, h := range rec.Extra {
+		b.WriteString(h.Name)
+		b.WriteString(h.Value)
+	}
+	all := b.String()
+	take := func(f *string) {
+		*f, all = all[:len(*f)], all[len(*f):]
+	}
+	for _, f := range fields {
+		take(f)
+	}
+	extra := make([]Header, len(rec.Extra))
+	for i, h := range rec.Extra {
+		take(&h.Name)
+		take(&h.Value)
+		extra[i] = h
+	}
+	if rec.Extra != nil {
+		rec.Extra = extra
+	}
 }
 
 // format is a detected log format.
@@ -193,7 +277,7 @@ func (p *nginxParser) parse(line string, rec *Record) error {
 	if sp < 0 {
 		sp = len(rest)
 	}
-	rec.Status, _ = strconv.Atoi(rest[:sp])
+	rec.Status = statusText(rest[:sp])
 	ref, rest, ok := quoted(rest)
 	if !ok {
 		return fmt.Errorf("no quoted referer")
@@ -358,7 +442,7 @@ func (p *envoyParser) parse(line string, rec *Record) error {
 	if sp < 0 {
 		return fmt.Errorf("no response code")
 	}
-	rec.Status, _ = strconv.Atoi(rest[:sp])
+	rec.Status = statusText(rest[:sp])
 	var q [5]string
 	for i := range q {
 		if q[i], rest, ok = quoted(rest); !ok {
@@ -437,7 +521,7 @@ func (envoyJSONParser) parse(line string, rec *Record) error {
 	if !validMethod(rec.Method) || rec.URI == "" {
 		return fmt.Errorf("no method or path")
 	}
-	rec.Status = int(num(m["response_code"]))
+	rec.Status = status(m["response_code"])
 	rec.UA = str(m["user_agent"])
 	xff := str(m["x_forwarded_for"])
 	if a := str(m["downstream_remote_address"]); a != "" {
@@ -476,6 +560,24 @@ func num(v any) float64 {
 	return 0
 }
 
+// status is v as a response status: 0 (not logged) unless it is from 0
+// to 999.
+func status(v any) int {
+	f := num(v)
+	if f >= 0 && f <= 999 {
+		return int(f)
+	}
+	return 0
+}
+
+// statusText is s as a response status, as status reads a JSON value.
+func statusText(s string) int {
+	if n, err := strconv.Atoi(s); err == nil && n >= 0 && n <= 999 {
+		return n
+	}
+	return 0
+}
+
 // timeValue reads a timestamp: RFC 3339, nginx's $time_local, or a number
 // of seconds (or ms, µs, ns, told apart by size) since the epoch.
 func timeValue(v any) (int64, error) {
@@ -491,15 +593,26 @@ func timeValue(v any) (int64, error) {
 		return 0, fmt.Errorf("%v is not a time", v)
 	}
 	if f, err := strconv.ParseFloat(s, 64); err == nil {
-		switch a := f; {
-		case a < 1e11:
-			return int64(f * 1e6), nil
-		case a < 1e14:
-			return int64(f * 1e3), nil
-		case a < 1e17:
-			return int64(f), nil
+		if math.IsNaN(f) || math.IsInf(f, 0) {
+			return 0, fmt.Errorf("time %q is not a finite number", clip(s))
 		}
-		return int64(f / 1e3), nil
+		us := f / 1e3
+		switch {
+		case f < 1e11:
+			us = f * 1e6
+		case f < 1e14:
+			us = f * 1e3
+		case f < 1e17:
+			us = f
+		}
+		// Out of range, the conversion to int64 would be undefined.
+		if us < 0 {
+			return 0, fmt.Errorf("time %q is before 1970", clip(s))
+		}
+		if us > maxTime {
+			return 0, fmt.Errorf("time %q is after 9999", clip(s))
+		}
+		return int64(us), nil
 	}
 	if t, err := parseRFC3339(s); err == nil {
 		return t, nil
@@ -560,7 +673,7 @@ func (caddyParser) parse(line string, rec *Record) error {
 	if !validMethod(rec.Method) || rec.URI == "" {
 		return fmt.Errorf("no request.method or request.uri")
 	}
-	rec.Status = int(num(m["status"]))
+	rec.Status = status(m["status"])
 	// ts is when the entry was written, once the response was done; the
 	// request was decided when it came, duration (seconds) earlier.
 	if d := num(m["duration"]); d > 0 && d < 1e6 {
@@ -577,7 +690,16 @@ func (caddyParser) parse(line string, rec *Record) error {
 	}
 	hs, _ := req["headers"].(map[string]any)
 	rec.Extra = rec.Extra[:0]
-	for k, v := range hs {
+	// In the order of their names: two spellings of one header (a JSON
+	// object may hold "x-key" and "X-Key") are read the same way every
+	// time, the last one winning.
+	keys := make([]string, 0, len(hs))
+	for k := range hs {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		v := hs[k]
 		vs, _ := v.([]any)
 		if len(vs) == 0 {
 			continue
@@ -722,7 +844,7 @@ func (p *jsonlParser) parse(line string, rec *Record) error {
 		return fmt.Errorf("method %q is not a method", clip(rec.Method))
 	}
 	if p.status != nil {
-		rec.Status = int(num(lookup(m, p.status)))
+		rec.Status = status(lookup(m, p.status))
 	}
 	rec.Extra = rec.Extra[:0]
 	for _, h := range p.headers {

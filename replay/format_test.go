@@ -350,3 +350,24 @@ rules:
 		t.Fatalf("notes: %s", notes)
 	}
 }
+
+// A Caddy line's headers are read in the same order every time, so that
+// two spellings of one header give the same value on every run.
+func TestCaddyHeadersInOrder(t *testing.T) {
+	line := `{"ts":1795424401,"request":{"remote_ip":"198.51.100.1","method":"GET","uri":"/","headers":{"x-api-key":["a"],"X-Api-Key":["b"],"user-agent":["c"],"User-Agent":["d"],"X-B":["e"],"X-A":["f"]}}}`
+	var first Record
+	for i := 0; i < 50; i++ {
+		var rec Record
+		if err := caddyFormat(nil).parse(line, &rec); err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			first = rec
+		} else if !reflect.DeepEqual(rec, first) {
+			t.Fatalf("read %d:\n%+v\nfirst:\n%+v", i, rec, first)
+		}
+	}
+	if first.UA != "c" || len(first.Extra) != 4 || first.Extra[3] != (Header{"X-Api-Key", "a"}) {
+		t.Fatalf("%+v", first)
+	}
+}

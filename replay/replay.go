@@ -68,9 +68,21 @@ type Options struct {
 // DefaultWindow is the default out-of-order tolerance.
 const DefaultWindow = 5 * time.Second
 
-// maxBuffered bounds the lines held back to be put in order, whatever
-// the window: at most this many lines wait.
-const maxBuffered = 1 << 16
+// maxBuffered and maxBufferedBytes bound the lines held back to be put
+// in order, whatever the window: at most this many lines, holding at most
+// this many bytes (recBytes), wait.
+const (
+	maxBuffered      = 1 << 16
+	maxBufferedBytes = 32 << 20
+)
+
+// batchSize and maxBatchBytes bound a batch of records (or of their
+// verdicts) passed between goroutines: it goes when it has batchSize, or
+// records holding maxBatchBytes.
+const (
+	batchSize     = 2048
+	maxBatchBytes = 2 << 20
+)
 
 // maxListed is how many skipped or late lines a report names.
 const maxListed = 10
@@ -201,6 +213,7 @@ type worker struct {
 	sims   []*sim
 	in     chan []Record
 	vbatch []decided
+	vbytes int64 // the bytes the records of vbatch hold (recBytes)
 	rb     reqBuilder
 }
 
@@ -270,8 +283,6 @@ func runEngine(ctx context.Context, ins []Input, cfgs []*policy.Config, o Option
 	}
 	return e, e.run(ctx)
 }
-
-const batchSize = 2048
 
 // run reads on one goroutine, decides on one per worker, and tallies on
 // another.
@@ -363,6 +374,7 @@ type decided struct {
 func (e *engine) read(ctx context.Context, free chan []Record) error {
 	ro := reorder{window: e.window, st: &e.st}
 	batches := make([][]Record, len(e.workers))
+	held := make([]int64, len(e.workers)) // the bytes each batch holds
 	for i := range batches {
 		batches[i] = <-free
 	}
@@ -372,9 +384,10 @@ func (e *engine) read(ctx context.Context, free chan []Record) error {
 			p = e.part.of(r)
 		}
 		batches[p] = append(batches[p], *r)
-		if len(batches[p]) == cap(batches[p]) {
+		held[p] += recBytes(r)
+		if len(batches[p]) == cap(batches[p]) || held[p] >= maxBatchBytes {
 			e.workers[p].in <- batches[p]
-			batches[p] = <-free
+			batches[p], held[p] = <-free, 0
 		}
 	}
 	for i, in := range e.ins {
@@ -428,22 +441,25 @@ func (e *engine) readInput(ctx context.Context, idx int, in *input, ro *reorder,
 				continue
 			}
 		}
-		chunk := string(buf[:end]) // one string per chunk; lines are slices of it
+		chunk := buf[:end]
 		for len(chunk) > 0 {
-			var line string
-			if i := strings.IndexByte(chunk, '\n'); i >= 0 {
-				line, chunk = chunk[:i], chunk[i+1:]
+			var lb []byte
+			if i := bytes.IndexByte(chunk, '\n'); i >= 0 {
+				lb, chunk = chunk[:i], chunk[i+1:]
 			} else {
-				line, chunk = chunk, ""
+				lb, chunk = chunk, nil
 			}
 			lineNo++
-			line = strings.TrimSuffix(line, "\r")
-			if strings.TrimSpace(line) == "" {
+			lb = bytes.TrimSuffix(lb, []byte{'\r'})
+			if len(bytes.TrimSpace(lb)) == 0 {
 				continue
 			}
+			// One string per line: a record held keeps its own line
+			// alive, not the rest of what was read with it.
+			line := string(lb)
 			e.st.lines++
 			rec := Record{Line: lineNo, Input: idx}
-			if perr := e.f.p.parse(line, &rec); perr != nil {
+			if perr := e.f.parse(line, &rec); perr != nil {
 				e.skip(in.name, lineNo, perr)
 				continue
 			}
@@ -486,11 +502,13 @@ func discardLine(br *bufio.Reader) error {
 
 // reorder puts records in time order within a window: a record is held
 // until one at least window later has been read (or maxBuffered are
-// held). A record older than one already decided is late: it is decided
-// at the time of the last one decided, and reported.
+// held, or they hold maxBufferedBytes). A record older than one already
+// decided is late: it is decided at the time of the last one decided, and
+// reported.
 type reorder struct {
 	buf     []Record
 	head    int
+	bytes   int64 // what the records held hold (recBytes)
 	window  int64
 	maxSeen int64
 	last    int64 // the time of the last record emitted
@@ -516,8 +534,9 @@ func (ro *reorder) push(r *Record, ins []*input, emit func(*Record)) {
 	q = ro.buf[ro.head:]
 	copy(q[i+1:], q[i:])
 	q[i] = *r
+	ro.bytes += recBytes(r)
 	ro.maxSeen = max(ro.maxSeen, r.Time)
-	for ro.head < len(ro.buf) && (ro.buf[ro.head].Time <= ro.maxSeen-ro.window || len(ro.buf)-ro.head > maxBuffered) {
+	for ro.head < len(ro.buf) && (ro.buf[ro.head].Time <= ro.maxSeen-ro.window || len(ro.buf)-ro.head > maxBuffered || ro.bytes > maxBufferedBytes) {
 		ro.pop(emit)
 	}
 	if ro.head > 4096 && ro.head*2 > len(ro.buf) {
@@ -534,6 +553,7 @@ func (ro *reorder) pop(emit func(*Record)) {
 		ro.st.from = r.Time
 	}
 	ro.st.to = max(ro.st.to, r.Time)
+	ro.bytes -= recBytes(r)
 	emit(r)
 	ro.buf[ro.head] = Record{}
 	ro.head++
@@ -562,10 +582,19 @@ func (w *worker) decide(ctx context.Context, rec *Record) {
 		}
 		w.vbatch = append(w.vbatch, decided{i, rec.Time, v})
 		if len(w.vbatch) == cap(w.vbatch) {
-			w.e.verdicts <- w.vbatch
-			w.vbatch = <-w.e.vfree
+			w.send()
 		}
 	}
+	// A verdict may hold its record's strings (an identity).
+	if w.vbytes += recBytes(rec); w.vbytes >= maxBatchBytes && len(w.vbatch) > 0 {
+		w.send()
+	}
+}
+
+// send passes the verdicts to the tally and takes an empty batch.
+func (w *worker) send() {
+	w.e.verdicts <- w.vbatch
+	w.vbatch, w.vbytes = <-w.e.vfree, 0
 }
 
 // request fills the reused request from rec, as net/http's server would

@@ -42,7 +42,7 @@ type Report struct {
 	Timeline []Minute `json:"timeline"`
 
 	// limited holds each rule's limited identities with counts, for
-	// --compare (bounded as the tally is).
+	// --compare (bounded as the tally is; long identities shortened).
 	limited map[string]map[string]int64
 	// shadow says which rules are shadow rules.
 	shadow map[string]bool
@@ -160,7 +160,8 @@ func (t *tally) add(now int64, v *policy.Verdict) {
 			if rr.Denied {
 				id = "(no identity: on_missing deny)"
 			}
-			rt.limitedIDs.add(id, 1)
+			// Kept as weir serve keeps a long identity: "~" and its hash.
+			rt.limitedIDs.add(weir.ShortIdentity(id), 1)
 		}
 	}
 	if m != nil {
@@ -208,7 +209,7 @@ func (t *tally) report(st *stats) *Report {
 			Approximate: rt.ids.over || rt.limitedIDs.over, Top: []Top{},
 		}
 		for id, n := range rt.limitedIDs.m {
-			rr.Top = append(rr.Top, Top{Identity: weir.ShortIdentity(id), Limited: n})
+			rr.Top = append(rr.Top, Top{Identity: id, Limited: n})
 		}
 		sortTop(rr.Top)
 		if len(rr.Top) > maxTop {
@@ -248,6 +249,7 @@ func nonNil[T any](s []T) []T {
 // idSet counts distinct identities exactly up to a bound, and estimates
 // beyond it (HyperLogLog), so that a log of any length takes bounded
 // memory. With counts (limited identities) it keeps each identity's name
+// (a long one as weir.ShortIdentity gives it, which the caller passes)
 // and count; without (every identity seen) only a 64-bit hash of it,
 // which is faster and smaller (a collision among 2^16 identities has odds
 // of about 1 in 10^10).

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"unicode/utf8"
 )
 
 // maxTextMinutes is how many minutes the terminal timeline prints; the
@@ -16,7 +17,7 @@ const maxTextMinutes = 60
 // evaluated, one block per rule, and the per-minute timeline of limited
 // requests.
 func WriteText(w io.Writer, r *Report) {
-	fmt.Fprintf(w, "%s lines (%s), %s to %s\n", num64(r.Lines), r.Format, orDash(r.From), orDash(r.To))
+	fmt.Fprintf(w, "%s lines (%s), %s to %s\n", num64(r.Lines), clean(r.Format), clean(orDash(r.From)), clean(orDash(r.To)))
 	if r.Skipped > 0 {
 		fmt.Fprintf(w, "skipped %s that could not be read: %s\n", plural(r.Skipped, "line"), lineList(r.SkippedLines, true))
 	}
@@ -27,10 +28,10 @@ func WriteText(w io.Writer, r *Report) {
 		fmt.Fprintf(w, "allow list: %s requests passed; deny list: %s refused\n", num64(r.AllowListed), num64(r.DenyListed))
 	}
 	for _, n := range r.NotEvaluated {
-		fmt.Fprintf(w, "NOT EVALUATED %s: %s\n", n.Rule, n.Reason)
+		fmt.Fprintf(w, "NOT EVALUATED %s: %s\n", clean(n.Rule), clean(n.Reason))
 	}
 	for _, n := range r.Notes {
-		fmt.Fprintf(w, "note: %s\n", n)
+		fmt.Fprintf(w, "note: %s\n", clean(n))
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -40,7 +41,7 @@ func WriteText(w io.Writer, r *Report) {
 		if rr.Approximate {
 			approx = "~"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s%s\t%s%s\t\n", rr.Name, num64(rr.Matched), num64(rr.Limited),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s%s\t%s%s\t\n", clean(rr.Name), num64(rr.Matched), num64(rr.Limited),
 			share(rr.Limited+rr.ShadowLimited, rr.Matched), num64(rr.ShadowLimited), approx, num64(rr.Identities), approx, num64(rr.LimitedIdentities))
 	}
 	tw.Flush()
@@ -48,9 +49,9 @@ func WriteText(w io.Writer, r *Report) {
 		if len(rr.Top) == 0 {
 			continue
 		}
-		fmt.Fprintf(w, "\n%s: top limited\n", rr.Name)
+		fmt.Fprintf(w, "\n%s: top limited\n", clean(rr.Name))
 		for _, t := range rr.Top {
-			fmt.Fprintf(w, "  %8s  %s\n", num64(t.Limited), t.Identity)
+			fmt.Fprintf(w, "  %8s  %s\n", num64(t.Limited), clean(t.Identity))
 		}
 	}
 	writeTimeline(w, r.Timeline)
@@ -79,7 +80,7 @@ func writeTimeline(w io.Writer, tl []Minute) {
 		const width = 40
 		a := int((m.Limited*width + peak - 1) / peak)
 		b := int(((m.Limited+m.ShadowLimited)*width+peak-1)/peak) - a
-		fmt.Fprintf(w, "  %s %8s/%-8s %s%s\n", strings.TrimSuffix(m.Minute, ":00Z"), num64(m.Limited+m.ShadowLimited), num64(m.Requests), strings.Repeat("#", a), strings.Repeat("+", b))
+		fmt.Fprintf(w, "  %s %8s/%-8s %s%s\n", clean(strings.TrimSuffix(m.Minute, ":00Z")), num64(m.Limited+m.ShadowLimited), num64(m.Requests), strings.Repeat("#", a), strings.Repeat("+", b))
 	}
 }
 
@@ -92,10 +93,10 @@ func lineList(ls []LineRef, why bool) string {
 	for _, l := range ls {
 		s := strconv.FormatInt(l.Line, 10)
 		if multi {
-			s = l.Input + ":" + s
+			s = clean(l.Input) + ":" + s
 		}
 		if why && l.Error != "" {
-			s += " (" + l.Error + ")"
+			s += " (" + clean(l.Error) + ")"
 		}
 		parts = append(parts, s)
 	}
@@ -144,4 +145,17 @@ func num64(n int64) string {
 		return "-" + b.String()
 	}
 	return b.String()
+}
+
+// clean returns s for a terminal: as it is when every character prints,
+// else quoted as a Go string, so that a control character, an escape
+// sequence or a bidirectional override taken from a log shows as an
+// escape (\x1b, \u202e) and is never sent to the terminal.
+func clean(s string) string {
+	for _, r := range s {
+		if r == utf8.RuneError || !strconv.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
 }
