@@ -8,7 +8,7 @@ export WEIR_DEPS_EXTRA ?= nginx caddy chromium prometheus
 # Modules of their own (peer libraries stay out of weir's go.mod).
 NESTED     := bench examples/gin examples/echo
 
-.PHONY: all build release release-check test deps vet lint unit nested promtool-test tidy bench bench-debt bench-redis bench-overload bench-serve bench-flood bench-lease bench-window bench-replay fuzz same-long fmt clean
+.PHONY: all build release release-check image compose-images demo test-fleet test deps vet lint unit nested promtool-test tidy bench bench-debt bench-redis bench-overload bench-serve bench-flood bench-lease bench-window bench-replay fuzz same-long fmt clean
 
 all: build
 
@@ -24,6 +24,30 @@ release:
 # byte-identical (run by CI after `make test`).
 release-check:
 	GO=$(GO) ./scripts/release.sh --check
+
+# The container image (deploy/image/Dockerfile): the static linux binary for
+# this machine's architecture, FROM scratch (the build pulls nothing), as
+# weir:<version> and weir:latest; IMAGE=name:tag for another name.
+image:
+	GO=$(GO) ./scripts/image.sh
+
+# Compose v2's plugin where it exists, else Compose v1.
+COMPOSE = $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
+
+# The Compose demo's images (weir, Redis, nginx, the app), each FROM scratch
+# from this machine's files (deploy/compose/build.sh); WEIR_DEMO_TAG, default demo.
+compose-images:
+	GO=$(GO) ./deploy/compose/build.sh
+
+# The Compose demo: nginx on localhost:8000 in front of an app, two weir
+# instances on one Redis, weir-1's dashboard on localhost:8080.
+demo: compose-images
+	cd deploy/compose && $(COMPOSE) up
+
+# The container and Compose tests on this machine's Docker (deploy/, build
+# tag fleet); never part of `make test`. CI runs it after `make test`.
+test-fleet:
+	$(GO) test -tags fleet -count=1 -timeout 14m -v ./deploy/
 
 deps:
 	@./scripts/deps.sh

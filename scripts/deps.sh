@@ -6,6 +6,8 @@ set -euo pipefail
 need_apt=()
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need_apt+=(redis-tools)
+# systemd-analyze checks deploy/systemd/weir.service (deploy/systemd_test.go).
+command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
 for extra in ${WEIR_DEPS_EXTRA:-}; do
   case "$extra" in
     nginx) command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_apt+=(nginx) ;;

@@ -42,6 +42,7 @@ type serveFlags struct {
 	logLevel, logFormat                    string
 	pprof                                  string
 	shutdownTimeout, shutdownDelay         time.Duration
+	refuseRoot                             bool
 }
 
 func newServeFlagSet(stderr io.Writer) (*flag.FlagSet, *serveFlags) {
@@ -63,6 +64,7 @@ func newServeFlagSet(stderr io.Writer) (*flag.FlagSet, *serveFlags) {
 	fs.StringVar(&f.pprof, "pprof", "", `serve Go's profiler (/debug/pprof/) on this address, e.g. "127.0.0.1:6060"; off by default, never on a public address`)
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", server.DefaultShutdownTimeout, "on SIGTERM or SIGINT, how long the whole shutdown may take (the delay, then letting in-flight requests finish)")
 	fs.DurationVar(&f.shutdownDelay, "shutdown-delay", server.DefaultShutdownDelay, "on SIGTERM or SIGINT, how long to keep serving while unready (/readyz 503, gRPC health NOT_SERVING) before closing the listeners, so that load balancers stop sending first; 0 closes at once")
+	fs.BoolVar(&f.refuseRoot, "refuse-root", false, "exit with an error instead of serving when the effective user is root (uid 0); the container image sets it")
 	// Every flag's help names its environment variable.
 	fs.VisitAll(func(fl *flag.Flag) { fl.Usage += " [$" + envName(fl.Name) + "]" })
 	fs.Usage = func() {
@@ -201,6 +203,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, lookup 
 	return 0
 }
 
+// geteuid is os.Geteuid; tests replace it.
+var geteuid = os.Geteuid
+
 // parseServeArgs reads weir serve's flags from args, then from the
 // environment (lookup) for those args leave unset, checks them and builds
 // the logger they ask for. On bad usage it writes why to stderr and
@@ -222,6 +227,10 @@ func parseServeArgs(args []string, stderr io.Writer, lookup func(string) (string
 	if err != nil {
 		fmt.Fprintln(stderr, "weir serve:", err)
 		return nil, nil, 2
+	}
+	if f.refuseRoot && geteuid() == 0 {
+		fmt.Fprintln(stderr, "weir serve: refusing to run as root (effective uid 0) with --refuse-root ($WEIR_REFUSE_ROOT): run as an unprivileged user, e.g. docker run --user 65532:65532")
+		return nil, nil, 1
 	}
 	if f.shutdownDelay < 0 || f.shutdownTimeout <= 0 || f.shutdownDelay >= f.shutdownTimeout {
 		fmt.Fprintf(stderr, "weir serve: --shutdown-delay %v and --shutdown-timeout %v: want 0 <= delay < timeout (the timeout includes the delay)\n", f.shutdownDelay, f.shutdownTimeout)

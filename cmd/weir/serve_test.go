@@ -52,7 +52,9 @@ func TestServeHelpDocumentsEveryFlag(t *testing.T) {
 	n := 0
 	fs.VisitAll(func(f *flag.Flag) {
 		n++
-		if !strings.Contains(help, "-"+f.Name+" ") || !strings.Contains(help, "$"+envName(f.Name)) {
+		// A boolean flag's line ends at its name; others name a value.
+		named := strings.Contains(help, "-"+f.Name+" ") || strings.Contains(help, "-"+f.Name+"\n")
+		if !named || !strings.Contains(help, "$"+envName(f.Name)) {
 			t.Errorf("--help does not document --%s and $%s", f.Name, envName(f.Name))
 		}
 		if len(f.Usage) < 20 {
@@ -486,5 +488,38 @@ func TestServeTracesFromOTELEnvironment(t *testing.T) {
 	}
 	if !found {
 		t.Fatalf("no weir.check span under the caller's trace after exit: %+v", rc.Spans())
+	}
+}
+
+// TestServeRefuseRoot: --refuse-root (or WEIR_REFUSE_ROOT, which the
+// container image sets) stops weir serve from serving as root, and only as
+// root.
+func TestServeRefuseRoot(t *testing.T) {
+	saved := geteuid
+	t.Cleanup(func() { geteuid = saved })
+	none := func(string) (string, bool) { return "", false }
+	fromEnv := func(k string) (string, bool) { return "true", k == "WEIR_REFUSE_ROOT" }
+
+	geteuid = func() int { return 0 }
+	for _, tc := range []struct {
+		args   []string
+		lookup func(string) (string, bool)
+	}{
+		{[]string{"--refuse-root"}, none},
+		{nil, fromEnv},
+	} {
+		var stderr bytes.Buffer
+		if f, _, code := parseServeArgs(tc.args, &stderr, tc.lookup); f != nil || code != 1 ||
+			!strings.Contains(stderr.String(), "refusing to run as root") {
+			t.Errorf("root, %v: exit %d, stderr %q", tc.args, code, stderr.String())
+		}
+	}
+	// Root without the flag: permissive, as before.
+	if f, _, _ := parseServeArgs(nil, io.Discard, none); f == nil {
+		t.Error("root without --refuse-root refused")
+	}
+	geteuid = func() int { return 65532 }
+	if f, _, _ := parseServeArgs(nil, io.Discard, fromEnv); f == nil || !f.refuseRoot {
+		t.Error("an unprivileged user with WEIR_REFUSE_ROOT refused")
 	}
 }
