@@ -247,3 +247,22 @@ func readFile(t *testing.T, path string) []byte {
 	return b
 }
 
+// TestStrictDecodingRefuses: the decoding the chart's objects go through
+// refuses an unknown field, a field spelt in the wrong case, and a key
+// given twice, so that a typo in a template fails the tests.
+func TestStrictDecodingRefuses(t *testing.T) {
+	const ok = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: w}\nspec:\n  replicas: 2\n"
+	if err := decodeStrict(ok, &appsv1.Deployment{}); err != nil {
+		t.Fatalf("a valid Deployment: %v", err)
+	}
+	for _, bad := range []string{
+		ok + "  replica: 2\n",
+		strings.Replace(ok, "replicas", "Replicas", 1),
+		ok + "  replicas: 3\n",
+		ok + "  template: {spec: {containers: [{name: w, image: w, securityContext: {readOnlyRootFileSystem: true}}]}}\n",
+	} {
+		if err := decodeStrict(bad, &appsv1.Deployment{}); err == nil {
+			t.Errorf("decoded without error:\n%s", bad)
+		}
+	}
+}
