@@ -8,7 +8,7 @@ export WEIR_DEPS_EXTRA ?= nginx caddy chromium prometheus
 # Modules of their own (peer libraries stay out of weir's go.mod).
 NESTED     := bench examples/gin examples/echo
 
-.PHONY: all build release release-check test deps vet lint unit nested promtool-test tidy bench bench-debt bench-redis bench-overload bench-serve bench-flood bench-lease bench-window bench-replay fuzz same-long fmt clean
+.PHONY: all build release release-check test deps vet lint unit nested promtool-test test-helm tidy bench bench-debt bench-redis bench-overload bench-serve bench-flood bench-lease bench-window bench-replay fuzz same-long fmt clean
 
 all: build
 
@@ -55,6 +55,12 @@ tidy:
 promtool-test: deps
 	promtool check rules examples/prometheus/recording.yml examples/prometheus/alerts.yml
 	cd examples/prometheus && promtool test rules tests.yml
+
+# The Helm chart (deploy/helm/weir): its test module renders it for every
+# values file in its ci directory, decodes every object strictly, runs weir
+# serve as the Deployment describes it, and keeps deploy/kubernetes in step.
+test-helm: deps
+	cd deploy/helmtest && $(GO) vet ./... && $(STATICCHECK) ./... && $(GO) test -count=1 ./...
 
 # The one command that runs every test: vet, staticcheck, then the race-enabled suite.
 test: deps vet lint unit nested promtool-test

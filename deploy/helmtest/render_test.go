@@ -68,6 +68,12 @@ func newObject(apiVersion, kind string) any {
 // defaults) and returns the manifests by template name, NOTES.txt
 // included.
 func renderChart(valuesFile string) (map[string]string, error) {
+	return renderAs(valuesFile, "")
+}
+
+// renderAs renders as renderChart does, with the release's Service (the
+// managed-by label) set to service unless that is empty ("Helm").
+func renderAs(valuesFile, service string) (map[string]string, error) {
 	ch, err := loader.Load(chartDir)
 	if err != nil {
 		return nil, err
@@ -83,6 +89,9 @@ func renderChart(valuesFile string) (map[string]string, error) {
 	}, chartutil.DefaultCapabilities)
 	if err != nil {
 		return nil, err
+	}
+	if service != "" {
+		rv["Release"].(map[string]any)["Service"] = service
 	}
 	return engine.Render(ch, rv)
 }
