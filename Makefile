@@ -8,7 +8,7 @@ export WEIR_DEPS_EXTRA ?= nginx caddy chromium prometheus
 # Modules of their own (peer libraries stay out of weir's go.mod).
 NESTED     := bench examples/gin examples/echo
 
-.PHONY: all build release release-check image compose-images demo test-fleet test deps vet lint unit nested promtool-test tidy bench bench-debt bench-redis bench-overload bench-serve bench-flood bench-lease bench-window bench-replay fuzz same-long fmt clean
+.PHONY: all build release release-check image compose-images demo test-fleet test deps vet lint unit nested promtool-test test-helm tidy bench bench-debt bench-redis bench-overload bench-serve bench-flood bench-lease bench-window bench-replay fuzz same-long fmt clean
 
 all: build
 
@@ -45,8 +45,9 @@ demo: compose-images
 	cd deploy/compose && $(COMPOSE) up
 
 # The container and Compose tests on this machine's Docker (deploy/, build
-# tag fleet); never part of `make test`. CI runs it after `make test`.
-test-fleet:
+# tag fleet), and the Helm chart's tests (test-helm); never part of
+# `make test`. CI runs it after `make test`.
+test-fleet: test-helm
 	$(GO) test -tags fleet -count=1 -timeout 14m -v ./deploy/
 
 deps:
@@ -79,6 +80,12 @@ tidy:
 promtool-test: deps
 	promtool check rules examples/prometheus/recording.yml examples/prometheus/alerts.yml
 	cd examples/prometheus && promtool test rules tests.yml
+
+# The Helm chart (deploy/helm/weir): its test module renders it for every
+# values file in its ci directory, decodes every object strictly, runs weir
+# serve as the Deployment describes it, and keeps deploy/kubernetes in step.
+test-helm: deps
+	cd deploy/helmtest && $(GO) vet ./... && $(STATICCHECK) ./... && $(GO) test -count=1 ./...
 
 # The one command that runs every test: vet, staticcheck, then the race-enabled suite.
 test: deps vet lint unit nested promtool-test
