@@ -39,8 +39,10 @@ var ErrPaced = errors.New("httplimit: rate limit budget exhausted until past the
 //
 //   - until a host has answered, one request at a time goes out to it, and
 //     the others wait for that answer;
-//   - RateLimit's r (the requests remaining) is spent one per request, less
-//     the requests still in flight when the answer came; at r = 0 requests
+//   - what is left is the lowest r (RateLimit's requests remaining) any
+//     answer since the quota's last reset gave, less the requests still in
+//     flight: never more than the server has left, whatever order the
+//     answers arrive in, and exactly it once every answer is in; at 0 requests
 //     wait until t, when the quota is whole again, and then may send the
 //     RateLimit-Policy's q (or probe with one request if it was not sent);
 //   - a 429 or 503 with Retry-After holds every request to the host until
@@ -90,10 +92,13 @@ type hostBudget struct {
 
 // quota is one named limit of a host, from the RateLimit header.
 type quota struct {
-	name      string
-	remaining int64
-	reset     time.Time // the quota is whole again; zero when not pending
-	q         int64     // RateLimit-Policy's quota; 0 if not sent
+	name string
+	// r is the lowest r an answer gave since the quota's reset (the
+	// server's count after the last request it admitted of those
+	// answered); r minus the requests in flight is what may be sent.
+	r     int64
+	reset time.Time // the quota is whole again; zero when not pending
+	q     int64     // RateLimit-Policy's quota; 0 if not sent
 }
 
 func (t *Transport) clock() time.Time {
@@ -253,13 +258,13 @@ func (b *hostBudget) wait(now time.Time) (time.Duration, <-chan struct{}) {
 		if !qu.reset.IsZero() && !qu.reset.After(now) {
 			qu.reset = time.Time{}
 			if qu.q > 0 {
-				qu.remaining = qu.q
+				qu.r = qu.q
 			} else {
 				b.known = false // learn the budget again
 				return b.wait(now)
 			}
 		}
-		if qu.remaining <= 0 {
+		if qu.r-b.inflight <= 0 {
 			if qu.reset.IsZero() {
 				b.known = false
 				return b.wait(now)
@@ -274,9 +279,6 @@ func (b *hostBudget) wait(now time.Time) (time.Duration, <-chan struct{}) {
 func (b *hostBudget) spend() {
 	if !b.known {
 		b.probing = true
-	}
-	for i := range b.quotas {
-		b.quotas[i].remaining--
 	}
 	b.inflight++
 }
@@ -325,7 +327,7 @@ func (t *Transport) settle(host string, resp *http.Response, err error) time.Dur
 		if !okR || len(qs) == maxQuotas {
 			continue
 		}
-		qu := quota{name: it.name, remaining: r - b.inflight}
+		qu := quota{name: it.name, r: r}
 		if s, ok := it.params["t"]; ok && s > 0 {
 			qu.reset = now.Add(min(time.Duration(s)*time.Second, maxRetryAfter))
 		}
@@ -339,7 +341,7 @@ func (t *Transport) settle(host string, resp *http.Response, err error) time.Dur
 		// reset, r only ever lowers what is left.
 		for _, old := range b.quotas {
 			if old.name == qu.name && old.reset.After(now) {
-				qu.remaining = min(qu.remaining, old.remaining)
+				qu.r = min(qu.r, old.r)
 				qu.reset = later(qu.reset, old.reset)
 			}
 		}

@@ -293,3 +293,81 @@ func TestTransportClosesBodyWhenPaced(t *testing.T) {
 		t.Fatal("the request body of a paced request was not closed")
 	}
 }
+
+// scriptedRT answers each request with the RateLimit header the test
+// hands it, when the test releases it: answers can be put in any order.
+type scriptedRT struct {
+	arrived chan chan string // one per request: send it the r to answer
+}
+
+func (s *scriptedRT) RoundTrip(req *http.Request) (*http.Response, error) {
+	answer := make(chan string)
+	s.arrived <- answer
+	r := <-answer
+	h := http.Header{}
+	h.Set("RateLimit", `"q";r=`+r+`;t=3600`)
+	return &http.Response{StatusCode: http.StatusOK, Header: h, Body: http.NoBody, Request: req}, nil
+}
+
+// Answers that arrive in another order than the server decided them lose
+// no budget: once every answer is in, what the transport will send is
+// exactly what the server has left.
+func TestTransportBudgetExactAfterAnswersReorder(t *testing.T) {
+	rt := &scriptedRT{arrived: make(chan chan string)}
+	tr := NewTransport(rt)
+	send := func() <-chan error {
+		done := make(chan error, 1)
+		go func() {
+			// A request the transport would hold for the hour fails at
+			// once as paced instead.
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://api.example/", nil)
+			resp, err := tr.RoundTrip(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+			done <- err
+		}()
+		return done
+	}
+	// The first answer says 5 are left.
+	d := send()
+	(<-rt.arrived) <- "5"
+	if err := <-d; err != nil {
+		t.Fatal(err)
+	}
+	// Three go out together; the server decides them 4, 3, 2 (2 left),
+	// and the answers come back in the opposite order.
+	var answers []chan string
+	var dones []<-chan error
+	for range 3 {
+		dones = append(dones, send())
+		answers = append(answers, <-rt.arrived)
+	}
+	for i, r := range []string{"2", "3", "4"} {
+		answers[2-i] <- r
+		if err := <-dones[2-i]; err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Exactly 2 more may go: both are sent, the third is paced.
+	for i, r := range []string{"1", "0"} {
+		d := send()
+		select {
+		case a := <-rt.arrived:
+			a <- r
+		case err := <-d:
+			t.Fatalf("request %d of the 2 left was not sent: %v", i+1, err)
+		}
+		if err := <-d; err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://api.example/", nil)
+	if _, err := tr.RoundTrip(req); !errors.Is(err, ErrPaced) {
+		t.Fatalf("a request past the budget: %v, want ErrPaced", err)
+	}
+}
