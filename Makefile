@@ -8,7 +8,7 @@ export WEIR_DEPS_EXTRA ?= nginx caddy chromium prometheus
 # Modules of their own (peer libraries stay out of weir's go.mod).
 NESTED     := bench examples/gin examples/echo
 
-.PHONY: all build release release-check image compose-images demo test-fleet test deps vet lint unit nested promtool-test test-helm tidy bench bench-debt bench-redis bench-overload bench-serve bench-flood bench-lease bench-window bench-replay fuzz same-long fmt clean
+.PHONY: all build release release-check image compose-images demo test-fleet test deps vet lint unit nested promtool-test test-helm tidy bench bench-debt bench-redis bench-overload bench-serve bench-flood bench-sizing bench-lease bench-window bench-replay fuzz same-long fmt clean
 
 all: build
 
@@ -44,8 +44,10 @@ compose-images:
 demo: compose-images
 	cd deploy/compose && $(COMPOSE) up
 
-# The container and Compose tests on this machine's Docker (deploy/, build
-# tag fleet), and the Helm chart's tests (test-helm); never part of
+# The container, Compose and fault tests on this machine's Docker (deploy/,
+# build tag fleet): weir and Redis each in a container, on private networks,
+# cut off, failed over, split and restarted (docs/operations.md, "Faults
+# across hosts"); and the Helm chart's tests (test-helm). Never part of
 # `make test`. CI runs it after `make test`.
 test-fleet: test-helm
 	$(GO) test -tags fleet -count=1 -timeout 14m -v ./deploy/
@@ -118,6 +120,12 @@ bench-window:
 # picks parts (bench/flood/run.sh says which). Figures in docs/benchmarks.md.
 bench-flood:
 	./bench/flood/run.sh
+
+# Sizing: decisions/s per core of weir serve over gRPC and POST /v1/check,
+# from each process's CPU time (STORE=memory for memstore); the figures in
+# docs/operations.md, "Sizing".
+bench-sizing:
+	./bench/sizing/run.sh
 
 # Overload protection: a backend of fixed capacity offered 2× and 4× it,
 # with no protection, a fixed concurrency limit and concurrency: adaptive;
