@@ -125,7 +125,7 @@ bench-serve:
 	./bench/serve/run.sh
 
 # One hot key at 10,000/s with lease: 100 and without: Redis time per
-# decision (INFO commandstats); the hot-key part of issue 14's flood figures.
+# decision (INFO commandstats); the hot-key part of the flood figures.
 bench-lease:
 	./bench/lease/run.sh
 

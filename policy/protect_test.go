@@ -14,7 +14,7 @@ import (
 	"github.com/weir-dev/weir/protect"
 )
 
-// issueDoc is the protect and system sections as issue 16 writes them.
+// issueDoc is a protect and a system section using every key.
 const issueDoc = `
 rules: []
 protect:

@@ -6,12 +6,14 @@
 #
 #   bench/serve/run.sh              # DURATION=15s CONNS=64 KEYS=100000 STORE=redis
 #   STORE=memory bench/serve/run.sh # the same without Redis: the gRPC ceiling
+#   TARGET=check bench/serve/run.sh # POST /v1/check over HTTP/1.1 instead of gRPC
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DURATION=${DURATION:-15s}
 CONNS=${CONNS:-64}
 KEYS=${KEYS:-100000}
 STORE=${STORE:-redis}
+TARGET=${TARGET:-grpc}
 
 tmp=$(mktemp -d)
 pids=()
@@ -59,8 +61,13 @@ gport=$(free_port)
 pids+=($!)
 for _ in $(seq 1 100); do curl -fs "http://127.0.0.1:$hport/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
 
-"$tmp/weir" bench --target grpc --addr "127.0.0.1:$gport" --concurrency 64 --connections "$CONNS" \
-	--keys "$KEYS" --dist uniform --duration "$DURATION"
+if [ "$TARGET" = grpc ]; then
+	"$tmp/weir" bench --target grpc --addr "127.0.0.1:$gport" --concurrency 64 --connections "$CONNS" \
+		--keys "$KEYS" --dist uniform --duration "$DURATION"
+else
+	"$tmp/weir" bench --target "$TARGET" --addr "http://127.0.0.1:$hport" --concurrency 64 \
+		--keys "$KEYS" --dist uniform --duration "$DURATION"
+fi
 errors=$(curl -fs "http://127.0.0.1:$hport/metrics" | awk '$1 == "weir_store_errors_total" { print $2 }')
 echo "store errors during the run: ${errors:-unknown}"
 if grep -q "breaker opened" "$tmp/serve.log"; then
