@@ -89,7 +89,7 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./store/denycache/
 	cd bench && $(GO) test -run '^$$' -bench . -benchmem ./...
 
-# Debit and Settle against Take, memstore and Redis (docs/benchmarks.md, "Debt").
+# Debit and Settle against Take, memstore and Redis (docs/benchmarks.md, "Layers above the store").
 bench-debt:
 	$(GO) test -run '^$$' -bench BenchmarkDebt -benchtime 200000x -count 5 ./store/memstore/
 	$(GO) test -run '^$$' -bench BenchmarkDebt -benchtime 20000x -count 3 ./store/redisstore/

@@ -69,7 +69,7 @@ func TestParseProtect(t *testing.T) {
 	}
 }
 
-// TestProtectValidation: every bad value of the issue's list is refused
+// TestProtectValidation: every bad value in the list below is refused
 // with its line and column, and the message names it.
 func TestProtectValidation(t *testing.T) {
 	doc := `protect:

@@ -59,8 +59,14 @@ gport=$(free_port)
 "$tmp/weir" serve --config "$tmp/weir.yaml" --envoy-config "$tmp/envoy" \
 	--http "127.0.0.1:$hport" --grpc "127.0.0.1:$gport" >"$tmp/serve.log" 2>&1 &
 pids+=($!)
+serve_pid=$!
 for _ in $(seq 1 100); do curl -fs "http://127.0.0.1:$hport/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
 
+# CPU seconds (user + system) of a process, from /proc.
+cpu_s() { awk -v t="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15) / t }' "/proc/$1/stat"; }
+redis_cpu_s() { [ "$STORE" = redis ] && redis-cli -p "$rport" info cpu | tr -d '\r' | awk -F: '/^used_cpu_(user|sys):/ { s += $2 } END { printf "%.2f", s }'; }
+serve_cpu0=$(cpu_s "$serve_pid")
+redis_cpu0=$(redis_cpu_s || true)
 if [ "$TARGET" = grpc ]; then
 	"$tmp/weir" bench --target grpc --addr "127.0.0.1:$gport" --concurrency 64 --connections "$CONNS" \
 		--keys "$KEYS" --dist uniform --duration "$DURATION"
@@ -70,6 +76,8 @@ else
 fi
 errors=$(curl -fs "http://127.0.0.1:$hport/metrics" | awk '$1 == "weir_store_errors_total" { print $2 }')
 echo "store errors during the run: ${errors:-unknown}"
+# Divide by the decisions above for the CPU per decision, hence decisions/s per core.
+echo "CPU seconds during the run: weir serve $(awk -v a="$serve_cpu0" -v b="$(cpu_s "$serve_pid")" 'BEGIN { printf "%.2f", b - a }')${redis_cpu0:+, redis-server $(awk -v a="$redis_cpu0" -v b="$(redis_cpu_s)" 'BEGIN { printf "%.2f", b - a }')}"
 if grep -q "breaker opened" "$tmp/serve.log"; then
 	echo "note: the store's circuit breaker opened during the run; some decisions used the local fallback" >&2
 fi
