@@ -7,6 +7,7 @@
 #   bench/serve/run.sh              # DURATION=15s CONNS=64 KEYS=100000 STORE=redis
 #   STORE=memory bench/serve/run.sh # the same without Redis: the gRPC ceiling
 #   TARGET=check bench/serve/run.sh # POST /v1/check over HTTP/1.1 instead of gRPC
+#   KEEP_LOG=serve.log bench/serve/run.sh # keep weir serve's log in that file
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DURATION=${DURATION:-15s}
@@ -20,7 +21,7 @@ pids=()
 cleanup() {
 	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
 	wait 2>/dev/null || true
-	[ -n "${KEEP_LOG:-}" ] && cp "$tmp/serve.log" /tmp/exp/serve.log
+	[ -n "${KEEP_LOG:-}" ] && cp "$tmp/serve.log" "$KEEP_LOG"
 	rm -rf "$tmp"
 }
 trap cleanup EXIT
