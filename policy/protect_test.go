@@ -14,8 +14,8 @@ import (
 	"github.com/weir-dev/weir/protect"
 )
 
-// issueDoc is a protect and a system section using every key.
-const issueDoc = `
+// protectDoc is a protect and a system section using every key.
+const protectDoc = `
 rules: []
 protect:
   - name: api
@@ -33,7 +33,7 @@ system:
 `
 
 func TestParseProtect(t *testing.T) {
-	cfg, err := Parse([]byte(issueDoc), "weir.yaml")
+	cfg, err := Parse([]byte(protectDoc), "weir.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
