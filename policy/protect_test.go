@@ -14,7 +14,7 @@ import (
 	"github.com/weir-dev/weir/protect"
 )
 
-// protectDoc is a protect and a system section using every key.
+// protectDoc is a protect and a system section with their common keys.
 const protectDoc = `
 rules: []
 protect:
