@@ -98,7 +98,7 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./store/denycache/
 	cd bench && $(GO) test -run '^$$' -bench . -benchmem ./...
 
-# Debit and Settle against Take, memstore and Redis (docs/benchmarks.md, "Debt").
+# Debit and Settle against Take, memstore and Redis (docs/benchmarks.md, "Layers above the store").
 bench-debt:
 	$(GO) test -run '^$$' -bench BenchmarkDebt -benchtime 200000x -count 5 ./store/memstore/
 	$(GO) test -run '^$$' -bench BenchmarkDebt -benchtime 20000x -count 3 ./store/redisstore/
@@ -140,7 +140,7 @@ bench-serve:
 	./bench/serve/run.sh
 
 # One hot key at 10,000/s with lease: 100 and without: Redis time per
-# decision (INFO commandstats); the hot-key part of issue 14's flood figures.
+# decision (INFO commandstats); the hot-key part of the flood figures.
 bench-lease:
 	./bench/lease/run.sh
 

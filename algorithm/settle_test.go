@@ -9,7 +9,7 @@ import (
 
 // TestSettleNeverOverRefunds: a settlement's refund leaves the state no
 // fuller than it would be had the take cost the actual at its time,
-// whatever happened in between (issue 15). Key A takes est at t0, others
+// whatever happened in between. Key A takes est at t0, others
 // take and debit on it, and at t1 A settles at actual; key B took actual
 // at t0 and sees the same admitted takes and debits (B, emptier, admits
 // every take A admitted). From t1 on A never has more room than B. With

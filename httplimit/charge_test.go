@@ -78,7 +78,7 @@ func TestWithCostAndCharge(t *testing.T) {
 }
 
 // TestChargeSettlesLate: a request that ran past its take's window settles
-// with the take's time (issue 15): a fixed window of 10 a minute, 10
+// with the take's time: a fixed window of 10 a minute, 10
 // reserved at 0:59, others take 10 at 1:01 while the handler runs, and the
 // handler charges 0: nothing comes back, the window stays at 10.
 func TestChargeSettlesLate(t *testing.T) {

@@ -153,7 +153,7 @@ type RedisConfig struct {
 // call to Redis free, less than 1ms after the decision before it, waits up
 // to 1ms for company. Under weir serve's flood it made calls 1.5-2x bigger
 // and cut Redis CPU per decision by about a fifth, where 200µs changed
-// nothing (docs/benchmarks.md, "Cutting a call's fixed price").
+// nothing (docs/benchmarks.md, "Floods").
 const DefaultLinger = time.Millisecond
 
 // MaxLinger bounds store.redis.linger (redisstore.MaxLinger).

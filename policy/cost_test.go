@@ -249,8 +249,8 @@ protect:
 	}
 }
 
-// TestCostSettlesLate: a cost rule's refund goes by the take's time
-// (issue 15). rows is a fixed window of 100 a minute: 100 taken at 0:59,
+// TestCostSettlesLate: a cost rule's refund goes by the take's time.
+// rows is a fixed window of 100 a minute: 100 taken at 0:59,
 // others take 100 at 1:01 while the handler runs, the handler charges 0:
 // nothing comes back, so the window admits 100, not 200.
 func TestCostSettlesLate(t *testing.T) {
@@ -291,7 +291,7 @@ rules:
 
 // TestCostBesideOtherRulesSettlesLate: a cost rule decided together with
 // another rule (one batch, weir.StampAllStore) refunds by its take's time
-// too (issue 15). tokens is a fixed window of 10 a minute: 10 reserved at
+// too. tokens is a fixed window of 10 a minute: 10 reserved at
 // 0:59 beside a request of the requests rule, others take 10 at 1:01
 // while the handler runs, the handler charges 0: nothing comes back, so
 // the window admits 10, not 20. On memstore, Redis, and a Redis Cluster

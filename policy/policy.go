@@ -244,7 +244,8 @@ type RuleInfo struct {
 	path string
 }
 
-// setExtras fills the RuleInfo fields of issue 19's options from l.
+// setExtras fills the RuleInfo fields of the penalty-box, calendar and
+// warm-up options from l.
 func (info *RuleInfo) setExtras(l weir.Limit) {
 	if l.ForgetAfter > 0 {
 		info.Blocks = append(info.Blocks, l.Block.String())

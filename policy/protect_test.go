@@ -14,8 +14,8 @@ import (
 	"github.com/weir-dev/weir/protect"
 )
 
-// issueDoc is the protect and system sections as issue 16 writes them.
-const issueDoc = `
+// protectDoc is a protect and a system section with their common keys.
+const protectDoc = `
 rules: []
 protect:
   - name: api
@@ -33,7 +33,7 @@ system:
 `
 
 func TestParseProtect(t *testing.T) {
-	cfg, err := Parse([]byte(issueDoc), "weir.yaml")
+	cfg, err := Parse([]byte(protectDoc), "weir.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +69,7 @@ func TestParseProtect(t *testing.T) {
 	}
 }
 
-// TestProtectValidation: every bad value of the issue's list is refused
+// TestProtectValidation: every bad value in the list below is refused
 // with its line and column, and the message names it.
 func TestProtectValidation(t *testing.T) {
 	doc := `protect:

@@ -248,7 +248,7 @@ rules:
 	}
 }
 
-// The JSON report has the stable schema.
+// The JSON report keeps its stable schema.
 func TestJSONSchema(t *testing.T) {
 	rep, _ := run(t, twoPerMinute, strings.Repeat(nginxLine("198.51.100.1", 1, "/")+"\n", 3), Options{})
 	b, _ := json.Marshal(rep)

@@ -27,7 +27,7 @@ rules:
 
 // TestBlockedLongIdentityShortForm: a 1 MB identity enters the penalty-box
 // index, the hot keys and the lists in its 44-byte short form, and the
-// admin calls given that form reach its state (issue 12, item 10).
+// admin calls given that form reach its state.
 func TestBlockedLongIdentityShortForm(t *testing.T) {
 	s, ts := newTestServer(t, WithConfig(mustParse(t, blockConfig)), WithAdminToken(token))
 	long := strings.Repeat("A", 1<<20)

@@ -18,8 +18,7 @@ type readOnlyView struct {
 
 // TestReadOnlyEndpointsRedactIdentities: without the admin token the
 // dashboard snapshot and /v1/top show tags instead of identities, the same
-// tag for the same identity; with it they show everything (issue 12, item
-// 11).
+// tag for the same identity; with it they show everything.
 func TestReadOnlyEndpointsRedactIdentities(t *testing.T) {
 	const secretKey = "sk_live_9b7e1f0c2d"
 	const ip = "192.0.2.55"

@@ -168,7 +168,7 @@ func TestSettleKeptWhenNotSent(t *testing.T) {
 	}
 }
 
-// TestSettleLate: /v1/settle refunds with the take's time (issue 15). A
+// TestSettleLate: /v1/settle refunds with the take's time. A
 // fixed window of 10 a minute: 10 reserved at 0:59, others take 10 at
 // 1:01 (the next window), the reservation settles at 0: nothing comes
 // back, so the window admits 10, not 20. A record without the take's time

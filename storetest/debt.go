@@ -204,7 +204,7 @@ func (t *tester) debtSettle() {
 
 // debtLateSettle: a settlement's refund gives back only what the limit
 // cannot have recovered since the take (docs/algorithms.md, "Debt"). The
-// reproductions of issue 15: a reservation of the whole limit (4) settled
+// late-settlement reproductions: a reservation of the whole limit (4) settled
 // at 0 after its window, trailing period or refill has passed and others
 // took the limit again must give nothing back, so that no window or
 // period admits more than a valid history allows; one settled while its
@@ -323,7 +323,7 @@ func (t *tester) debtLateSettle() {
 // debtLateSettleBatch: a take decided in an all-or-nothing batch with
 // another request (a policy's "requests and tokens per minute" on one key,
 // weir.StampAllStore) is dated as a reservation is, and its settlement
-// refunds by that time: issue 15's reproduction, late and on time, with
+// refunds by that time: the late-settlement reproduction, late and on time, with
 // the other request on another key (another slot on a Redis Cluster: each
 // slot's script dates its own takes) and on the same key under another
 // algorithm (one slot, one script).

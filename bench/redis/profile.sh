@@ -6,7 +6,7 @@
 # the callgrind output of the measured calls (after a warm-up) in OUT,
 # with `callgrind_annotate --inclusive=yes` of it next to it.
 #
-#   ALGO=fixed_window BATCH=5 CALLS=1000 OUT=/tmp/prof bench/redis/profile.sh
+#   ALGO=fixed_window BATCH=5 CALLS=1000 OUT=<dir> bench/redis/profile.sh
 #
 # Needs valgrind, redis-server, redis-cli, redis-benchmark and go. Never
 # touches a Redis it did not start.

@@ -291,7 +291,7 @@ func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 
 // TestGuardStampsReservations: Reserve through a guard dates its take by
 // the store's clock (weir.StampStore through the breaker), so that a late
-// settlement refunds nothing the limit has recovered (issue 15).
+// settlement refunds nothing the limit has recovered.
 func TestGuardStampsReservations(t *testing.T) {
 	clock := storetest.NewClock(storetest.Epoch.Add(59 * time.Second))
 	g := New(memstore.New(memstore.WithClock(clock.Now)), Config{})
@@ -313,7 +313,7 @@ func TestGuardStampsReservations(t *testing.T) {
 // TestGuardStampsBatches: a stamped batch through a guard dates its takes
 // by the store's clock (weir.StampAllStore through the breaker), so that
 // the late settlement of a batch's cost request refunds nothing the limit
-// has recovered (issue 15).
+// has recovered.
 func TestGuardStampsBatches(t *testing.T) {
 	clock := storetest.NewClock(storetest.Epoch.Add(59 * time.Second))
 	g := New(memstore.New(memstore.WithClock(clock.Now)), Config{})

@@ -39,7 +39,7 @@ func checkNoSecret(t *testing.T, what, text, key string) {
 }
 
 // TestStoreErrorsHideTheKey: a failing decision, reset or batch names the
-// rule and a hash of the key, never the identity in it (issue 12, item 12).
+// rule and a hash of the key, never the identity in it.
 func TestStoreErrorsHideTheKey(t *testing.T) {
 	srv := redistest.Standalone(t)
 	ctx := context.Background()

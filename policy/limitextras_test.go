@@ -12,9 +12,9 @@ import (
 	"github.com/weir-dev/weir/storetest"
 )
 
-// TestIssue19BadInput: escalating penalties, calendar quotas and warm-up
+// TestLimitExtrasBadInput: escalating penalties, calendar quotas and warm-up
 // written wrong are each named at their line and column.
-func TestIssue19BadInput(t *testing.T) {
+func TestLimitExtrasBadInput(t *testing.T) {
 	for _, c := range []struct {
 		name, doc string
 		want      []string
@@ -134,10 +134,10 @@ func TestCalendarFromYAML(t *testing.T) {
 	}
 }
 
-// TestReloadKeepsRulesOnIssue19BadInput: a reload that brings any of the
+// TestReloadKeepsRulesOnLimitExtrasBadInput: a reload that brings any of the
 // bad inputs above is refused, each problem named, and the rules in force
 // stay.
-func TestReloadKeepsRulesOnIssue19BadInput(t *testing.T) {
+func TestReloadKeepsRulesOnLimitExtrasBadInput(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "weir.yaml")
 	write(t, path, "rules:\n  - {name: a, limit: 10000/month, timezone: Asia/Shanghai, reset_at: \"02:00\"}\n")
 	w := startWatch(t, path)
@@ -164,9 +164,9 @@ func TestReloadKeepsRulesOnIssue19BadInput(t *testing.T) {
 	}
 }
 
-// TestRuleInfoIssue19: GET /v1/rules shows the block list, forget_after,
+// TestRuleInfoLimitExtras: GET /v1/rules shows the block list, forget_after,
 // the calendar's zone and start, and the warm-up.
-func TestRuleInfoIssue19(t *testing.T) {
+func TestRuleInfoLimitExtras(t *testing.T) {
 	cfg, err := Parse([]byte(`rules:
   - {name: a, limit: 5/m, algorithm: sliding_log, block: [1m, 10m, 1h], forget_after: 24h}
   - {name: b, limit: 100/month, timezone: Asia/Shanghai, reset_at: "02:00"}
