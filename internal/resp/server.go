@@ -342,23 +342,38 @@ func (c *conn) serve() {
 	}
 }
 
-// run answers a pipeline: decisions at once, each on its own goroutine,
-// and the commands that change the connection's state (AUTH, HELLO...)
-// in order, once the decisions before them are done. It reports whether
-// the connection must close.
+// run answers a pipeline: the commands that change the connection's
+// state (AUTH, HELLO...) in order, once the decisions before them are
+// done; between them, decisions at once, one goroutine per key, so that
+// decisions on one key are made in the order sent. It reports whether the
+// connection must close.
 func (c *conn) run(batch []pending) bool {
 	var wg sync.WaitGroup
-	for i := range batch {
-		p := &batch[i]
-		if c.authed && isDecision(p.args[0]) {
+	groups := map[string][]int{}
+	flush := func() {
+		for _, idx := range groups {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				p.reply = c.decide(p.args, p.reply[:0])
+				for _, i := range idx {
+					batch[i].reply = c.decide(batch[i].args, batch[i].reply[:0])
+				}
 			}()
+		}
+		clear(groups)
+		wg.Wait()
+	}
+	for i := range batch {
+		p := &batch[i]
+		if c.authed && isDecision(p.args[0]) {
+			k := "" // the key, or WEIR.CHECK's rule: in order within it
+			if len(p.args) > 1 {
+				k = string(p.args[1])
+			}
+			groups[k] = append(groups[k], i)
 			continue
 		}
-		wg.Wait()
+		flush()
 		p.reply, p.quit = c.command(p.args, p.reply[:0])
 		if p.quit {
 			for j := i + 1; j < len(batch); j++ {
@@ -367,7 +382,7 @@ func (c *conn) run(batch []pending) bool {
 			return true
 		}
 	}
-	wg.Wait()
+	flush()
 	return false
 }
 
