@@ -168,7 +168,7 @@ FUZZTIME ?= 60s
 FUZZ_TARGETS := \
 	.:FuzzParseLimit .:FuzzKey ./algorithm:FuzzTake \
 	./policy:FuzzParseConfig ./clientip:FuzzParseHostAddr ./policy:FuzzPathPattern \
-	./server:FuzzCheckBody ./server:FuzzAuthHeaders ./server:FuzzAuthClientIP \
+	./internal/resp:FuzzReadCommand ./server:FuzzCheckBody ./server:FuzzAuthHeaders ./server:FuzzAuthClientIP \
 	./server/envoyrls:FuzzShouldRateLimit ./server/envoyrls:FuzzCheckJSON ./server/envoyrls:FuzzParse \
 	./replay:FuzzParseLine
 fuzz:

@@ -153,7 +153,7 @@ func check(cfg *Config, rep reporter) *compiled {
 	for _, s := range []struct {
 		path, v string
 		off     bool // "off" is allowed
-	}{{"server.http", cfg.Server.HTTP, false}, {"server.grpc", cfg.Server.GRPC, true}} {
+	}{{"server.http", cfg.Server.HTTP, false}, {"server.grpc", cfg.Server.GRPC, true}, {"server.resp.addr", cfg.Server.RESP.Addr, false}} {
 		if s.v == "" || s.off && s.v == GRPCOff {
 			continue
 		}

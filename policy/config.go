@@ -254,6 +254,22 @@ type ServerConfig struct {
 	// unit_multiplier) an Envoy limit override may have; a longer one is
 	// refused as a bad request. 0 means a day.
 	EnvoyMaxOverridePeriod time.Duration
+	// RESP is server.resp: the Redis-protocol listener, off unless its
+	// Addr is set.
+	RESP ServerRESPConfig
+}
+
+// ServerRESPConfig is server.resp: weir serve answering CL.THROTTLE, GCRA
+// and WEIR.CHECK over the Redis protocol.
+type ServerRESPConfig struct {
+	// Addr is the listen address, such as ":6380"; empty for none.
+	Addr string
+	// Token, when set, must be given with AUTH before any other command.
+	Token string
+	// TLS says whether the listener speaks TLS with server.tls's
+	// certificate; nil follows server.tls (TLS when it names a
+	// certificate).
+	TLS *bool
 }
 
 // ServerTLSConfig is server.tls: PEM files for weir serve's listeners,

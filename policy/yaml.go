@@ -317,6 +317,14 @@ func (w *walker) config(n *yaml.Node, c *Config) {
 				}},
 				{"auth_headers", func(p string, v *yaml.Node) { c.Server.AuthHeaders = w.str(p, v) }},
 				{"envoy_max_override_period", func(p string, v *yaml.Node) { c.Server.EnvoyMaxOverridePeriod = w.duration(p, v) }},
+				{"resp", func(p string, v *yaml.Node) {
+					r := &c.Server.RESP
+					w.mapping(v, p, "server.resp", []field{
+						{"addr", func(p string, v *yaml.Node) { r.Addr = w.str(p, v) }},
+						{"token", func(p string, v *yaml.Node) { r.Token = w.str(p, v) }},
+						{"tls", func(p string, v *yaml.Node) { on := w.boolean(p, v); r.TLS = &on }},
+					}, nil)
+				}},
 			}, nil)
 		}},
 		{"trusted_proxies", func(p string, v *yaml.Node) { c.TrustedProxies = w.strList(p, v, false) }},

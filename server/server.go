@@ -58,6 +58,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/internal/buildinfo"
+	"github.com/weir-dev/weir/internal/resp"
 	"github.com/weir-dev/weir/internal/tlsfiles"
 	"github.com/weir-dev/weir/policy"
 	"github.com/weir-dev/weir/server/envoyrls"
@@ -104,6 +105,8 @@ type options struct {
 	version         string
 	httpAddr        *string
 	grpcAddr        *string
+	respAddr        *string
+	respToken       *string
 	tls             *policy.ServerTLSConfig
 	tracing         *weirotel.Tracing
 	shutdownTimeout time.Duration
@@ -283,6 +286,7 @@ type Server struct {
 	httpSrv   *http.Server
 	grpcSrv   *grpc.Server
 	grpcHlth  *health.Server
+	respSrv   *resp.Server
 	closeOnce sync.Once
 
 	stopping     chan struct{} // closed when Shutdown starts
@@ -723,6 +727,19 @@ func (s *Server) ListenAndServe(ctx context.Context) error {
 			return fmt.Errorf("server: gRPC: %w", err)
 		}
 	}
+	if a := s.RESPAddr(); a != "" {
+		rl, err := net.Listen("tcp", a)
+		if err == nil {
+			err = s.ServeRESP(rl)
+		}
+		if err != nil {
+			hl.Close()
+			if gl != nil {
+				gl.Close()
+			}
+			return fmt.Errorf("server: RESP: %w", err)
+		}
+	}
 	return s.Serve(ctx, hl, gl)
 }
 
@@ -877,6 +894,9 @@ func (s *Server) shutdown(ctx context.Context) error {
 			hs.Close()
 		}
 	}
+	if err := s.shutdownRESP(ctx); err != nil {
+		errs = append(errs, err)
+	}
 	wg.Wait()
 	s.Close()
 	return errors.Join(errs...)
@@ -886,6 +906,12 @@ func (s *Server) shutdown(ctx context.Context) error {
 // opened, without waiting for requests. It is safe to call more than once.
 func (s *Server) Close() error {
 	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		rs := s.respSrv
+		s.mu.Unlock()
+		if rs != nil {
+			rs.Close()
+		}
 		s.bgCancel()
 		s.bgWG.Wait()
 		s.fleet.withdraw()

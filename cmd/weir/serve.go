@@ -38,6 +38,7 @@ func envName(flagName string) string {
 type serveFlags struct {
 	config, envoyConfig, http, grpc, redis string
 	adminTokenEnv, instanceID              string
+	resp, respToken                        string
 	tlsCert, tlsKey, tlsClientCA           string
 	logLevel, logFormat                    string
 	pprof                                  string
@@ -57,6 +58,8 @@ func newServeFlagSet(stderr io.Writer) (*flag.FlagSet, *serveFlags) {
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "PEM certificate (chain) for the HTTP and gRPC listeners, which then speak TLS only; re-read when the file changes (default: server.tls.cert in the config)")
 	fs.StringVar(&f.tlsKey, "tls-key", "", "PEM private key of --tls-cert, re-read with it (default: server.tls.key in the config)")
 	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "PEM CA bundle: require client certificates that chain to it (mutual TLS) on both listeners (default: server.tls.client_ca in the config)")
+	fs.StringVar(&f.resp, "resp", "", `Redis-protocol listen address for CL.THROTTLE, GCRA and WEIR.CHECK, e.g. ":6380", or "off" (default: server.resp.addr in the config, else none)`)
+	fs.StringVar(&f.respToken, "resp-token", "", "token RESP clients must give with AUTH; set it through the environment rather than the command line (default: server.resp.token in the config, else none)")
 	fs.StringVar(&f.adminTokenEnv, "admin-token-env", "", "name of the environment variable holding the admin API's bearer token (default: server.admin_token_env in the config, else WEIR_ADMIN_TOKEN); without a token the admin API is off")
 	fs.StringVar(&f.instanceID, "instance-id", "", "this instance's name in the dashboard's fleet view (default: hostname-pid)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -193,6 +196,22 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, lookup 
 		fmt.Fprintln(stderr, "weir serve:", err)
 		return 1
 	}
+	if a := srv.RESPAddr(); a != "" {
+		rl, err := net.Listen("tcp", a)
+		if err == nil {
+			err = srv.ServeRESP(rl)
+		}
+		if err != nil {
+			hl.Close()
+			if gl != nil {
+				gl.Close()
+			}
+			srv.Close()
+			fmt.Fprintf(stderr, "weir serve: RESP on %s: %v\n", a, err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "weir: serving the Redis protocol on %s\n", rl.Addr().String())
+	}
 	announce(stdout, log, srv, hl, gl)
 	go reloadOnSignal(ctx, srv, log, reload)
 	if err := srv.Serve(ctx, hl, gl); err != nil {
@@ -260,6 +279,8 @@ func serverOptions(f *serveFlags, log *slog.Logger, lookup func(string) (string,
 		{f.grpc, server.WithGRPCAddr},
 		{f.adminTokenEnv, server.WithAdminTokenEnv},
 		{f.instanceID, server.WithInstanceID},
+		{f.resp, server.WithRESPAddr},
+		{f.respToken, server.WithRESPToken},
 	} {
 		if o.value != "" {
 			opts = append(opts, o.opt(o.value))

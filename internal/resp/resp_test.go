@@ -1,0 +1,356 @@
+package resp
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/store/memstore"
+)
+
+// memBackend decides on a memstore, with one rule "api" of 3 per minute
+// for WEIR.CHECK.
+type memBackend struct {
+	st    *memstore.Store
+	takes atomic.Int64
+}
+
+func (b *memBackend) Take(ctx context.Context, command, key string, l weir.Limit, n int64) (weir.Result, error) {
+	b.takes.Add(1)
+	return b.st.Take(ctx, weir.Key("resp:gcra", key), l, n)
+}
+
+func (b *memBackend) Check(ctx context.Context, rule, key string, hits int64) (CheckResult, error) {
+	if rule != "api" {
+		return CheckResult{}, fmt.Errorf("no rule is named %q", rule)
+	}
+	res, err := b.st.Take(ctx, weir.Key(rule, key), weir.Limit{Algorithm: weir.FixedWindow, Rate: 3, Period: time.Minute}, hits)
+	if err != nil {
+		return CheckResult{}, err
+	}
+	return CheckResult{Allowed: res.Allowed, Limit: res.Limit, Remaining: res.Remaining, RetryAfter: res.RetryAfter, ResetAfter: res.ResetAfter}, nil
+}
+
+func start(t testing.TB, cfg Config) (string, *memBackend) {
+	t.Helper()
+	b := &memBackend{st: memstore.New()}
+	s := NewServer(b, cfg)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(l)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := s.Shutdown(ctx); err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+	})
+	return l.Addr().String(), b
+}
+
+// raw sends in on a new connection and returns everything the server
+// answers until it closes the connection or a second passes.
+func raw(t testing.TB, addr, in string) string {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, in); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(time.Second))
+	out, _ := io.ReadAll(c)
+	return string(out)
+}
+
+func rueidisClient(t testing.TB, addr, token string) rueidis.Client {
+	t.Helper()
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true, Password: token})
+	if err != nil {
+		t.Fatalf("rueidis: %v", err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+func do(t testing.TB, c rueidis.Client, args ...string) ([]int64, error) {
+	t.Helper()
+	return c.Do(context.Background(), c.B().Arbitrary(args[0]).Args(args[1:]...).Build()).AsIntSlice()
+}
+
+// TestThrottleTable checks CL.THROTTLE and GCRA against redis-cell's
+// semantics: max_burst+1 at once, the five integers, quantity past the
+// burst limited with no retry, quantity 0 a peek, bad arguments refused.
+func TestThrottleTable(t *testing.T) {
+	addr, _ := start(t, Config{})
+	c := rueidisClient(t, addr, "")
+	for _, cmd := range []string{"CL.THROTTLE", "GCRA"} {
+		t.Run(cmd, func(t *testing.T) {
+			k := "k-" + cmd
+			args := func(key string, q string) []string {
+				a := []string{cmd, key, "4", "1", "10"}
+				if q == "" {
+					return a
+				}
+				if cmd == "GCRA" {
+					return append(a, "TOKENS", q)
+				}
+				return append(a, q)
+			}
+			cases := []struct {
+				args []string
+				want []int64
+			}{
+				{args(k, ""), []int64{0, 5, 4, -1, 10}},
+				{args(k, "1"), []int64{0, 5, 3, -1, 20}},
+				{args(k, "2"), []int64{0, 5, 1, -1, 40}},
+				{args(k, "2"), []int64{1, 5, 1, 10, 40}},
+				{args(k, "1"), []int64{0, 5, 0, -1, 50}},
+				{args(k, "1"), []int64{1, 5, 0, 10, 50}},
+				{args(k+"x", "6"), []int64{1, 5, 5, -1, 0}},
+				{args(k+"y", "5"), []int64{0, 5, 0, -1, 50}},
+			}
+			if cmd == "CL.THROTTLE" {
+				cases = append(cases, struct {
+					args []string
+					want []int64
+				}{args(k, "0"), []int64{0, 5, 0, -1, 50}})
+			}
+			for i, tc := range cases {
+				got, err := do(t, c, tc.args...)
+				if err != nil {
+					t.Fatalf("case %d %v: %v", i, tc.args, err)
+				}
+				if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+					t.Errorf("case %d %v: got %v, want %v", i, tc.args, got, tc.want)
+				}
+			}
+		})
+	}
+	got, err := do(t, c, "GCRA", "half", "0", "2", "1.5")
+	if err != nil || fmt.Sprint(got) != "[0 1 0 -1 1]" {
+		t.Errorf("GCRA with a fractional period: %v, %v", got, err)
+	}
+	for _, bad := range [][]string{
+		{"CL.THROTTLE", "k", "-1", "1", "10"},
+		{"CL.THROTTLE", "k", "4", "0", "10"},
+		{"CL.THROTTLE", "k", "4", "1", "0"},
+		{"CL.THROTTLE", "k", "4", "1", "10", "-1"},
+		{"CL.THROTTLE", "k", "99999999999999999999", "1", "10"},
+		{"CL.THROTTLE", "k", "1099511627777", "1", "10"},
+		{"CL.THROTTLE", "k", "4", "1", "999999999999"},
+		{"CL.THROTTLE", "k", "4", "x", "10"},
+		{"CL.THROTTLE", "k", "4", "1"},
+		{"GCRA", "k", "4", "1", "10", "TOKENS", "0"},
+		{"GCRA", "k", "4", "1", "10", "TOKENS"},
+		{"GCRA", "k", "4", "1", "10", "COUNT", "1"},
+		{"GCRA", "k", "4", "1", "-1"},
+		{"GCRA", "k", "4", "1", "nan"},
+		{"GCRA", "k", "-4", "1", "10"},
+	} {
+		var re *rueidis.RedisError
+		if got, err := do(t, c, bad...); !errors.As(err, &re) {
+			t.Errorf("%v: got %v, %v; want an ERR", bad, got, err)
+		}
+	}
+}
+
+// TestCheck checks WEIR.CHECK's reply and errors.
+func TestCheck(t *testing.T) {
+	addr, _ := start(t, Config{})
+	c := rueidisClient(t, addr, "")
+	for i, want := range []string{"[0 3 2 -1]", "[0 3 0 -1]", "[1 3 0]"} {
+		a := []string{"WEIR.CHECK", "api", "u1"}
+		if i == 1 {
+			a = append(a, "2")
+		}
+		got, err := do(t, c, a...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The times count down to the window's end.
+		n := strings.Count(want, " ") + 1
+		if fmt.Sprint(got[:n]) != want || got[4] <= 0 || got[4] > 60000 || got[0] == 1 && got[3] != got[4] {
+			t.Errorf("call %d: got %v, want %s", i, got, want)
+		}
+	}
+	if _, err := do(t, c, "WEIR.CHECK", "nope", "u1"); err == nil || !strings.Contains(err.Error(), "no rule") {
+		t.Errorf("unknown rule: %v", err)
+	}
+	if _, err := do(t, c, "WEIR.CHECK", "api", "u1", "-1"); err == nil {
+		t.Error("negative hits accepted")
+	}
+}
+
+// TestHandshakeAndAuth runs the handshake commands, RESP2 and RESP3,
+// with a token.
+func TestHandshakeAndAuth(t *testing.T) {
+	addr, _ := start(t, Config{Token: "s3cret-token-0123456789"})
+	if out := raw(t, addr, "PING\r\n"); !strings.HasPrefix(out, "-NOAUTH") {
+		t.Errorf("PING before AUTH: %q", out)
+	}
+	if out := raw(t, addr, "*2\r\n$4\r\nAUTH\r\n$5\r\nwrong\r\n"); !strings.HasPrefix(out, "-WRONGPASS") {
+		t.Errorf("AUTH wrong: %q", out)
+	}
+	in := "*2\r\n$4\r\nAUTH\r\n$23\r\ns3cret-token-0123456789\r\n" +
+		"PING\r\nCLIENT SETNAME me\r\nCLIENT GETNAME\r\nSELECT 0\r\nSELECT 1\r\nCOMMAND\r\nHELLO 3\r\nCLIENT GETNAME\r\nFLUSHALL\r\nQUIT\r\nPING\r\n"
+	out := raw(t, addr, in)
+	for _, want := range []string{"+OK\r\n+PONG\r\n+OK\r\n$2\r\nme\r\n+OK\r\n-ERR DB index", "*0\r\n%7\r\n", "$2\r\nme\r\n-ERR unknown command 'FLUSHALL'", "+OK\r\n"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("reply lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.HasSuffix(out, "+PONG\r\n") {
+		t.Error("a command after QUIT was answered")
+	}
+	c := rueidisClient(t, addr, "s3cret-token-0123456789")
+	if got, err := do(t, c, "CL.THROTTLE", "a", "0", "1", "1"); err != nil || got[0] != 0 {
+		t.Errorf("after rueidis' handshake: %v %v", got, err)
+	}
+	if _, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true, Password: "bad"}); err == nil {
+		t.Error("rueidis connected with a wrong token")
+	}
+}
+
+// TestBadStreams checks that malformed input and passed bounds get an
+// error and a closed connection.
+func TestBadStreams(t *testing.T) {
+	addr, _ := start(t, Config{Limits: Limits{MaxArgs: 8, MaxBulk: 64}})
+	for _, in := range []string{
+		"*2\r\n$4\r\nPING\r\n:1\r\n",
+		"*x\r\n",
+		"*1\r\n$-5\r\n",
+		"*9\r\n",
+		"*1\r\n$65\r\n" + strings.Repeat("a", 65) + "\r\n",
+		"*1\r\n$4\r\nPINGxx",
+		strings.Repeat("a", maxLine+10),
+	} {
+		out := raw(t, addr, in)
+		if !strings.HasPrefix(out, "-ERR Protocol error") {
+			t.Errorf("%.40q: got %q", in, out)
+		}
+	}
+	if out := raw(t, addr, "PING\r\n*9\r\n"); out != "+PONG\r\n-ERR Protocol error: 9 arguments in one command; at most 8\r\n" {
+		t.Errorf("a good command then a bad one: %q", out)
+	}
+}
+
+// TestMaxConns checks the bound on connections.
+func TestMaxConns(t *testing.T) {
+	addr, _ := start(t, Config{Limits: Limits{MaxConns: 1}})
+	c1, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c1.Close()
+	io.WriteString(c1, "PING\r\n")
+	line, _ := bufio.NewReader(c1).ReadString('\n')
+	if line != "+PONG\r\n" {
+		t.Fatalf("first connection: %q", line)
+	}
+	if out := raw(t, addr, "PING\r\n"); !strings.HasPrefix(out, "-ERR max number of clients") {
+		t.Errorf("second connection: %q", out)
+	}
+}
+
+// TestIdleTimeout checks that an idle connection is closed.
+func TestIdleTimeout(t *testing.T) {
+	addr, _ := start(t, Config{Limits: Limits{IdleTimeout: 100 * time.Millisecond}})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Errorf("idle connection: %v, want EOF", err)
+	}
+}
+
+// TestExactUnderPipelines hammers one key from many connections, each
+// pipelining, and checks that exactly the limit is admitted.
+func TestExactUnderPipelines(t *testing.T) {
+	addr, _ := start(t, Config{})
+	ExactUnderPipelines(t, []string{addr}, 16, 20, 25)
+}
+
+// ExactUnderPipelines sends conns*pipes pipelines of depth commands of
+// CL.THROTTLE on one key, spread over addrs, and checks that max_burst+1
+// (a period of a day refills nothing) are admitted, no more, no less.
+func ExactUnderPipelines(t testing.TB, addrs []string, conns, pipes, depth int) {
+	const burst = 499
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for i := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := net.Dial("tcp", addrs[i%len(addrs)])
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer c.Close()
+			r := bufio.NewReader(c)
+			cmd := fmt.Sprintf("*5\r\n$11\r\nCL.THROTTLE\r\n$3\r\nhot\r\n$3\r\n%d\r\n$1\r\n1\r\n$5\r\n86400\r\n", burst)
+			for range pipes {
+				if _, err := io.WriteString(c, strings.Repeat(cmd, depth)); err != nil {
+					t.Error(err)
+					return
+				}
+				for range depth {
+					var lines [6]string
+					for j := range lines {
+						lines[j], err = r.ReadString('\n')
+						if err != nil {
+							t.Error(err)
+							return
+						}
+					}
+					if lines[1] == ":0\r\n" {
+						admitted.Add(1)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if got := admitted.Load(); got != burst+1 {
+		t.Errorf("admitted %d of %d; want exactly %d", got, conns*pipes*depth, burst+1)
+	}
+}
+
+func newFuzzStore() *memstore.Store { return memstore.New() }
+
+// pipeConn is a net.Conn reading from r and writing into w.
+type pipeConn struct {
+	net.Conn
+	r io.Reader
+	w bytesBuffer
+}
+
+type bytesBuffer struct{ strings.Builder }
+
+func (b *bytesBuffer) Bytes() []byte { return []byte(b.String()) }
+
+func (c *pipeConn) Read(p []byte) (int, error)       { return c.r.Read(p) }
+func (c *pipeConn) Write(p []byte) (int, error)      { return c.w.Write(p) }
+func (c *pipeConn) Close() error                     { return nil }
+func (c *pipeConn) SetReadDeadline(time.Time) error  { return nil }
+func (c *pipeConn) SetWriteDeadline(time.Time) error { return nil }
+func (c *pipeConn) RemoteAddr() net.Addr             { return &net.TCPAddr{} }
