@@ -61,12 +61,16 @@ fmt:
 vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) vet ./...
+	$(GO) vet -tags bench ./cmd/weir/
 
+# -tags bench: weir bench's lean gRPC client, left out of the product binary.
 lint: deps
 	$(STATICCHECK) ./...
+	$(STATICCHECK) -tags bench ./cmd/weir/
 
 unit:
 	$(GO) test -race -count=1 -timeout 14m ./...
+	$(GO) test -race -count=1 -tags bench -run 'Bench|NoHandWritten' ./cmd/weir/
 
 # The nested modules: vet, staticcheck and their tests.
 nested: deps

@@ -1,6 +1,8 @@
-// Package grpclimit puts weir rate limits in front of gRPC servers: unary
-// and stream server interceptors that apply one weir.Limit (New) or a whole
-// policy loaded from weir.yaml (NewPolicy).
+// Package grpclimit puts a weir rate limit in front of gRPC servers: unary
+// and stream server interceptors that apply one weir.Limit (New). The
+// rules of a policy loaded from weir.yaml are package grpcpolicy's, so
+// that a program with one limit links neither weir.yaml's parser nor its
+// file watcher.
 //
 //	lim := weir.NewLimiter(memstore.New())
 //	ic := grpclimit.New(lim, weir.Limit{Algorithm: weir.GCRA, Rate: 100, Period: time.Second})
@@ -20,47 +22,27 @@
 // leaky bucket holds the call for Result.Delay before the handler runs.
 //
 // When the store fails the call passes (FailOpen, the default) or ends
-// with codes.Unavailable (WithErrorPolicy(httplimit.FailClosed)); a policy
-// decides per rule with on_error.
-//
-// A policy's count: {status: [...]} rules take their cost before the
-// handler and give it back when the call ends with a code whose HTTP
-// status they do not count. Codes map to statuses as Google APIs and
-// grpc-gateway map them: OK 200; InvalidArgument, FailedPrecondition and
-// OutOfRange 400; Unauthenticated 401; PermissionDenied 403; NotFound 404;
-// AlreadyExists and Aborted 409; ResourceExhausted 429; Canceled 499;
-// Unknown, Internal, DataLoss and any other code 500; Unimplemented 501;
-// Unavailable 503; DeadlineExceeded 504. A handler that panics ends as
-// Internal. A cost: rule takes its cost (a constant, or a metadata value
-// for header:NAME) before the handler and keeps it: a gRPC handler has no
-// httplimit.Charge.
+// with codes.Unavailable (WithErrorPolicy(httplimit.FailClosed)).
 package grpclimit
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"net"
 	"net/http"
 	"net/netip"
-	"net/url"
 	"strings"
 	"time"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/clientip"
+	"github.com/weir-dev/weir/grpclimit/internal/intercept"
 	"github.com/weir-dev/weir/httplimit"
-	"github.com/weir-dev/weir/internal/waitctx"
-	"github.com/weir-dev/weir/policy"
 )
 
 // DefaultName is the rule name New uses in keys and headers unless WithName
@@ -76,23 +58,15 @@ var ErrNoKey = errors.New("grpclimit: the call carries no identity")
 // store keep arbitrarily long keys.
 const maxKeyLen = 256
 
-// Option configures an Interceptor.
+// Option configures an Interceptor, or grpcpolicy's.
 type Option func(*config)
 
-type config struct {
-	name        string
-	key         func(ctx context.Context, fullMethod string) (string, error)
-	trusted     []netip.Prefix
-	ipHeader    string
-	errorPolicy httplimit.ErrorPolicy
-	formatter   httplimit.HeaderFormatter
-	sleep       func(context.Context, time.Duration) error
-	err         error
-}
+// config is shared with grpcpolicy, which takes the same options.
+type config = intercept.Config
 
 // WithName names the rule New applies, in store keys and headers. The
 // default is DefaultName.
-func WithName(rule string) Option { return func(c *config) { c.name = rule } }
+func WithName(rule string) Option { return func(c *config) { c.Name = rule } }
 
 // KeyByPeer keys calls by the peer's IP address (the default). When the
 // peer lies inside one of trusted, a proxy you run, the client address is
@@ -105,8 +79,8 @@ func WithName(rule string) Option { return func(c *config) { c.name = rule } }
 func KeyByPeer(trusted ...netip.Prefix) Option {
 	trusted = append([]netip.Prefix(nil), trusted...)
 	return func(c *config) {
-		c.trusted = trusted
-		c.key = nil
+		c.Trusted = trusted
+		c.Key = nil
 	}
 }
 
@@ -120,15 +94,15 @@ func KeyByPeer(trusted ...netip.Prefix) Option {
 func WithClientIPHeader(name string) Option {
 	return func(c *config) {
 		if strings.TrimSpace(name) == "" {
-			c.ipHeader = clientip.ForwardedFor
+			c.IPHeader = clientip.ForwardedFor
 			return
 		}
 		h, ok := clientip.CanonicalHeader(name)
 		if !ok {
-			c.err = fmt.Errorf("WithClientIPHeader(%q): not a metadata key", name)
+			c.Err = fmt.Errorf("WithClientIPHeader(%q): not a metadata key", name)
 			return
 		}
-		c.ipHeader = h
+		c.IPHeader = h
 	}
 }
 
@@ -156,36 +130,35 @@ func KeyByMetadata(name string) Option {
 // which lets it pass unlimited. fn must bound what it returns: every
 // distinct key is a distinct state in the store.
 func WithKey(fn func(ctx context.Context, fullMethod string) (string, error)) Option {
-	return func(c *config) { c.key = fn }
+	return func(c *config) { c.Key = fn }
 }
 
 // WithErrorPolicy says what New does with a call when the store fails:
 // httplimit.FailOpen (the default) lets it through, httplimit.FailClosed
-// ends it with codes.Unavailable. For NewPolicy it applies only while the
-// getter returns no policy; rules choose with on_error.
+// ends it with codes.Unavailable. For grpcpolicy.New it applies only while
+// the getter returns no policy; rules choose with on_error.
 func WithErrorPolicy(p httplimit.ErrorPolicy) Option {
-	return func(c *config) { c.errorPolicy = p }
+	return func(c *config) { c.ErrorPolicy = p }
 }
 
 // WithHeaderFormatter replaces the draft headers with f's; the header
 // names f writes become metadata keys in lower case.
 func WithHeaderFormatter(f httplimit.HeaderFormatter) Option {
-	return func(c *config) { c.formatter = f }
+	return func(c *config) { c.Formatter = f }
 }
 
 // WithSleep replaces the timer that holds shaped calls (see
 // httplimit.WithSleep).
 func WithSleep(sleep func(ctx context.Context, d time.Duration) error) Option {
-	return func(c *config) { c.sleep = sleep }
+	return func(c *config) { c.Sleep = sleep }
 }
 
-// Interceptor applies a limit or a policy to gRPC calls. Its Unary and
-// Stream methods return the server interceptors; both share its state.
+// Interceptor applies a limit to gRPC calls. Its Unary and Stream methods
+// return the server interceptors; both share its state.
 type Interceptor struct {
 	c     *config
 	lim   *weir.Limiter
 	limit weir.Limit
-	pol   func() *policy.Policy
 }
 
 // New returns an Interceptor applying l to every call, each key (by
@@ -198,142 +171,26 @@ func New(lim *weir.Limiter, l weir.Limit, opts ...Option) *Interceptor {
 	if err := l.Validate(); err != nil {
 		panic("grpclimit: " + err.Error())
 	}
-	return &Interceptor{c: newConfig(opts), lim: lim, limit: l}
-}
-
-// NewPolicy returns an Interceptor applying the rules of the policy get
-// returns, called once per call, so that a reloading holder
-// (policy.Watch's Load) can swap rule sets. Each call is presented to the
-// policy as an HTTP request: method POST, path the full method name
-// ("/pkg.Service/Method"), host the :authority, headers the metadata
-// (binary "-bin" keys left out), remote address the peer. So rules match by
-// path, identities may be ip (trusted_proxies and client_ip_header
-// honoured: behind Envoy set client_ip_header: X-Forwarded-For), header or
-// route, and allow and deny lists apply; a deny-listed call ends with
-// codes.PermissionDenied, and a cost: value that is no whole number the
-// rule admits with codes.InvalidArgument. count: rules settle by the
-// call's code, mapped to an HTTP status as the package documentation says.
-// WithName, KeyByPeer, KeyByMetadata and WithKey do not apply.
-func NewPolicy(get func() *policy.Policy, opts ...Option) *Interceptor {
-	if get == nil {
-		panic("grpclimit: NewPolicy with a nil getter")
-	}
-	return &Interceptor{c: newConfig(opts), pol: get}
-}
-
-func newConfig(opts []Option) *config {
-	c := &config{name: DefaultName, ipHeader: clientip.ForwardedFor, sleep: waitctx.Sleep}
-	for _, o := range opts {
-		o(c)
-	}
-	if c.err != nil {
-		panic("grpclimit: " + c.err.Error())
-	}
-	return c
+	return &Interceptor{c: intercept.NewConfig("grpclimit", DefaultName, opts), lim: lim, limit: l}
 }
 
 // Unary returns the unary server interceptor.
-func (ic *Interceptor) Unary() grpc.UnaryServerInterceptor {
-	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		finish, err := ic.admit(ctx, info.FullMethod, grpcSink{ctx})
-		if err != nil {
-			return nil, err
-		}
-		code := codes.Internal // if the handler panics
-		defer func() { finish(code) }()
-		resp, err := handler(ctx, req)
-		code = codeOf(err)
-		return resp, err
-	}
-}
+func (ic *Interceptor) Unary() grpc.UnaryServerInterceptor { return intercept.Unary(ic.admit) }
 
 // Stream returns the stream server interceptor. A concurrency lease is
 // held until the stream's handler returns, that is, until the stream ends.
-func (ic *Interceptor) Stream() grpc.StreamServerInterceptor {
-	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		finish, err := ic.admit(ss.Context(), info.FullMethod, ss)
-		if err != nil {
-			return err
-		}
-		code := codes.Internal // if the handler panics
-		defer func() { finish(code) }()
-		err = handler(srv, ss)
-		code = codeOf(err)
-		return err
-	}
-}
-
-// sink is where the rate-limit metadata goes: the unary call's context
-// (grpc.SetHeader, grpc.SetTrailer) or the stream.
-type sink interface {
-	SetHeader(metadata.MD) error
-	SetTrailer(metadata.MD)
-}
-
-type grpcSink struct{ ctx context.Context }
-
-func (s grpcSink) SetHeader(md metadata.MD) error { return grpc.SetHeader(s.ctx, md) }
-func (s grpcSink) SetTrailer(md metadata.MD)      { _ = grpc.SetTrailer(s.ctx, md) }
-
-func noop(codes.Code) {}
-
-// codeOf is the code a call whose handler returned err ends with, as the
-// gRPC server reports it: a context error is Canceled or DeadlineExceeded,
-// any other error without a status Unknown.
-func codeOf(err error) codes.Code {
-	if err == nil {
-		return codes.OK
-	}
-	if s, ok := status.FromError(err); ok {
-		return s.Code()
-	}
-	return status.FromContextError(err).Code()
-}
-
-// httpStatus maps a gRPC code to the HTTP status count: rules name, as
-// Google APIs and grpc-gateway map them.
-func httpStatus(c codes.Code) int {
-	switch c {
-	case codes.OK:
-		return http.StatusOK
-	case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange:
-		return http.StatusBadRequest
-	case codes.Unauthenticated:
-		return http.StatusUnauthorized
-	case codes.PermissionDenied:
-		return http.StatusForbidden
-	case codes.NotFound:
-		return http.StatusNotFound
-	case codes.AlreadyExists, codes.Aborted:
-		return http.StatusConflict
-	case codes.ResourceExhausted:
-		return http.StatusTooManyRequests
-	case codes.Canceled:
-		return httplimit.StatusClientClosedRequest
-	case codes.Unimplemented:
-		return http.StatusNotImplemented
-	case codes.Unavailable:
-		return http.StatusServiceUnavailable
-	case codes.DeadlineExceeded:
-		return http.StatusGatewayTimeout
-	}
-	return http.StatusInternalServerError // Unknown, Internal, DataLoss, any other
-}
+func (ic *Interceptor) Stream() grpc.StreamServerInterceptor { return intercept.Stream(ic.admit) }
 
 // admit decides the call; on admission it returns the function that
-// settles and releases what the call holds, given the code the call ended
-// with.
-func (ic *Interceptor) admit(ctx context.Context, method string, out sink) (func(codes.Code), error) {
-	if ic.pol != nil {
-		return ic.admitPolicy(ctx, method, out)
-	}
+// releases what the call holds.
+func (ic *Interceptor) admit(ctx context.Context, method string, out intercept.Sink) (func(codes.Code), error) {
 	c := ic.c
 	var id string
-	if c.key != nil {
-		k, err := c.key(ctx, method)
+	if c.Key != nil {
+		k, err := c.Key(ctx, method)
 		if err != nil {
 			if errors.Is(err, httplimit.ErrNoLimit) {
-				return noop, nil
+				return intercept.Noop, nil
 			}
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
@@ -341,7 +198,7 @@ func (ic *Interceptor) admit(ctx context.Context, method string, out sink) (func
 	} else {
 		id = ic.peerKey(ctx)
 	}
-	key := weir.Key(c.name, id)
+	key := weir.Key(c.Name, id)
 	var (
 		res   weir.Result
 		lease *weir.Lease
@@ -353,22 +210,22 @@ func (ic *Interceptor) admit(ctx context.Context, method string, out sink) (func
 		res, err = ic.lim.Allow(ctx, key, ic.limit)
 	}
 	if err != nil {
-		if c.errorPolicy == httplimit.FailClosed {
+		if c.ErrorPolicy == httplimit.FailClosed {
 			return nil, status.Error(codes.Unavailable, "rate limiter unavailable")
 		}
-		return noop, nil
+		return intercept.Noop, nil
 	}
-	st := []httplimit.Status{{Rule: c.name, Limit: ic.limit, Result: res}}
+	st := []httplimit.Status{{Rule: c.Name, Limit: ic.limit, Result: res}}
 	if !res.Allowed {
-		return nil, ic.reject(out, st, 0, res.RetryAfter)
+		return nil, c.Reject(out, st, 0, res.RetryAfter)
 	}
-	release := noop
+	release := intercept.Noop
 	if lease != nil {
 		release = func(codes.Code) { _ = lease.Release(context.WithoutCancel(ctx)) }
 	}
-	_ = out.SetHeader(ic.md(st, 0))
+	_ = out.SetHeader(c.MD(st, 0))
 	if res.Delay > 0 {
-		if err := c.sleep(ctx, res.Delay); err != nil {
+		if err := c.Sleep(ctx, res.Delay); err != nil {
 			s := status.FromContextError(err)
 			release(s.Code())
 			return nil, s.Err()
@@ -377,143 +234,16 @@ func (ic *Interceptor) admit(ctx context.Context, method string, out sink) (func
 	return release, nil
 }
 
-// admitPolicy is admit for NewPolicy.
-func (ic *Interceptor) admitPolicy(ctx context.Context, method string, out sink) (func(codes.Code), error) {
-	p := ic.pol()
-	if p == nil {
-		if ic.c.errorPolicy == httplimit.FailClosed {
-			return nil, status.Error(codes.Unavailable, "no rate-limit policy loaded")
-		}
-		return noop, nil
-	}
-	v := p.Check(ctx, callRequest(ctx, method))
-	if v.BadCost != nil {
-		return nil, status.Error(codes.InvalidArgument, v.BadCost.Error())
-	}
-	release := func() { _ = v.Release(context.WithoutCancel(ctx)) }
-	finish := func(code codes.Code) {
-		defer release()
-		// A count rule took 1 before the handler; a code it does not count
-		// gives it back. A store failure leaves it taken; the error names
-		// rules and hashed keys, never identities.
-		if err := p.Finish(context.WithoutCancel(ctx), &v, policy.Charges{Status: httpStatus(code)}); err != nil {
-			slog.Default().Warn("weir: settling a call's count rules failed", "err", err)
-		}
-	}
-	switch {
-	case v.AllowListed:
-		return finish, nil
-	case v.Denied:
-		release()
-		return nil, status.Error(codes.PermissionDenied, "denied by the rate-limit policy")
-	}
-	statuses, limiting := policy.StatusesOf(&v)
-	if !v.Allowed {
-		release()
-		if rr, ok := v.Limited(); ok && rr.Err != nil {
-			return nil, status.Error(codes.Unavailable, "rate limiter unavailable")
-		}
-		retry, _ := httplimit.RetryAfter(statuses)
-		return nil, ic.reject(out, statuses, limiting, retry)
-	}
-	if len(statuses) > 0 {
-		_ = out.SetHeader(ic.md(statuses, limiting))
-	}
-	var delay time.Duration
-	for i := range v.Results {
-		if rr := &v.Results[i]; !rr.Shadow && !rr.Skipped {
-			delay = max(delay, rr.Result.Delay)
-		}
-	}
-	if delay > 0 {
-		if err := ic.c.sleep(ctx, delay); err != nil {
-			s := status.FromContextError(err)
-			finish(s.Code())
-			return nil, s.Err()
-		}
-	}
-	return finish, nil
-}
-
-// reject builds the ResourceExhausted status with its RetryInfo and sets
-// the rate-limit trailers.
-func (ic *Interceptor) reject(out sink, st []httplimit.Status, limiting int, retry time.Duration) error {
-	out.SetTrailer(ic.md(st, limiting))
-	s := status.New(codes.ResourceExhausted, fmt.Sprintf("rate limit exceeded, retry in %v", retry))
-	if d, err := s.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(retry)}); err == nil {
-		s = d
-	}
-	return s.Err()
-}
-
-// md renders the rate-limit headers as metadata.
-func (ic *Interceptor) md(st []httplimit.Status, limiting int) metadata.MD {
-	h := make(http.Header, 3)
-	httplimit.WriteHeaders(h, st, limiting, ic.c.formatter)
-	md := make(metadata.MD, len(h))
-	for k, v := range h {
-		md[strings.ToLower(k)] = v
-	}
-	return md
-}
-
 // peerKey is the client-address key of the call: the peer, or the address
 // a trusted proxy forwarded in the metadata, grouped as KeyByIP groups.
 func (ic *Interceptor) peerKey(ctx context.Context) string {
-	r := http.Request{RemoteAddr: peerAddr(ctx)}
-	if len(ic.c.trusted) > 0 {
-		r.Header = mdHeader(ctx)
+	r := http.Request{RemoteAddr: intercept.PeerAddr(ctx)}
+	if len(ic.c.Trusted) > 0 {
+		r.Header = intercept.MDHeader(ctx)
 	}
-	a := clientip.From(&r, ic.c.trusted, ic.c.ipHeader)
+	a := clientip.From(&r, ic.c.Trusted, ic.c.IPHeader)
 	if !a.IsValid() {
 		return r.RemoteAddr
 	}
 	return string(clientip.AppendGroup(nil, a, 32, clientip.DefaultIPv6Bits))
-}
-
-func peerAddr(ctx context.Context) string {
-	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
-		if p.Addr.Network() == "unix" {
-			return "unix"
-		}
-		return p.Addr.String()
-	}
-	return ""
-}
-
-// mdHeader converts the incoming metadata into an http.Header, binary
-// values left out.
-func mdHeader(ctx context.Context) http.Header {
-	md, _ := metadata.FromIncomingContext(ctx)
-	h := make(http.Header, len(md))
-	for k, v := range md {
-		if strings.HasSuffix(k, "-bin") || strings.HasPrefix(k, ":") {
-			continue
-		}
-		h[http.CanonicalHeaderKey(k)] = v
-	}
-	return h
-}
-
-// callRequest presents a call to a policy as an HTTP request.
-func callRequest(ctx context.Context, method string) *http.Request {
-	h := mdHeader(ctx)
-	host := ""
-	if md, ok := metadata.FromIncomingContext(ctx); ok {
-		if a := md.Get(":authority"); len(a) > 0 {
-			host = a[0]
-		}
-	}
-	addr := peerAddr(ctx)
-	if _, _, err := net.SplitHostPort(addr); err != nil && addr != "" {
-		addr = net.JoinHostPort(addr, "0")
-	}
-	return &http.Request{
-		Method:     http.MethodPost,
-		URL:        &url.URL{Path: method},
-		Host:       host,
-		Header:     h,
-		RemoteAddr: addr,
-		Proto:      "HTTP/2.0", ProtoMajor: 2,
-	}
 }

@@ -2,6 +2,7 @@ package grpclimit_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/netip"
 	"sync"
@@ -20,7 +21,6 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/grpclimit"
-	"github.com/weir-dev/weir/policy"
 	"github.com/weir-dev/weir/store/memstore"
 )
 
@@ -193,48 +193,33 @@ func TestKeyByMetadata(t *testing.T) {
 	}
 }
 
-func TestPolicyRulesMatchFullMethod(t *testing.T) {
-	cfg, err := policy.Parse([]byte(`
-rules:
-  - name: health-check
-    match: { path: /grpc.health.v1.Health/Check }
-    identity: header:x-tenant
-    limit: 2/h
-    algorithm: fixed_window
-deny:
-  - { identity: header:x-tenant, values: [mallory] }
-`), "grpc.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := policy.New(cfg, stillStore())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := serve(t, grpclimit.NewPolicy(func() *policy.Policy { return p }))
-	call := func(tenant string) codes.Code {
-		ctx := metadata.AppendToOutgoingContext(context.Background(), "x-tenant", tenant)
-		_, err := c.Check(ctx, &healthpb.HealthCheckRequest{})
+// Behind Envoy, which appends the peer to x-forwarded-for and passes a
+// client's own x-real-ip through, the client cannot choose its key with
+// x-real-ip, nor with entries it puts left of the proxy's.
+func TestKeyByPeerIgnoresClientRealIP(t *testing.T) {
+	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 1, Period: time.Hour}
+	trusted := netip.MustParsePrefix("127.0.0.0/8")
+	call := func(c healthpb.HealthClient, kv ...string) codes.Code {
+		_, err := c.Check(metadata.AppendToOutgoingContext(context.Background(), kv...), &healthpb.HealthCheckRequest{})
 		return status.Code(err)
 	}
-	for i, want := range []codes.Code{codes.OK, codes.OK, codes.ResourceExhausted} {
-		if got := call("acme"); got != want {
-			t.Fatalf("call %d: %v, want %v", i, got, want)
+	c := serve(t, grpclimit.New(weir.NewLimiter(stillStore()), l, grpclimit.KeyByPeer(trusted)))
+	for i := range 6 {
+		want := codes.ResourceExhausted
+		if i == 0 {
+			want = codes.OK
+		}
+		if got := call(c, "x-real-ip", fmt.Sprintf("203.0.113.%d", i+1), "x-forwarded-for", fmt.Sprintf("192.0.2.%d, 198.51.100.7", i+1)); got != want {
+			t.Fatalf("call %d with its own x-real-ip: %v, want %v", i+1, got, want)
 		}
 	}
-	if got := call("other"); got != codes.OK {
-		t.Fatalf("another tenant: %v", got)
+	if got := call(c, "x-forwarded-for", "198.51.100.8"); got != codes.OK {
+		t.Fatalf("another client: %v", got)
 	}
-	if got := call("mallory"); got != codes.PermissionDenied {
-		t.Fatalf("deny-listed tenant: %v", got)
-	}
-	// Watch is not matched by the rule: unlimited.
-	s, err := c.Watch(metadata.AppendToOutgoingContext(context.Background(), "x-tenant", "acme"), &healthpb.HealthCheckRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.Recv(); err != nil {
-		t.Fatalf("unmatched method: %v", err)
+	// Named explicitly, x-real-ip is read, for proxies that overwrite it.
+	c = serve(t, grpclimit.New(weir.NewLimiter(stillStore()), l, grpclimit.KeyByPeer(trusted), grpclimit.WithClientIPHeader("x-real-ip")))
+	if a, b := call(c, "x-real-ip", "203.0.113.1"), call(c, "x-real-ip", "203.0.113.2"); a != codes.OK || b != codes.OK {
+		t.Fatalf("x-real-ip named: %v, %v; want OK, OK", a, b)
 	}
 }
 

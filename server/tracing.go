@@ -12,8 +12,8 @@ import (
 	"github.com/weir-dev/weir/weirotel"
 )
 
-// WithTracing traces every check with t (weirotel.FromEnv builds it from
-// the OTEL_* environment, as weir serve does): a span per POST /v1/check,
+// WithTracing traces every check with t (weirotel.New, given the program's
+// tracer provider; weir serve builds it from the OTEL_* environment): a span per POST /v1/check,
 // GET /v1/auth and gRPC call, from the request's W3C trace context, with
 // the deciding rule, its tier, allowed and the fallback as attributes, and
 // a child span per store call. nil (the default) traces nothing.

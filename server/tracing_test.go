@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/weir-dev/weir/internal/otelsetup"
 	"github.com/weir-dev/weir/internal/otlptest"
 	"github.com/weir-dev/weir/internal/redistest"
 	"github.com/weir-dev/weir/policy"
@@ -47,11 +48,11 @@ func tracingFromEnv(t *testing.T, rc *otlptest.Receiver, protocol string) *weiro
 		t.Setenv(k, v)
 	}
 	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
-	tr, err := weirotel.FromEnv(context.Background(), lookup)
+	tr, shutdown, err := otelsetup.FromEnv(context.Background(), lookup)
 	if err != nil || tr == nil {
 		t.Fatalf("FromEnv: %v, %v", tr, err)
 	}
-	t.Cleanup(func() { tr.Shutdown(context.Background()) })
+	t.Cleanup(func() { shutdown(context.Background()) })
 	return tr
 }
 

@@ -1,7 +1,6 @@
 package weirotel_test
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -118,29 +117,9 @@ func TestPolicyMiddlewareTracer(t *testing.T) {
 	checkAndStore(t, rec)
 }
 
-// TestEnabled: tracing is off unless OTEL_* asks for it.
-func TestEnabled(t *testing.T) {
-	for _, tc := range []struct {
-		env  map[string]string
-		want bool
-	}{
-		{map[string]string{}, false},
-		{map[string]string{"OTEL_SERVICE_NAME": "x"}, false},
-		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, true},
-		{map[string]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"}, true},
-		{map[string]string{"OTEL_TRACES_EXPORTER": "otlp"}, true},
-		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_TRACES_EXPORTER": "none"}, false},
-		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_SDK_DISABLED": "true"}, false},
-	} {
-		lookup := func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok }
-		if got := weirotel.Enabled(lookup); got != tc.want {
-			t.Errorf("Enabled(%v) = %v", tc.env, got)
-		}
-	}
-	bad := map[string]string{"OTEL_TRACES_EXPORTER": "zipkin"}
-	if _, err := weirotel.FromEnv(context.Background(), func(k string) (string, bool) { v, ok := bad[k]; return v, ok }); err == nil {
-		t.Error("OTEL_TRACES_EXPORTER=zipkin accepted")
-	}
+// TestNilTracing: a nil *Tracing (tracing off) hands the store back
+// unwrapped.
+func TestNilTracing(t *testing.T) {
 	var nilT *weirotel.Tracing
 	s := memstore.New()
 	if nilT.Store(s) != weir.Store(s) {
@@ -148,8 +127,8 @@ func TestEnabled(t *testing.T) {
 	}
 }
 
-// Trace a middleware's decisions and their store calls. In a service,
-// weirotel.FromEnv builds the provider from the OTEL_* environment.
+// Trace a middleware's decisions and their store calls. In a service, the
+// provider is the one the program configured (otel.GetTracerProvider).
 func ExampleTracing_Middleware() {
 	rec := tracetest.NewSpanRecorder()
 	tr := weirotel.New(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)), nil)

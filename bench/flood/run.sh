@@ -101,7 +101,7 @@ PY
 part_serve() {
 	local weir=$WEIR
 	if [ -z "$weir" ]; then
-		go build -o "$tmp/weir" ./cmd/weir
+		go build -tags bench -o "$tmp/weir" ./cmd/weir  # with the lean gRPC client
 		weir=$tmp/weir
 	fi
 	mkdir -p "$tmp/envoy"

@@ -28,7 +28,7 @@ trap cleanup EXIT
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'; }
 
-go build -o "$tmp/weir" ./cmd/weir
+go build -tags bench -o "$tmp/weir" ./cmd/weir  # with the lean gRPC client
 
 mkdir -p "$tmp/envoy"
 cat >"$tmp/envoy/bench.yaml" <<'YAML'

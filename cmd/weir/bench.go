@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -21,12 +22,24 @@ import (
 	rls "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-
-	"github.com/weir-dev/weir/internal/h2client"
 )
 
 func init() {
 	register("bench", "drive load at a running weir and report throughput and latency", runBench)
+}
+
+// leanClient returns the callers of the lean gRPC client (--grpc-client
+// lean), one per --connections, and the function that closes them. It is
+// nil unless weir is built with the bench tag (bench_lean.go), so that
+// the product binary carries no hand-written HTTP/2 client.
+var leanClient func(benchConfig) ([]caller, func())
+
+// defaultGRPCClient is --grpc-client's default: lean where it is built in.
+func defaultGRPCClient() string {
+	if leanClient != nil {
+		return "lean"
+	}
+	return "grpc-go"
 }
 
 type benchConfig struct {
@@ -76,7 +89,7 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	var c benchConfig
 	fs := newFlagSet("weir bench", "Usage: weir bench [--target grpc|check|auth] [--addr ADDR] [flags]\n\nDrives load at a running weir (only addresses you own: loopback or your own\nhosts), shows a live progress line, then decisions/s, allowed/limited and\nlatency percentiles with a histogram.\n\nFlags:", stderr)
 	fs.StringVar(&c.target, "target", "grpc", "what to call: grpc (Envoy ShouldRateLimit), check (POST /v1/check) or auth (GET /v1/auth)")
-	fs.StringVar(&c.grpcClient, "grpc-client", "lean", "grpc: the gRPC client, lean (a minimal HTTP/2 client, cheap enough not to starve a server on the same machine) or grpc-go")
+	fs.StringVar(&c.grpcClient, "grpc-client", defaultGRPCClient(), "grpc: the gRPC client, lean (a minimal HTTP/2 client, cheap enough not to starve a server on the same machine; only in a weir built with -tags bench) or grpc-go")
 	fs.StringVar(&c.addr, "addr", "", "weir's address (default 127.0.0.1:8081 for grpc, http://127.0.0.1:8080 otherwise)")
 	fs.IntVar(&c.concurrency, "concurrency", 64, "concurrent callers")
 	fs.IntVar(&c.conns, "connections", 0, "gRPC connections shared by the callers (default: one per caller)")
@@ -134,6 +147,9 @@ func (c *benchConfig) validate() error {
 	}
 	if c.grpcClient != "lean" && c.grpcClient != "grpc-go" {
 		return fmt.Errorf("--grpc-client %q: want lean or grpc-go", c.grpcClient)
+	}
+	if c.target == "grpc" && c.grpcClient == "lean" && leanClient == nil {
+		return errors.New("--grpc-client lean: not in this weir, built without the bench tag (go build -tags bench ./cmd/weir); use --grpc-client grpc-go")
 	}
 	if c.concurrency < 1 || c.keys < 1 || c.abusiveKeys < 1 {
 		return fmt.Errorf("--concurrency, --keys and --abusive-keys must be at least 1 (got %d, %d, %d)", c.concurrency, c.keys, c.abusiveKeys)
@@ -376,8 +392,8 @@ func pct(a, b int64) float64 {
 func (c benchConfig) callers() ([]caller, func(), error) {
 	switch c.target {
 	case "grpc":
-		if c.grpcClient != "grpc-go" {
-			out, closeAll := c.leanCallers()
+		if c.grpcClient == "lean" {
+			out, closeAll := leanClient(c)
 			return out, closeAll, nil
 		}
 		var conns []*grpc.ClientConn
@@ -461,29 +477,6 @@ func (c benchConfig) callers() ([]caller, func(), error) {
 			}
 		}
 		return []caller{call}, tr.CloseIdleConnections, nil
-	}
-}
-
-// leanCallers returns the lean client's callers for --target grpc, one per
-// --connections, and the function that closes them all. A connection used
-// by a single caller (the default, --connections = --concurrency) runs
-// synchronously; one shared by several callers multiplexes their streams.
-func (c benchConfig) leanCallers() ([]caller, func()) {
-	clients := make([]*h2client.Client, max(c.conns, 1))
-	out := make([]caller, len(clients))
-	for i := range clients {
-		// bench hands worker w the caller w % len(callers).
-		users := c.concurrency / len(clients)
-		if i < c.concurrency%len(clients) {
-			users++
-		}
-		clients[i] = h2client.New(c.addr, c.domain, users > 1)
-		out[i] = clients[i].ShouldRateLimit
-	}
-	return out, func() {
-		for _, cl := range clients {
-			cl.Close()
-		}
 	}
 }
 

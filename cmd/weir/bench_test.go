@@ -60,7 +60,7 @@ func benchJSON(t *testing.T, args ...string) benchSummary {
 }
 
 func TestBenchGRPC(t *testing.T) {
-	for _, client := range []string{"lean", "grpc-go"} {
+	for _, client := range grpcClients() {
 		t.Run(client, func(t *testing.T) {
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
@@ -187,7 +187,7 @@ func TestHistogramQuantiles(t *testing.T) {
 // exactly with either client, whether each caller has its own connection
 // or callers share them.
 func TestBenchGRPCClients(t *testing.T) {
-	for _, client := range []string{"lean", "grpc-go"} {
+	for _, client := range grpcClients() {
 		for _, conns := range []int{4, 2} {
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
@@ -206,5 +206,43 @@ func TestBenchGRPCClients(t *testing.T) {
 	}
 	if _, errs, code := runCLI(t, "bench", "--grpc-client", "grpc-java"); code != 2 || !strings.Contains(errs, `--grpc-client "grpc-java"`) {
 		t.Fatalf("exit %d: %s", code, errs)
+	}
+}
+
+// grpcClients are the --grpc-client values this build of weir has: lean
+// only with the bench tag (go test -tags bench ./cmd/weir).
+func grpcClients() []string {
+	if leanClient == nil {
+		return []string{"grpc-go"}
+	}
+	return []string{"lean", "grpc-go"}
+}
+
+// TestBenchGRPCClientDefault: --grpc-client defaults to lean where it is
+// built in, else to grpc-go; asked for where it is not, lean is a usage
+// error that names the bench tag.
+func TestBenchGRPCClientDefault(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	rls.RegisterRateLimitServiceServer(gs, &limitedServer{lim: weir.NewLimiter(memstore.New())})
+	go gs.Serve(ln)
+	defer gs.Stop()
+	s := benchJSON(t, "--target", "grpc", "--addr", ln.Addr().String(), "--concurrency", "2", "--requests", "100", "--keys", "10", "--abusive", "0")
+	want := "grpc-go"
+	if leanClient != nil {
+		want = "lean"
+	}
+	if s.GRPCClient != want || s.Total != 100 {
+		t.Fatalf("default client %q, %d calls; want %q, 100", s.GRPCClient, s.Total, want)
+	}
+	if leanClient != nil {
+		return
+	}
+	_, errs, code := runCLI(t, "bench", "--target", "grpc", "--grpc-client", "lean", "--requests", "1")
+	if code != 2 || !strings.Contains(errs, "-tags bench") {
+		t.Fatalf("--grpc-client lean without the bench tag: exit %d: %s", code, errs)
 	}
 }

@@ -17,8 +17,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/weir-dev/weir/internal/otelsetup"
 	"github.com/weir-dev/weir/server"
-	"github.com/weir-dev/weir/weirotel"
 )
 
 func init() {
@@ -159,7 +159,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, lookup 
 		debug.SetGCPercent(400)
 	}
 	opts := serverOptions(f, log, lookup)
-	tracing, err := weirotel.FromEnv(ctx, lookup)
+	tracing, shutdownTracing, err := otelsetup.FromEnv(ctx, lookup)
 	if err != nil {
 		fmt.Fprintln(stderr, "weir serve:", err)
 		return 1
@@ -170,7 +170,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, lookup 
 			// Flush the last spans, briefly: the process is leaving.
 			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			if err := tracing.Shutdown(sctx); err != nil {
+			if err := shutdownTracing(sctx); err != nil {
 				log.Warn("weir serve: flushing traces", "err", err)
 			}
 		}()

@@ -1,4 +1,4 @@
-package grpclimit
+package grpcpolicy
 
 import (
 	"testing"

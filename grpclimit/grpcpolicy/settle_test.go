@@ -1,11 +1,9 @@
-package grpclimit_test
+package grpcpolicy_test
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"net"
-	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,7 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/weir-dev/weir"
-	"github.com/weir-dev/weir/grpclimit"
+	"github.com/weir-dev/weir/grpclimit/grpcpolicy"
 	"github.com/weir-dev/weir/internal/redistest"
 	"github.com/weir-dev/weir/policy"
 	"github.com/weir-dev/weir/store/redisstore"
@@ -35,7 +33,7 @@ type backend struct {
 	reached atomic.Int64
 }
 
-func serveBackend(t *testing.T, ic *grpclimit.Interceptor) *backend {
+func serveBackend(t *testing.T, ic *grpcpolicy.Interceptor) *backend {
 	t.Helper()
 	b := &backend{}
 	end := func() error {
@@ -88,7 +86,7 @@ func (b *backend) stream() codes.Code {
 	return status.Code(err)
 }
 
-func policyOf(t *testing.T, doc string, store weir.Store) *grpclimit.Interceptor {
+func policyOf(t *testing.T, doc string, store weir.Store) *grpcpolicy.Interceptor {
 	t.Helper()
 	cfg, err := policy.Parse([]byte(doc), t.Name()+".yaml")
 	if err != nil {
@@ -98,7 +96,7 @@ func policyOf(t *testing.T, doc string, store weir.Store) *grpclimit.Interceptor
 	if err != nil {
 		t.Fatal(err)
 	}
-	return grpclimit.NewPolicy(func() *policy.Policy { return p })
+	return grpcpolicy.New(func() *policy.Policy { return p })
 }
 
 // countOK's store timeout is long enough for a busy test machine: a
@@ -260,35 +258,5 @@ rules:
 		if got := status.Code(call(c.cost)); got != c.want {
 			t.Fatalf("call %d costing %s: %v, want %v", i+1, c.cost, got, c.want)
 		}
-	}
-}
-
-// Behind Envoy, which appends the peer to x-forwarded-for and passes a
-// client's own x-real-ip through, the client cannot choose its key with
-// x-real-ip, nor with entries it puts left of the proxy's.
-func TestKeyByPeerIgnoresClientRealIP(t *testing.T) {
-	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 1, Period: time.Hour}
-	trusted := netip.MustParsePrefix("127.0.0.0/8")
-	call := func(c healthpb.HealthClient, kv ...string) codes.Code {
-		_, err := c.Check(metadata.AppendToOutgoingContext(context.Background(), kv...), &healthpb.HealthCheckRequest{})
-		return status.Code(err)
-	}
-	c := serve(t, grpclimit.New(weir.NewLimiter(stillStore()), l, grpclimit.KeyByPeer(trusted)))
-	for i := range 6 {
-		want := codes.ResourceExhausted
-		if i == 0 {
-			want = codes.OK
-		}
-		if got := call(c, "x-real-ip", fmt.Sprintf("203.0.113.%d", i+1), "x-forwarded-for", fmt.Sprintf("192.0.2.%d, 198.51.100.7", i+1)); got != want {
-			t.Fatalf("call %d with its own x-real-ip: %v, want %v", i+1, got, want)
-		}
-	}
-	if got := call(c, "x-forwarded-for", "198.51.100.8"); got != codes.OK {
-		t.Fatalf("another client: %v", got)
-	}
-	// Named explicitly, x-real-ip is read, for proxies that overwrite it.
-	c = serve(t, grpclimit.New(weir.NewLimiter(stillStore()), l, grpclimit.KeyByPeer(trusted), grpclimit.WithClientIPHeader("x-real-ip")))
-	if a, b := call(c, "x-real-ip", "203.0.113.1"), call(c, "x-real-ip", "203.0.113.2"); a != codes.OK || b != codes.OK {
-		t.Fatalf("x-real-ip named: %v, %v; want OK, OK", a, b)
 	}
 }
