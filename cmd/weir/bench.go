@@ -82,7 +82,7 @@ type benchSummary struct {
 }
 
 func runBench(args []string, stdout, stderr io.Writer) int {
-	c, code, ok := parseBenchArgs(args, stderr)
+	c, code, ok := parseBenchArgs(args, stdout, stderr)
 	if !ok {
 		return code
 	}
@@ -111,7 +111,7 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 
 // parseBenchArgs reads weir bench's flags. On bad usage (or -h) it writes
 // why to stderr and returns ok false and the exit code.
-func parseBenchArgs(args []string, stderr io.Writer) (c benchConfig, code int, ok bool) {
+func parseBenchArgs(args []string, stdout, stderr io.Writer) (c benchConfig, code int, ok bool) {
 	fs := newFlagSet("weir bench", "Usage: weir bench [--target check|grpc|auth] [--addr ADDR] [flags]\n\nDrives load at a running weir (only addresses you own: loopback or your own\nhosts), shows a live progress line, then decisions/s, allowed/limited, errors\n(counted apart) and latency percentiles with a histogram. Warns when no rule\ndecided any call. Exits 1 when the first call fails (nothing is measured) or\nwhen most calls failed, 2 on a usage error.\n\nFlags:", stderr)
 	fs.StringVar(&c.target, "target", "check", "what to call: check (POST /v1/check with --rule), grpc (Envoy ShouldRateLimit in --domain) or auth (GET /v1/auth)")
 	fs.StringVar(&c.grpcClient, "grpc-client", "lean", "grpc: the gRPC client, lean (a minimal HTTP/2 client, cheap enough not to starve a server on the same machine) or grpc-go")
@@ -131,7 +131,7 @@ func parseBenchArgs(args []string, stderr io.Writer) (c benchConfig, code int, o
 	fs.Float64Var(&c.rate, "rate", 0, "pace the load to this many requests per second in total (0 = as fast as the callers can go)")
 	fs.BoolVar(&c.jsonOut, "json", false, "print the summary as JSON")
 	fs.BoolVar(&c.quiet, "quiet", false, "no live progress line")
-	if code, ok := parseFlags(fs, args); !ok {
+	if code, ok := parseFlags(fs, args, stdout); !ok {
 		return c, code, false
 	}
 	if fs.NArg() > 0 {

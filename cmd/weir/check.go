@@ -43,7 +43,7 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	asJSON := fs.Bool("json", false, "print one JSON object per decision")
 	timeout := fs.Duration("timeout", redisstore.DefaultTimeout, "with --redis: the deadline of each store call")
 	redisURL := fs.String("redis", "", "use Redis at this URL instead of memory: redis://host:port/db, redis+sentinel://host:port,host:port/master, or host:port,host:port,... for a cluster")
-	if code, ok := parseFlags(fs, args); !ok {
+	if code, ok := parseFlags(fs, args, stdout); !ok {
 		return code
 	}
 	if fs.NArg() > 0 {

@@ -41,7 +41,7 @@ func readmeDemoArgs(t *testing.T) []string {
 // and no ordinary one is ever rejected.
 func TestReadmeDemoTrafficBoxesOnlyTheAbusers(t *testing.T) {
 	var stderr bytes.Buffer
-	c, code, ok := parseBenchArgs(readmeDemoArgs(t), &stderr)
+	c, code, ok := parseBenchArgs(readmeDemoArgs(t), &stderr, &stderr)
 	if !ok {
 		t.Fatalf("the README's command does not parse (%d): %s", code, stderr.String())
 	}

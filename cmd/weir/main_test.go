@@ -97,3 +97,21 @@ func TestVersion(t *testing.T) {
 		t.Fatalf("%q %d", out, code)
 	}
 }
+
+// TestSubcommandHelpOnStdout: -h and --help print a subcommand's usage to
+// stdout and exit 0 ("weir serve --help | less"); a usage error prints the
+// error and the usage to stderr and exits 2.
+func TestSubcommandHelpOnStdout(t *testing.T) {
+	for _, cmd := range []string{"bench", "check", "healthcheck", "replay", "serve", "validate"} {
+		for _, h := range []string{"-h", "--help"} {
+			out, errs, code := runCLI(t, cmd, h)
+			if code != 0 || errs != "" || !strings.HasPrefix(out, "Usage: weir "+cmd) || !strings.Contains(out, "-h") && !strings.Contains(out, "  -") {
+				t.Errorf("weir %s %s: exit %d, stderr %q, stdout %.60q; want 0 and the usage on stdout", cmd, h, code, errs, out)
+			}
+		}
+		out, errs, code := runCLI(t, cmd, "--no-such-flag")
+		if code != 2 || out != "" || !strings.Contains(errs, "flag provided but not defined: -no-such-flag") || !strings.Contains(errs, "Usage: weir "+cmd) {
+			t.Errorf("weir %s --no-such-flag: exit %d, stdout %.60q, stderr %.80q; want 2 and the error and usage on stderr", cmd, code, out, errs)
+		}
+	}
+}

@@ -87,7 +87,7 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	window := fs.Duration("window", replay.DefaultWindow, "how far out of order a timestamp may be and still be decided in order")
 	var logs []string
 	for {
-		if code, ok := parseFlags(fs, args); !ok {
+		if code, ok := parseFlags(fs, args, stdout); !ok {
 			return code
 		}
 		if fs.NArg() == 0 {

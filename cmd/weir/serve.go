@@ -68,7 +68,8 @@ func newServeFlagSet(stderr io.Writer) (*flag.FlagSet, *serveFlags) {
 	// Every flag's help names its environment variable.
 	fs.VisitAll(func(fl *flag.Flag) { fl.Usage += " [$" + envName(fl.Name) + "]" })
 	fs.Usage = func() {
-		fmt.Fprint(stderr, `Usage: weir serve [flags]
+		w := fs.Output() // stderr, or stdout for -h
+		fmt.Fprint(w, `Usage: weir serve [flags]
 
 Runs the rate-limit service. With no flags it starts on the in-memory store
 with built-in demo rules: HTTP on :8080 (API and dashboard at /) and gRPC on
@@ -100,7 +101,7 @@ child span per store call, W3C trace context from the callers.
 Flags:
 `)
 		fs.PrintDefaults()
-		fmt.Fprint(stderr, `
+		fmt.Fprint(w, `
 Examples:
   weir serve
   weir serve --config weir.yaml --redis redis://127.0.0.1:6379
@@ -145,7 +146,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 // serve runs weir serve until ctx ends; every value on reload asks for a
 // reload of the config files.
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer, lookup func(string) (string, bool), reload <-chan os.Signal) int {
-	f, log, code := parseServeArgs(args, stderr, lookup)
+	f, log, code := parseServeArgs(args, stdout, stderr, lookup)
 	if f == nil {
 		return code
 	}
@@ -210,9 +211,9 @@ var geteuid = os.Geteuid
 // environment (lookup) for those args leave unset, checks them and builds
 // the logger they ask for. On bad usage it writes why to stderr and
 // returns nil flags and the exit code.
-func parseServeArgs(args []string, stderr io.Writer, lookup func(string) (string, bool)) (*serveFlags, *slog.Logger, int) {
+func parseServeArgs(args []string, stdout, stderr io.Writer, lookup func(string) (string, bool)) (*serveFlags, *slog.Logger, int) {
 	fs, f := newServeFlagSet(stderr)
-	if code, ok := parseFlags(fs, args); !ok {
+	if code, ok := parseFlags(fs, args, stdout); !ok {
 		return nil, nil, code
 	}
 	if fs.NArg() > 0 {

@@ -509,17 +509,17 @@ func TestServeRefuseRoot(t *testing.T) {
 		{nil, fromEnv},
 	} {
 		var stderr bytes.Buffer
-		if f, _, code := parseServeArgs(tc.args, &stderr, tc.lookup); f != nil || code != 1 ||
+		if f, _, code := parseServeArgs(tc.args, io.Discard, &stderr, tc.lookup); f != nil || code != 1 ||
 			!strings.Contains(stderr.String(), "refusing to run as root") {
 			t.Errorf("root, %v: exit %d, stderr %q", tc.args, code, stderr.String())
 		}
 	}
 	// Root without the flag: permissive, as before.
-	if f, _, _ := parseServeArgs(nil, io.Discard, none); f == nil {
+	if f, _, _ := parseServeArgs(nil, io.Discard, io.Discard, none); f == nil {
 		t.Error("root without --refuse-root refused")
 	}
 	geteuid = func() int { return 65532 }
-	if f, _, _ := parseServeArgs(nil, io.Discard, fromEnv); f == nil || !f.refuseRoot {
+	if f, _, _ := parseServeArgs(nil, io.Discard, io.Discard, fromEnv); f == nil || !f.refuseRoot {
 		t.Error("an unprivileged user with WEIR_REFUSE_ROOT refused")
 	}
 }
