@@ -307,7 +307,8 @@ func listen(srv *server.Server) (hl, gl net.Listener, err error) {
 }
 
 // announce tells the operator where weir serves: one line on stdout, and
-// one log record with the store, admin API, instance and rule count.
+// one log record with the store, admin API, instance and the rules in
+// force: where they come from, their names, and the Envoy config's.
 func announce(stdout io.Writer, log *slog.Logger, srv *server.Server, hl, gl net.Listener) {
 	grpcDesc := "gRPC off"
 	if gl != nil {
@@ -320,8 +321,23 @@ func announce(stdout io.Writer, log *slog.Logger, srv *server.Server, hl, gl net
 	}
 	fmt.Fprintf(stdout, "weir: serving on %s://%s (dashboard), %s, store %s\n",
 		scheme, displayAddr(hl.Addr().String(), true), grpcDesc, srv.StoreDescription())
+	var names []string
+	for _, r := range srv.Policy().Rules() {
+		names = append(names, r.Name)
+	}
+	domains := map[string]bool{}
+	var envoyDomains []string
+	envoyRules := srv.Envoy().Config().Rules()
+	for _, r := range envoyRules {
+		if !domains[r.Domain] {
+			domains[r.Domain] = true
+			envoyDomains = append(envoyDomains, r.Domain)
+		}
+	}
 	log.Info("weir serve started", "http", hl.Addr().String(), "grpc", grpcDesc, "tls", tlsOn, "mutual_tls", mutual, "store", srv.StoreDescription(),
-		"admin_api", srv.AdminEnabled(), "instance", srv.InstanceID(), "rules", len(srv.Policy().Rules()))
+		"admin_api", srv.AdminEnabled(), "instance", srv.InstanceID(),
+		"rules", len(names), "rules_from", srv.RulesSource(), "rule_names", strings.Join(names, ","),
+		"envoy_rules", len(envoyRules), "envoy_domains", strings.Join(envoyDomains, ","))
 }
 
 // reloadOnSignal reloads srv's configuration on every value from reload
