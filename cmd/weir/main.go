@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sort"
+	"strings"
 
 	"github.com/weir-dev/weir/internal/buildinfo"
 )
@@ -124,4 +126,23 @@ func parseFlags(fs *flag.FlagSet, args []string, stdout io.Writer) (code int, ok
 	}
 	fs.Usage()
 	return 2, false
+}
+
+// packagePrefixes are the prefixes weir's packages put on their errors
+// ("weir: ", "server: ", "envoyrls: "). A command's message starts with
+// its own name ("weir serve: "), which says where the error came from.
+var packagePrefixes = []string{"weir", "server", "envoyrls", "policy", "redisstore"}
+
+// errText is err's message without its packages' prefixes, so that each
+// layer's context appears once: "weir serve: envoy config: open ...", not
+// "weir serve: server: envoy config: envoyrls: open ...".
+func errText(err error) string {
+	parts := strings.Split(err.Error(), ": ")
+	out := parts[:0]
+	for _, p := range parts {
+		if !slices.Contains(packagePrefixes, p) {
+			out = append(out, p)
+		}
+	}
+	return strings.Join(out, ": ")
 }

@@ -159,7 +159,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, lookup 
 	opts := serverOptions(f, log, lookup)
 	tracing, err := weirotel.FromEnv(ctx, lookup)
 	if err != nil {
-		fmt.Fprintln(stderr, "weir serve:", err)
+		fmt.Fprintln(stderr, "weir serve:", errText(err))
 		return 1
 	}
 	if tracing != nil {
@@ -176,14 +176,14 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, lookup 
 	}
 	srv, err := server.New(opts...)
 	if err != nil {
-		fmt.Fprintln(stderr, "weir serve:", err)
+		fmt.Fprintln(stderr, "weir serve:", errText(err))
 		return 1
 	}
 	if f.pprof != "" {
 		ps, err := startPprof(f.pprof)
 		if err != nil {
 			srv.Close()
-			fmt.Fprintf(stderr, "weir serve: --pprof %s: %v\n", f.pprof, err)
+			fmt.Fprintf(stderr, "weir serve: --pprof %s: %s\n", f.pprof, errText(err))
 			return 1
 		}
 		defer ps.Close()
@@ -191,13 +191,13 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, lookup 
 	hl, gl, err := listen(srv)
 	if err != nil {
 		srv.Close()
-		fmt.Fprintln(stderr, "weir serve:", err)
+		fmt.Fprintln(stderr, "weir serve:", errText(err))
 		return 1
 	}
 	announce(stdout, log, srv, hl, gl)
 	go reloadOnSignal(ctx, srv, log, reload)
 	if err := srv.Serve(ctx, hl, gl); err != nil {
-		fmt.Fprintln(stderr, "weir serve:", err)
+		fmt.Fprintln(stderr, "weir serve:", errText(err))
 		return 1
 	}
 	log.Info("weir serve stopped")
@@ -221,12 +221,12 @@ func parseServeArgs(args []string, stdout, stderr io.Writer, lookup func(string)
 		return nil, nil, 2
 	}
 	if err := applyEnv(fs, lookup); err != nil {
-		fmt.Fprintln(stderr, "weir serve:", err)
+		fmt.Fprintln(stderr, "weir serve:", errText(err))
 		return nil, nil, 2
 	}
 	log, err := newLogger(stderr, f.logLevel, f.logFormat)
 	if err != nil {
-		fmt.Fprintln(stderr, "weir serve:", err)
+		fmt.Fprintln(stderr, "weir serve:", errText(err))
 		return nil, nil, 2
 	}
 	if f.refuseRoot && geteuid() == 0 {
