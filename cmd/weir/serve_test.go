@@ -542,12 +542,12 @@ func TestEnvoyConfigAloneRunsNoDemoRules(t *testing.T) {
 		{[]string{"--envoy-config", dir}, `rules=0 rules_from="none (Envoy config only)" rule_names="" envoy_rules=1 envoy_domains=edge`},
 		{nil, `rules=3 rules_from="built-in demo" rule_names=demo-ip,login,api envoy_rules=0 envoy_domains=""`},
 	} {
-		f, log, code := parseServeArgs(append(tc.args, "--http", "127.0.0.1:0", "--grpc", "off"), io.Discard, io.Discard, func(string) (string, bool) { return "", false })
+		f, _, code := parseServeArgs(append(tc.args, "--http", "127.0.0.1:0", "--grpc", "off"), io.Discard, io.Discard, func(string) (string, bool) { return "", false })
 		if f == nil {
 			t.Fatalf("%v: exit %d", tc.args, code)
 		}
 		var logs bytes.Buffer
-		log = slog.New(slog.NewTextHandler(&logs, nil))
+		log := slog.New(slog.NewTextHandler(&logs, nil))
 		srv, err := server.New(serverOptions(f, log, func(string) (string, bool) { return "", false })...)
 		if err != nil {
 			t.Fatal(err)
