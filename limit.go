@@ -141,10 +141,18 @@ type LimitError struct {
 	Err error
 }
 
-// Error implements error.
+// Error implements error. An unknown algorithm is no fault of the limit's
+// rate or period, so its message names the algorithm alone.
 func (e *LimitError) Error() string {
+	if e.Field == "algorithm" && strings.HasPrefix(e.Reason, unknownAlgorithmReason) {
+		return "weir: " + e.Reason
+	}
 	return fmt.Sprintf("weir: invalid limit %q: %s", e.Input, e.Reason)
 }
+
+// unknownAlgorithmReason starts the Reason of a limit whose algorithm is
+// none of weir's.
+const unknownAlgorithmReason = "unknown algorithm "
 
 // Unwrap lets errors.Is(err, ErrInvalidLimit) match, and errors.As find
 // the cause.
@@ -161,7 +169,7 @@ func (l Limit) Compile() (algorithm.Params, error) {
 	k, ok := l.Algorithm.Kind()
 	if !ok {
 		return algorithm.Params{}, &LimitError{Input: l.String(), Field: "algorithm",
-			Reason: fmt.Sprintf("unknown algorithm %q (want one of %s)", string(l.Algorithm), strings.Join(algorithm.Names(), ", "))}
+			Reason: fmt.Sprintf(unknownAlgorithmReason+"%q (want one of %s)", string(l.Algorithm), strings.Join(algorithm.Names(), ", "))}
 	}
 	for _, d := range []struct {
 		name  string

@@ -146,3 +146,13 @@ func TestParseCalendarLimit(t *testing.T) {
 		t.Errorf("unknown zone: %v", err)
 	}
 }
+
+// TestUnknownAlgorithmMessage: an unknown algorithm is reported as such,
+// not as an invalid limit, and is still an ErrInvalidLimit.
+func TestUnknownAlgorithmMessage(t *testing.T) {
+	err := weir.Limit{Algorithm: "gcraa", Rate: 5, Period: time.Minute}.Validate()
+	want := `weir: unknown algorithm "gcraa" (want one of fixed_window, sliding_log, sliding_window, token_bucket, leaky_bucket, gcra, concurrency)`
+	if err == nil || err.Error() != want || !errors.Is(err, weir.ErrInvalidLimit) {
+		t.Fatalf("Validate = %v, want an ErrInvalidLimit saying %s", err, want)
+	}
+}

@@ -652,7 +652,7 @@ func checkLimit(path string, s limitSpec, rep reporter) (*tier, bool) {
 	if s.algorithm != "" {
 		l.Algorithm = weir.Algorithm(s.algorithm)
 		if _, known := l.Algorithm.Kind(); !known {
-			rep.addAt(path+".algorithm", fmt.Sprintf("unknown algorithm %s (want %s)", quote(s.algorithm), algorithm.JoinNames(algorithm.Names(), "or")))
+			rep.addAt(path+".algorithm", unknownAlgorithm(s.algorithm))
 			return nil, false
 		}
 	}
@@ -910,4 +910,13 @@ func checkRedisPrefix(p string) string {
 		}
 	}
 	return ""
+}
+
+// unknownAlgorithm words the problem of an algorithm name that is none:
+// with the closest name when there is one, else with them all.
+func unknownAlgorithm(name string) string {
+	if best := yamlnode.Suggest(name, algorithm.Names()); best != "" {
+		return fmt.Sprintf("unknown algorithm %s (did you mean %q?)", quote(name), best)
+	}
+	return fmt.Sprintf("unknown algorithm %s (want %s)", quote(name), algorithm.JoinNames(algorithm.Names(), "or"))
 }

@@ -254,7 +254,7 @@ func TestParseProblems(t *testing.T) {
 		{"limit without slash", rule("    limit: 100\n"),
 			[]string{`3:12: invalid limit "100": missing '/'; want RATE/PERIOD such as 100/m`}},
 		{"unknown algorithm", rule("    limit: 5/m\n    algorithm: gcrA\n"),
-			[]string{`4:16: unknown algorithm "gcrA" (want fixed_window, sliding_log, sliding_window, token_bucket, leaky_bucket, gcra or concurrency)`}},
+			[]string{`4:16: unknown algorithm "gcrA" (did you mean "gcra"?)`}},
 		{"burst on fixed_window", rule("    limit: 5/m\n    algorithm: fixed_window\n    burst: 10\n"),
 			[]string{`5:12: burst applies only to token_bucket, leaky_bucket and gcra, not fixed_window`}},
 		{"burst in limit on sliding_log", rule("    limit: 5/m burst 2\n    algorithm: sliding_log\n"),

@@ -10,6 +10,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/clientip"
+	"github.com/weir-dev/weir/internal/yamlnode"
 )
 
 // idKind is what an identity reads from a request.
@@ -43,6 +44,9 @@ type identity struct {
 const DefaultIPv6Bits = clientip.DefaultIPv6Bits
 
 // identityHelp lists the identity forms for error messages.
+// identityKinds are the identities' kinds, what comes before ':'.
+var identityKinds = []string{"ip", "header", "cookie", "query", "method", "route", "const"}
+
 const identityHelp = "want ip, ip/BITS, header:NAME, cookie:NAME, query:NAME, method, route or const:VALUE"
 
 // parseIdentity parses an identity spec.
@@ -124,6 +128,9 @@ func parseIdentity(s string) (identity, error) {
 			return id, err
 		}
 	default:
+		if best := yamlnode.Suggest(kind, identityKinds); best != "" {
+			return id, fmt.Errorf("unknown identity %q (did you mean %q? %s)", s, best+strings.TrimPrefix(s, kind), identityHelp)
+		}
 		return id, fmt.Errorf("unknown identity %q (%s)", s, identityHelp)
 	}
 	return id, nil

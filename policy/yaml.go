@@ -155,6 +155,10 @@ func (w *walker) document(data []byte) *Config {
 		case errors.Is(e, yamlnode.ErrExtraDocument):
 			e.Msg = "only one YAML document is allowed; remove the second \"---\""
 		case errors.Is(e, yamlnode.ErrSyntax):
+			e.Line = syntaxLine(data, e)
+			if strings.Contains(e.Msg, "found a tab character") {
+				e.Msg += " (indent with spaces: YAML does not allow tabs)"
+			}
 			e.Msg = "YAML syntax: " + e.Msg
 			e.Line = max(e.Line, 1) // yaml.v3 leaves the line out when the problem is on the first line
 		}
@@ -170,6 +174,35 @@ func (w *walker) document(data []byte) *Config {
 	cfg := &Config{}
 	w.config(root, cfg)
 	return cfg
+}
+
+// maxRelocateLines bounds the files syntaxLine reads again line by line.
+const maxRelocateLines = 5000
+
+// syntaxLine returns the line at fault of the syntax error e in data.
+// yaml.v3 reports an indentation error at the start of the block it was
+// parsing ("rules:", the rule's "- name:"), not at the line that breaks
+// it, so this returns the first line, from that one on, at which the file
+// read up to there fails the same way; e.Line when none does.
+func syntaxLine(data []byte, e *yamlnode.Error) int {
+	lines := strings.SplitAfter(string(data), "\n")
+	if e.Line < 1 || len(lines) > maxRelocateLines {
+		return e.Line
+	}
+	end := 0
+	for n, l := range lines {
+		end += len(l)
+		if n+2 < e.Line { // from the line before the one reported on
+			continue
+		}
+		_, err := yamlnode.Decode(data[:end])
+		for _, pe := range yamlnode.All(err) {
+			if errors.Is(pe, yamlnode.ErrSyntax) && pe.Msg == e.Msg {
+				return n + 1
+			}
+		}
+	}
+	return e.Line
 }
 
 func join(path, name string) string {

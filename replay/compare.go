@@ -83,7 +83,7 @@ func Compare(base, other *Report) *Comparison {
 
 // WriteCompareText writes the terminal form of a comparison.
 func WriteCompareText(w io.Writer, c *Comparison, baseName, otherName string) {
-	fmt.Fprintf(w, "%s lines (%s), %s to %s: %s against %s\n\n", num64(c.Base.Lines), clean(c.Base.Format), clean(orDash(c.Base.From)), clean(orDash(c.Base.To)), clean(otherName), clean(baseName))
+	fmt.Fprintf(w, "%s (%s), %s to %s: %s against %s\n\n", plural(c.Base.Lines, "line"), clean(c.Base.Format), clean(orDash(c.Base.From)), clean(orDash(c.Base.To)), clean(otherName), clean(baseName))
 	for _, r := range []struct {
 		name string
 		rep  *Report

@@ -44,7 +44,7 @@ func WriteHTML(w io.Writer, r *Report, title string) error {
 		hs := chartH * float64(m.ShadowLimited) / float64(peak)
 		bars = append(bars, bar{
 			X: float64(i) * bw, W: max(bw*0.9, 0.5), HLim: hl, YLim: chartH - hl, HShad: hs, YShad: chartH - hl - hs,
-			Label: fmt.Sprintf("%s: %d limited, %d shadow-limited of %d requests", m.Minute, m.Limited, m.ShadowLimited, m.Requests),
+			Label: fmt.Sprintf("%s: %d limited, %d shadow-limited of %s", m.Minute, m.Limited, m.ShadowLimited, plural(m.Requests, "request")),
 		})
 	}
 	data := map[string]any{
@@ -55,7 +55,14 @@ func WriteHTML(w io.Writer, r *Report, title string) error {
 }
 
 var htmlTmpl = template.Must(template.New("report").Funcs(template.FuncMap{
-	"num":   num64,
+	"num":    num64,
+	"plural": plural,
+	"were": func(n int64) string {
+		if n == 1 {
+			return "was"
+		}
+		return "were"
+	},
 	"share": share,
 	"add":   func(a, b int64) int64 { return a + b },
 }).Parse(`<!doctype html>
@@ -74,10 +81,10 @@ code{font-size:13px}
 </style></head>
 <body>
 <h1>weir replay: {{.Title}}</h1>
-<p>{{num .R.Lines}} lines ({{.R.Format}}), {{.R.From}} to {{.R.To}}.
-{{if .R.Skipped}}<span class="warn">{{num .R.Skipped}} lines could not be read:
+<p>{{plural .R.Lines "line"}} ({{.R.Format}}), {{.R.From}} to {{.R.To}}.
+{{if .R.Skipped}}<span class="warn">{{plural .R.Skipped "line"}} could not be read:
 {{range .R.SkippedLines}} {{.Input}}:{{.Line}}{{end}}.</span>{{end}}
-{{if .R.Late}}<span class="warn">{{num .R.Late}} lines were out of order beyond the window.</span>{{end}}</p>
+{{if .R.Late}}<span class="warn">{{plural .R.Late "line"}} {{were .R.Late}} out of order beyond the window.</span>{{end}}</p>
 {{range .R.NotEvaluated}}<p class="warn">Not evaluated: <b>{{.Rule}}</b>: {{.Reason}}</p>{{end}}
 {{range .R.Notes}}<p class="muted">Note: {{.}}</p>{{end}}
 <h2>Limited requests per {{if eq .Group 1}}minute{{else}}{{.Group}} minutes{{end}}</h2>

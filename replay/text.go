@@ -17,7 +17,7 @@ const maxTextMinutes = 60
 // evaluated, one block per rule, and the per-minute timeline of limited
 // requests.
 func WriteText(w io.Writer, r *Report) {
-	fmt.Fprintf(w, "%s lines (%s), %s to %s\n", num64(r.Lines), clean(r.Format), clean(orDash(r.From)), clean(orDash(r.To)))
+	fmt.Fprintf(w, "%s (%s), %s to %s\n", plural(r.Lines, "line"), clean(r.Format), clean(orDash(r.From)), clean(orDash(r.To)))
 	if r.Skipped > 0 {
 		fmt.Fprintf(w, "skipped %s that could not be read: %s\n", plural(r.Skipped, "line"), lineList(r.SkippedLines, true))
 	}
@@ -25,7 +25,7 @@ func WriteText(w io.Writer, r *Report) {
 		fmt.Fprintf(w, "%s out of order by more than the window, decided late: %s\n", plural(r.Late, "line"), lineList(r.LateLines, false))
 	}
 	if r.AllowListed > 0 || r.DenyListed > 0 {
-		fmt.Fprintf(w, "allow list: %s requests passed; deny list: %s refused\n", num64(r.AllowListed), num64(r.DenyListed))
+		fmt.Fprintf(w, "allow list: %s passed; deny list: %s refused\n", plural(r.AllowListed, "request"), num64(r.DenyListed))
 	}
 	for _, n := range r.NotEvaluated {
 		fmt.Fprintf(w, "NOT EVALUATED %s: %s\n", clean(n.Rule), clean(n.Reason))
@@ -74,7 +74,7 @@ func writeTimeline(w io.Writer, tl []Minute) {
 	}
 	for i, m := range rows {
 		if i == maxTextMinutes {
-			fmt.Fprintf(w, "  … %d more minutes with limited requests (--json or --html lists them all)\n", len(rows)-i)
+			fmt.Fprintf(w, "  … %s more with limited requests (--json or --html lists them all)\n", plural(int64(len(rows)-i), "minute"))
 			break
 		}
 		const width = 40

@@ -1,6 +1,7 @@
 package server
 
-// DemoConfig is the rule set weir serve runs without a config file: enough
+// DemoConfig is the rule set weir serve runs with neither a config file nor
+// an Envoy config: enough
 // to see every part of the service at work on a laptop. Loopback is a
 // trusted proxy, so an nginx or Caddy on the same host can forward client
 // addresses.
@@ -31,3 +32,21 @@ rules:
       default: { limit: 100/m, algorithm: gcra, burst: 20 }
       pro: { limit: 5000/m, algorithm: gcra, burst: 500 }
 `
+
+// envoyOnlyConfig is the config of a server given an Envoy config and no
+// config of its own: the memory store and no rules, so that only the Envoy
+// config's rules are in force.
+const envoyOnlyConfig = `store:
+  type: memory
+rules: []
+`
+
+// demo reports whether the options leave the server to run DemoConfig: no
+// config, config file or Envoy config.
+func (o *options) demo() bool {
+	return o.cfg == nil && o.cfgPath == "" && o.envoyDir == "" && o.envoyCfg == nil
+}
+
+// RulesSource says where the rules in force come from: "config file",
+// "built-in demo", "none (Envoy config only)", "api", ...
+func (s *Server) RulesSource() string { return s.rules.source() }

@@ -181,6 +181,8 @@ func (rs *ruleSync) source() string {
 		return "config file"
 	case rs.s.o.cfg != nil:
 		return "config"
+	case !rs.s.o.demo():
+		return "none (Envoy config only)"
 	}
 	return "built-in demo"
 }

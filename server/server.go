@@ -120,7 +120,9 @@ type options struct {
 }
 
 // WithConfig makes the server use cfg (from policy.Parse or built in Go).
-// Without WithConfig or WithConfigFile the server runs DemoConfig.
+// Without WithConfig or WithConfigFile the server runs DemoConfig, unless
+// an Envoy config is given (WithEnvoyConfig, WithEnvoyConfigDir): then it
+// runs no rules of its own.
 func WithConfig(cfg *policy.Config) Option { return func(o *options) { o.cfg = cfg } }
 
 // WithConfigFile loads weir.yaml from path and reloads it whenever it
@@ -407,9 +409,13 @@ func (o *options) config() (*policy.Config, error) {
 		cfg = c
 	}
 	if cfg == nil {
-		c, err := policy.Parse([]byte(DemoConfig), "built-in demo config")
+		src, name := DemoConfig, "built-in demo config"
+		if !o.demo() {
+			src, name = envoyOnlyConfig, "built-in config for Envoy rules only"
+		}
+		c, err := policy.Parse([]byte(src), name)
 		if err != nil {
-			return nil, fmt.Errorf("server: the demo config is invalid: %w", err)
+			return nil, fmt.Errorf("server: the %s is invalid: %w", name, err)
 		}
 		cfg = c
 	}

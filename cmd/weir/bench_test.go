@@ -3,11 +3,13 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/server"
 	"github.com/weir-dev/weir/store/memstore"
 )
 
@@ -244,5 +247,143 @@ func TestBenchGRPCClientDefault(t *testing.T) {
 	_, errs, code := runCLI(t, "bench", "--target", "grpc", "--grpc-client", "lean", "--requests", "1")
 	if code != 2 || !strings.Contains(errs, "-tags bench") {
 		t.Fatalf("--grpc-client lean without the bench tag: exit %d: %s", code, errs)
+	}
+}
+
+// closedAddr returns a loopback address on which nothing listens.
+func closedAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+// TestBenchNothingAnswers: against a closed port weir bench stops after its
+// first call, prints no figures and exits 1.
+func TestBenchNothingAnswers(t *testing.T) {
+	addr := closedAddr(t)
+	for _, target := range []string{"check", "auth", "grpc"} {
+		out, errs, code := runCLI(t, "bench", "--target", target, "--addr", addr, "--duration", "1m", "--quiet")
+		if code != 1 || out != "" || !strings.Contains(errs, "nothing was measured") {
+			t.Errorf("%s: exit %d, stdout %q, stderr %q; want 1, nothing, why", target, code, out, errs)
+		}
+	}
+}
+
+// TestBenchMostCallsFail: errors are counted apart from decisions, and a
+// run in which most calls failed says so and exits 1.
+func TestBenchMostCallsFail(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/check", func(w http.ResponseWriter, r *http.Request) {
+		var in struct{ Key string }
+		json.NewDecoder(r.Body).Decode(&in)
+		if in.Key != probeKey && in.Key != "k0" {
+			http.Error(w, `{"error":"store unavailable"}`, http.StatusServiceUnavailable)
+			return
+		}
+		w.Write([]byte(`{"allowed":true}`))
+	})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	args := []string{"bench", "--target", "check", "--addr", srv.URL, "--requests", "100", "--keys", "10", "--concurrency", "2", "--quiet"}
+	out, errs, code := runCLI(t, append(args, "--json")...)
+	var s benchSummary
+	if err := json.Unmarshal([]byte(out), &s); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if code != 1 || !s.Failed || s.Total != 100 || s.Errors != 90 || s.Decisions != 10 || s.Allowed != 10 {
+		t.Fatalf("exit %d, %+v; want 1, failed, 100 calls = 90 errors + 10 decisions", code, s)
+	}
+	if s.PerSecond != float64(s.Decisions)/s.Seconds || !strings.Contains(errs, "90 of 100 calls failed") || !strings.Contains(errs, "status 503 store unavailable") {
+		t.Fatalf("decisions/s %v over %vs; stderr %q", s.PerSecond, s.Seconds, errs)
+	}
+	out, _, code = runCLI(t, args...)
+	if code != 1 || !strings.Contains(out, "FAILED      90 of 100 calls failed") || !strings.Contains(out, "decisions   10 in") ||
+		!strings.Contains(out, "errors      90 (90.0% of calls, not counted as decisions)") {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+}
+
+// TestBenchCheck429: a rejection answered 429 (with or without a decision
+// in the body) counts as limited, as 200 with allowed: false does.
+func TestBenchCheck429(t *testing.T) {
+	var n atomic.Int64
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/check", func(w http.ResponseWriter, r *http.Request) {
+		switch n.Add(1) % 3 {
+		case 0:
+			w.Write([]byte(`{"allowed":false}`))
+		case 1:
+			w.WriteHeader(http.StatusTooManyRequests)
+			w.Write([]byte(`{"allowed":false}`))
+		default:
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.WriteHeader(http.StatusTooManyRequests)
+			w.Write([]byte(`{"title":"Too Many Requests"}`))
+		}
+	})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	s := benchJSON(t, "--target", "check", "--addr", srv.URL, "--requests", "30", "--concurrency", "2")
+	if s.Limited != 30 || s.Ruled != 30 || len(s.Warnings) != 0 {
+		t.Fatalf("%+v", s)
+	}
+}
+
+// TestBenchWarnsWhenNoRuleDecides: calls that match no rule are allowed
+// without deciding anything; the summary says so.
+func TestBenchWarnsWhenNoRuleDecides(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/auth", func(w http.ResponseWriter, r *http.Request) {}) // no rule: 200, no RateLimit-Policy
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	out, _, code := runCLI(t, "bench", "--target", "auth", "--addr", srv.URL, "--path", "/nothing", "--requests", "20", "--quiet")
+	if code != 0 || !strings.Contains(out, "warning     no call was decided by a rule: no rule matches GET /nothing") {
+		t.Fatalf("auth: exit %d:\n%s", code, out)
+	}
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	rls.RegisterRateLimitServiceServer(gs, okServer{})
+	go gs.Serve(ln)
+	defer gs.Stop()
+	for _, client := range grpcClients() {
+		out, errs, code := runCLI(t, "bench", "--target", "grpc", "--grpc-client", client, "--addr", ln.Addr().String(), "--requests", "20", "--quiet", "--json")
+		if code != 0 || !strings.Contains(errs, `weir bench: warning: no call was decided by a rule: domain "bench" has no rule`) || !strings.Contains(out, `"ruled": 0`) {
+			t.Fatalf("grpc %s: exit %d: %s\n%s", client, code, errs, out)
+		}
+	}
+}
+
+// okServer answers every ShouldRateLimit OK with no limit, as a domain
+// without rules does.
+type okServer struct {
+	rls.UnimplementedRateLimitServiceServer
+}
+
+func (okServer) ShouldRateLimit(ctx context.Context, req *rls.RateLimitRequest) (*rls.RateLimitResponse, error) {
+	return &rls.RateLimitResponse{OverallCode: rls.RateLimitResponse_OK, Statuses: []*rls.RateLimitResponse_DescriptorStatus{{Code: rls.RateLimitResponse_OK}}}, nil
+}
+
+// TestBenchDefaultsHitADemoRule: weir bench with no flags but --addr calls
+// a rule of weir serve's demo rules, which decides every call.
+func TestBenchDefaultsHitADemoRule(t *testing.T) {
+	srv, err := server.New(server.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+	s := benchJSON(t, "--addr", hs.URL, "--requests", "200", "--concurrency", "2", "--keys", "10")
+	if s.Target != "check" || s.Ruled != 200 || len(s.Warnings) != 0 || s.Limited == 0 {
+		t.Fatalf("%+v", s)
 	}
 }

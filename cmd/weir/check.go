@@ -10,6 +10,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/algorithm"
+	"github.com/weir-dev/weir/internal/yamlnode"
 	"github.com/weir-dev/weir/store/memstore"
 	"github.com/weir-dev/weir/store/redisstore"
 )
@@ -31,7 +32,7 @@ type checkLine struct {
 }
 
 func runCheck(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("weir check", "Usage: weir check --limit 5/m [--algorithm gcra] [--key alice] [--hits 7] [flags]\n\nRuns requests against a limit and prints one line per decision. Exits 0\nwhether requests were admitted or not; 2 on a usage error.\n\nFlags:", stderr)
+	fs := newFlagSet("weir check", "Usage: weir check --limit 5/m [--algorithm gcra] [--key alice] [--hits 7] [flags]\n\nRuns requests against a limit and prints one line per decision. Exits 0\nwhether requests were admitted or not; 1 when the store fails (Redis\ncannot be reached); 2 on a usage error.\n\nFlags:", stderr)
 	limitStr := fs.String("limit", "", `the limit, e.g. "5/m", "100/s burst 20" (required)`)
 	algo := fs.String("algorithm", string(weir.GCRA), algorithm.JoinNames(algorithm.Names(), "or"))
 	key := fs.String("key", "cli", "the key to limit")
@@ -43,7 +44,7 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	asJSON := fs.Bool("json", false, "print one JSON object per decision")
 	timeout := fs.Duration("timeout", redisstore.DefaultTimeout, "with --redis: the deadline of each store call")
 	redisURL := fs.String("redis", "", "use Redis at this URL instead of memory: redis://host:port/db, redis+sentinel://host:port,host:port/master, or host:port,host:port,... for a cluster")
-	if code, ok := parseFlags(fs, args); !ok {
+	if code, ok := parseFlags(fs, args, stdout); !ok {
 		return code
 	}
 	if fs.NArg() > 0 {
@@ -56,22 +57,26 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	}
 	l, err := weir.ParseLimit(*limitStr)
 	if err != nil {
-		fmt.Fprintln(stderr, "weir check:", err)
+		fmt.Fprintln(stderr, "weir check:", errText(err))
+		return 2
+	}
+	if _, known := weir.Algorithm(*algo).Kind(); !known {
+		fmt.Fprintf(stderr, "weir check: --algorithm: %s\n", unknownAlgorithm(*algo))
 		return 2
 	}
 	l.Algorithm, l.Block, l.MaxDelay = weir.Algorithm(*algo), *block, *maxDelay
 	if err := l.Validate(); err != nil {
-		fmt.Fprintln(stderr, "weir check:", err)
+		fmt.Fprintln(stderr, "weir check:", errText(err))
 		return 2
 	}
 	if *hits < 0 || *parallel < 1 || *cost < 0 {
 		fmt.Fprintf(stderr, "weir check: --hits must be ≥ 0, --parallel ≥ 1 and --cost ≥ 0 (got %d, %d, %d)\n", *hits, *parallel, *cost)
 		return 2
 	}
-	store, closeStore, err := openStore(*redisURL, *timeout)
+	store, closeStore, code, err := openStore(*redisURL, *timeout)
 	if err != nil {
-		fmt.Fprintln(stderr, "weir check:", err)
-		return 2
+		fmt.Fprintln(stderr, "weir check:", errText(err))
+		return code
 	}
 	defer closeStore()
 	lim := weir.NewLimiter(store)
@@ -104,7 +109,7 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 				}
 				mu.Lock()
 				if err != nil {
-					fmt.Fprintf(stderr, "weir check: hit %d: %v\n", hit, err)
+					fmt.Fprintf(stderr, "weir check: hit %d: %s\n", hit, errText(err))
 					failed = true
 				} else {
 					printDecision(stdout, hit, res, *asJSON)
@@ -159,24 +164,34 @@ func ceilMS(d time.Duration) int64 {
 
 // openStore returns the store the command line asked for: memory, or the
 // Redis that redisURL names (see redisstore.ParseURL), and a function that
-// closes it.
-func openStore(redisURL string, timeout time.Duration) (weir.Store, func(), error) {
+// closes it. On failure code is the exit status: 2 for a bad flag, 1 when
+// Redis cannot be reached.
+func openStore(redisURL string, timeout time.Duration) (_ weir.Store, closeStore func(), code int, _ error) {
 	if redisURL == "" {
-		return memstore.New(), func() {}, nil
+		return memstore.New(), func() {}, 0, nil
 	}
 	cfg, err := redisstore.ParseURL(redisURL)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--redis: %w", err)
+		return nil, nil, 2, fmt.Errorf("--redis: %w", err)
 	}
 	if timeout <= 0 {
-		return nil, nil, fmt.Errorf("--timeout %v: want a positive duration", timeout)
+		return nil, nil, 2, fmt.Errorf("--timeout %v: want a positive duration", timeout)
 	}
 	cfg.Timeout = timeout
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	s, err := redisstore.New(ctx, cfg)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--redis: %w", err) // names the addresses, never the password
+		return nil, nil, 1, fmt.Errorf("--redis: %w", err) // names the addresses, never the password
 	}
-	return s, func() { s.Close() }, nil
+	return s, func() { s.Close() }, 0, nil
+}
+
+// unknownAlgorithm words the problem of an algorithm name that is none of
+// weir's: with the closest name when there is one, else with them all.
+func unknownAlgorithm(name string) string {
+	if best := yamlnode.Suggest(name, algorithm.Names()); best != "" {
+		return fmt.Sprintf("unknown algorithm %q (did you mean %q?)", name, best)
+	}
+	return fmt.Sprintf("unknown algorithm %q (want %s)", name, algorithm.JoinNames(algorithm.Names(), "or"))
 }

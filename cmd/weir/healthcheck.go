@@ -22,7 +22,7 @@ answers 200 OK, else 1 with the reason on stderr.
 Flags:`, stderr)
 	url := fs.String("url", "http://127.0.0.1:8080/readyz", "the URL to GET")
 	timeout := fs.Duration("timeout", 2*time.Second, "how long the probe may take")
-	if code, ok := parseFlags(fs, args); !ok {
+	if code, ok := parseFlags(fs, args, stdout); !ok {
 		return code
 	}
 	if fs.NArg() > 0 {

@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sort"
+	"strings"
 
 	"github.com/weir-dev/weir/internal/buildinfo"
 )
@@ -91,25 +93,56 @@ func run(args []string, stdout, stderr io.Writer) int {
 }
 
 // newFlagSet returns the flag set of the command name ("weir check"), which
-// writes its errors and its usage (usage, then the flags) to stderr.
+// writes its errors to stderr and its usage (usage, then the flags) to its
+// output: stderr after a usage error, stdout after -h (see parseFlags).
 func newFlagSet(name, usage string, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, usage)
+		fmt.Fprintln(fs.Output(), usage)
 		fs.PrintDefaults()
 	}
 	return fs
 }
 
 // parseFlags parses args into fs. When that fails, ok is false and code is
-// the exit status: 0 after -h, which printed the usage, else 2.
-func parseFlags(fs *flag.FlagSet, args []string) (code int, ok bool) {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0, false
-		}
-		return 2, false
+// the exit status: 0 after -h or --help, which printed the usage to stdout
+// (so that "weir serve --help | less" shows it), else 2, with the error and
+// the usage on fs's output, stderr.
+func parseFlags(fs *flag.FlagSet, args []string, stdout io.Writer) (code int, ok bool) {
+	usage := fs.Usage
+	fs.Usage = func() {} // printed below, where it belongs
+	err := fs.Parse(args)
+	fs.Usage = usage
+	switch {
+	case err == nil:
+		return 0, true
+	case errors.Is(err, flag.ErrHelp):
+		stderr := fs.Output()
+		fs.SetOutput(stdout)
+		fs.Usage()
+		fs.SetOutput(stderr)
+		return 0, false
 	}
-	return 0, true
+	fs.Usage()
+	return 2, false
+}
+
+// packagePrefixes are the prefixes weir's packages put on their errors
+// ("weir: ", "server: ", "envoyrls: "). A command's message starts with
+// its own name ("weir serve: "), which says where the error came from.
+var packagePrefixes = []string{"weir", "server", "envoyrls", "policy", "redisstore"}
+
+// errText is err's message without its packages' prefixes, so that each
+// layer's context appears once: "weir serve: envoy config: open ...", not
+// "weir serve: server: envoy config: envoyrls: open ...".
+func errText(err error) string {
+	parts := strings.Split(err.Error(), ": ")
+	out := parts[:0]
+	for _, p := range parts {
+		if !slices.Contains(packagePrefixes, p) {
+			out = append(out, p)
+		}
+	}
+	return strings.Join(out, ": ")
 }

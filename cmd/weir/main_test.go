@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -95,5 +96,48 @@ func TestVersion(t *testing.T) {
 	out, _, code := runCLI(t, "version")
 	if code != 0 || !strings.HasPrefix(out, "weir ") {
 		t.Fatalf("%q %d", out, code)
+	}
+}
+
+// TestSubcommandHelpOnStdout: -h and --help print a subcommand's usage to
+// stdout and exit 0 ("weir serve --help | less"); a usage error prints the
+// error and the usage to stderr and exits 2.
+func TestSubcommandHelpOnStdout(t *testing.T) {
+	for _, cmd := range []string{"bench", "check", "healthcheck", "replay", "serve", "validate"} {
+		for _, h := range []string{"-h", "--help"} {
+			out, errs, code := runCLI(t, cmd, h)
+			if code != 0 || errs != "" || !strings.HasPrefix(out, "Usage: weir "+cmd) || !strings.Contains(out, "-h") && !strings.Contains(out, "  -") {
+				t.Errorf("weir %s %s: exit %d, stderr %q, stdout %.60q; want 0 and the usage on stdout", cmd, h, code, errs, out)
+			}
+		}
+		out, errs, code := runCLI(t, cmd, "--no-such-flag")
+		if code != 2 || out != "" || !strings.Contains(errs, "flag provided but not defined: -no-such-flag") || !strings.Contains(errs, "Usage: weir "+cmd) {
+			t.Errorf("weir %s --no-such-flag: exit %d, stdout %.60q, stderr %.80q; want 2 and the error and usage on stderr", cmd, code, out, errs)
+		}
+	}
+}
+
+// TestErrorMessagesSayEachThingOnce: a command's message names the command
+// once and each layer's context once; an unknown algorithm is no invalid
+// limit; a store that cannot be reached exits 1, not the usage error's 2.
+func TestErrorMessagesSayEachThingOnce(t *testing.T) {
+	closed := closedAddr(t)
+	dir := filepath.Join(t.TempDir(), "missing")
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"check", "--limit", "5/m", "--algorithm", "gcraa"}, 2, `weir check: --algorithm: unknown algorithm "gcraa" (did you mean "gcra"?)` + "\n"},
+		{[]string{"check", "--limit", "5/m", "--algorithm", "bogus"}, 2,
+			`weir check: --algorithm: unknown algorithm "bogus" (want fixed_window, sliding_log, sliding_window, token_bucket, leaky_bucket, gcra or concurrency)` + "\n"},
+		{[]string{"check", "--limit", "5/x"}, 2, `weir check: invalid limit "5/x": period "x" is not a duration (use s, m, h, d, 30s, 15m, 7d)` + "\n"},
+		{[]string{"check", "--limit", "5/m", "--redis", "redis://" + closed + "/0"}, 1, "weir check: --redis: store failed: connect to " + closed + ": "},
+		{[]string{"serve", "--envoy-config", dir, "--http", "127.0.0.1:0", "--grpc", "off"}, 1, "weir serve: envoy config: open " + dir + ": no such file or directory\n"},
+	} {
+		_, errs, code := runCLI(t, tc.args...)
+		if code != tc.code || !strings.HasPrefix(errs, tc.want) {
+			t.Errorf("weir %s: exit %d, stderr %q; want %d, %q", strings.Join(tc.args, " "), code, errs, tc.code, tc.want)
+		}
 	}
 }

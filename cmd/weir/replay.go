@@ -87,7 +87,7 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	window := fs.Duration("window", replay.DefaultWindow, "how far out of order a timestamp may be and still be decided in order")
 	var logs []string
 	for {
-		if code, ok := parseFlags(fs, args); !ok {
+		if code, ok := parseFlags(fs, args, stdout); !ok {
 			return code
 		}
 		if fs.NArg() == 0 {
@@ -200,10 +200,10 @@ func runSuggest(ctx context.Context, logs []string, cfg *policy.Config, rule str
 	if asJSON {
 		return printJSON(stdout, stderr, s)
 	}
-	fmt.Fprintf(stdout, "# rule %s: the smallest limit under which at most %s of its %d identities would have been limited\n",
-		s.Rule, strconv.FormatFloat(s.Target*100, 'g', -1, 64)+"%", s.Identities)
-	fmt.Fprintf(stdout, "# (%d identities, %.2f%%, would have been; %d passes over the log)\n",
-		s.LimitedIdentities, 100*float64(s.LimitedIdentities)/float64(max(s.Identities, 1)), s.Passes)
+	fmt.Fprintf(stdout, "# rule %s: the smallest limit under which at most %s of its %s would have been limited\n",
+		s.Rule, strconv.FormatFloat(s.Target*100, 'g', -1, 64)+"%", count(s.Identities, "identity", "identities"))
+	fmt.Fprintf(stdout, "# (%s, %.2f%%, would have been; %s over the log)\n",
+		count(s.LimitedIdentities, "identity", "identities"), 100*float64(s.LimitedIdentities)/float64(max(s.Identities, 1)), count(s.Passes, "pass", "passes"))
 	fmt.Fprintf(stdout, "limit: %s\n", s.Limit)
 	return 0
 }

@@ -2,8 +2,11 @@ package main
 
 import (
 	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -106,3 +109,53 @@ func TestReplayCommand(t *testing.T) {
 }
 
 func twoDigits(i int) string { return string([]byte{byte('0' + i/10), byte('0' + i%10)}) }
+
+// wrongPlural finds a count of one with a plural noun.
+var wrongPlural = regexp.MustCompile(`(^|[^0-9.,])1 (lines|identities|passes|requests|minutes|calls|callers|connections|keys|rules|entries|attempts|seconds)\b`)
+
+// TestPluralsInRenderedOutputs: wherever the commands print a count, one
+// thing is singular: replay's text, --html, --compare and --suggest, and
+// bench's summary.
+func TestPluralsInRenderedOutputs(t *testing.T) {
+	dir := t.TempDir()
+	logPath := writeFile(t, dir, "access.log", `198.51.100.7 - - [23/Nov/2026:09:00:00 +0000] "GET /x HTTP/1.1" 200 1 "-" "ua"`+"\n")
+	cfg := writeFile(t, dir, "weir.yaml", "rules:\n  - name: ip\n    limit: 10/m\n")
+	html := filepath.Join(dir, "r.html")
+	var outputs []string
+	for _, args := range [][]string{
+		{"replay", "--config", cfg, "--html", html, logPath},
+		{"replay", "--config", cfg, "--compare", cfg, logPath},
+		{"replay", "--config", cfg, "--suggest", "ip", "--target", "0%", logPath},
+	} {
+		out, errs, code := runCLI(t, args...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, errs)
+		}
+		outputs = append(outputs, out)
+	}
+	page, err := os.ReadFile(html)
+	if err != nil {
+		t.Fatal(err)
+	}
+	outputs = append(outputs, string(page))
+	for _, want := range []string{"1 line (nginx combined)", "of its 1 identity would"} {
+		if !strings.Contains(strings.Join(outputs, "\n"), want) {
+			t.Errorf("no %q in\n%s", want, strings.Join(outputs, "\n"))
+		}
+	}
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/check", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte(`{"allowed":true}`)) })
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	out, _, code := runCLI(t, "bench", "--addr", srv.URL, "--requests", "1", "--concurrency", "1", "--keys", "1", "--quiet")
+	if code != 0 || !strings.Contains(out, "1 caller over 1 connection, 1 key (uniform)") {
+		t.Errorf("bench: exit %d\n%s", code, out)
+	}
+	outputs = append(outputs, out)
+	for _, o := range outputs {
+		if m := wrongPlural.FindString(o); m != "" {
+			t.Errorf("%q in\n%s", m, o)
+		}
+	}
+}

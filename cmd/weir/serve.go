@@ -71,7 +71,8 @@ func newServeFlagSet(stderr io.Writer) (*flag.FlagSet, *serveFlags) {
 	// Every flag's help names its environment variable.
 	fs.VisitAll(func(fl *flag.Flag) { fl.Usage += " [$" + envName(fl.Name) + "]" })
 	fs.Usage = func() {
-		fmt.Fprint(stderr, `Usage: weir serve [flags]
+		w := fs.Output() // stderr, or stdout for -h
+		fmt.Fprint(w, `Usage: weir serve [flags]
 
 Runs the rate-limit service. With no flags it starts on the in-memory store
 with built-in demo rules: HTTP on :8080 (API and dashboard at /) and gRPC on
@@ -103,7 +104,7 @@ child span per store call, W3C trace context from the callers.
 Flags:
 `)
 		fs.PrintDefaults()
-		fmt.Fprint(stderr, `
+		fmt.Fprint(w, `
 Examples:
   weir serve
   weir serve --config weir.yaml --redis redis://127.0.0.1:6379
@@ -148,7 +149,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 // serve runs weir serve until ctx ends; every value on reload asks for a
 // reload of the config files.
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer, lookup func(string) (string, bool), reload <-chan os.Signal) int {
-	f, log, code := parseServeArgs(args, stderr, lookup)
+	f, log, code := parseServeArgs(args, stdout, stderr, lookup)
 	if f == nil {
 		return code
 	}
@@ -161,7 +162,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, lookup 
 	opts := serverOptions(f, log, lookup)
 	tracing, shutdownTracing, err := otelsetup.FromEnv(ctx, lookup)
 	if err != nil {
-		fmt.Fprintln(stderr, "weir serve:", err)
+		fmt.Fprintln(stderr, "weir serve:", errText(err))
 		return 1
 	}
 	if tracing != nil {
@@ -178,14 +179,14 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, lookup 
 	}
 	srv, err := server.New(opts...)
 	if err != nil {
-		fmt.Fprintln(stderr, "weir serve:", err)
+		fmt.Fprintln(stderr, "weir serve:", errText(err))
 		return 1
 	}
 	if f.pprof != "" {
 		ps, err := startPprof(f.pprof)
 		if err != nil {
 			srv.Close()
-			fmt.Fprintf(stderr, "weir serve: --pprof %s: %v\n", f.pprof, err)
+			fmt.Fprintf(stderr, "weir serve: --pprof %s: %s\n", f.pprof, errText(err))
 			return 1
 		}
 		defer ps.Close()
@@ -193,7 +194,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, lookup 
 	hl, gl, err := listen(srv)
 	if err != nil {
 		srv.Close()
-		fmt.Fprintln(stderr, "weir serve:", err)
+		fmt.Fprintln(stderr, "weir serve:", errText(err))
 		return 1
 	}
 	if a := srv.RESPAddr(); a != "" {
@@ -215,7 +216,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, lookup 
 	announce(stdout, log, srv, hl, gl)
 	go reloadOnSignal(ctx, srv, log, reload)
 	if err := srv.Serve(ctx, hl, gl); err != nil {
-		fmt.Fprintln(stderr, "weir serve:", err)
+		fmt.Fprintln(stderr, "weir serve:", errText(err))
 		return 1
 	}
 	log.Info("weir serve stopped")
@@ -229,9 +230,9 @@ var geteuid = os.Geteuid
 // environment (lookup) for those args leave unset, checks them and builds
 // the logger they ask for. On bad usage it writes why to stderr and
 // returns nil flags and the exit code.
-func parseServeArgs(args []string, stderr io.Writer, lookup func(string) (string, bool)) (*serveFlags, *slog.Logger, int) {
+func parseServeArgs(args []string, stdout, stderr io.Writer, lookup func(string) (string, bool)) (*serveFlags, *slog.Logger, int) {
 	fs, f := newServeFlagSet(stderr)
-	if code, ok := parseFlags(fs, args); !ok {
+	if code, ok := parseFlags(fs, args, stdout); !ok {
 		return nil, nil, code
 	}
 	if fs.NArg() > 0 {
@@ -239,12 +240,12 @@ func parseServeArgs(args []string, stderr io.Writer, lookup func(string) (string
 		return nil, nil, 2
 	}
 	if err := applyEnv(fs, lookup); err != nil {
-		fmt.Fprintln(stderr, "weir serve:", err)
+		fmt.Fprintln(stderr, "weir serve:", errText(err))
 		return nil, nil, 2
 	}
 	log, err := newLogger(stderr, f.logLevel, f.logFormat)
 	if err != nil {
-		fmt.Fprintln(stderr, "weir serve:", err)
+		fmt.Fprintln(stderr, "weir serve:", errText(err))
 		return nil, nil, 2
 	}
 	if f.refuseRoot && geteuid() == 0 {
@@ -327,7 +328,8 @@ func listen(srv *server.Server) (hl, gl net.Listener, err error) {
 }
 
 // announce tells the operator where weir serves: one line on stdout, and
-// one log record with the store, admin API, instance and rule count.
+// one log record with the store, admin API, instance and the rules in
+// force: where they come from, their names, and the Envoy config's.
 func announce(stdout io.Writer, log *slog.Logger, srv *server.Server, hl, gl net.Listener) {
 	grpcDesc := "gRPC off"
 	if gl != nil {
@@ -340,8 +342,23 @@ func announce(stdout io.Writer, log *slog.Logger, srv *server.Server, hl, gl net
 	}
 	fmt.Fprintf(stdout, "weir: serving on %s://%s (dashboard), %s, store %s\n",
 		scheme, displayAddr(hl.Addr().String(), true), grpcDesc, srv.StoreDescription())
+	var names []string
+	for _, r := range srv.Policy().Rules() {
+		names = append(names, r.Name)
+	}
+	domains := map[string]bool{}
+	var envoyDomains []string
+	envoyRules := srv.Envoy().Config().Rules()
+	for _, r := range envoyRules {
+		if !domains[r.Domain] {
+			domains[r.Domain] = true
+			envoyDomains = append(envoyDomains, r.Domain)
+		}
+	}
 	log.Info("weir serve started", "http", hl.Addr().String(), "grpc", grpcDesc, "tls", tlsOn, "mutual_tls", mutual, "store", srv.StoreDescription(),
-		"admin_api", srv.AdminEnabled(), "instance", srv.InstanceID(), "rules", len(srv.Policy().Rules()))
+		"admin_api", srv.AdminEnabled(), "instance", srv.InstanceID(),
+		"rules", len(names), "rules_from", srv.RulesSource(), "rule_names", strings.Join(names, ","),
+		"envoy_rules", len(envoyRules), "envoy_domains", strings.Join(envoyDomains, ","))
 }
 
 // reloadOnSignal reloads srv's configuration on every value from reload

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/weir-dev/weir/internal/certtest"
 	"github.com/weir-dev/weir/internal/otlptest"
+	"github.com/weir-dev/weir/server"
 )
 
 // syncBuffer is a bytes.Buffer safe for a writer and a reader at once.
@@ -509,17 +511,56 @@ func TestServeRefuseRoot(t *testing.T) {
 		{nil, fromEnv},
 	} {
 		var stderr bytes.Buffer
-		if f, _, code := parseServeArgs(tc.args, &stderr, tc.lookup); f != nil || code != 1 ||
+		if f, _, code := parseServeArgs(tc.args, io.Discard, &stderr, tc.lookup); f != nil || code != 1 ||
 			!strings.Contains(stderr.String(), "refusing to run as root") {
 			t.Errorf("root, %v: exit %d, stderr %q", tc.args, code, stderr.String())
 		}
 	}
 	// Root without the flag: permissive, as before.
-	if f, _, _ := parseServeArgs(nil, io.Discard, none); f == nil {
+	if f, _, _ := parseServeArgs(nil, io.Discard, io.Discard, none); f == nil {
 		t.Error("root without --refuse-root refused")
 	}
 	geteuid = func() int { return 65532 }
-	if f, _, _ := parseServeArgs(nil, io.Discard, fromEnv); f == nil || !f.refuseRoot {
+	if f, _, _ := parseServeArgs(nil, io.Discard, io.Discard, fromEnv); f == nil || !f.refuseRoot {
 		t.Error("an unprivileged user with WEIR_REFUSE_ROOT refused")
+	}
+}
+
+// TestEnvoyConfigAloneRunsNoDemoRules: --envoy-config without --config
+// runs the Envoy config's rules only, not the demo's, and the start-up log
+// says which rules are in force; with nothing configured, the demo's.
+func TestEnvoyConfigAloneRunsNoDemoRules(t *testing.T) {
+	dir := t.TempDir()
+	yml := "domain: edge\ndescriptors:\n  - key: client\n    rate_limit: {unit: second, requests_per_unit: 5}\n"
+	if err := os.WriteFile(filepath.Join(dir, "edge.yaml"), []byte(yml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--envoy-config", dir}, `rules=0 rules_from="none (Envoy config only)" rule_names="" envoy_rules=1 envoy_domains=edge`},
+		{nil, `rules=3 rules_from="built-in demo" rule_names=demo-ip,login,api envoy_rules=0 envoy_domains=""`},
+	} {
+		f, _, code := parseServeArgs(append(tc.args, "--http", "127.0.0.1:0", "--grpc", "off"), io.Discard, io.Discard, func(string) (string, bool) { return "", false })
+		if f == nil {
+			t.Fatalf("%v: exit %d", tc.args, code)
+		}
+		var logs bytes.Buffer
+		log := slog.New(slog.NewTextHandler(&logs, nil))
+		srv, err := server.New(serverOptions(f, log, func(string) (string, bool) { return "", false })...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hl, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		announce(io.Discard, log, srv, hl, nil)
+		hl.Close()
+		srv.Close()
+		if !strings.Contains(logs.String(), tc.want) {
+			t.Errorf("%v: start-up log\n%s\nwant %s", tc.args, logs.String(), tc.want)
+		}
 	}
 }

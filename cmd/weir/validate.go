@@ -26,7 +26,7 @@ func runValidate(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("weir validate", "Usage: weir validate [-q] weir.yaml [more.yaml ...]\n\nChecks configuration files for weir serve (with -middleware, for Go's policy\nmiddleware) and prints every problem as file:line:col: message.\nExits 0 if every file is valid (printing \"ok: N rules\"), 1 if a file has\nproblems, 2 on a usage error or a file that cannot be read.\n\nFlags:", stderr)
 	quiet := fs.Bool("q", false, "print nothing for valid files")
 	middleware := fs.Bool("middleware", false, "check the files for Go's policy middleware, which settles cost: and count:, rather than for weir serve")
-	if code, ok := parseFlags(fs, args); !ok {
+	if code, ok := parseFlags(fs, args, stdout); !ok {
 		return code
 	}
 	if fs.NArg() == 0 {

@@ -151,3 +151,31 @@ func TestValidateUnsettledRules(t *testing.T) {
 		t.Fatalf("-middleware: exit %d, stdout %q, stderr %q", code, out, errs)
 	}
 }
+
+// TestValidateHelpsFix: an indentation error is reported on the line that
+// breaks the indentation, a tab with a hint, and a misspelt algorithm or
+// identity kind with the name meant; "ok" names each of several files.
+func TestValidateHelpsFix(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct{ name, yaml, want string }{
+		{"indent.yaml", "rules:\n  - name: a\n    limit: 5/m\n  - name: b\n   limit: 5/m\n",
+			":5: YAML syntax: did not find expected '-' indicator\n"},
+		{"tab.yaml", "rules:\n  - name: a\n\tlimit: 5/m\n",
+			":3: YAML syntax: found a tab character that violates indentation (indent with spaces: YAML does not allow tabs)\n"},
+		{"misspelt.yaml", "rules:\n  - name: a\n    limit: 5/m\n    algorithm: gcraa\n  - name: b\n    limit: 5/m\n    identity: [iq, heder:X-Key]\n",
+			":4:16: unknown algorithm \"gcraa\" (did you mean \"gcra\"?)\n" +
+				"%[1]s:7:16: unknown identity \"iq\" (did you mean \"ip\"? want ip, ip/BITS, header:NAME, cookie:NAME, query:NAME, method, route or const:VALUE)\n" +
+				"%[1]s:7:20: unknown identity \"heder:X-Key\" (did you mean \"header:X-Key\"? want ip, ip/BITS, header:NAME, cookie:NAME, query:NAME, method, route or const:VALUE)\n"},
+	} {
+		p := writeFile(t, dir, tc.name, tc.yaml)
+		want := p + strings.ReplaceAll(tc.want, "%[1]s", p)
+		if out, errs, code := runCLI(t, "validate", p); code != 1 || out != "" || errs != want {
+			t.Errorf("%s: exit %d, stdout %q, stderr:\n%s\nwant:\n%s", tc.name, code, out, errs, want)
+		}
+	}
+	a := writeFile(t, dir, "a.yaml", "rules:\n  - {name: a, limit: 5/m}\n")
+	b := writeFile(t, dir, "b.yaml", "rules:\n  - {name: a, limit: 5/m}\n  - {name: b, limit: 5/m}\nprotect:\n  - {name: p, concurrency: 10}\n")
+	if out, errs, code := runCLI(t, "validate", a, b); code != 0 || out != a+": ok: 1 rule\n"+b+": ok: 2 rules, 1 protect rule\n" {
+		t.Errorf("several files: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+}

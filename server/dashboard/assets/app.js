@@ -612,7 +612,7 @@ function renderStore(snap) {
   setText(fd, `${fmt.count(st.fallback_decisions_total ?? 0)} · ${fmt.count(recent)} in 5 min`);
   setText($('store-instances'), st.instances ? String(st.instances) : '–');
   const ls = st.leases || {};
-  setText($('store-leases'), ls.taken ? `${fmt.count(ls.spent)} of ${fmt.count(ls.taken)} spent · ${fmt.count(ls.lapsed)} lapsed · ${fmt.count(ls.calls)} calls` : 'none');
+  setText($('store-leases'), ls.taken ? `${fmt.count(ls.spent)} of ${fmt.count(ls.taken)} spent · ${fmt.count(ls.lapsed)} lapsed · ${fmt.counted(ls.calls, 'call', 'calls')}` : 'none');
   fd.classList.toggle('warn', recent > 0);
   renderDenyCache(st.deny_cache);
 }
@@ -635,7 +635,7 @@ function renderDenyCache(dc) {
   denyPrev = { hits: dc.hits_total || 0, misses: dc.misses_total || 0 };
   const ratio = hits + misses > 0 ? `${(100 * hits / (hits + misses)).toFixed(1)}% hits` : 'no traffic';
   const state = dc.live ? '' : ' · bypassed (channel down)';
-  setText(el, `${ratio} · ${fmt.count(dc.entries || 0)} entries${state}`);
+  setText(el, `${ratio} · ${fmt.counted(dc.entries || 0, 'entry', 'entries')}${state}`);
   el.classList.toggle('warn', !dc.live);
 }
 

@@ -11,6 +11,11 @@ export function count(n) {
   return Math.abs(n) >= 1e6 ? compactFmt.format(n) : intFmt.format(Math.round(n));
 }
 
+/** counted formats n things, the noun agreeing with n: 1 call, 2 calls. */
+export function counted(n, one, many) {
+  return `${count(n)} ${n === 1 ? one : many}`;
+}
+
 /** rate formats a per-second rate: 0, 0.4, 12, 1,234, 1.2M. */
 export function rate(n) {
   if (n == null || !Number.isFinite(n)) return '–';

@@ -39,7 +39,7 @@ export function renderProtect(snap) {
       setText(c[5], PRIOS.map((p) => fmt.count(shed[p] || 0)).join(' / '));
       c[5].classList.toggle('shed', sumOf(shed) > 0);
       c[6].dataset.state = r.breaker || '';
-      setText(c[6], r.breaker ? `${r.breaker.replace('_', '-')} · ${fmt.count(r.transitions || 0)} transitions` : '–');
+      setText(c[6], r.breaker ? `${r.breaker.replace('_', '-')} · ${fmt.counted(r.transitions || 0, 'transition', 'transitions')}` : '–');
       setText(c[7], r.breaker ? fmt.count(r.circuit_open || 0) : '–');
     });
 }
