@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -173,5 +175,28 @@ func TestOpenAPIServed(t *testing.T) {
 	}
 	if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
 		t.Errorf("Content-Type %q", ct)
+	}
+}
+
+// TestAPIDocCoversOpenAPI: docs/api.md, the reference people read, has a
+// heading for every operation of openapi.json ("### `GET /v1/top`").
+func TestAPIDocCoversOpenAPI(t *testing.T) {
+	doc, _ := loadAPIDoc(t)
+	md, err := os.ReadFile(filepath.Join("..", "docs", "api.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	headings := map[string]bool{}
+	for line := range strings.Lines(string(md)) {
+		if h, ok := strings.CutPrefix(strings.TrimSpace(line), "### `"); ok {
+			headings[strings.TrimSuffix(h, "`")] = true
+		}
+	}
+	for _, path := range doc.Paths.InMatchingOrder() {
+		for method := range doc.Paths.Value(path).Operations() {
+			if op := method + " " + path; !headings[op] {
+				t.Errorf("docs/api.md has no heading ### `%s`", op)
+			}
+		}
 	}
 }
