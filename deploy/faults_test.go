@@ -203,7 +203,8 @@ func decide(c *http.Client, base, rule, key string) (decision, error) {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
+	// 200 allows, 429 refuses; both carry the decision.
+	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusTooManyRequests {
 		return d, fmt.Errorf("/v1/check: %s: %s", resp.Status, bytes.TrimSpace(b))
 	}
 	return d, json.Unmarshal(b, &d)

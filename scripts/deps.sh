@@ -8,6 +8,10 @@ command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need_apt+=(redis-tools)
 # redis-py drives weir serve's Redis-protocol listener (internal/resp tests).
 /usr/bin/python3 -c 'import redis' >/dev/null 2>&1 || need_apt+=(python3-redis)
+# The example clients (examples/clients) run under python3, node and curl.
+command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
+command -v node >/dev/null 2>&1 || need_apt+=(nodejs)
+command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 # systemd-analyze checks deploy/systemd/weir.service (deploy/systemd_test.go).
 command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
 for extra in ${WEIR_DEPS_EXTRA:-}; do

@@ -328,7 +328,7 @@ func TestHealthAndReadiness(t *testing.T) {
 	// Decisions fall back (on_error local by default) and are counted by
 	// what the fallback decided; after a few failures the breaker opens.
 	for range 10 {
-		if code, d := check(t, ts2.URL, "login", "a", 1); code != 200 || d["fallback"] != "local" {
+		if code, d := check(t, ts2.URL, "login", "a", 1); code != map[bool]int{true: 200, false: 429}[d["allowed"] == true] || d["fallback"] != "local" {
 			t.Fatalf("fallback: %d %v", code, d)
 		}
 	}

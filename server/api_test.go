@@ -26,7 +26,7 @@ func TestCheckDecides(t *testing.T) {
 		}
 	}
 	code, d := check(t, ts.URL, "login", "192.0.2.1", 1)
-	if code != 200 || d["allowed"] != false || d["retry_after_ms"].(float64) <= 0 || d["blocked_until"].(float64) == 0 {
+	if code != 429 || d["allowed"] != false || d["retry_after_ms"].(float64) <= 0 || d["blocked_until"].(float64) == 0 || d["error"] != "rate_limited" {
 		t.Fatalf("4th hit: %d %v", code, d)
 	}
 	// Another key is independent; hits defaults to 1; hits 0 peeks.

@@ -57,6 +57,30 @@ type Decision struct {
 	Fallback string `json:"fallback,omitempty"`
 	// DelayMS asks a shaping leaky bucket's caller to hold the request.
 	DelayMS int64 `json:"delay_ms,omitempty"`
+	// Error and Detail are set on a refusal (429) of POST /v1/check or
+	// POST /v1/reserve: "rate_limited" and a sentence, as every error
+	// body has them.
+	Error  string `json:"error,omitempty"`
+	Detail string `json:"detail,omitempty"`
+}
+
+// codeRateLimited is the error code of a refusal.
+const codeRateLimited = "rate_limited"
+
+// decisionStatus is the status of a decision's answer: 200 when allowed,
+// 429 when refused, in which case d gets the error code and a detail. The
+// JSON body stays authoritative: it says allowed true or false either way.
+func decisionStatus(d *Decision) int {
+	if d.Allowed {
+		return http.StatusOK
+	}
+	d.Error = codeRateLimited
+	d.Detail = fmt.Sprintf("rule %s refused the request; retry in %d ms", d.Rule, d.RetryAfterMS)
+	if d.BlockedUntil > 0 {
+		d.Detail = fmt.Sprintf("rule %s refused the request; the key is in the penalty box until %s", d.Rule,
+			time.UnixMilli(d.BlockedUntil).UTC().Format(time.RFC3339))
+	}
+	return http.StatusTooManyRequests
 }
 
 // decisionOf renders a store result.
@@ -115,7 +139,11 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 					`the body names both a rule and a domain; send {"rule","key","hits"} or {"domain","descriptors"}`)
 				return
 			}
-			out, status, _ := s.envoy.CheckJSON(r.Context(), body)
+			out, status, err := s.envoy.CheckJSON(r.Context(), body)
+			if err != nil {
+				writeError(w, status, errorCode(status), "%v", err)
+				return
+			}
 			h := w.Header()
 			h.Set("Content-Type", "application/json")
 			h.Set("Cache-Control", "no-store")
@@ -159,7 +187,26 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 	d.Tier, d.Fallback = rr.Tier, rr.Fallback
 	st := []httplimit.Status{{Rule: rr.Rule, Limit: rr.Limit, Result: rr.Result, Shadow: rr.Shadow}}
 	httplimit.WriteHeaders(w.Header(), st, 0, formatter(p))
-	writeJSON(w, http.StatusOK, d)
+	status := http.StatusOK
+	if mode == weir.ModeTake {
+		// A debit or refund records a cost already spent: the answer
+		// reports the key's state, not a refusal.
+		status = decisionStatus(&d)
+	}
+	writeJSON(w, status, d)
+}
+
+// errorCode is the error code of an error answered with status.
+func errorCode(status int) string {
+	switch status {
+	case http.StatusRequestEntityTooLarge:
+		return codeTooLarge
+	case http.StatusServiceUnavailable:
+		return codeStore
+	case http.StatusInternalServerError:
+		return codeInternal
+	}
+	return codeBadRequest
 }
 
 // formatter returns the header formatter the config asks for.

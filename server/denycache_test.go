@@ -33,7 +33,7 @@ func TestDenyCacheServe(t *testing.T) {
 		t.Fatalf("denials not answered from memory: %+v", st)
 	}
 	code, d := check(t, baseA, "api", "k", 1)
-	if code != 200 || d["allowed"] != false {
+	if code != 429 || d["allowed"] != false {
 		t.Fatalf("cached answer: %d %v", code, d)
 	}
 	if ra, _ := d["retry_after_ms"].(float64); ra <= 0 {

@@ -60,7 +60,7 @@ func TestRedisOutageMetricsShowFallbacks(t *testing.T) {
 			allowed := 0
 			for range 5 {
 				code, d := check(t, base, "login", "192.0.2.9", 1)
-				if code != 200 || d["fallback"] != c.mode {
+				if code != map[bool]int{true: 200, false: 429}[d["allowed"] == true] || d["fallback"] != c.mode {
 					t.Fatalf("/v1/check: %d %v", code, d)
 				}
 				if d["allowed"] == true {

@@ -85,7 +85,9 @@ func newTestServer(t testing.TB, opts ...Option) (*Server, *httptest.Server) {
 	return s, ts
 }
 
-// call sends a request and returns the response with its body read.
+// call sends a request and returns the response with its body read. The
+// response is validated against openapi.json (validateResponse): every
+// answer a test receives through call is one the API reference describes.
 func call(t testing.TB, method, url, body string, header ...string) (*http.Response, []byte) {
 	t.Helper()
 	var rd io.Reader
@@ -108,6 +110,7 @@ func call(t testing.TB, method, url, body string, header ...string) (*http.Respo
 	if err != nil {
 		t.Fatal(err)
 	}
+	validateResponse(t, req, resp, b)
 	return resp, b
 }
 

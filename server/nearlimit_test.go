@@ -36,11 +36,11 @@ rules:
 	for _, rule := range []string{"ten", "quiet"} {
 		for i := 1; i <= 11; i++ {
 			code, m := check(t, ts.URL, rule, "k", 1)
-			if allowed := m["allowed"] == true; allowed != (i <= 10) || code != 200 {
+			if allowed := m["allowed"] == true; allowed != (i <= 10) || code != map[bool]int{true: 200, false: 429}[allowed] {
 				t.Fatalf("%s decision %d: %d %v", rule, i, code, m)
 			}
 		}
-		if code, m := check(t, ts.URL, rule, "k", 0); code != 200 || m["remaining"] != 0.0 {
+		if code, m := check(t, ts.URL, rule, "k", 0); code != 429 || m["remaining"] != 0.0 {
 			t.Fatalf("%s peek: %d %v", rule, code, m)
 		}
 	}

@@ -159,7 +159,7 @@ func TestCheckCanonicalIPKeys(t *testing.T) {
 				t.Fatalf("%q, call %d: %d %v", pair[i%2], i+1, code, d)
 			}
 		}
-		if code, d := check(t, ts.URL, "login", pair[1], 1); code != 200 || d["allowed"] != false {
+		if code, d := check(t, ts.URL, "login", pair[1], 1); code != 429 || d["allowed"] != false {
 			t.Fatalf("4th call as %q after %q: %d %v; want limited, one counter", pair[1], pair[0], code, d)
 		}
 		// The admin API reads and resets the same counter.
@@ -181,7 +181,7 @@ func TestCheckCanonicalIPKeys(t *testing.T) {
 			t.Fatalf("auth: %d %s", code, body)
 		}
 	}
-	if code, d := check(t, ts.URL, "login", "2001:DB8:7:0:ffff::5", 0); code != 200 || d["remaining"] != float64(0) {
+	if code, d := check(t, ts.URL, "login", "2001:DB8:7:0:ffff::5", 0); code != 429 || d["remaining"] != float64(0) {
 		t.Fatalf("/v1/check of another address of the same /64 after 3 auths: %d %v", code, d)
 	}
 	if code, d := check(t, ts.URL, "login", "2001:db8::/32", 1); code != 400 || !strings.Contains(d["detail"].(string), `"2001:db8::/32"`) {

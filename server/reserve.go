@@ -177,7 +177,7 @@ func (s *Server) handleReserve(w http.ResponseWriter, r *http.Request) {
 		out.Reservation, out.ExpiresInMS = id, ReservationTTL.Milliseconds()
 	}
 	httplimit.WriteHeaders(w.Header(), []httplimit.Status{{Rule: rr.Rule, Limit: rr.Limit, Result: rr.Result, Shadow: rr.Shadow}}, 0, formatter(p))
-	writeJSON(w, http.StatusOK, out)
+	writeJSON(w, decisionStatus(&out.Decision), out)
 }
 
 // undoReserve refunds an estimate taken for a reservation that could not

@@ -30,30 +30,65 @@ func (m methods) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h(w, r)
 }
 
-// routes builds the HTTP handler.
+// route is one path weir serve answers: Pattern is its ServeMux
+// pattern; Handler serves it. Methods lists the methods it answers, or is
+// nil for a path that takes any method (GET stands for them in the API
+// reference). GET also serves HEAD.
+type route struct {
+	Pattern string
+	Methods []string
+	Handler http.Handler
+}
+
+// byMethod builds a route of the handlers m dispatches by method.
+func byMethod(pattern string, m methods) route {
+	ms := make([]string, 0, len(m))
+	for k := range m {
+		ms = append(ms, k)
+	}
+	sort.Strings(ms)
+	return route{Pattern: pattern, Methods: ms, Handler: m}
+}
+
+// routeTable lists every route the server registers, in the order they
+// are registered. The API reference (openapi.json) documents each of them;
+// a test holds the two to the same list.
+func (s *Server) routeTable() []route {
+	return []route{
+		byMethod("/v1/check", methods{http.MethodPost: s.traced("weir.check", s.handleCheck)}),
+		byMethod("/v1/reserve", methods{http.MethodPost: s.traced("weir.reserve", s.handleReserve)}),
+		byMethod("/v1/settle", methods{http.MethodPost: s.traced("weir.settle", s.handleSettle)}),
+		// Any method: nginx's auth subrequest has the original request's.
+		{Pattern: "/v1/auth", Handler: s.traced("weir.auth", s.handleAuth)},
+		byMethod("/v1/state", methods{http.MethodGet: s.admin(s.handleStateGet), http.MethodDelete: s.admin(s.handleStateDelete)}),
+		byMethod("/v1/blocked", methods{http.MethodGet: s.admin(s.handleBlockedGet), http.MethodDelete: s.admin(s.handleBlockedDelete)}),
+		byMethod("/v1/rules", methods{
+			http.MethodGet:    s.handleRulesGet,
+			http.MethodPut:    s.admin(s.handleRulesPut),
+			http.MethodDelete: s.admin(s.handleRulesDelete),
+		}),
+		byMethod("/v1/top", methods{http.MethodGet: s.handleTop}),
+		byMethod("/v1/dashboard/snapshot", methods{http.MethodGet: s.handleSnapshot}),
+		byMethod("/openapi.json", methods{http.MethodGet: handleOpenAPI}),
+		byMethod("/metrics", methods{http.MethodGet: s.metrics.handler().ServeHTTP}),
+		byMethod("/healthz", methods{http.MethodGet: s.handleHealthz}),
+		byMethod("/readyz", methods{http.MethodGet: s.handleReadyz}),
+		byMethod("/healthz/store", methods{http.MethodGet: s.handleStoreHealth}),
+		// The dashboard: its page and assets (the handler answers the
+		// other methods itself).
+		{Pattern: "/", Methods: []string{http.MethodGet}, Handler: dashboard.Handler()},
+	}
+}
+
+// routes builds the HTTP handler: the routes of routeTable, and a JSON
+// 404 for any other path under /v1/.
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/v1/check", methods{http.MethodPost: s.traced("weir.check", s.handleCheck)})
-	mux.Handle("/v1/reserve", methods{http.MethodPost: s.traced("weir.reserve", s.handleReserve)})
-	mux.Handle("/v1/settle", methods{http.MethodPost: s.traced("weir.settle", s.handleSettle)})
-	// Any method: nginx's auth subrequest has the original request's.
-	mux.HandleFunc("/v1/auth", s.traced("weir.auth", s.handleAuth))
-	mux.Handle("/v1/state", methods{http.MethodGet: s.admin(s.handleStateGet), http.MethodDelete: s.admin(s.handleStateDelete)})
-	mux.Handle("/v1/blocked", methods{http.MethodGet: s.admin(s.handleBlockedGet), http.MethodDelete: s.admin(s.handleBlockedDelete)})
-	mux.Handle("/v1/rules", methods{
-		http.MethodGet:    s.handleRulesGet,
-		http.MethodPut:    s.admin(s.handleRulesPut),
-		http.MethodDelete: s.admin(s.handleRulesDelete),
-	})
-	mux.Handle("/v1/top", methods{http.MethodGet: s.handleTop})
-	mux.Handle("/v1/dashboard/snapshot", methods{http.MethodGet: s.handleSnapshot})
-	mux.Handle("/metrics", methods{http.MethodGet: s.metrics.handler().ServeHTTP})
-	mux.Handle("/healthz", methods{http.MethodGet: s.handleHealthz})
-	mux.Handle("/readyz", methods{http.MethodGet: s.handleReadyz})
-	mux.Handle("/healthz/store", methods{http.MethodGet: s.handleStoreHealth})
+	for _, rt := range s.routeTable() {
+		mux.Handle(rt.Pattern, rt.Handler)
+	}
 	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, codeNotFound, "no endpoint %s; see GET /v1/rules, POST /v1/check, GET /v1/auth", r.URL.Path)
 	})
-	mux.Handle("/", dashboard.Handler())
 	return mux
 }

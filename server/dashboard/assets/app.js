@@ -702,9 +702,10 @@ function showResult(res, prefix) {
   const summary = $('try-summary');
   const parts = [];
   if (prefix) parts.push(prefix);
-  if (res.status >= 400 || typeof b.allowed !== 'boolean') {
+  // A refusal is 429 with the decision in the body (allowed false).
+  if ((res.status >= 400 && res.status !== 429) || typeof b.allowed !== 'boolean') {
     parts.push(h('span', { class: 'verdict err' }, `Error ${res.status}`),
-      typeof res.body === 'string' ? res.body : (b.error || b.message || 'unexpected answer'));
+      typeof res.body === 'string' ? res.body : (b.detail || b.error || b.message || 'unexpected answer'));
   } else if (b.allowed) {
     parts.push(h('span', { class: 'verdict ok' }, 'Allowed'),
       h('strong', null, `${fmt.count(b.remaining)} of ${fmt.count(b.limit)}`), ' left',
@@ -751,9 +752,10 @@ async function runTry(times) {
     for (let i = 0; i < times; i++) {
       last = await sendCheck(inp.rule, inp.key, inp.hits);
       if (last.body?.allowed) ok++;
-      if (last.status >= 400) break;
+      if (last.status >= 400 && last.status !== 429) break;
     }
-    const prefix = times > 1 && last.status < 400 ? `${times} checks: ${ok} allowed, ${times - ok} limited. Last: ` : '';
+    const decided = last.status < 400 || last.status === 429;
+    const prefix = times > 1 && decided ? `${times} checks: ${ok} allowed, ${times - ok} limited. Last: ` : '';
     showResult(last, prefix);
   } catch (e) {
     $('try-summary').replaceChildren(h('span', { class: 'verdict err' }, 'Failed'), e.message);
