@@ -196,7 +196,7 @@ func (m *ruled) serve(w http.ResponseWriter, r *http.Request, p *Policy, v *Verd
 		next.ServeHTTP(w, r)
 		return
 	}
-	protect.Track(w, r, next, a.Done)
+	protect.Track(w, r, next, a.DoneWaited)
 }
 
 // serveMetered runs the handler of a request with a cost or count rule and

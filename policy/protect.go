@@ -262,12 +262,17 @@ type Admission struct {
 
 // Done ends every ticket: failed says the request failed (a 5xx or a
 // panic). It may be called once.
-func (a *Admission) Done(failed bool) {
+func (a *Admission) Done(failed bool) { a.DoneWaited(failed, 0) }
+
+// DoneWaited is Done for a request that spent client of its latency
+// blocked on its client (protect.Track measures it): only the rest feeds
+// the adaptive limits and the breakers.
+func (a *Admission) DoneWaited(failed bool, client time.Duration) {
 	if a == nil {
 		return
 	}
 	for i := range a.t {
-		a.t[i].Done(failed)
+		a.t[i].DoneWaited(failed, client)
 	}
 	a.t = nil
 }

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 )
 
@@ -49,25 +51,50 @@ func WriteRejection(w http.ResponseWriter, rej *Rejection) {
 }
 
 // Track serves r with next and calls done once it returns, with whether
-// it failed: answered with a 5xx, or panicked (the panic then goes on, as
-// net/http expects).
-func Track(w http.ResponseWriter, r *http.Request, next http.Handler, done func(failed bool)) {
+// it failed (answered with a 5xx, or panicked: the panic then goes on, as
+// net/http expects) and how long the handler was blocked on its client:
+// in reads of the request body and in writes and flushes of the response.
+// Pass that time to Ticket.DoneWaited, so that a client that trickles its
+// body or reads slowly does not count as a slow handler.
+func Track(w http.ResponseWriter, r *http.Request, next http.Handler, done func(failed bool, client time.Duration)) {
 	sw := &statusWriter{ResponseWriter: w}
+	if r.Body != nil && r.Body != http.NoBody {
+		tb := &timedBody{ReadCloser: r.Body, blocked: &sw.blocked}
+		r2 := *r
+		r2.Body = tb
+		r = &r2
+	}
 	finished := false
 	defer func() {
 		if !finished {
-			done(true) // a panic
+			done(true, time.Duration(sw.blocked.Load())) // a panic
 		}
 	}()
 	next.ServeHTTP(sw, r)
 	finished = true
-	done(sw.status >= 500)
+	done(sw.status >= 500, time.Duration(sw.blocked.Load()))
 }
 
-// statusWriter records the status a handler answers with.
+// timedBody adds the time each Read of a request body blocks to blocked.
+type timedBody struct {
+	io.ReadCloser
+	blocked *atomic.Int64
+}
+
+func (b *timedBody) Read(p []byte) (int, error) {
+	start := time.Now()
+	n, err := b.ReadCloser.Read(p)
+	b.blocked.Add(int64(time.Since(start)))
+	return n, err
+}
+
+// statusWriter records the status a handler answers with, and the time
+// its writes and flushes spend blocked on the client (with the body's
+// reads, in blocked).
 type statusWriter struct {
 	http.ResponseWriter
-	status int
+	status  int
+	blocked atomic.Int64
 }
 
 func (s *statusWriter) WriteHeader(code int) {
@@ -81,7 +108,10 @@ func (s *statusWriter) Write(b []byte) (int, error) {
 	if s.status == 0 {
 		s.status = http.StatusOK
 	}
-	return s.ResponseWriter.Write(b)
+	start := time.Now()
+	n, err := s.ResponseWriter.Write(b)
+	s.blocked.Add(int64(time.Since(start)))
+	return n, err
 }
 
 // Unwrap lets http.ResponseController reach the writer underneath.
@@ -93,7 +123,9 @@ func (s *statusWriter) Flush() {
 		if s.status == 0 {
 			s.status = http.StatusOK
 		}
+		start := time.Now()
 		f.Flush()
+		s.blocked.Add(int64(time.Since(start)))
 	}
 }
 
@@ -122,7 +154,7 @@ func (r *Rule) Wrap(next http.Handler, priority func(*http.Request) Priority) ht
 			WriteRejection(w, rej)
 			return
 		}
-		Track(w, req, next, t.Done)
+		Track(w, req, next, t.DoneWaited)
 	})
 }
 

@@ -277,7 +277,14 @@ func (r *Rule) effectiveLimit(now time.Time) int {
 // Done ends an admitted request: failed says it failed (a 5xx, a panic,
 // a transport error). Its latency, from Acquire to Done on the rule's
 // clock, feeds the adaptive limit and the breaker.
-func (t *Ticket) Done(failed bool) {
+func (t *Ticket) Done(failed bool) { t.DoneWaited(failed, 0) }
+
+// DoneWaited is Done for a request that spent client of its latency
+// blocked on its client (reading a body the client trickles, writing to a
+// client that reads slowly): only the rest, the time the handler itself
+// took, feeds the adaptive limit and the breaker, so that slow clients
+// cannot make a healthy route look slow. Track measures client.
+func (t *Ticket) DoneWaited(failed bool, client time.Duration) {
 	r := t.r
 	if r == nil {
 		return
@@ -286,7 +293,7 @@ func (t *Ticket) Done(failed bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := r.now()
-	rtt := now.Sub(t.start)
+	rtt := max(now.Sub(t.start)-client, 0)
 	r.lim.inflight--
 	if failed {
 		r.stats.failed++

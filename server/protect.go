@@ -153,7 +153,7 @@ func (s *Server) protectHandler(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		protect.Track(w, r, next, a.Done)
+		protect.Track(w, r, next, a.DoneWaited)
 	})
 }
 
