@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/weir-dev/weir/algorithm"
 )
@@ -25,9 +24,19 @@ const (
 	// ModeRefund gives the cost back, never beyond an empty state (see
 	// Limiter.Refund).
 	ModeRefund
+	// ModeAtMost admits as much of the cost as is available, at least
+	// one, instead of all or nothing (see Limiter.AllowAtMost).
+	ModeAtMost
+	// ModeRelease gives back the concurrency lease named by Lease (see
+	// Lease.Release). N is unused.
+	ModeRelease
+	// ModeReset clears the key's state under the limit, penalty box
+	// included (see Limiter.Reset). N is unused.
+	ModeReset
 )
 
-// String returns the mode's name: "take", "debit" or "refund".
+// String returns the mode's name: "take", "debit", "refund", "at_most",
+// "release" or "reset".
 func (m Mode) String() string {
 	switch m {
 	case ModeTake:
@@ -36,11 +45,18 @@ func (m Mode) String() string {
 		return "debit"
 	case ModeRefund:
 		return "refund"
+	case ModeAtMost:
+		return "at_most"
+	case ModeRelease:
+		return "release"
+	case ModeReset:
+		return "reset"
 	}
 	return fmt.Sprintf("mode(%d)", uint8(m))
 }
 
-// ParseMode returns the Mode named s; "" is ModeTake.
+// ParseMode returns the Mode named s, one of those a caller of weir serve
+// may ask for: take, debit or refund; "" is ModeTake.
 func ParseMode(s string) (Mode, error) {
 	switch s {
 	case "", "take":
@@ -62,11 +78,52 @@ func (r *Request) AlgorithmMode() algorithm.Mode {
 		return algorithm.Settle
 	case r.Mode == ModeRefund:
 		return algorithm.Credit
-	case r.AtMost:
+	case r.Mode == ModeAtMost:
 		return algorithm.AtMost
 	}
 	return algorithm.Exact
 }
+
+// Check returns nil if r can be decided: its limit compiles and CheckWith
+// accepts it. It is the one validation of a request; stores and wrappers
+// that check before they decide call it (or CheckWith, once they hold the
+// compiled limit).
+func (r *Request) Check() error {
+	p, err := r.Limit.Compile()
+	if err != nil {
+		return err
+	}
+	return r.CheckWith(&p)
+}
+
+// CheckWith is Check under p, r.Limit compiled: a take's cost must be
+// within 0..the most p can admit at once (an at-most take's is capped to
+// it first); a debit's or refund's must be a debt p allows (CheckDebt);
+// a dated refund's Stamp must date it (CheckStamp). A release or reset
+// has no cost to check.
+func (r *Request) CheckWith(p *algorithm.Params) error {
+	switch r.Mode {
+	case ModeTake:
+		return CheckCost(r.Key, r.N, p.MaxCost())
+	case ModeAtMost:
+		return CheckCost(r.Key, min(r.N, p.MaxCost()), p.MaxCost())
+	case ModeDebit, ModeRefund:
+		if err := CheckDebt(r.Key, r.N, p, r.AlgorithmMode()); err != nil {
+			return err
+		}
+		if r.Mode == ModeRefund && !r.Stamp.IsZero() {
+			return CheckStamp(r.Stamp, r.N)
+		}
+		return nil
+	case ModeRelease, ModeReset:
+		return nil
+	}
+	return fmt.Errorf("%w: unknown mode %s", ErrUnsupported, r.Mode)
+}
+
+// One reports whether r must be decided alone: every mode but a take
+// (ModeTake, ModeAtMost) must.
+func (r *Request) One() bool { return r.Mode != ModeTake && r.Mode != ModeAtMost }
 
 // ErrSettled: the reservation was already settled.
 var ErrSettled = errors.New("weir: reservation already settled")
@@ -94,8 +151,8 @@ func CheckDebt(key string, n int64, p *algorithm.Params, mode algorithm.Mode) er
 	return nil
 }
 
-// oneBuf holds the one-request batch of a debit or refund: pooled, as
-// slices passed to TakeAll through an interface would escape.
+// oneBuf holds the one-request batch of a Limiter call other than a take:
+// pooled, as slices passed to Do through an interface would escape.
 type oneBuf struct {
 	req [1]Request
 	res [1]Result
@@ -103,15 +160,11 @@ type oneBuf struct {
 
 var oneBufs = sync.Pool{New: func() any { return new(oneBuf) }}
 
-// one runs a single request of mode m through the store's TakeAll.
+// one runs a single request through the store's Do.
 func (lim *Limiter) one(ctx context.Context, r Request) (Result, error) {
-	ms, ok := lim.store.(MultiStore)
-	if !ok {
-		return Result{}, fmt.Errorf("%w: %s needs a MultiStore", ErrUnsupported, r.Mode)
-	}
 	b := oneBufs.Get().(*oneBuf)
 	b.req[0] = r
-	err := ms.TakeAll(ctx, b.req[:], b.res[:])
+	err := lim.store.Do(ctx, b.req[:], b.res[:])
 	res := b.res[0]
 	*b = oneBuf{}
 	oneBufs.Put(b)
@@ -144,9 +197,9 @@ type Reservation struct {
 	Key      string
 	Limit    Limit
 	Estimate int64
-	// Stamp dates the take by the store's clock when the store can (a
-	// StampStore: memstore and redisstore are): Settle then refunds no
-	// more than the limit cannot have recovered since. Zero otherwise.
+	// Stamp dates the take by the store's clock (Result.At): Settle then
+	// refunds no more than the limit cannot have recovered since. Zero
+	// when the store gave no time.
 	Stamp Stamp
 
 	lim     *Limiter
@@ -190,61 +243,27 @@ func CheckStamp(st Stamp, n int64) error {
 	return nil
 }
 
-// A StampStore dates its takes by its own clock (Redis: its TIME), so
-// that Reserve can stamp its reservations; a refund Request with a Stamp
-// then settles that take (Request.Stamp). memstore and redisstore
-// implement it, and the wrappers guard, denycache and weirotel forward it.
-// Reserve asks the Limiter's store itself, not through Unwrap: a wrapper
-// of your own that does not implement it is never bypassed, and its
-// reservations are simply not dated (they settle as Limiter.Settle does).
-type StampStore interface {
-	// TakeStamped decides as Take does and, when the take is admitted,
-	// returns its Stamp: zero when rejected, or when a wrapper finds no
-	// store beneath it that dates its takes.
-	TakeStamped(ctx context.Context, key string, l Limit, n int64) (Result, Stamp, error)
-}
-
-// A StampAllStore dates the takes of an all-or-nothing batch
-// (MultiStore.TakeAll) by its own clock, so that each admitted request
-// with a variable cost can settle later as a reservation does: a policy's
-// cost rule decided together with other rules ("60 requests and 100k
-// tokens a minute per key") refunds with its take's time. memstore and
-// redisstore implement it, and the wrappers guard, denycache and weirotel
-// forward it when the store they hold does (asked directly, never through
-// Unwrap, as for StampStore).
-type StampAllStore interface {
-	// TakeAllStamped decides as TakeAll does and fills stamps[i] (stamps
-	// must be at least as long as reqs) with the Stamp of request i's
-	// take: its time by the store's clock (memstore: one clock reading for
-	// the batch; Redis: the TIME of the script that took it, one per
-	// cluster slot of the batch), N as the estimate and the Remaining
-	// right after it. A stamp is zero when its request consumed nothing
-	// (the batch was rejected, or N is 0), for an AtMost, leased or
-	// non-take request, and when a wrapper answered without the store (a
-	// cached denial) or holds a store that dates no batches.
-	TakeAllStamped(ctx context.Context, reqs []Request, results []Result, stamps []Stamp) error
-}
-
-// StampAdmitted fills stamps for requests decided at at (µs by the store's
-// clock): request i's Stamp when it is a take of N > 0 (not AtMost, not
-// leased) that was admitted in full, else zero. Stores implementing
-// StampAllStore call it.
-func StampAdmitted(reqs []Request, results []Result, stamps []Stamp, at int64) {
+// StampAdmitted sets results[i].At to at (µs by the store's clock) for
+// each request i that is a take (ModeTake) of N > 0, with no lease,
+// admitted in full, and
+// to 0 for every other: the time an admitted take's settlement is dated
+// by. Stores call it from Do.
+func StampAdmitted(reqs []Request, results []Result, at int64) {
 	for i := range reqs {
 		r := &reqs[i]
-		if r.Mode != ModeTake || r.AtMost || r.Lease != "" || r.N <= 0 || !results[i].Allowed || results[i].Granted != r.N {
-			stamps[i] = Stamp{}
+		if r.Mode != ModeTake || r.Lease != "" || r.N <= 0 || !results[i].Allowed || results[i].Granted != r.N {
+			results[i].At = 0
 			continue
 		}
-		stamps[i] = Stamp{At: at, Estimate: r.N, Remaining: results[i].Remaining}
+		results[i].At = at
 	}
 }
 
 // Reserve admits estimate events for key under l as AllowN does. When they
 // are admitted it returns a Reservation to Settle with the real cost; when
 // rejected the Reservation is nil and nothing is consumed. The limit's
-// algorithm must support debt (see Debit). A store that dates its takes
-// (the Limiter's store is a StampStore) stamps the reservation.
+// algorithm must support debt (see Debit). The reservation is stamped with
+// the store's time of the take (Result.At).
 func (lim *Limiter) Reserve(ctx context.Context, key string, l Limit, estimate int64) (*Reservation, Result, error) {
 	p, err := l.Compile()
 	if err != nil {
@@ -253,20 +272,11 @@ func (lim *Limiter) Reserve(ctx context.Context, key string, l Limit, estimate i
 	if err := CheckDebt(key, estimate, &p, algorithm.Debit); err != nil {
 		return nil, Result{}, err
 	}
-	if _, ok := lim.store.(MultiStore); !ok {
-		return nil, Result{}, fmt.Errorf("%w: Reserve needs a MultiStore", ErrUnsupported)
-	}
-	var res Result
-	var st Stamp
-	if ss, ok := lim.store.(StampStore); ok {
-		res, st, err = ss.TakeStamped(ctx, key, l, estimate)
-	} else {
-		res, err = lim.store.Take(ctx, key, l, estimate)
-	}
+	res, err := lim.one(ctx, Request{Key: key, Limit: l, N: estimate})
 	if err != nil || !res.Allowed {
 		return nil, res, err
 	}
-	return &Reservation{Key: key, Limit: l, Estimate: estimate, Stamp: st, lim: lim}, res, nil
+	return &Reservation{Key: key, Limit: l, Estimate: estimate, Stamp: res.Stamp(estimate), lim: lim}, res, nil
 }
 
 // Settle charges the reservation's real cost: it debits actual − estimate
@@ -326,20 +336,8 @@ func (lim *Limiter) SettleStamped(ctx context.Context, key string, l Limit, st S
 	return lim.one(ctx, Request{Key: key, Limit: l, N: st.Estimate - actual, Mode: ModeRefund, Stamp: st})
 }
 
-// ReservationStore keeps the reservations of weir serve (POST /v1/reserve
-// and /v1/settle): small records under random ids, each with a TTL, each
-// read at most once. memstore and redisstore implement it.
-type ReservationStore interface {
-	// PutReservation stores rec under id for ttl. It fails with
-	// ErrTooManyReservations when the store holds its maximum.
-	PutReservation(ctx context.Context, id string, rec []byte, ttl time.Duration) error
-	// TakeReservation returns id's record and deletes it, atomically; ok
-	// is false for an unknown, expired or already taken id.
-	TakeReservation(ctx context.Context, id string) (rec []byte, ok bool, err error)
-}
-
-// ErrTooManyReservations: a ReservationStore holds as many open
-// reservations as it may.
+// ErrTooManyReservations: weir serve holds as many open reservations as
+// it may.
 var ErrTooManyReservations = errors.New("weir: too many open reservations")
 
 // NewReservationID returns a random reservation id: 128 bits, hex.

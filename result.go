@@ -21,6 +21,20 @@ type Result struct {
 	// Delay is how long a shaping leaky bucket asks the caller to hold an
 	// admitted request before passing it on.
 	Delay time.Duration
+	// At is when an admitted take of N > 0 was decided, in µs since the
+	// Unix epoch by the store's clock (Redis: its TIME), as Store.Do sets
+	// it; 0 when unknown (Take, a rejection, another mode, an answer from
+	// a cache). It dates a settlement (Stamp).
+	At int64
+}
+
+// Stamp returns the Stamp of r as the result of a take of estimate: zero
+// unless r carries the take's time (At).
+func (r *Result) Stamp(estimate int64) Stamp {
+	if r.At == 0 {
+		return Stamp{}
+	}
+	return Stamp{At: r.At, Estimate: estimate, Remaining: r.Remaining}
 }
 
 // ResultOf converts an algorithm decision into a Result. Stores call it.
@@ -42,6 +56,7 @@ func (r *Result) SetDecision(d *algorithm.Decision) {
 	r.ResetAfter = time.Duration(d.ResetAfter) * time.Microsecond
 	r.Granted = d.Granted
 	r.Delay = time.Duration(d.Delay) * time.Microsecond
+	r.At = 0
 	r.BlockedUntil = time.Time{}
 	if d.BlockedUntil != 0 {
 		r.BlockedUntil = time.UnixMicro(d.BlockedUntil)

@@ -21,7 +21,7 @@ func TestSetDecisionSetsEveryField(t *testing.T) {
 	}
 	// Every field of Result differs between the two, so a field that
 	// SetDecision left alone shows.
-	other := weir.Result{Granted: -1, Limit: -1, Remaining: -1, RetryAfter: -1, ResetAfter: -1, Delay: -1, BlockedUntil: time.UnixMicro(99)}
+	other := weir.Result{Granted: -1, Limit: -1, Remaining: -1, RetryAfter: -1, ResetAfter: -1, Delay: -1, BlockedUntil: time.UnixMicro(99), At: -1}
 	rt := reflect.TypeFor[weir.Result]()
 	for i := range rt.NumField() {
 		if reflect.ValueOf(want).Field(i).Equal(reflect.ValueOf(other).Field(i)) {

@@ -32,45 +32,38 @@ import (
 )
 
 // Store keeps limiter state and makes each decision atomically. memstore and
-// redisstore implement it; storetest checks any implementation.
+// redisstore implement it; storetest checks any implementation. A wrapper
+// (a cache, a circuit breaker, tracing) implements the same two methods
+// and is composed explicitly around the store it wraps.
 type Store interface {
 	// Take decides a request of cost n against key's state under l and
-	// consumes n if it is admitted. n == 0 peeks without consuming.
+	// consumes n if it is admitted. n == 0 peeks without consuming. It is
+	// Do of one ModeTake request without the slices: the hot path.
 	Take(ctx context.Context, key string, l Limit, n int64) (Result, error)
-	// Reset clears key's state under l, penalty box included.
-	Reset(ctx context.Context, key string, l Limit) error
+	// Do decides reqs in one atomic step and writes request i's outcome
+	// to res[i] (res must be as long as reqs). A batch of several
+	// requests takes (ModeTake, ModeAtMost) all or nothing: every request
+	// is admitted and consumes, or none consumes; a rejected request's
+	// penalty box still starts. A request of any other mode comes alone.
+	// An admitted take of N > 0 carries the store's time in Result.At.
+	Do(ctx context.Context, reqs []Request, res []Result) error
 }
 
-// A Request is one decision in a TakeAll batch.
+// A Request is one decision of a Store's Do.
 type Request struct {
 	Key   string
 	Limit Limit
 	N     int64
-	// AtMost grants as much of N as is available, instead of all or nothing.
-	AtMost bool
-	// Lease names the concurrency lease an admitted request acquires, for a
-	// later Release. Empty means an anonymous lease that only expires.
-	Lease string
-	// Mode: take (the default), debit or refund. A batch of more than one
-	// request takes only.
+	// Mode: what the request does with N (the default takes it).
 	Mode Mode
+	// Lease names the concurrency lease an admitted take acquires, or the
+	// lease a ModeRelease gives back. Empty, on a take, means an
+	// anonymous lease that only expires.
+	Lease string
 	// Stamp, with ModeRefund: the refund settles the take it dates and
 	// gives back only what the limit cannot have recovered since
 	// (Limiter.SettleStamped). Zero: a plain refund.
 	Stamp Stamp
-}
-
-// MultiStore is a Store that can also decide several requests atomically
-// and release concurrency leases. memstore and redisstore implement it;
-// AllowAtMost, Acquire and multi-limit policies need it.
-type MultiStore interface {
-	Store
-	// TakeAll decides every request in one atomic step: either every
-	// request is admitted and consumes, or none consumes. results must be
-	// as long as reqs. A rejected request's penalty box still starts.
-	TakeAll(ctx context.Context, reqs []Request, results []Result) error
-	// Release gives back the concurrency lease id held on key.
-	Release(ctx context.Context, key string, l Limit, lease string) error
 }
 
 // Errors that callers can test with errors.Is.
@@ -81,7 +74,8 @@ var (
 	ErrInvalidCost = errors.New("weir: invalid cost")
 	// ErrStore: the store failed (network, timeout, Redis error). Stores wrap it.
 	ErrStore = errors.New("weir: store failed")
-	// ErrUnsupported: the Store lacks a capability the call needs.
+	// ErrUnsupported: the request cannot be decided (a debit under a
+	// limit without debt, a batch of requests that must come alone).
 	ErrUnsupported = errors.New("weir: not supported by this store")
 	// ErrNotSent: the decision was never sent to the store (it waited for
 	// a free connection past its deadline, or the caller's own bound on
@@ -133,18 +127,13 @@ func (lim *Limiter) Peek(ctx context.Context, key string, l Limit) (Result, erro
 // one, and reports the count in Result.Granted. It suits batching: a worker
 // asks for 100 and processes what it is granted.
 func (lim *Limiter) AllowAtMost(ctx context.Context, key string, l Limit, n int64) (Result, error) {
-	ms, ok := lim.store.(MultiStore)
-	if !ok {
-		return Result{}, fmt.Errorf("%w: AllowAtMost needs a MultiStore", ErrUnsupported)
-	}
-	var res [1]Result
-	err := ms.TakeAll(ctx, []Request{{Key: key, Limit: l, N: n, AtMost: true}}, res[:])
-	return res[0], err
+	return lim.one(ctx, Request{Key: key, Limit: l, N: n, Mode: ModeAtMost})
 }
 
 // Reset clears key's state under l, including any penalty box.
 func (lim *Limiter) Reset(ctx context.Context, key string, l Limit) error {
-	return lim.store.Reset(ctx, key, l)
+	_, err := lim.one(ctx, Request{Key: key, Limit: l, Mode: ModeReset})
+	return err
 }
 
 // A Lease holds concurrency slots until it is released or its TTL (the
@@ -154,13 +143,14 @@ type Lease struct {
 	Key    string
 	Limit  Limit
 	Weight int64
-	store  MultiStore
+	lim    *Limiter
 }
 
 // Release gives the lease's slots back. Releasing twice, or after the TTL,
 // is harmless.
 func (l *Lease) Release(ctx context.Context) error {
-	return l.store.Release(ctx, l.Key, l.Limit, l.ID)
+	_, err := l.lim.one(ctx, Request{Key: l.Key, Limit: l.Limit, Mode: ModeRelease, Lease: l.ID})
+	return err
 }
 
 // Acquire takes one slot of a concurrency limit. When admitted it returns a
@@ -172,10 +162,6 @@ func (lim *Limiter) Acquire(ctx context.Context, key string, l Limit) (*Lease, R
 
 // AcquireN is Acquire for a lease of weight n.
 func (lim *Limiter) AcquireN(ctx context.Context, key string, l Limit, n int64) (*Lease, Result, error) {
-	ms, ok := lim.store.(MultiStore)
-	if !ok {
-		return nil, Result{}, fmt.Errorf("%w: Acquire needs a MultiStore", ErrUnsupported)
-	}
 	if k, _ := l.Algorithm.Kind(); !k.Supports(algorithm.FeatureLeases) {
 		return nil, Result{}, &LimitError{Input: l.String(), Field: "algorithm", Reason: fmt.Sprintf("Acquire needs the concurrency algorithm, not %q", string(l.Algorithm))}
 	}
@@ -183,14 +169,11 @@ func (lim *Limiter) AcquireN(ctx context.Context, key string, l Limit, n int64) 
 		return nil, Result{}, fmt.Errorf("%w: a lease needs a positive weight, got %d", ErrInvalidCost, n)
 	}
 	id := NewLeaseID()
-	var res [1]Result
-	if err := ms.TakeAll(ctx, []Request{{Key: key, Limit: l, N: n, Lease: id}}, res[:]); err != nil {
-		return nil, res[0], err
+	res, err := lim.one(ctx, Request{Key: key, Limit: l, N: n, Lease: id})
+	if err != nil || !res.Allowed {
+		return nil, res, err
 	}
-	if !res[0].Allowed {
-		return nil, res[0], nil
-	}
-	return &Lease{ID: id, Key: key, Limit: l, Weight: n, store: ms}, res[0], nil
+	return &Lease{ID: id, Key: key, Limit: l, Weight: n, lim: lim}, res, nil
 }
 
 // NewLeaseID returns a random lease identifier.
@@ -198,23 +181,4 @@ func NewLeaseID() string {
 	var b [12]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
-}
-
-// StoreAs returns the first store that is a T in the chain that starts at
-// s and follows wrappers' Unwrap() Store methods (the deny cache and the
-// tracing wrapper offer one), so that a wrapper need not re-implement
-// every optional interface of the store it wraps.
-func StoreAs[T any](s Store) (T, bool) {
-	for range 8 { // wrappers are few; a cycle must not hang
-		if t, ok := s.(T); ok {
-			return t, true
-		}
-		u, ok := s.(interface{ Unwrap() Store })
-		if !ok {
-			break
-		}
-		s = u.Unwrap()
-	}
-	var zero T
-	return zero, false
 }

@@ -356,18 +356,18 @@ func redisOn(t *testing.T, c *clock, addrs []string) weir.Store {
 // batches of several requests and does not date them (no
 // weir.StampAllStore).
 type batchCounter struct {
-	weir.MultiStore
+	weir.Store
 	batches int
 }
 
-func (b *batchCounter) TakeAll(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
+func (b *batchCounter) Do(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
 	if len(reqs) > 1 {
 		b.batches++
 	}
-	return b.MultiStore.TakeAll(ctx, reqs, results)
+	return b.Store.Do(ctx, reqs, results)
 }
 
-func (b *batchCounter) Unwrap() weir.Store { return b.MultiStore }
+func (b *batchCounter) Unwrap() weir.Store { return b.Store }
 
 // TestCostBesideKeepsUserWrapper: the dated batch of a cost rule beside
 // other rules never reaches past a wrapper of the user's own that dates
@@ -375,7 +375,7 @@ func (b *batchCounter) Unwrap() weir.Store { return b.MultiStore }
 // the settlement's refund goes into the state as it is.
 func TestCostBesideKeepsUserWrapper(t *testing.T) {
 	clk := newClock()
-	bc := &batchCounter{MultiStore: memstore.New(memstore.WithClock(clk.Now))}
+	bc := &batchCounter{Store: memstore.New(memstore.WithClock(clk.Now))}
 	p := newPolicyOn(t, bc, costBesideYAML)
 	h := policy.Middleware(p)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { httplimit.Charge(r, 3) }))
 	if w := send(h, "POST", "/v1/chat", "192.0.2.1:1", "Authorization", "k1", "X-Max-Tokens", "10"); w.Code != 200 {

@@ -76,15 +76,17 @@ func (p *Policy) CheckKeyStamped(ctx context.Context, rule, tierName, key string
 		return RuleResult{}, weir.Stamp{}, err
 	}
 	start := time.Now()
-	res, st, err := p.guard.TakeStamped(ctx, rr.Key, t.limit, hits)
+	q := [1]weir.Request{{Key: rr.Key, Limit: t.limit, N: hits}}
+	var res [1]weir.Result
+	err = p.guard.Do(ctx, q[:], res[:])
 	lat := time.Since(start)
+	var st weir.Stamp
 	switch {
 	case err == nil:
-		rr.Result = res
+		rr.Result, st = res[0], res[0].Stamp(hits)
 	case errors.Is(err, weir.ErrInvalidCost) || errors.Is(err, weir.ErrInvalidLimit):
 		return RuleResult{}, weir.Stamp{}, fmt.Errorf("policy: rule %q: %w", rule, err)
 	default:
-		st = weir.Stamp{}
 		rr.Err, rr.Fallback = err, r.onError
 		reqs := [1]weir.Request{{Key: rr.Key, Limit: t.limit, N: hits}}
 		var out [1]weir.Result
@@ -115,7 +117,7 @@ func (p *Policy) decideKey(ctx context.Context, r *rule, t *tier, rr RuleResult,
 	reqs := [1]weir.Request{q}
 	var out [1]weir.Result
 	start := time.Now()
-	err := p.guard.TakeAll(ctx, reqs[:], out[:])
+	err := p.guard.Do(ctx, reqs[:], out[:])
 	lat := time.Since(start)
 	switch {
 	case err == nil:

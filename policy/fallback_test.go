@@ -45,7 +45,7 @@ func TestInvalidRequestDoesNotCloseBreaker(t *testing.T) {
 		}},
 		{"TakeAll over the limit", func(g *Guard) error {
 			var out [2]weir.Result
-			return g.TakeAll(ctx, []weir.Request{{Key: "a", Limit: l, N: 1}, {Key: "b", Limit: l, N: 9}}, out[:])
+			return g.Do(ctx, []weir.Request{{Key: "a", Limit: l, N: 1}, {Key: "b", Limit: l, N: 9}}, out[:])
 		}},
 	}
 	for _, c := range bad {

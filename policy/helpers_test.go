@@ -29,7 +29,7 @@ var errDown = storefake.ErrDown
 // countingHandler counts slog records whose message is msg.
 type countingHandler = storefake.LogCounter
 
-// singleStore hides TakeAll: a plain weir.Store.
+// singleStore is a wrapper that offers only weir.Store.
 type singleStore struct{ weir.Store }
 
 // mustPolicy parses doc and builds a Policy over store.

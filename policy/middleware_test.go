@@ -445,7 +445,7 @@ var errDown = errors.New("store down")
 func (failingStore) Take(context.Context, string, weir.Limit, int64) (weir.Result, error) {
 	return weir.Result{}, errDown
 }
-func (failingStore) Reset(context.Context, string, weir.Limit) error { return errDown }
+func (failingStore) Do(context.Context, []weir.Request, []weir.Result) error { return errDown }
 
 // sleeper records the delays asked for and answers them at once.
 type sleeper struct {

@@ -135,6 +135,10 @@ func New(cfg *Config, store weir.Store, opts ...Option) (*Policy, error) {
 		if gc.Now == nil {
 			gc.Now = o.now
 		}
+		if ts, ok := store.(interface{ Timeout() time.Duration }); ok && gc.StoreTimeout == 0 {
+			// The store's own deadline per call (redisstore.Store).
+			gc.StoreTimeout = ts.Timeout()
+		}
 		g = guard.New(store, gc)
 	}
 	set, err := newProtectSet(c, &o)
@@ -370,7 +374,9 @@ func (v *Verdict) Limited() (RuleResult, bool) {
 func (v *Verdict) Release(ctx context.Context) error {
 	var errs []error
 	for _, l := range v.leases {
-		if err := l.store.Release(ctx, l.key, l.limit, l.id); err != nil {
+		req := [1]weir.Request{{Key: l.key, Limit: l.limit, Mode: weir.ModeRelease, Lease: l.id}}
+		var out [1]weir.Result
+		if err := l.store.Do(ctx, req[:], out[:]); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -379,7 +385,7 @@ func (v *Verdict) Release(ctx context.Context) error {
 }
 
 type heldLease struct {
-	store weir.MultiStore
+	store weir.Store
 	key   string
 	limit weir.Limit
 	id    string
@@ -728,9 +734,8 @@ func (c *compiled) listed(v *reqView, nets []netip.Prefix, vals []valueSet) bool
 // scratch is the requests and results of one store call, pooled so that
 // deciding allocates nothing. Stores do not keep them past the call.
 type scratch struct {
-	reqs   [maxScratch]weir.Request
-	out    [maxScratch]weir.Result
-	stamps [maxScratch]weir.Stamp // a batch with a cost rule's (stamped)
+	reqs [maxScratch]weir.Request
+	out  [maxScratch]weir.Result
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
@@ -753,7 +758,6 @@ func putScratch(s *scratch, n int) {
 	}
 	clear(s.reqs[:n])
 	clear(s.out[:n])
-	clear(s.stamps[:n])
 	scratchPool.Put(s)
 }
 
@@ -762,20 +766,18 @@ func putScratch(s *scratch, n int) {
 // store latency.
 func (p *Policy) decide(ctx context.Context, res []RuleResult, idx []int, verdict *Verdict) time.Duration {
 	start := time.Now()
-	if p.guard.Multi() {
-		var lBuf, rBuf [maxScratch]int
-		leased, rest := lBuf[:0], rBuf[:0]
-		for _, j := range idx {
-			if p.c.byName[res[j].Rule].lease > 0 {
-				leased = append(leased, j)
-			} else {
-				rest = append(rest, j)
-			}
+	var lBuf, rBuf [maxScratch]int
+	leased, rest := lBuf[:0], rBuf[:0]
+	for _, j := range idx {
+		if p.c.byName[res[j].Rule].lease > 0 {
+			leased = append(leased, j)
+		} else {
+			rest = append(rest, j)
 		}
-		if len(leased) > 0 {
-			p.decideLeased(ctx, res, leased, rest, verdict)
-			return time.Since(start)
-		}
+	}
+	if len(leased) > 0 {
+		p.decideLeased(ctx, res, leased, rest, verdict)
+		return time.Since(start)
 	}
 	p.decideStore(ctx, res, idx, 1, verdict)
 	return time.Since(start)
@@ -840,75 +842,35 @@ func (p *Policy) decideLeased(ctx context.Context, res []RuleResult, leased, res
 // reads as admitted: it says what the rule would have done.
 func (p *Policy) decideStore(ctx context.Context, res []RuleResult, idx []int, n int64, verdict *Verdict) {
 	g := p.guard
-	var err error
-	if len(idx) == 1 && n > 0 && g.Multi() && res[idx[0]].Cost > 0 && p.c.byName[res[idx[0]].Rule].settles() {
-		// A rule with a cost or a count, decided alone: a dated take, so
-		// that its settlement refunds with the take's time.
-		j := idx[0]
-		res[j].Result, res[j].Stamp, err = g.TakeStamped(ctx, res[j].Key, res[j].Limit, res[j].Cost)
-	} else if g.Multi() {
-		reqs, out, s := getScratch(len(idx))
-		dated := false // a rule with a cost or a count takes: the batch is dated
-		var stamps []weir.Stamp
-		for i, j := range idx {
-			c := res[j].Cost
-			if n == 0 {
-				c = 0 // a peek
-			}
-			reqs[i] = weir.Request{Key: res[j].Key, Limit: res[j].Limit, N: c}
-			if c > 0 && res[j].Limit.Algorithm == weir.Concurrency {
-				reqs[i].Lease = weir.NewLeaseID()
-			}
-			dated = dated || (c > 0 && p.c.byName[res[j].Rule].settles())
+	reqs, out, s := getScratch(len(idx))
+	for i, j := range idx {
+		c := res[j].Cost
+		if n == 0 {
+			c = 0 // a peek
 		}
-		if dated {
-			// A rule with a cost or a count, decided with others: a dated
-			// batch, so that its settlement refunds with its take's time.
-			if s != nil {
-				stamps = s.stamps[:len(idx)]
-			} else {
-				stamps = make([]weir.Stamp, len(idx))
-			}
-			err = g.TakeAllStamped(ctx, reqs, out, stamps)
-		} else {
-			err = g.TakeAll(ctx, reqs, out)
-		}
-		if err == nil {
-			for i, j := range idx {
-				res[j].Result = out[i]
-				if stamps != nil && p.c.byName[res[j].Rule].settles() {
-					res[j].Stamp = stamps[i]
-				}
-				if n == 0 {
-					res[j].Result.Allowed = true
-				}
-				if reqs[i].Lease != "" && out[i].Allowed && out[i].Granted > 0 {
-					verdict.leases = append(verdict.leases, heldLease{g, reqs[i].Key, reqs[i].Limit, reqs[i].Lease})
-				}
-			}
-		}
-		putScratch(s, len(idx))
-	} else {
-		// Without a MultiStore the rules are taken one by one; after a
-		// rejection the rest only peek, so they consume nothing, but the
-		// rules before it have consumed.
-		rejected := n == 0
-		for _, j := range idx {
-			n := min(n, res[j].Cost) // the rule's cost, or 0 to peek
-			if rejected {
-				n = 0
-			}
-			var r weir.Result
-			if r, err = g.Take(ctx, res[j].Key, res[j].Limit, n); err != nil {
-				break
-			}
-			if rejected {
-				r.Allowed = true // a peek says what it would have done
-			}
-			res[j].Result = r
-			rejected = rejected || !r.Allowed
+		reqs[i] = weir.Request{Key: res[j].Key, Limit: res[j].Limit, N: c}
+		if c > 0 && res[j].Limit.Algorithm == weir.Concurrency {
+			reqs[i].Lease = weir.NewLeaseID()
 		}
 	}
+	err := g.Do(ctx, reqs, out)
+	if err == nil {
+		for i, j := range idx {
+			res[j].Result = out[i]
+			if p.c.byName[res[j].Rule].settles() {
+				// A rule with a cost or a count: its settlement refunds
+				// with its take's time.
+				res[j].Stamp = out[i].Stamp(reqs[i].N)
+			}
+			if n == 0 {
+				res[j].Result.Allowed = true
+			}
+			if reqs[i].Lease != "" && out[i].Allowed && out[i].Granted > 0 {
+				verdict.leases = append(verdict.leases, heldLease{g, reqs[i].Key, reqs[i].Limit, reqs[i].Lease})
+			}
+		}
+	}
+	putScratch(s, len(idx))
 	if err != nil {
 		p.fallback(ctx, res, idx, err, verdict)
 	}
@@ -999,7 +961,7 @@ func (p *Policy) CheckKeyTier(ctx context.Context, rule, tierName, key string, h
 	}
 	start := time.Now()
 	var res weir.Result
-	if r.lease > 0 && p.guard.Multi() {
+	if r.lease > 0 {
 		res, err = p.leases.Take(ctx, p.guard, rr.Key, t.limit, hits, lease.Size(r.lease, t.limit, p.Instances()))
 	} else {
 		res, err = p.guard.Take(ctx, rr.Key, t.limit, hits)
@@ -1090,7 +1052,7 @@ func (p *Policy) Reset(ctx context.Context, rule, key string) error {
 	for _, sk := range keys {
 		for _, t := range r.tiers {
 			p.leases.Forget(sk, t.limit)
-			if err := p.guard.Reset(ctx, sk, t.limit); err != nil {
+			if err := weir.NewLimiter(p.guard).Reset(ctx, sk, t.limit); err != nil {
 				errs = append(errs, err)
 			}
 			// Again after the reset: a lease taken from the old state

@@ -453,12 +453,7 @@ rules:
 				t.Fatalf("multi=%v: request %d: %+v", multi, i+4, v)
 			}
 		}
-		perIP := int64(7)
-		if !multi {
-			// Without TakeAll the rules before the rejecting one consumed:
-			// the documented limit of a plain weir.Store.
-			perIP = 2
-		}
+		perIP := int64(7) // every weir.Store decides a batch all or nothing (Do)
 		for rule, want := range map[string]int64{"per-ip": perIP, "global": 997} {
 			key := map[string]string{"per-ip": "192.0.2.1", "global": "all"}[rule]
 			rr, err := p.CheckKey(ctx, rule, key, 0)

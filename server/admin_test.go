@@ -299,7 +299,9 @@ type wrappedErrStore struct{}
 func (wrappedErrStore) Take(context.Context, string, weir.Limit, int64) (weir.Result, error) {
 	return weir.Result{}, fmt.Errorf("%w: dial tcp 127.0.0.1:1: connection refused", weir.ErrStore)
 }
-func (wrappedErrStore) Reset(context.Context, string, weir.Limit) error { return weir.ErrStore }
+func (wrappedErrStore) Do(context.Context, []weir.Request, []weir.Result) error {
+	return fmt.Errorf("%w: dial tcp 127.0.0.1:1: connection refused", weir.ErrStore)
+}
 
 func TestHealthAndReadiness(t *testing.T) {
 	_, ts := newTestServer(t)

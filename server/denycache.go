@@ -24,7 +24,7 @@ func (s *Server) openDenyCache(cfg *policy.Config) (weir.Store, error) {
 		return s.store, nil
 	}
 	bus := denycache.NewRedisBus(rs.Client(), denycache.RedisBusConfig{Channel: s.keys.denyCache, Logger: s.log})
-	d, err := denycache.New(rs, denycache.Config{Size: cfg.Store.DenyCacheSize, Bus: bus, Logger: s.log})
+	d, err := denycache.New(rs, denycache.Config{Size: cfg.Store.DenyCacheSize, Bus: bus, Logger: s.log, Timeout: rs.Timeout(), OnRefund: rs.OnRefund})
 	if err != nil {
 		return nil, fmt.Errorf("server: store.deny_cache: %w", err)
 	}

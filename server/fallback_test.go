@@ -29,7 +29,7 @@ func (d downStore) err() error {
 func (d downStore) Take(context.Context, string, weir.Limit, int64) (weir.Result, error) {
 	return weir.Result{}, d.err()
 }
-func (d downStore) Reset(context.Context, string, weir.Limit) error { return d.err() }
+func (d downStore) Do(context.Context, []weir.Request, []weir.Result) error { return d.err() }
 
 // withClock makes the server, its guard and the local fallback read now.
 func withClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
@@ -171,7 +171,18 @@ func (g *gateStore) Take(ctx context.Context, key string, l weir.Limit, n int64)
 	return weir.Result{Allowed: true, Limit: l.Rate, Remaining: l.Rate - n, Granted: n}, nil
 }
 
-func (g *gateStore) Reset(context.Context, string, weir.Limit) error { return nil }
+func (g *gateStore) Do(ctx context.Context, reqs []weir.Request, res []weir.Result) error {
+	for i, r := range reqs {
+		if r.Mode == weir.ModeReset || r.Mode == weir.ModeRelease {
+			continue
+		}
+		var err error
+		if res[i], err = g.Take(ctx, r.Key, r.Limit, r.N); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 func (g *gateStore) now() (inflight, max int) {
 	g.mu.Lock()

@@ -196,7 +196,15 @@ func (hangStore) Take(ctx context.Context, _ string, _ weir.Limit, _ int64) (wei
 	<-ctx.Done()
 	return weir.Result{}, fmt.Errorf("%w: %w", weir.ErrStore, ctx.Err())
 }
-func (hangStore) Reset(ctx context.Context, _ string, _ weir.Limit) error { return nil }
+func (h hangStore) Do(ctx context.Context, reqs []weir.Request, res []weir.Result) error {
+	for i, r := range reqs {
+		var err error
+		if res[i], err = h.Take(ctx, r.Key, r.Limit, r.N); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 // TestCallerGiveUpIsNoStoreError: a caller that gives up before the store
 // answers (Envoy's rate-limit timeout is 20ms) is not counted as a store

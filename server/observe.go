@@ -135,11 +135,7 @@ func (s *Server) envoyDecider(ctx context.Context, reqs []weir.Request, res []we
 	}
 	decide := func(i int) {
 		start := time.Now()
-		if s.guard.Multi() || reqs[i].Mode != weir.ModeTake {
-			errs[i] = s.guard.TakeAll(ctx, reqs[i:i+1], res[i:i+1]) // a debit needs a MultiStore
-		} else {
-			res[i], errs[i] = s.guard.Take(ctx, reqs[i].Key, reqs[i].Limit, reqs[i].N)
-		}
+		errs[i] = s.guard.Do(ctx, reqs[i:i+1], res[i:i+1])
 		lats[i] = time.Since(start)
 	}
 	if workers := min(len(reqs), maxEnvoyInFlight); workers <= 1 {

@@ -113,11 +113,24 @@ func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 	return true
 }
 
-// reservations returns the policy's store as a ReservationStore, or the
-// first store it wraps that is one (the deny cache and the tracing wrapper
-// keep no reservations of their own: they Unwrap to the store that does).
-func reservations(p *policy.Policy) (weir.ReservationStore, bool) {
-	return weir.StoreAs[weir.ReservationStore](p.Store())
+// reservationStore keeps the reservations of POST /v1/reserve and
+// /v1/settle: small records under random ids, each with a TTL, each read
+// at most once. openStore sets it from the store it opens or is given:
+// memstore.Store keeps them in a bounded map, redisstore.Store under
+// <prefix>:r:<id> with SET PX and GETDEL; another store keeps none.
+type reservationStore interface {
+	// PutReservation stores rec under id for ttl. It fails with
+	// weir.ErrTooManyReservations when the store holds its maximum.
+	PutReservation(ctx context.Context, id string, rec []byte, ttl time.Duration) error
+	// TakeReservation returns id's record and deletes it, atomically; ok
+	// is false for an unknown, expired or already taken id.
+	TakeReservation(ctx context.Context, id string) (rec []byte, ok bool, err error)
+}
+
+// reservations returns the store of weir serve's reservations, if it
+// keeps any.
+func (s *Server) reservations() (reservationStore, bool) {
+	return s.resv, s.resv != nil
 }
 
 // handleReserve serves POST /v1/reserve: it takes the estimate as
@@ -144,7 +157,7 @@ func (s *Server) handleReserve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := s.holder.Load()
-	rs, ok := reservations(p)
+	rs, ok := s.reservations()
 	if !ok {
 		writeError(w, http.StatusNotImplemented, codeBadRequest, "this store keeps no reservations")
 		return
@@ -207,7 +220,7 @@ func (s *Server) handleSettle(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := s.holder.Load()
-	rs, ok := reservations(p)
+	rs, ok := s.reservations()
 	if !ok {
 		writeError(w, http.StatusNotImplemented, codeBadRequest, "this store keeps no reservations")
 		return

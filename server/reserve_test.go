@@ -134,11 +134,11 @@ type notSentStore struct {
 	fail atomic.Bool
 }
 
-func (s *notSentStore) TakeAll(ctx context.Context, reqs []weir.Request, out []weir.Result) error {
+func (s *notSentStore) Do(ctx context.Context, reqs []weir.Request, out []weir.Result) error {
 	if s.fail.Load() && len(reqs) == 1 && reqs[0].Mode != weir.ModeTake {
 		return fmt.Errorf("test: %w", weir.ErrNotSent)
 	}
-	return s.Store.TakeAll(ctx, reqs, out)
+	return s.Store.Do(ctx, reqs, out)
 }
 
 // TestSettleKeptWhenNotSent: a settlement the store never saw keeps its

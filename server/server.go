@@ -252,8 +252,12 @@ type Server struct {
 	deny   *denycache.Store // the deny cache in front of a Redis store; nil without
 	owned  func()           // closes what New opened
 	info   atomic.Pointer[storeInfo]
-	rdb    rueidis.Client // nil without Redis
-	keys   redisKeys      // the names of the service's own keys in Redis
+	rdb    rueidis.Client   // nil without Redis
+	resv   reservationStore // nil if the store keeps no reservations
+	// storeTimeout is the Redis store's own deadline per call (0 for
+	// another store): the guard then adds none of its own.
+	storeTimeout time.Duration
+	keys         redisKeys // the names of the service's own keys in Redis
 
 	envoy    *envoyrls.Service
 	envoyDir string
@@ -354,18 +358,9 @@ func (s *Server) init() error {
 		}
 		return 0
 	}))
-	decider, err := s.openDenyCache(cfg)
-	if err != nil {
+	if err := s.composeStore(cfg); err != nil {
 		return err
 	}
-	// The tracing wrapper goes outside the deny cache: the guard still
-	// finds the cache's answers (guard.Answerer) through its Unwrap.
-	s.guard = guard.New(s.o.tracing.Store(decider), guard.Config{
-		Timeout: cfg.Store.Timeout,
-		Breaker: cfg.Store.Breaker,
-		Logger:  s.log,
-		Now:     s.now,
-	})
 	s.stats = newStats()
 	s.tops = newTopSet(topK)
 	s.blocked = newBlockedIndex(s.rdb, s.keys.blocked, s.log, s.now)
@@ -934,4 +929,31 @@ func breakerValue(st guard.BreakerState) float64 {
 		return 2
 	}
 	return 0
+}
+
+// composeStore builds the stack every decision of weir serve goes
+// through, in one place: the guard (deadline, circuit breaker, on_error
+// fallback), asking the deny cache first (guard.Config.Answer), over the
+// tracing wrapper, over the deny cache (Redis only), over the store. Each
+// piece is a weir.Store of two methods; what one needs of another (the
+// store's own deadline, its refund notifications, the cache's answers) is
+// passed here, never discovered.
+func (s *Server) composeStore(cfg *policy.Config) error {
+	decider, err := s.openDenyCache(cfg)
+	if err != nil {
+		return err
+	}
+	gc := guard.Config{
+		Timeout: cfg.Store.Timeout,
+		Breaker: cfg.Store.Breaker,
+		Logger:  s.log,
+		Now:     s.now,
+		// The Redis store's own deadline (openStore).
+		StoreTimeout: s.storeTimeout,
+	}
+	if s.deny != nil {
+		gc.Answer = s.deny.Await
+	}
+	s.guard = guard.New(s.o.tracing.Store(decider), gc)
+	return nil
 }

@@ -142,7 +142,7 @@ func redisConfig(sc policy.StoreConfig) (redisstore.Config, error) {
 	return rc, nil
 }
 
-// openStore sets s.store, s.rdb and s.info from the options and cfg. A
+// openStore sets s.store, s.resv, s.storeTimeout, s.rdb and s.info from the options and cfg. A
 // Redis store of the caller's (WithStore) lends the service its client, as
 // one the server opens does: the service's own keys share its connections.
 func (s *Server) openStore(cfg *policy.Config) error {
@@ -150,11 +150,15 @@ func (s *Server) openStore(cfg *policy.Config) error {
 		s.store = s.o.store
 		switch st := s.store.(type) {
 		case *memstore.Store:
+			s.resv = st
 			s.setInfo(storeInfo{Type: policy.StoreMemory, Topology: "memory"})
 		case *redisstore.Store:
-			s.rdb = st.Client()
+			s.rdb, s.resv, s.storeTimeout = st.Client(), st, st.Timeout()
 			s.setInfo(s.redisInfo(cfg.Store.Redis))
 		default:
+			// A store of the caller's: reservations in a bounded map in
+			// memory.
+			s.resv = memstore.New()
 			s.setInfo(storeInfo{Type: fmt.Sprintf("%T", s.store), Topology: "custom"})
 		}
 		return nil
@@ -164,7 +168,8 @@ func (s *Server) openStore(cfg *policy.Config) error {
 		if cfg.Store.MaxKeys > 0 {
 			mo = append(mo, memstore.WithMaxKeys(cfg.Store.MaxKeys))
 		}
-		s.store = memstore.New(mo...)
+		ms := memstore.New(mo...)
+		s.store, s.resv = ms, ms
 		s.setInfo(storeInfo{Type: policy.StoreMemory, Topology: "memory"})
 		return nil
 	}
@@ -186,7 +191,7 @@ func (s *Server) openStore(cfg *policy.Config) error {
 		s.log.Warn("weir: Redis unreachable at start; serving anyway, on_error decides until it answers",
 			"redis", strings.Join(rc.Addrs, ","))
 	}
-	s.store = rs
+	s.store, s.resv, s.storeTimeout = rs, rs, rs.Timeout()
 	// The service's own keys (rules, fleet, penalty-box index) go over the
 	// store's client, which follows its connection.
 	s.rdb = rs.Client()

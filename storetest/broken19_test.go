@@ -41,13 +41,13 @@ func (s strip) Take(ctx context.Context, key string, l weir.Limit, n int64) (wei
 	return s.Store.Take(ctx, key, s.f(l), n)
 }
 
-func (s strip) TakeAll(ctx context.Context, reqs []weir.Request, out []weir.Result) error {
+func (s strip) Do(ctx context.Context, reqs []weir.Request, out []weir.Result) error {
 	rs := make([]weir.Request, len(reqs))
 	for i, r := range reqs {
 		r.Limit = s.f(r.Limit)
 		rs[i] = r
 	}
-	return s.Store.TakeAll(ctx, rs, out)
+	return s.Store.Do(ctx, rs, out)
 }
 
 // noEscalation keeps the first box for every offence.

@@ -33,10 +33,10 @@ import (
 	"github.com/weir-dev/weir/storetest"
 )
 
-// store is what a broken store offers the harness: a MultiStore whose
+// store is what a broken store offers the harness: a Store whose
 // expiries the Expiry subtest can read.
 type store interface {
-	weir.MultiStore
+	weir.Store
 	TTL(key string, l weir.Limit) (time.Duration, bool)
 }
 
@@ -215,7 +215,7 @@ func (s *chargesRejections) Take(ctx context.Context, key string, l weir.Limit, 
 	k := string(l.Algorithm) + "\x00" + key
 	if d := s.debt[k]; d > 0 {
 		var res [1]weir.Result
-		if err := s.Store.TakeAll(ctx, []weir.Request{{Key: key, Limit: l, N: d, AtMost: true}}, res[:]); err == nil {
+		if err := s.Store.Do(ctx, []weir.Request{{Key: key, Limit: l, N: d, Mode: weir.ModeAtMost}}, res[:]); err == nil {
 			s.debt[k] -= res[0].Granted
 		}
 	}
@@ -289,7 +289,7 @@ func (s boxExpiresWithState) Take(ctx context.Context, key string, l weir.Limit,
 			bare := l
 			bare.Block = 0
 			if q, err := s.Store.Take(ctx, key, bare, 0); err == nil && q.ResetAfter == 0 {
-				if err := s.Store.Reset(ctx, key, l); err != nil {
+				if err := weir.NewLimiter(s.Store).Reset(ctx, key, l); err != nil {
 					return weir.Result{}, err
 				}
 			}
@@ -359,8 +359,8 @@ func (s peekConsumes) Take(ctx context.Context, key string, l weir.Limit, n int6
 // alone consume anyway (a batch applied request by request).
 type nonAtomicBatch struct{ *memstore.Store }
 
-func (s nonAtomicBatch) TakeAll(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
-	if err := s.Store.TakeAll(ctx, reqs, results); err != nil {
+func (s nonAtomicBatch) Do(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
+	if err := s.Store.Do(ctx, reqs, results); err != nil {
 		return err
 	}
 	rejected := false
@@ -380,22 +380,29 @@ func (s nonAtomicBatch) TakeAll(ctx context.Context, reqs []weir.Request, result
 	return nil
 }
 
-// atMostAllOrNothing ignores Request.AtMost: a partial grant is refused.
+// atMostAllOrNothing ignores weir.ModeAtMost: a partial grant is refused.
 type atMostAllOrNothing struct{ *memstore.Store }
 
-func (s atMostAllOrNothing) TakeAll(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
+func (s atMostAllOrNothing) Do(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
 	all := make([]weir.Request, len(reqs))
 	for i, r := range reqs {
-		r.AtMost = false
+		if r.Mode == weir.ModeAtMost {
+			r.Mode = weir.ModeTake
+		}
 		all[i] = r
 	}
-	return s.Store.TakeAll(ctx, all, results)
+	return s.Store.Do(ctx, all, results)
 }
 
 // releaseIgnored never gives a lease back: leases only expire.
 type releaseIgnored struct{ *memstore.Store }
 
-func (releaseIgnored) Release(context.Context, string, weir.Limit, string) error { return nil }
+func (s releaseIgnored) Do(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
+	if len(reqs) == 1 && reqs[0].Mode == weir.ModeRelease {
+		return nil
+	}
+	return s.Store.Do(ctx, reqs, results)
+}
 
 // badCostRejected answers a cost the limit can never admit with a
 // rejection instead of an error.
@@ -419,21 +426,13 @@ func (s keyEscape) Take(ctx context.Context, key string, l weir.Limit, n int64) 
 	return s.Store.Take(ctx, escape(key), l, n)
 }
 
-func (s keyEscape) TakeAll(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
+func (s keyEscape) Do(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
 	esc := make([]weir.Request, len(reqs))
 	for i, r := range reqs {
 		r.Key = escape(r.Key)
 		esc[i] = r
 	}
-	return s.Store.TakeAll(ctx, esc, results)
-}
-
-func (s keyEscape) Release(ctx context.Context, key string, l weir.Limit, lease string) error {
-	return s.Store.Release(ctx, escape(key), l, lease)
-}
-
-func (s keyEscape) Reset(ctx context.Context, key string, l weir.Limit) error {
-	return s.Store.Reset(ctx, escape(key), l)
+	return s.Store.Do(ctx, esc, results)
 }
 
 func (s keyEscape) TTL(key string, l weir.Limit) (time.Duration, bool) {
@@ -616,11 +615,16 @@ func debtAlgorithms(test string) []string {
 	return names
 }
 
-// undatedBatch claims weir.StampAllStore but dates nothing: a cost rule
-// decided beside others would settle into the state as it is.
+// undatedBatch dates no batch (Result.At): a cost rule decided beside
+// others would settle into the state as it is.
 type undatedBatch struct{ *memstore.Store }
 
-func (s undatedBatch) TakeAllStamped(ctx context.Context, reqs []weir.Request, results []weir.Result, stamps []weir.Stamp) error {
-	clear(stamps)
-	return s.TakeAll(ctx, reqs, results)
+func (s undatedBatch) Do(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
+	err := s.Store.Do(ctx, reqs, results)
+	if len(reqs) > 1 {
+		for i := range results {
+			results[i].At = 0
+		}
+	}
+	return err
 }

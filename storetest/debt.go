@@ -42,9 +42,6 @@ func (t *tester) debts() bool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := t.h.Store.(weir.MultiStore); !ok {
-		t.Skip("debt needs a MultiStore")
-	}
 	if p.Debts() {
 		return true
 	}
@@ -221,8 +218,8 @@ func (t *tester) debtLateSettle() {
 		if err != nil || r == nil || !res.Allowed {
 			t.Fatalf("Reserve %d on %s: %v %+v %v", n, key, r, res, err)
 		}
-		if _, ok := t.h.Store.(weir.StampStore); ok && r.Stamp.IsZero() {
-			t.Fatalf("a StampStore left the reservation unstamped: %+v", r)
+		if r.Stamp.IsZero() {
+			t.Fatalf("the store left the reservation unstamped: %+v", r)
 		}
 		return r
 	}
@@ -294,10 +291,7 @@ func (t *tester) debtLateSettle() {
 	}
 
 	// Bad stamps: ErrInvalidCost naming the value, and nothing changes.
-	ms, ok := t.h.Store.(weir.MultiStore)
-	if !ok {
-		return
-	}
+	ms := t.h.Store
 	t.take("bad", l, 4)
 	at := t.h.Clock.Now().UnixMicro()
 	for _, c := range []struct {
@@ -311,7 +305,7 @@ func (t *tester) debtLateSettle() {
 	} {
 		req := [1]weir.Request{{Key: t.key("bad"), Limit: l, N: c.n, Mode: weir.ModeRefund, Stamp: c.st}}
 		var out [1]weir.Result
-		if err := ms.TakeAll(ctx, req[:], out[:]); !errors.Is(err, weir.ErrInvalidCost) || !strings.Contains(err.Error(), c.want) {
+		if err := ms.Do(ctx, req[:], out[:]); !errors.Is(err, weir.ErrInvalidCost) || !strings.Contains(err.Error(), c.want) {
 			t.Fatalf("a settlement with %+v of %d: %v, want ErrInvalidCost naming %s", c.st, c.n, err, c.want)
 		}
 	}
@@ -322,7 +316,7 @@ func (t *tester) debtLateSettle() {
 
 // debtLateSettleBatch: a take decided in an all-or-nothing batch with
 // another request (a policy's "requests and tokens per minute" on one key,
-// weir.StampAllStore) is dated as a reservation is, and its settlement
+// Result.At) is dated as a reservation is, and its settlement
 // refunds by that time: the late-settlement reproduction, late and on time, with
 // the other request on another key (another slot on a Redis Cluster: each
 // slot's script dates its own takes) and on the same key under another
@@ -331,10 +325,7 @@ func (t *tester) debtLateSettleBatch() {
 	if !t.debts() {
 		return
 	}
-	sa, ok := t.h.Store.(weir.StampAllStore)
-	if !ok {
-		t.Skip("not a weir.StampAllStore")
-	}
+	sa := stamper{t.h.Store}
 	ctx := context.Background()
 	l := t.base()
 	other := weir.GCRA
@@ -557,9 +548,9 @@ func (t *tester) debtBadInput() {
 		}
 	}
 	// A batch of several requests only takes.
-	ms := t.h.Store.(weir.MultiStore)
+	ms := t.h.Store
 	reqs := []weir.Request{{Key: t.key("a"), Limit: l, N: 1, Mode: weir.ModeDebit}, {Key: t.key("b"), Limit: l, N: 1}}
-	if err := ms.TakeAll(ctx, reqs, make([]weir.Result, 2)); !errors.Is(err, weir.ErrUnsupported) {
+	if err := ms.Do(ctx, reqs, make([]weir.Result, 2)); !errors.Is(err, weir.ErrUnsupported) {
 		t.Fatalf("a batch with a debit: %v, want ErrUnsupported", err)
 	}
 	t.expect("state after bad input", t.take("k", l, 0), want{true, 3, 0})
@@ -637,4 +628,20 @@ func (t *tester) debtHammer() {
 	if r := t.take("h", l, 0); r.Remaining != rate-70 {
 		t.Fatalf("after 60 refunds and %d debits: %d remaining, want %d", twos.Load(), r.Remaining, rate-70)
 	}
+}
+
+// stamper reads the Stamps of a batch's admitted takes from its Results.
+type stamper struct{ s weir.Store }
+
+// TakeAllStamped decides reqs with Do and sets stamps[i] to request i's
+// Stamp (Result.At; zero when its take was not dated).
+func (sa stamper) TakeAllStamped(ctx context.Context, reqs []weir.Request, res []weir.Result, stamps []weir.Stamp) error {
+	err := sa.s.Do(ctx, reqs, res)
+	for i := range reqs {
+		stamps[i] = weir.Stamp{}
+		if err == nil {
+			stamps[i] = res[i].Stamp(reqs[i].N)
+		}
+	}
+	return err
 }

@@ -502,11 +502,6 @@ func (t *tester) resetAfterExact() {
 
 func (t *tester) atMost() {
 	l := t.base()
-	ms, ok := t.h.Store.(weir.MultiStore)
-	if !ok {
-		t.Skip("not a MultiStore")
-	}
-	_ = ms
 	ctx := context.Background()
 	r, err := t.lim.AllowAtMost(ctx, t.key("k"), l, 3)
 	if err != nil || !r.Allowed || r.Granted != 3 || r.Remaining != 1 {
@@ -745,17 +740,14 @@ func (t *tester) hammer() {
 
 // batch checks TakeAll's all-or-nothing contract.
 func (t *tester) batch() {
-	ms, ok := t.h.Store.(weir.MultiStore)
-	if !ok {
-		t.Skip("not a MultiStore")
-	}
+	ms := t.h.Store
 	ctx := context.Background()
 	wide := t.limit(10, time.Minute)
 	narrow := t.limit(2, time.Minute)
 	reqs := []weir.Request{{Key: t.key("wide"), Limit: wide, N: 1}, {Key: t.key("narrow"), Limit: narrow, N: 1}}
 	res := make([]weir.Result, 2)
 	for i := 0; i < 2; i++ {
-		if err := ms.TakeAll(ctx, reqs, res); err != nil {
+		if err := ms.Do(ctx, reqs, res); err != nil {
 			t.Fatal(err)
 		}
 		if !res[0].Allowed || !res[1].Allowed || res[0].Remaining != int64(9-i) || res[1].Remaining != int64(1-i) {
@@ -763,7 +755,7 @@ func (t *tester) batch() {
 		}
 	}
 	for i := 0; i < 3; i++ {
-		if err := ms.TakeAll(ctx, reqs, res); err != nil {
+		if err := ms.Do(ctx, reqs, res); err != nil {
 			t.Fatal(err)
 		}
 		if res[1].Allowed || res[1].RetryAfter <= 0 {
@@ -778,12 +770,12 @@ func (t *tester) batch() {
 	}
 	// Duplicate keys in one batch are refused.
 	dup := []weir.Request{{Key: t.key("d"), Limit: wide, N: 1}, {Key: t.key("d"), Limit: wide, N: 1}}
-	if err := ms.TakeAll(ctx, dup, res); err == nil {
+	if err := ms.Do(ctx, dup, res); err == nil {
 		t.Fatal("a batch naming one key twice was accepted")
 	}
 	// A bad cost anywhere fails the batch with nothing consumed.
 	bad := []weir.Request{{Key: t.key("wide"), Limit: wide, N: 1}, {Key: t.key("narrow2"), Limit: narrow, N: 3}}
-	if err := ms.TakeAll(ctx, bad, res); !errors.Is(err, weir.ErrInvalidCost) {
+	if err := ms.Do(ctx, bad, res); !errors.Is(err, weir.ErrInvalidCost) {
 		t.Fatalf("batch with cost 3 on a limit of 2: %v", err)
 	}
 	if r := t.take("wide", wide, 0); r.Remaining != 8 {
@@ -792,9 +784,6 @@ func (t *tester) batch() {
 }
 
 func (t *tester) leases() {
-	if _, ok := t.h.Store.(weir.MultiStore); !ok {
-		t.Skip("not a MultiStore")
-	}
 	ctx := context.Background()
 	l := weir.Limit{Algorithm: weir.Concurrency, Rate: 4, Period: time.Minute}
 	k := t.key("k")

@@ -18,8 +18,7 @@ import (
 // ErrDown is what a Store answers while Down is set.
 var ErrDown = fmt.Errorf("%w: connection refused", weir.ErrStore)
 
-// Store wraps a memstore, counts calls, and fails on demand. It
-// implements weir.MultiStore.
+// Store wraps a memstore, counts calls, and fails on demand.
 type Store struct {
 	// Inner is the memstore that decides when nothing fails.
 	Inner *memstore.Store
@@ -66,20 +65,16 @@ func (f *Store) enter(ctx context.Context) error {
 }
 
 // check refuses an invalid request when f.Validate is set.
-func (f *Store) check(key string, l weir.Limit, n int64) error {
-	if !f.Validate {
+func (f *Store) check(r *weir.Request) error {
+	if !f.Validate || r.Mode == weir.ModeRelease || r.Mode == weir.ModeReset {
 		return nil
 	}
-	p, err := l.Compile()
-	if err != nil {
-		return err
-	}
-	return weir.CheckCost(key, n, p.MaxCost())
+	return r.Check()
 }
 
 // Take implements weir.Store.
 func (f *Store) Take(ctx context.Context, key string, l weir.Limit, n int64) (weir.Result, error) {
-	if err := f.check(key, l, n); err != nil {
+	if err := f.check(&weir.Request{Key: key, Limit: l, N: n}); err != nil {
 		return weir.Result{}, err
 	}
 	if err := f.enter(ctx); err != nil {
@@ -88,36 +83,20 @@ func (f *Store) Take(ctx context.Context, key string, l weir.Limit, n int64) (we
 	return f.Inner.Take(ctx, key, l, n)
 }
 
-// Reset implements weir.Store.
-func (f *Store) Reset(ctx context.Context, key string, l weir.Limit) error {
-	if err := f.enter(ctx); err != nil {
-		return err
-	}
-	return f.Inner.Reset(ctx, key, l)
-}
-
-// TakeAll implements weir.MultiStore.
-func (f *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
-	for _, r := range reqs {
-		if err := f.check(r.Key, r.Limit, r.N); err != nil {
+// Do implements weir.Store.
+func (f *Store) Do(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
+	for i := range reqs {
+		if err := f.check(&reqs[i]); err != nil {
 			return err
 		}
 	}
 	if err := f.enter(ctx); err != nil {
 		return err
 	}
-	return f.Inner.TakeAll(ctx, reqs, results)
+	return f.Inner.Do(ctx, reqs, results)
 }
 
-// Release implements weir.MultiStore.
-func (f *Store) Release(ctx context.Context, key string, l weir.Limit, lease string) error {
-	if err := f.enter(ctx); err != nil {
-		return err
-	}
-	return f.Inner.Release(ctx, key, l, lease)
-}
-
-var _ weir.MultiStore = (*Store)(nil)
+var _ weir.Store = (*Store)(nil)
 
 // LogCounter is a slog.Handler that keeps every record's message, so a
 // test can count how often something was logged.

@@ -97,4 +97,6 @@ type failing struct{}
 func (failing) Take(context.Context, string, weir.Limit, int64) (weir.Result, error) {
 	return weir.Result{}, fmt.Errorf("%w: connection refused", weir.ErrStore)
 }
-func (failing) Reset(context.Context, string, weir.Limit) error { return nil }
+func (failing) Do(context.Context, []weir.Request, []weir.Result) error {
+	return fmt.Errorf("%w: connection refused", weir.ErrStore)
+}

@@ -220,22 +220,11 @@ func (s *Service) SetConfig(cfg *Config) {
 func (s *Service) Config() *Config { return s.cfg.Load() }
 
 // StoreDecider returns the default Decider: each request goes to store on
-// its own, through MultiStore.TakeAll when store has it.
+// its own, through its Do.
 func StoreDecider(store weir.Store) Decider {
-	if ms, ok := store.(weir.MultiStore); ok {
-		return func(ctx context.Context, reqs []weir.Request, res []weir.Result) error {
-			for i := range reqs {
-				if err := ms.TakeAll(ctx, reqs[i:i+1], res[i:i+1]); err != nil {
-					return err
-				}
-			}
-			return nil
-		}
-	}
 	return func(ctx context.Context, reqs []weir.Request, res []weir.Result) error {
-		for i, r := range reqs {
-			var err error
-			if res[i], err = store.Take(ctx, r.Key, r.Limit, r.N); err != nil {
+		for i := range reqs {
+			if err := store.Do(ctx, reqs[i:i+1], res[i:i+1]); err != nil {
 				return err
 			}
 		}

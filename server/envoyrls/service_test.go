@@ -765,8 +765,8 @@ type takeOnly struct{ s weir.Store }
 func (t takeOnly) Take(ctx context.Context, key string, l weir.Limit, n int64) (weir.Result, error) {
 	return t.s.Take(ctx, key, l, n)
 }
-func (t takeOnly) Reset(ctx context.Context, key string, l weir.Limit) error {
-	return t.s.Reset(ctx, key, l)
+func (t takeOnly) Do(ctx context.Context, reqs []weir.Request, res []weir.Result) error {
+	return t.s.Do(ctx, reqs, res)
 }
 
 func TestStateKeys(t *testing.T) {

@@ -59,9 +59,18 @@ type Config struct {
 	Clock func() time.Time
 	// Logger receives the rare events: the bus lost or back.
 	Logger *slog.Logger
+	// Timeout is the wrapped store's own deadline per call
+	// (redisstore.Store.Timeout), which also bounds the publication of an
+	// invalidation after a refund the store made by itself (default 1s).
+	Timeout time.Duration
+	// OnRefund, if set, is called once by New with the function the
+	// wrapped store must call with the key of every take it gives back by
+	// itself (redisstore.Store.OnRefund: a Cluster batch refunded across
+	// hash slots), so that denials made meanwhile are dropped everywhere.
+	OnRefund func(f func(ctx context.Context, key string))
 }
 
-// Store is a weir.Store and weir.MultiStore that answers cached denials
+// Store is a weir.Store that answers cached denials
 // from memory and passes everything else to the store it wraps. It is safe
 // for concurrent use. Build it with New; Close stops its subscription.
 //
@@ -71,7 +80,6 @@ type Config struct {
 // keeps answering the old denial until it lapses.
 type Store struct {
 	next    weir.Store
-	multi   weir.MultiStore // nil if next is not one
 	t       *table
 	bus     Bus
 	live    atomic.Bool // the bus is subscribed: the cache may answer and keep
@@ -97,15 +105,12 @@ func New(next weir.Store, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("denycache: size %d is outside 1..%d", cfg.Size, MaxSize)
 	}
 	s := &Store{next: next, t: newTable(size, cfg.Clock), bus: cfg.Bus, log: cfg.Logger, done: make(chan struct{})}
-	s.multi, _ = next.(weir.MultiStore)
-	if ts, ok := next.(interface{ Timeout() time.Duration }); ok {
-		s.timeout = ts.Timeout()
-	}
+	s.timeout = cfg.Timeout
 	if s.log == nil {
 		s.log = slog.Default()
 	}
-	if r, ok := weir.StoreAs[refunder](next); ok {
-		r.OnRefund(s.refunded)
+	if cfg.OnRefund != nil {
+		cfg.OnRefund(s.refunded)
 	}
 	if s.bus == nil {
 		s.live.Store(true)
@@ -133,13 +138,6 @@ func (s *Store) Close() error {
 	})
 	return nil
 }
-
-// Unwrap returns the wrapped store.
-func (s *Store) Unwrap() weir.Store { return s.next }
-
-// Timeout reports the wrapped store's own per-call deadline (0 if it has
-// none), so that a guard in front adds no timer of its own.
-func (s *Store) Timeout() time.Duration { return s.timeout }
 
 // Live reports whether the cache is in use: false while its bus is not
 // subscribed.
@@ -223,23 +221,35 @@ func (s *Store) Take(ctx context.Context, key string, l weir.Limit, n int64) (we
 	return res, err
 }
 
-// TakeAll answers a batch of one request as Take does; an AtMost request
-// is denied exactly when one event is, so it is answered by a denial of cost
-// 1, and its own denials are not kept. A batch of several goes to the
-// wrapped store.
-func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
-	if s.multi == nil {
-		return fmt.Errorf("%w: denycache: the wrapped %T is no MultiStore", weir.ErrUnsupported, s.next)
-	}
-	if len(reqs) == 1 && reqs[0].Mode != weir.ModeTake {
-		return s.debt(ctx, reqs, results)
+// Do answers a take of one request as Take does; an at-most take
+// (weir.ModeAtMost) is denied exactly when one event is, so it is
+// answered by a denial of cost 1, and its own denials are not kept. A
+// batch of several goes to the wrapped store. A debit or refund goes to
+// the wrapped store (see debt); a release too (never cached, so nothing to
+// drop); a reset resets the key in the wrapped store, then drops its entry
+// here and publishes it to every instance on the bus, whatever the reset
+// returned (a reset that failed may still have happened). An error
+// publishing is returned: other instances may then answer the old denial
+// until it lapses.
+func (s *Store) Do(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
+	if len(reqs) == 1 {
+		switch reqs[0].Mode {
+		case weir.ModeDebit, weir.ModeRefund:
+			return s.debt(ctx, reqs, results)
+		case weir.ModeRelease:
+			return s.next.Do(ctx, reqs, results)
+		case weir.ModeReset:
+			err := s.next.Do(ctx, reqs, results)
+			return errors.Join(err, s.Invalidate(ctx, reqs[0].Key))
+		}
 	}
 	if len(reqs) != 1 || len(results) < 1 || reqs[0].N < 1 || !cacheable(reqs[0].Limit) || !s.live.Load() {
-		return s.multi.TakeAll(ctx, reqs, results)
+		return s.next.Do(ctx, reqs, results)
 	}
 	rq := &reqs[0]
+	atMost := rq.Mode == weir.ModeAtMost
 	n := rq.N
-	if rq.AtMost {
+	if atMost {
 		n = 1
 	}
 	lc := s.t.locate(rq.Key)
@@ -258,10 +268,10 @@ func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir
 	lc.sh.miss.Add(1)
 	sent := s.t.now()
 	epoch := lc.sh.epoch.Load()
-	err = s.multi.TakeAll(ctx, reqs, results)
-	// An AtMost denial's RetryAfter is for its whole N, not for the one
+	err = s.next.Do(ctx, reqs, results)
+	// An at-most denial's RetryAfter is for its whole N, not for the one
 	// event its denial proves unavailable: it is answered, never kept.
-	if res := &results[0]; err == nil && !rq.AtMost && !res.Allowed && res.RetryAfter > 0 && s.live.Load() {
+	if res := &results[0]; err == nil && !atMost && !res.Allowed && res.RetryAfter > 0 && s.live.Load() {
 		if maxCost, ok := keepable(rq.Limit); ok {
 			s.t.insert(&lc, rq.Key, rq.Limit, n, maxCost, sent, epoch, res)
 		}
@@ -369,7 +379,7 @@ func (f *flight) end() { close(f.done) }
 // reset) and on every instance through the bus. A failure to publish is
 // logged, not returned: the refund itself was made.
 func (s *Store) debt(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
-	err := s.multi.TakeAll(ctx, reqs, results)
+	err := s.next.Do(ctx, reqs, results)
 	if reqs[0].Mode == weir.ModeRefund {
 		if perr := s.Invalidate(ctx, reqs[0].Key); perr != nil {
 			s.log.Warn("weir: deny cache: publishing the invalidation after a refund failed; other instances may answer the old denial until it lapses", "err", perr)
@@ -378,13 +388,7 @@ func (s *Store) debt(ctx context.Context, reqs []weir.Request, results []weir.Re
 	return err
 }
 
-// A refunder gives back takes by itself and says so (redisstore.Store:
-// the refund that undoes a Cluster batch spanning hash slots).
-type refunder interface {
-	OnRefund(f func(ctx context.Context, key string))
-}
-
-// refunded is the wrapped store's OnRefund callback: capacity came back to
+// refunded is the wrapped store's refund callback (Config.OnRefund): capacity came back to
 // key, so a denial of it made between the take and the refund, here or on
 // another instance, may be wrong. It drops the key's entries here and on
 // every instance, as after a reset; a failure to publish is logged.
@@ -401,7 +405,7 @@ func (s *Store) refunded(ctx context.Context, key string) {
 }
 
 // Answer returns the cached denial that answers req, if there is one,
-// without asking the wrapped store (guard.Answerer: the guard asks first, so
+// without asking the wrapped store (as guard.Config.Answer: the guard asks first, so
 // that answers from memory never count for its circuit breaker). A miss is
 // not counted here: the Take or TakeAll that follows counts it.
 func (s *Store) Answer(req *weir.Request) (weir.Result, bool) {
@@ -416,10 +420,10 @@ func (s *Store) Answer(req *weir.Request) (weir.Result, bool) {
 // askable reports whether a cached denial could answer req, and the cost
 // it must cover (1 for an AtMost request: any denial of its key denies it).
 func (s *Store) askable(req *weir.Request) (int64, bool) {
-	if req.N < 1 || req.Mode != weir.ModeTake || !cacheable(req.Limit) || !s.live.Load() {
+	if req.N < 1 || req.One() || !cacheable(req.Limit) || !s.live.Load() {
 		return 0, false
 	}
-	if req.AtMost {
+	if req.Mode == weir.ModeAtMost {
 		return 1, true
 	}
 	return req.N, true
@@ -428,7 +432,7 @@ func (s *Store) askable(req *weir.Request) (int64, bool) {
 // Await is Answer, and more: if req's key has a lapsed denial that would
 // have answered req and a request for it is on its way to the store, Await
 // waits for that request's answer (until ctx ends) and answers req with
-// the denial it kept, if it kept one (guard.Awaiter). It never sends
+// the denial it kept, if it kept one (guard.Config.Answer). It never sends
 // anything itself: the guard asks it before it calls the store, so that an
 // answer that waited for another request's does not count for its circuit
 // breaker either. A miss is not counted here.
@@ -445,26 +449,9 @@ func (s *Store) Await(ctx context.Context, req *weir.Request) (weir.Result, bool
 	return r, ok
 }
 
-// Release gives a concurrency lease back (never cached, so nothing to drop).
-func (s *Store) Release(ctx context.Context, key string, l weir.Limit, lease string) error {
-	if s.multi == nil {
-		return fmt.Errorf("%w: denycache: the wrapped %T is no MultiStore", weir.ErrUnsupported, s.next)
-	}
-	return s.multi.Release(ctx, key, l, lease)
-}
-
-// Reset resets key in the wrapped store, then drops key's entry here and
-// publishes it to every instance on the bus, whatever the reset returned (a
-// reset that failed may still have happened). An error publishing is
-// returned: other instances may then answer the old denial until it lapses.
-func (s *Store) Reset(ctx context.Context, key string, l weir.Limit) error {
-	err := s.next.Reset(ctx, key, l)
-	return errors.Join(err, s.Invalidate(ctx, key))
-}
-
 // Invalidate drops key's entries (under every limit) here and on every
 // instance of the bus. Call it after changing a key's state in the shared
-// store other than through Take (Reset calls it).
+// store other than through Take (a reset through Do calls it).
 func (s *Store) Invalidate(ctx context.Context, key string) error {
 	s.t.invalidateKey(key)
 	if s.bus == nil {
@@ -531,7 +518,4 @@ func (s *Store) hits() int64 {
 // Reasons lists the invalidation reasons Stats reports.
 func Reasons() []string { return append([]string(nil), reasonNames[:]...) }
 
-var (
-	_ weir.Store      = (*Store)(nil)
-	_ weir.MultiStore = (*Store)(nil)
-)
+var _ weir.Store = (*Store)(nil)

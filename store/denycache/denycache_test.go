@@ -99,7 +99,7 @@ func TestResetInvalidates(t *testing.T) {
 	if s.Stats().Entries != 1 {
 		t.Fatal("the denial was not kept")
 	}
-	if err := s.Reset(ctx, "a", fw); err != nil {
+	if err := weir.NewLimiter(s).Reset(ctx, "a", fw); err != nil {
 		t.Fatal(err)
 	}
 	if !mustTake(t, s, "a", fw, 1).Allowed {
@@ -357,14 +357,14 @@ func TestDebtPassesThrough(t *testing.T) {
 		t.Fatal("a debit was answered from memory")
 	}
 	out := make([]weir.Result, 1)
-	if err := s.TakeAll(ctx, []weir.Request{{Key: "a", Limit: fw, N: 2, Mode: weir.ModeDebit}}, out); err != nil {
+	if err := s.Do(ctx, []weir.Request{{Key: "a", Limit: fw, N: 2, Mode: weir.ModeDebit}}, out); err != nil {
 		t.Fatal(err)
 	}
 	// The debit counted in the store: a refund of 2 still leaves the key full.
 	if r, err := ms.Take(ctx, "a", fw, 0); err != nil || r.Remaining != 0 {
 		t.Fatalf("after the debit the store says %+v %v", r, err)
 	}
-	if err := s.TakeAll(ctx, []weir.Request{{Key: "a", Limit: fw, N: 3, Mode: weir.ModeRefund}}, out); err != nil {
+	if err := s.Do(ctx, []weir.Request{{Key: "a", Limit: fw, N: 3, Mode: weir.ModeRefund}}, out); err != nil {
 		t.Fatal(err)
 	}
 	if st := s.Stats(); st.Entries != 0 {

@@ -14,11 +14,9 @@ import (
 	"github.com/weir-dev/weir/storetest"
 )
 
-var _ guard.Answerer = (*Store)(nil)
-
 // failing is a store that fails every call while down is set.
 type failing struct {
-	weir.MultiStore
+	weir.Store
 	down atomic.Bool
 }
 
@@ -26,7 +24,7 @@ func (f *failing) Take(ctx context.Context, key string, l weir.Limit, n int64) (
 	if f.down.Load() {
 		return weir.Result{}, fmt.Errorf("%w: down", weir.ErrStore)
 	}
-	return f.MultiStore.Take(ctx, key, l, n)
+	return f.Store.Take(ctx, key, l, n)
 }
 
 // TestGuardBreakerSeesThroughHits: behind a guard, answers from the cache
@@ -38,23 +36,23 @@ func TestGuardBreakerSeesThroughHits(t *testing.T) {
 	// A wrapper outside the cache (weir serve's tracing is one): the
 	// guard finds the cache through Unwrap.
 	t.Run("wrapped", func(t *testing.T) {
-		guardBreakerSeesThroughHits(t, func(s weir.Store) weir.Store { return unwrapper{s.(weir.MultiStore)} })
+		guardBreakerSeesThroughHits(t, func(s weir.Store) weir.Store { return unwrapper{s} })
 	})
 }
 
 // unwrapper wraps a store and offers Unwrap, as weirotel's does.
-type unwrapper struct{ weir.MultiStore }
+type unwrapper struct{ weir.Store }
 
-func (u unwrapper) Unwrap() weir.Store { return u.MultiStore }
+func (u unwrapper) Unwrap() weir.Store { return u.Store }
 
 func guardBreakerSeesThroughHits(t *testing.T, wrap func(weir.Store) weir.Store) {
 	clock := storetest.NewClock(storetest.Epoch)
-	inner := &failing{MultiStore: memstore.New(memstore.WithClock(clock.Now))}
+	inner := &failing{Store: memstore.New(memstore.WithClock(clock.Now))}
 	c, err := New(inner, Config{Clock: clock.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := guard.New(wrap(c), guard.Config{Timeout: time.Second, Now: clock.Now,
+	g := guard.New(wrap(c), guard.Config{Timeout: time.Second, Now: clock.Now, Answer: c.Await,
 		Breaker: guard.BreakerConfig{Failures: 5, FailureRatio: 2, Cooldown: time.Hour}})
 	for range 4 {
 		mustTake(t, g, "abuser", fw, 1) // the 4th is denied and cached
@@ -81,8 +79,6 @@ func guardBreakerSeesThroughHits(t *testing.T, wrap func(weir.Store) weir.Store)
 	}
 }
 
-var _ guard.Awaiter = (*Store)(nil)
-
 // failingGate is a herdGate whose store fails every call while down is set.
 type failingGate struct {
 	*herdGate
@@ -104,13 +100,13 @@ func (f *failingGate) Take(ctx context.Context, key string, l weir.Limit, n int6
 func TestGuardBreakerSeesThroughHerd(t *testing.T) {
 	clock := storetest.NewClock(storetest.Epoch)
 	ms := memstore.New(memstore.WithClock(clock.Now))
-	gate := &failingGate{herdGate: &herdGate{MultiStore: ms}}
+	gate := &failingGate{herdGate: &herdGate{Store: ms}}
 	c, err := New(gate, Config{Clock: clock.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
 	gate.cache.Store(c)
-	g := guard.New(c, guard.Config{Timeout: time.Second, Now: clock.Now,
+	g := guard.New(c, guard.Config{Timeout: time.Second, Now: clock.Now, Answer: c.Await,
 		Breaker: guard.BreakerConfig{Failures: 100, FailureRatio: 0.5, MinRequests: 4, Window: time.Hour, Cooldown: time.Hour}})
 	tb := weir.Limit{Algorithm: weir.TokenBucket, Rate: 10, Period: time.Second, Burst: 2}
 	for range 2 {
@@ -121,7 +117,7 @@ func TestGuardBreakerSeesThroughHerd(t *testing.T) {
 	mustTake(t, ms, "k", tb, 1) // another instance takes the token back
 	// A new window of the breaker's counts: the calls above are in it, so
 	// start from a breaker that has seen only what follows.
-	g = guard.New(c, guard.Config{Timeout: time.Second, Now: clock.Now,
+	g = guard.New(c, guard.Config{Timeout: time.Second, Now: clock.Now, Answer: c.Await,
 		Breaker: guard.BreakerConfig{Failures: 100, FailureRatio: 0.5, MinRequests: 4, Window: time.Hour, Cooldown: time.Hour}})
 	const k = 16
 	gate.want.Store(k - 1)

@@ -18,7 +18,7 @@ import (
 // flight under way) until want requests wait on that flight, so that a test can make a
 // herd happen every time, and counts the calls that reach the store.
 type herdGate struct {
-	weir.MultiStore
+	weir.Store
 	cache atomic.Pointer[Store]
 	want  atomic.Int32 // waiters to hold the leader for; 0: hold nothing
 	calls atomic.Int64
@@ -55,18 +55,18 @@ func (g *herdGate) hold(key string) {
 
 func (g *herdGate) Take(ctx context.Context, key string, l weir.Limit, n int64) (weir.Result, error) {
 	g.hold(key)
-	return g.MultiStore.Take(ctx, key, l, n)
+	return g.Store.Take(ctx, key, l, n)
 }
 
 // Unwrap lets weir.StoreAs see the real store (the deny cache finds
 // redisstore's OnRefund through it).
-func (g *herdGate) Unwrap() weir.Store { return g.MultiStore }
+func (g *herdGate) Unwrap() weir.Store { return g.Store }
 
-func (g *herdGate) TakeAll(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
+func (g *herdGate) Do(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
 	if len(reqs) == 1 {
 		g.hold(reqs[0].Key)
 	}
-	return g.MultiStore.TakeAll(ctx, reqs, results)
+	return g.Store.Do(ctx, reqs, results)
 }
 
 // twoInstances is two caches (no bus) on one memstore behind a herdGate,
@@ -75,7 +75,7 @@ func twoInstances(t *testing.T) (a, b *Store, g *herdGate, ms *memstore.Store, c
 	t.Helper()
 	clock = storetest.NewClock(storetest.Epoch)
 	ms = memstore.New(memstore.WithClock(clock.Now))
-	g = &herdGate{MultiStore: ms}
+	g = &herdGate{Store: ms}
 	var err error
 	if a, err = New(g, Config{Clock: clock.Now}); err != nil {
 		t.Fatal(err)
@@ -100,7 +100,7 @@ func herd(t *testing.T, c *Store, k int, key string, l weir.Limit, n int64) []we
 				out[i], err = c.Take(ctx, key, l, n)
 			} else {
 				var res [1]weir.Result
-				err = c.TakeAll(ctx, []weir.Request{{Key: key, Limit: l, N: n}}, res[:])
+				err = c.Do(ctx, []weir.Request{{Key: key, Limit: l, N: n}}, res[:])
 				out[i] = res[0]
 			}
 			if err != nil {
@@ -193,7 +193,7 @@ func TestHerdWaiterGivesUp(t *testing.T) {
 	ms := memstore.New(memstore.WithClock(clock.Now))
 	release := make(chan struct{})
 	leaderIn := make(chan struct{}, 1)
-	gs := &gatedMulti{MultiStore: ms, in: leaderIn, out: release}
+	gs := &gatedMulti{Store: ms, in: leaderIn, out: release}
 	s, err := New(gs, Config{Clock: clock.Now})
 	if err != nil {
 		t.Fatal(err)
@@ -245,7 +245,7 @@ func mustTakeNoT(s weir.Store, key string, l weir.Limit, n int64) weir.Result {
 
 // gatedMulti holds every Take while on, after saying so on in.
 type gatedMulti struct {
-	weir.MultiStore
+	weir.Store
 	on      atomic.Bool
 	in, out chan struct{}
 }
@@ -255,7 +255,7 @@ func (g *gatedMulti) Take(ctx context.Context, key string, l weir.Limit, n int64
 		g.in <- struct{}{}
 		<-g.out
 	}
-	return g.MultiStore.Take(ctx, key, l, n)
+	return g.Store.Take(ctx, key, l, n)
 }
 
 // TestHerdSecondLeader: when a bucket's lapsed denial gives back one unit,

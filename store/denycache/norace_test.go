@@ -25,7 +25,7 @@ func TestHitAllocs(t *testing.T) {
 	res := make([]weir.Result, 1)
 	for name, f := range map[string]func(){
 		"Take":    func() { _, _ = s.Take(ctx, "k", l, 1) },
-		"TakeAll": func() { _ = s.TakeAll(ctx, reqs, res) },
+		"TakeAll": func() { _ = s.Do(ctx, reqs, res) },
 		"Answer":  func() { _, _ = s.Answer(&reqs[0]) },
 		"Await":   func() { _, _ = s.Await(ctx, &reqs[0]) },
 	} {

@@ -40,8 +40,8 @@ func newFleet(t *testing.T, n int, cfg redisstore.Config, clock func() time.Time
 		}
 		quiet := slog.New(slog.DiscardHandler)
 		bus := NewRedisBus(rs.Client(), RedisBusConfig{Channel: cfg.Prefix + ":denycache", Logger: quiet})
-		g := &herdGate{MultiStore: rs}
-		c, err := New(g, Config{Bus: bus, Clock: clock, Logger: quiet})
+		g := &herdGate{Store: rs}
+		c, err := New(g, Config{Bus: bus, Clock: clock, Logger: quiet, Timeout: rs.Timeout(), OnRefund: rs.OnRefund})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -88,7 +88,7 @@ func (f *fleet) resets() []int64 {
 func (f *fleet) reset(t *testing.T, i int, key string, l weir.Limit) {
 	t.Helper()
 	before := f.resets()
-	if err := f.caches[i].Reset(context.Background(), key, l); err != nil {
+	if err := weir.NewLimiter(f.caches[i]).Reset(context.Background(), key, l); err != nil {
 		t.Fatal(err)
 	}
 	for j, c := range f.caches {
@@ -150,7 +150,7 @@ func TestDifferential(t *testing.T) {
 				clock.Advance(time.Duration(rng.IntN(20_000_000)) * time.Microsecond)
 			case r < 24:
 				f.reset(t, rng.IntN(len(f.caches)), k, l)
-				if err := plain.Reset(ctx, k, l); err != nil {
+				if err := weir.NewLimiter(plain).Reset(ctx, k, l); err != nil {
 					t.Fatal(err)
 				}
 				resets++
@@ -205,13 +205,16 @@ func TestDifferential(t *testing.T) {
 				batch, atMost := rng.IntN(2) == 0, rng.IntN(4) == 0
 				var got, want weir.Result
 				if batch {
-					req := []weir.Request{{Key: k, Limit: l, N: n, AtMost: atMost && n > 0}}
+					req := []weir.Request{{Key: k, Limit: l, N: n}}
+					if atMost && n > 0 {
+						req[0].Mode = weir.ModeAtMost
+					}
 					var res [1]weir.Result
-					if err := c.TakeAll(ctx, req, res[:]); err != nil {
+					if err := c.Do(ctx, req, res[:]); err != nil {
 						t.Fatal(err)
 					}
 					got = res[0]
-					if err := plain.TakeAll(ctx, req, res[:]); err != nil {
+					if err := plain.Do(ctx, req, res[:]); err != nil {
 						t.Fatal(err)
 					}
 					want = res[0]
@@ -429,7 +432,7 @@ func crossSlotRefund(t *testing.T, c *redistest.ClusterGroup, f *fleet) {
 	done := make(chan error, 1)
 	var res [2]weir.Result
 	go func() {
-		done <- a.TakeAll(ctx, []weir.Request{{Key: keyA, Limit: la, N: 1}, {Key: keyB, Limit: lb, N: 1}}, res[:])
+		done <- a.Do(ctx, []weir.Request{{Key: keyA, Limit: la, N: 1}, {Key: keyB, Limit: lb, N: 1}}, res[:])
 	}()
 	// Once the batch's take has spent keyA's last unit (a peek on the
 	// store itself, past the caches, says so), instance 1 asks for it and

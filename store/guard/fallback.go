@@ -95,7 +95,7 @@ func (g *Guard) Fallback(ctx context.Context, mode string, reqs []weir.Request, 
 		local[i] = reqs[i]
 		local[i].Limit = LocalLimit(reqs[i].Limit, instances)
 	}
-	err := g.local.TakeAll(ctx, local, res[:len(reqs)])
+	err := g.local.Do(ctx, local, res[:len(reqs)])
 	if err != nil {
 		hint := g.retryHint()
 		for i := range local {

@@ -105,6 +105,18 @@ type Config struct {
 	OnStateChange func(from, to BreakerState)
 	// Now is the clock (default time.Now). Tests step it.
 	Now func() time.Time
+	// StoreTimeout is the store's own deadline per call, if it ends every
+	// call by one (redisstore.Store.Timeout): when it is no longer than
+	// Timeout, the guard sets no deadline of its own, which would only
+	// cost a timer per call.
+	StoreTimeout time.Duration
+	// Answer, if set, answers a request from memory when its decision is
+	// certain without the store (denycache.Store.Await: a cached denial,
+	// or one that another request is bringing back). The guard asks it
+	// first: such an answer neither counts for the circuit breaker (a
+	// flood answered from memory would otherwise hide a failing store
+	// from it) nor waits for it to close.
+	Answer func(ctx context.Context, req *weir.Request) (weir.Result, bool)
 }
 
 // DefaultTimeout is the deadline of a store call when store.timeout is not set.
@@ -127,12 +139,10 @@ const DefaultTimeout = 50 * time.Millisecond
 //
 // A Guard outlives rule sets: build it once with the store and pass it to
 // every policy.New, so that a reload keeps the breaker's state and the
-// fallback counters. It implements weir.MultiStore when the wrapped store does.
+// fallback counters.
 type Guard struct {
 	store      weir.Store
-	multi      weir.MultiStore // nil unless store is one
-	answerer   Answerer        // nil unless store is one (the deny cache)
-	awaiter    Awaiter         // nil unless store is one (the deny cache)
+	answer     func(ctx context.Context, req *weir.Request) (weir.Result, bool) // Config.Answer
 	local      *memstore.Store
 	timeout    time.Duration
 	noDeadline bool // the store ignores contexts (memstore) or has its own deadline: skip the timer
@@ -228,6 +238,7 @@ func New(store weir.Store, cfg Config) *Guard {
 		logEvery: cfg.LogInterval,
 		onState:  cfg.OnStateChange,
 		now:      cfg.Now,
+		answer:   cfg.Answer,
 	}
 	if g.timeout <= 0 {
 		g.timeout = DefaultTimeout
@@ -246,11 +257,9 @@ func New(store weir.Store, cfg Config) *Guard {
 		maxKeys = 1 << 16
 	}
 	g.local = memstore.New(memstore.WithMaxKeys(maxKeys), memstore.WithShards(16), memstore.WithClock(g.now))
-	g.multi, _ = store.(weir.MultiStore)
-	g.answerer, _ = weir.StoreAs[Answerer](store) // through a tracing wrapper too
-	g.awaiter, _ = weir.StoreAs[Awaiter](store)
+	// memstore ignores contexts: a deadline would only cost a timer.
 	_, g.noDeadline = store.(*memstore.Store)
-	if ts, ok := store.(timeoutStore); ok && ts.Timeout() > 0 && ts.Timeout() <= g.timeout {
+	if cfg.StoreTimeout > 0 && cfg.StoreTimeout <= g.timeout {
 		// The store ends every call by its own timeout: a timer per call
 		// here would only cost (about 2 µs and 500 bytes a call).
 		g.noDeadline = true
@@ -258,45 +267,11 @@ func New(store weir.Store, cfg Config) *Guard {
 	return g
 }
 
-// An Answerer is a store that can answer some decisions from memory,
-// exactly, without asking the store behind it (store/denycache answers
-// certain denials). The guard asks it first: such an answer neither counts
-// for the circuit breaker (a flood answered from memory would otherwise
-// hide a failing store from it) nor waits for it to close.
-type Answerer interface {
-	// Answer returns the decision of req if it is certain without the
-	// store, and reports whether it is.
-	Answer(req *weir.Request) (weir.Result, bool)
-}
-
-// An Awaiter is an Answerer that can also wait for an answer on its way:
-// store/denycache, when a cached denial has just lapsed and another
-// request for it is at the store, waits for that request's answer and
-// answers from the denial it brings back. The guard asks Await instead of
-// Answer, so that such answers, too, neither count for the breaker nor
-// wait for it.
-type Awaiter interface {
-	// Await returns the decision of req if it is certain without the
-	// store, waiting at most until ctx ends for another request's answer
-	// to make it so, and reports whether it is.
-	Await(ctx context.Context, req *weir.Request) (weir.Result, bool)
-}
-
-// timeoutStore is a store that ends every call by a deadline of its own,
-// or the caller's if sooner (redisstore.Store).
-type timeoutStore interface {
-	Timeout() time.Duration
-}
-
 // Store returns the wrapped store.
 func (g *Guard) Store() weir.Store { return g.store }
 
 // Local returns the in-memory store that on_error: local falls back to.
 func (g *Guard) Local() *memstore.Store { return g.local }
-
-// Multi reports whether the wrapped store is a weir.MultiStore, which
-// all-or-nothing decisions need.
-func (g *Guard) Multi() bool { return g.multi != nil }
 
 // State returns the breaker's state.
 func (g *Guard) State() BreakerState {
@@ -572,32 +547,21 @@ func (g *Guard) call(ctx context.Context, f func(context.Context) error) error {
 }
 
 // invalid returns the error a store gives a request it refuses as invalid
-// (an unusable limit, a cost outside 0..the most it can admit), or nil.
-// The guard asks only while the breaker is not closed: an invalid request
-// then gets its own error, as when the store answers, rather than the
-// breaker's, and it never takes the half-open probe's place.
-func invalid(key string, l weir.Limit, n int64, atMost bool) error {
-	p, err := l.Compile()
-	if err != nil {
-		return err
+// (an unusable limit, a cost outside what the limit allows:
+// weir.Request.Check), or nil. The guard asks only while the breaker is
+// not closed: an invalid request then gets its own error, as when the
+// store answers, rather than the breaker's, and it never takes the
+// half-open probe's place.
+func invalid(reqs []weir.Request) error {
+	for i := range reqs {
+		if reqs[i].Mode == weir.ModeRelease || reqs[i].Mode == weir.ModeReset {
+			continue
+		}
+		if err := reqs[i].Check(); err != nil {
+			return err
+		}
 	}
-	if atMost {
-		n = min(n, p.MaxCost())
-	}
-	return weir.CheckCost(key, n, p.MaxCost())
-}
-
-// invalidRequest is invalid for one request of a batch: a debit or refund
-// may pass the limit (weir.CheckDebt).
-func invalidRequest(r *weir.Request) error {
-	if r.Mode == weir.ModeTake {
-		return invalid(r.Key, r.Limit, r.N, r.AtMost)
-	}
-	p, err := r.Limit.Compile()
-	if err != nil {
-		return err
-	}
-	return weir.CheckDebt(r.Key, r.N, &p, r.AlgorithmMode())
+	return nil
 }
 
 // closed reports whether the breaker is closed.
@@ -605,14 +569,17 @@ func (g *Guard) closed() bool { return BreakerState(g.state.Load()) == BreakerCl
 
 // Take implements weir.Store.
 func (g *Guard) Take(ctx context.Context, key string, l weir.Limit, n int64) (weir.Result, error) {
-	if g.answerer != nil {
-		if r, ok := g.answer(ctx, &weir.Request{Key: key, Limit: l, N: n}); ok {
-			return r, nil
+	if g.answer != nil || !g.closed() {
+		req := weir.Request{Key: key, Limit: l, N: n}
+		if g.answer != nil {
+			if r, ok := g.answer(ctx, &req); ok {
+				return r, nil
+			}
 		}
-	}
-	if !g.closed() {
-		if err := invalid(key, l, n, false); err != nil {
-			return weir.Result{}, err
+		if !g.closed() {
+			if err := req.Check(); err != nil {
+				return weir.Result{}, err
+			}
 		}
 	}
 	var res weir.Result
@@ -624,100 +591,27 @@ func (g *Guard) Take(ctx context.Context, key string, l weir.Limit, n int64) (we
 	return res, err
 }
 
-// TakeStamped implements weir.StampStore as Take does, through the
-// breaker: the wrapped store's stamp (when it is a weir.StampStore), or none
-// when it dates no takes or a cached denial answered.
-func (g *Guard) TakeStamped(ctx context.Context, key string, l weir.Limit, n int64) (weir.Result, weir.Stamp, error) {
-	ss, ok := g.store.(weir.StampStore)
-	if !ok {
-		res, err := g.Take(ctx, key, l, n)
-		return res, weir.Stamp{}, err
-	}
-	if g.answerer != nil {
-		if r, ok := g.answer(ctx, &weir.Request{Key: key, Limit: l, N: n}); ok {
-			return r, weir.Stamp{}, nil
-		}
-	}
-	if !g.closed() {
-		if err := invalid(key, l, n, false); err != nil {
-			return weir.Result{}, weir.Stamp{}, err
-		}
-	}
-	var res weir.Result
-	var st weir.Stamp
-	err := g.call(ctx, func(ctx context.Context) error {
-		var err error
-		res, st, err = ss.TakeStamped(ctx, key, l, n)
-		return err
-	})
-	return res, st, err
-}
-
-// answer asks the Awaiter, or else the Answerer, for req's decision.
-func (g *Guard) answer(ctx context.Context, req *weir.Request) (weir.Result, bool) {
-	if g.awaiter != nil {
-		return g.awaiter.Await(ctx, req)
-	}
-	return g.answerer.Answer(req)
-}
-
-// Reset implements weir.Store. It resets the local fallback state too.
-func (g *Guard) Reset(ctx context.Context, key string, l weir.Limit) error {
-	_ = g.local.Reset(ctx, key, l)
-	return g.call(ctx, func(ctx context.Context) error { return g.store.Reset(ctx, key, l) })
-}
-
-// TakeAll implements weir.MultiStore; it fails with weir.ErrUnsupported
-// when the wrapped store is not a MultiStore.
-func (g *Guard) TakeAll(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
-	if g.multi == nil {
-		return fmt.Errorf("%w: TakeAll needs a MultiStore", weir.ErrUnsupported)
-	}
-	return g.takeAll(ctx, reqs, results, func(ctx context.Context) error { return g.multi.TakeAll(ctx, reqs, results) })
-}
-
-// TakeAllStamped implements weir.StampAllStore as TakeAll does, through
-// the breaker: the wrapped store's stamps (when it is a
-// weir.StampAllStore), or zero ones when it dates no batches or a cached
-// denial answered.
-func (g *Guard) TakeAllStamped(ctx context.Context, reqs []weir.Request, results []weir.Result, stamps []weir.Stamp) error {
-	if len(stamps) < len(reqs) {
-		return fmt.Errorf("guard: %d stamps for %d requests", len(stamps), len(reqs))
-	}
-	clear(stamps[:len(reqs)])
-	sa, ok := g.multi.(weir.StampAllStore)
-	if !ok {
-		return g.TakeAll(ctx, reqs, results)
-	}
-	return g.takeAll(ctx, reqs, results, func(ctx context.Context) error { return sa.TakeAllStamped(ctx, reqs, results, stamps) })
-}
-
-// takeAll is TakeAll's and TakeAllStamped's path: a batch of one that a
-// cached denial answers (through the Awaiter, as Take asks) never reaches
-// the breaker; otherwise the batch is checked and call runs through it.
-func (g *Guard) takeAll(ctx context.Context, reqs []weir.Request, results []weir.Result, call func(context.Context) error) error {
-	if g.answerer != nil && len(reqs) == 1 && len(results) >= 1 {
-		if r, ok := g.answer(ctx, &reqs[0]); ok {
-			results[0] = r
-			return nil
-		}
-	}
-	if !g.closed() {
-		for i := range reqs {
-			if err := invalidRequest(&reqs[i]); err != nil {
-				return err
+// Do implements weir.Store. A request of one that Config.Answer answers
+// never reaches the breaker; otherwise the requests are checked (while the
+// breaker is not closed) and go to the store through it. A reset also
+// resets the local fallback state.
+func (g *Guard) Do(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
+	if len(reqs) == 1 && len(results) >= 1 {
+		switch r := &reqs[0]; {
+		case r.Mode == weir.ModeReset:
+			var local [1]weir.Result
+			_ = g.local.Do(ctx, reqs, local[:])
+		case g.answer != nil:
+			if res, ok := g.answer(ctx, r); ok {
+				results[0] = res
+				return nil
 			}
 		}
 	}
-	return g.call(ctx, call)
-}
-
-// Release implements weir.MultiStore.
-func (g *Guard) Release(ctx context.Context, key string, l weir.Limit, lease string) error {
-	if g.multi == nil {
-		return fmt.Errorf("%w: Release needs a MultiStore", weir.ErrUnsupported)
+	if !g.closed() {
+		if err := invalid(reqs); err != nil {
+			return err
+		}
 	}
-	return g.call(ctx, func(ctx context.Context) error { return g.multi.Release(ctx, key, l, lease) })
+	return g.call(ctx, func(ctx context.Context) error { return g.store.Do(ctx, reqs, results) })
 }
-
-var _ weir.MultiStore = (*Guard)(nil)

@@ -240,7 +240,7 @@ func TestGuardTrustsStoreTimeout(t *testing.T) {
 		want  bool
 	}{{50 * time.Millisecond, false}, {10 * time.Millisecond, false}, {time.Second, true}} {
 		st := timedStore{newFakeStore(nil), tc.store}
-		g := New(st, Config{Timeout: 50 * time.Millisecond})
+		g := New(st, Config{Timeout: 50 * time.Millisecond, StoreTimeout: st.Timeout()})
 		if _, err := g.Take(context.Background(), "k", weir.Limit{Rate: 1, Period: time.Minute}, 1); err != nil {
 			t.Fatal(err)
 		}
@@ -321,7 +321,11 @@ func TestGuardStampsBatches(t *testing.T) {
 	reqs := []weir.Request{{Key: "k", Limit: weir.PerMinute(weir.GCRA, 60), N: 1}, {Key: "k", Limit: l, N: 10}}
 	res := make([]weir.Result, 2)
 	stamps := make([]weir.Stamp, 2)
-	if err := g.TakeAllStamped(ctx, reqs, res, stamps); err != nil || !res[1].Allowed {
+	err := g.Do(ctx, reqs, res)
+	for i := range reqs {
+		stamps[i] = res[i].Stamp(reqs[i].N)
+	}
+	if err != nil || !res[1].Allowed {
 		t.Fatalf("the batch: %+v %v", res, err)
 	}
 	if want := (weir.Stamp{At: clock.Now().UnixMicro(), Estimate: 10, Remaining: 0}); stamps[1] != want {

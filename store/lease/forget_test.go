@@ -14,14 +14,14 @@ import (
 
 // gated holds the first TakeAll's reply until gate closes.
 type gated struct {
-	weir.MultiStore
+	weir.Store
 	entered chan struct{}
 	gate    chan struct{}
 	once    sync.Once
 }
 
-func (g *gated) TakeAll(ctx context.Context, reqs []weir.Request, out []weir.Result) error {
-	err := g.MultiStore.TakeAll(ctx, reqs, out)
+func (g *gated) Do(ctx context.Context, reqs []weir.Request, out []weir.Result) error {
+	err := g.Store.Do(ctx, reqs, out)
 	first := false
 	g.once.Do(func() { first = true })
 	if first {
@@ -39,7 +39,7 @@ func (g *gated) TakeAll(ctx context.Context, reqs []weir.Request, out []weir.Res
 func TestForgetDuringRefill(t *testing.T) {
 	c := &clock{t: time.Date(2030, 1, 1, 1, 0, 0, 0, time.UTC)}
 	ms := memstore.New(memstore.WithClock(c.now))
-	g := &gated{MultiStore: ms, entered: make(chan struct{}), gate: make(chan struct{})}
+	g := &gated{Store: ms, entered: make(chan struct{}), gate: make(chan struct{})}
 	tbl := lease.New(lease.Config{Now: c.now})
 	l := weir.Limit{Rate: 10, Period: time.Hour, Algorithm: weir.FixedWindow}
 	ctx := context.Background()
@@ -65,7 +65,7 @@ func TestForgetDuringRefill(t *testing.T) {
 	}
 	time.Sleep(100 * time.Millisecond)
 	// The reset, as policy.Reset makes it: the store, then the table.
-	if err := ms.Reset(ctx, "k", l); err != nil {
+	if err := weir.NewLimiter(ms).Reset(ctx, "k", l); err != nil {
 		t.Fatal(err)
 	}
 	tbl.Forget("k", l)

@@ -118,7 +118,7 @@ func Size(n int64, l weir.Limit, instances int) int64 {
 // instance's lease and taking a new lease of size units from st when the
 // lease cannot cover n. n == 0 peeks at the store. A store error is
 // returned as it is (the caller's on_error applies); nothing was spent.
-func (t *Table) Take(ctx context.Context, st weir.MultiStore, key string, l weir.Limit, n, size int64) (weir.Result, error) {
+func (t *Table) Take(ctx context.Context, st weir.Store, key string, l weir.Limit, n, size int64) (weir.Result, error) {
 	r, _, err := t.TakeTicket(ctx, st, key, l, n, size)
 	return r, err
 }
@@ -134,7 +134,7 @@ type Ticket struct {
 
 // TakeTicket is Take, with a Ticket for the units it admitted from the
 // lease.
-func (t *Table) TakeTicket(ctx context.Context, st weir.MultiStore, key string, l weir.Limit, n, size int64) (weir.Result, Ticket, error) {
+func (t *Table) TakeTicket(ctx context.Context, st weir.Store, key string, l weir.Limit, n, size int64) (weir.Result, Ticket, error) {
 	if n <= 0 || n > l.Rate || size < 1 || !Supports(l.Algorithm) {
 		r, err := st.Take(ctx, key, l, n) // peeks, invalid costs and limits: the store answers
 		return r, Ticket{}, err
@@ -180,7 +180,7 @@ func (t *Table) Give(tk Ticket) {
 // take is TakeTicket on e; it also returns when the units it admitted
 // lapse, and the entry they came from (the key's new one if a reset
 // dropped e meanwhile).
-func (t *Table) take(ctx context.Context, st weir.MultiStore, e *entry, key string, l weir.Limit, n, size int64) (weir.Result, time.Time, *entry, error) {
+func (t *Table) take(ctx context.Context, st weir.Store, e *entry, key string, l weir.Limit, n, size int64) (weir.Result, time.Time, *entry, error) {
 	for tries := 0; ; tries++ {
 		e.mu.Lock()
 		if e.dead {
@@ -244,10 +244,10 @@ func (t *Table) take(ctx context.Context, st weir.MultiStore, e *entry, key stri
 //
 // late reports that the units came but their window ended while the call
 // was out, so they lapsed at once: the caller should ask again.
-func (t *Table) refill(ctx context.Context, st weir.MultiStore, e *entry, key string, l weir.Limit, n, c int64) (r weir.Result, exp time.Time, late bool, err error) {
+func (t *Table) refill(ctx context.Context, st weir.Store, e *entry, key string, l weir.Limit, n, c int64) (r weir.Result, exp time.Time, late bool, err error) {
 	sent := t.now()
 	var out [1]weir.Result
-	err = st.TakeAll(ctx, []weir.Request{{Key: key, Limit: l, N: c, AtMost: true}}, out[:])
+	err = st.Do(ctx, []weir.Request{{Key: key, Limit: l, N: c, Mode: weir.ModeAtMost}}, out[:])
 	t.calls.Add(1)
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -27,18 +27,18 @@ func (c *clock) add(d time.Duration) {
 
 // counting counts the calls that reach the store.
 type counting struct {
-	weir.MultiStore
+	weir.Store
 	calls atomic.Int64
 }
 
-func (c *counting) TakeAll(ctx context.Context, reqs []weir.Request, out []weir.Result) error {
+func (c *counting) Do(ctx context.Context, reqs []weir.Request, out []weir.Result) error {
 	c.calls.Add(1)
-	return c.MultiStore.TakeAll(ctx, reqs, out)
+	return c.Store.Do(ctx, reqs, out)
 }
 
 func (c *counting) Take(ctx context.Context, key string, l weir.Limit, n int64) (weir.Result, error) {
 	c.calls.Add(1)
-	return c.MultiStore.Take(ctx, key, l, n)
+	return c.Store.Take(ctx, key, l, n)
 }
 
 func newClock() *clock {
@@ -57,7 +57,7 @@ func TestNeverOverAdmits(t *testing.T) {
 		{Algorithm: weir.SlidingWindow, Rate: 1000, Period: time.Minute, Buckets: 6},
 	} {
 		c := newClock()
-		st := &counting{MultiStore: memstore.New(memstore.WithClock(c.now))}
+		st := &counting{Store: memstore.New(memstore.WithClock(c.now))}
 		const instances, goroutines, size = 4, 64, 100
 		var admitted atomic.Int64
 		var wg sync.WaitGroup
@@ -109,7 +109,7 @@ func TestNeverOverAdmits(t *testing.T) {
 func TestLapsesAtWindowEnd(t *testing.T) {
 	c := newClock()
 	c.add(50 * time.Second) // 10s left in the minute
-	st := &counting{MultiStore: memstore.New(memstore.WithClock(c.now))}
+	st := &counting{Store: memstore.New(memstore.WithClock(c.now))}
 	tb := lease.New(lease.Config{Now: c.now})
 	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 100, Period: time.Minute}
 	ctx := context.Background()
@@ -133,7 +133,7 @@ func TestLapsesAtWindowEnd(t *testing.T) {
 		t.Errorf("stats %+v, want 8 lapsed, 20 taken, 3 spent", s)
 	}
 	// The store counts only the new window's lease.
-	if p, _ := st.MultiStore.Take(ctx, "k", l, 0); p.Remaining != 90 {
+	if p, _ := st.Store.Take(ctx, "k", l, 0); p.Remaining != 90 {
 		t.Errorf("store remaining %d, want 90", p.Remaining)
 	}
 }
@@ -143,7 +143,7 @@ func TestLapsesAtWindowEnd(t *testing.T) {
 func TestBucketLifetime(t *testing.T) {
 	c := newClock()
 	c.add(3 * time.Second) // 7s left in the first 10s bucket
-	st := &counting{MultiStore: memstore.New(memstore.WithClock(c.now))}
+	st := &counting{Store: memstore.New(memstore.WithClock(c.now))}
 	tb := lease.New(lease.Config{Now: c.now})
 	l := weir.Limit{Algorithm: weir.SlidingWindow, Rate: 100, Period: time.Minute, Buckets: 6}
 	ctx := context.Background()
@@ -164,7 +164,7 @@ func TestBucketLifetime(t *testing.T) {
 // answers from memory until the store's RetryAfter, then asks again.
 func TestDenialRemembered(t *testing.T) {
 	c := newClock()
-	st := &counting{MultiStore: memstore.New(memstore.WithClock(c.now))}
+	st := &counting{Store: memstore.New(memstore.WithClock(c.now))}
 	tb := lease.New(lease.Config{Now: c.now})
 	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 10, Period: time.Minute}
 	ctx := context.Background()
@@ -198,7 +198,7 @@ func TestDenialRemembered(t *testing.T) {
 // entries that hold nothing.
 func TestBounded(t *testing.T) {
 	c := newClock()
-	st := &counting{MultiStore: memstore.New(memstore.WithClock(c.now))}
+	st := &counting{Store: memstore.New(memstore.WithClock(c.now))}
 	tb := lease.New(lease.Config{Now: c.now, MaxEntries: 2})
 	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 10, Period: time.Second}
 	ctx := context.Background()
@@ -248,7 +248,7 @@ func TestPassThrough(t *testing.T) {
 // lapse once it has ended.
 func TestGive(t *testing.T) {
 	c := newClock()
-	st := &counting{MultiStore: memstore.New(memstore.WithClock(c.now))}
+	st := &counting{Store: memstore.New(memstore.WithClock(c.now))}
 	tb := lease.New(lease.Config{Now: c.now})
 	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 10, Period: time.Minute}
 	ctx := context.Background()
@@ -274,14 +274,14 @@ func TestGive(t *testing.T) {
 
 // slow advances the clock while a call is out, once.
 type slow struct {
-	weir.MultiStore
+	weir.Store
 	c     *clock
 	delay time.Duration
 	calls atomic.Int64
 }
 
-func (s *slow) TakeAll(ctx context.Context, reqs []weir.Request, out []weir.Result) error {
-	err := s.MultiStore.TakeAll(ctx, reqs, out)
+func (s *slow) Do(ctx context.Context, reqs []weir.Request, out []weir.Result) error {
+	err := s.Store.Do(ctx, reqs, out)
 	if s.calls.Add(1) == 1 {
 		s.c.add(s.delay)
 	}
@@ -294,7 +294,7 @@ func (s *slow) TakeAll(ctx context.Context, reqs []weir.Request, out []weir.Resu
 func TestLateLease(t *testing.T) {
 	c := newClock()
 	c.add(time.Minute - time.Millisecond)
-	st := &slow{MultiStore: memstore.New(memstore.WithClock(c.now)), c: c, delay: 2 * time.Millisecond}
+	st := &slow{Store: memstore.New(memstore.WithClock(c.now)), c: c, delay: 2 * time.Millisecond}
 	tb := lease.New(lease.Config{Now: c.now})
 	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 100, Period: time.Minute}
 	r, err := tb.Take(context.Background(), st, "k", l, 1, 10)

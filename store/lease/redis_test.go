@@ -68,7 +68,7 @@ type hammerJob struct {
 
 // hammer runs goroutines that each ask for key under l until refused,
 // through one Table, and returns the units admitted.
-func hammer(t testing.TB, tb *lease.Table, st weir.MultiStore, key string, l weir.Limit, goroutines int) (admitted, errs int64) {
+func hammer(t testing.TB, tb *lease.Table, st weir.Store, key string, l weir.Limit, goroutines int) (admitted, errs int64) {
 	var a, e atomic.Int64
 	var wg sync.WaitGroup
 	for range goroutines {

@@ -10,36 +10,47 @@ import (
 	"github.com/weir-dev/weir/algorithm"
 )
 
-// TakeAll implements weir.MultiStore: every request is decided under the
-// locks of all their shards, taken in index order so batches cannot
-// deadlock. Keys in one batch must be distinct.
-func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
+// Do implements weir.Store. A batch of several takes is decided under
+// the locks of all their shards, taken in index order so batches cannot
+// deadlock; its keys must be distinct. Every admitted take of N > 0 is
+// dated by the one clock reading the batch is decided at (Result.At).
+func (s *Store) Do(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
 	if len(results) < len(reqs) {
 		return fmt.Errorf("memstore: %d results for %d requests", len(results), len(reqs))
 	}
-	if len(reqs) == 1 && reqs[0].Mode == weir.ModeRefund && !reqs[0].Stamp.IsZero() {
-		res, err := s.settle(&reqs[0])
-		results[0] = res
+	if len(reqs) != 1 {
+		return s.takeBatch(reqs, results)
+	}
+	r := &reqs[0]
+	var err error
+	switch {
+	case r.Mode == weir.ModeRelease:
+		results[0], err = weir.Result{}, s.release(r.Key, r.Limit, r.Lease)
+		return err
+	case r.Mode == weir.ModeReset:
+		results[0], err = weir.Result{}, s.reset(r.Key, r.Limit)
+		return err
+	case r.Mode == weir.ModeRefund && !r.Stamp.IsZero():
+		results[0], err = s.settle(r)
 		return err
 	}
-	if len(reqs) == 1 {
-		r := reqs[0]
-		err := s.take(r.Key, &r.Limit, r.N, r.AlgorithmMode(), r.Lease, &results[0])
-		if err != nil {
-			results[0] = weir.Result{}
-		}
-		return err
+	err = s.take(r.Key, &r.Limit, r.N, r.AlgorithmMode(), r.Lease, r.Mode == weir.ModeTake && r.Lease == "", &results[0])
+	if err != nil {
+		results[0] = weir.Result{}
 	}
-	return s.takeBatch(reqs, results, nil)
+	return err
 }
 
-// takeBatch decides a batch of several requests, all or nothing; with
-// stamps, it also dates the admitted takes (TakeAllStamped).
-func (s *Store) takeBatch(reqs []weir.Request, results []weir.Result, stamps []weir.Stamp) error {
+// takeBatch decides a batch of several takes, all or nothing, and dates
+// the admitted ones.
+func (s *Store) takeBatch(reqs []weir.Request, results []weir.Result) error {
 	for i := range reqs {
-		if reqs[i].Mode != weir.ModeTake {
+		if reqs[i].One() {
 			return fmt.Errorf("%w: a %s decides one request at a time, not a batch of %d", weir.ErrUnsupported, reqs[i].Mode, len(reqs))
 		}
+	}
+	if len(reqs) == 0 {
+		return nil
 	}
 	// Batches are small (one request per matched rule): keep them on the stack.
 	var itemsBuf [batchScratch]batchItem
@@ -63,9 +74,7 @@ func (s *Store) takeBatch(reqs []weir.Request, results []weir.Result, stamps []w
 		return err
 	}
 	s.decideBatch(reqs, items, results, now)
-	if stamps != nil {
-		weir.StampAdmitted(reqs, results, stamps, now)
-	}
+	weir.StampAdmitted(reqs, results, now)
 	return nil
 }
 
@@ -122,9 +131,7 @@ func (s *Store) planBatch(reqs []weir.Request, items []batchItem, idx []int) ([]
 		}
 		si, tag := s.hashIndex(r.Key)
 		items[i] = batchItem{tag: tag, kind: k, sh: &s.shards[si]}
-		if r.AtMost {
-			items[i].mode = algorithm.AtMost
-		}
+		items[i].mode = r.AlgorithmMode()
 		idx = append(idx, si)
 	}
 	slices.Sort(idx)
@@ -191,12 +198,12 @@ func (s *Store) resolveBatch(reqs []weir.Request, items []batchItem, sc *scratch
 		if err != nil {
 			return err
 		}
-		it.n = r.N
-		if r.AtMost {
-			it.n = min(r.N, c.params.MaxCost())
-		}
-		if err := weir.CheckCost(r.Key, it.n, c.params.MaxCost()); err != nil {
+		if err := r.CheckWith(&c.params); err != nil {
 			return err
+		}
+		it.n = r.N
+		if r.Mode == weir.ModeAtMost {
+			it.n = min(r.N, c.params.MaxCost())
 		}
 		it.c, it.fresh = c, si < 0
 		it.st = it.sh.open(si, c, &(*sc)[i])

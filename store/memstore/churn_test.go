@@ -61,7 +61,7 @@ func TestExactUnderChurn(t *testing.T) {
 					}
 				}
 				for i := range 600 {
-					if err := s.Reset(ctx, fmt.Sprint("churn", g, "-", i), l); err != nil {
+					if err := weir.NewLimiter(s).Reset(ctx, fmt.Sprint("churn", g, "-", i), l); err != nil {
 						churnErr <- err
 						return
 					}
@@ -82,7 +82,7 @@ func TestExactUnderChurn(t *testing.T) {
 				return
 			default:
 			}
-			if err := s.TakeAll(ctx, reqs, res); err != nil {
+			if err := s.Do(ctx, reqs, res); err != nil {
 				churnErr <- err
 				return
 			}
@@ -90,7 +90,7 @@ func TestExactUnderChurn(t *testing.T) {
 				churnErr <- err
 				return
 			}
-			if err := s.Release(ctx, "batch-c", conc, ""); err != nil {
+			if err := s.Do(ctx, []weir.Request{{Key: "batch-c", Limit: conc, Mode: weir.ModeRelease, Lease: ""}}, make([]weir.Result, 1)); err != nil {
 				churnErr <- err
 				return
 			}

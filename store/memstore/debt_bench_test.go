@@ -57,14 +57,12 @@ func BenchmarkBatchStamped(b *testing.B) {
 		{Key: "k", Limit: weir.PerMinute(weir.TokenBucket, 1_000_000_000), N: 5},
 	}
 	res := make([]weir.Result, 2)
-	stamps := make([]weir.Stamp, 2)
 	s := memstore.New()
 	for _, op := range []struct {
 		name string
 		fn   func() error
 	}{
-		{"TakeAll", func() error { return s.TakeAll(ctx, reqs, res) }},
-		{"TakeAllStamped", func() error { return s.TakeAllStamped(ctx, reqs, res, stamps) }},
+		{"TakeAll", func() error { return s.Do(ctx, reqs, res) }},
 	} {
 		b.Run(op.name, func(b *testing.B) {
 			b.ReportAllocs()

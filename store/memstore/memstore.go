@@ -285,13 +285,14 @@ func keep(sl *slot, st *algorithm.State) {
 
 // Take implements weir.Store.
 func (s *Store) Take(ctx context.Context, key string, l weir.Limit, n int64) (r weir.Result, err error) {
-	err = s.take(key, &l, n, algorithm.Exact, "", &r)
+	err = s.take(key, &l, n, algorithm.Exact, "", false, &r)
 	return r, err
 }
 
 // take decides into r, the caller's Result, so that the Result is built
 // where it is returned instead of being copied out through each frame.
-func (s *Store) take(key string, l *weir.Limit, n int64, mode algorithm.Mode, lease string, r *weir.Result) error {
+// With date, an admitted take of n > 0 in full gets its time (Result.At).
+func (s *Store) take(key string, l *weir.Limit, n int64, mode algorithm.Mode, lease string, date bool, r *weir.Result) error {
 	si, tag := s.hashIndex(key)
 	s.prefetchSlot(uint64(si), tag)
 	sh := &s.shards[si]
@@ -330,6 +331,9 @@ func (s *Store) take(key string, l *weir.Limit, n int64, mode algorithm.Mode, le
 		storePacked(c.lay, &sh.scratch, &sl.v)
 		sl.expires = now + d.TTL
 		r.SetDecision(&d)
+		if date && d.Allowed && n > 0 && d.Granted == n {
+			r.At = now
+		}
 		return nil
 	}
 	st := sh.open(i, c, &sh.scratch)
@@ -345,6 +349,9 @@ func (s *Store) take(key string, l *weir.Limit, n int64, mode algorithm.Mode, le
 		s.add(sh, key, tag, c, st, now, d.TTL, false)
 	}
 	r.SetDecision(&d)
+	if date && d.Allowed && n > 0 && d.Granted == n {
+		r.At = now
+	}
 	return nil
 }
 
@@ -498,8 +505,8 @@ func (s *Store) evict(sh *shard, now int64, protect func(string) bool) bool {
 	return true
 }
 
-// Release implements weir.MultiStore.
-func (s *Store) Release(ctx context.Context, key string, l weir.Limit, lease string) error {
+// release gives back the concurrency lease held on key (ModeRelease).
+func (s *Store) release(key string, l weir.Limit, lease string) error {
 	k, err := kindOf(l)
 	if err != nil {
 		return err
@@ -516,8 +523,8 @@ func (s *Store) Release(ctx context.Context, key string, l weir.Limit, lease str
 	return nil
 }
 
-// Reset implements weir.Store.
-func (s *Store) Reset(ctx context.Context, key string, l weir.Limit) error {
+// reset clears key's state under l (ModeReset).
+func (s *Store) reset(key string, l weir.Limit) error {
 	k, err := kindOf(l)
 	if err != nil {
 		return err

@@ -88,7 +88,7 @@ func TestTakeAllSweepKeepsBatch(t *testing.T) {
 	s.Take(ctx, "a", l, 1)
 	clock.Advance(time.Minute) // a's state has expired
 	res := make([]weir.Result, 2)
-	if err := s.TakeAll(ctx, []weir.Request{{Key: "b", Limit: l, N: 1}, {Key: "a", Limit: l, N: 1}}, res); err != nil {
+	if err := s.Do(ctx, []weir.Request{{Key: "b", Limit: l, N: 1}, {Key: "a", Limit: l, N: 1}}, res); err != nil {
 		t.Fatal(err)
 	}
 	if r, _ := s.Take(ctx, "a", l, 4); r.Allowed {
@@ -150,7 +150,7 @@ func TestMaxKeysExact(t *testing.T) {
 			for j := range reqs {
 				reqs[j] = weir.Request{Key: fmt.Sprint("b", i, "-", j), Limit: l, N: 1}
 			}
-			if err := s.TakeAll(ctx, reqs, res); err != nil {
+			if err := s.Do(ctx, reqs, res); err != nil {
 				t.Fatal(err)
 			}
 			if got := s.Len(); got > bound {

@@ -50,7 +50,7 @@ func TestHintFollowsTable(t *testing.T) {
 	}
 	checkHints(t, s, "grown")
 	for i := range 4990 {
-		s.Reset(ctx, fmt.Sprint("k", i), l)
+		weir.NewLimiter(s).Reset(ctx, fmt.Sprint("k", i), l)
 	}
 	checkHints(t, s, "shrunk")
 }

@@ -1,51 +1,9 @@
 package memstore
 
 import (
-	"context"
-	"fmt"
-
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/algorithm"
 )
-
-// TakeStamped implements weir.StampStore: Take, and when it admits, the
-// take's Stamp by the store's clock.
-func (s *Store) TakeStamped(ctx context.Context, key string, l weir.Limit, n int64) (weir.Result, weir.Stamp, error) {
-	res, now, err := s.dated(key, &l, n, algorithm.Exact, nil)
-	if err != nil || !res.Allowed {
-		return res, weir.Stamp{}, err
-	}
-	return res, weir.Stamp{At: now, Estimate: n, Remaining: res.Remaining}, nil
-}
-
-// TakeAllStamped implements weir.StampAllStore: TakeAll, with each
-// admitted take's Stamp by the one clock reading the batch is decided at.
-func (s *Store) TakeAllStamped(ctx context.Context, reqs []weir.Request, results []weir.Result, stamps []weir.Stamp) error {
-	switch {
-	case len(results) < len(reqs):
-		return fmt.Errorf("memstore: %d results for %d requests", len(results), len(reqs))
-	case len(stamps) < len(reqs):
-		return fmt.Errorf("memstore: %d stamps for %d requests", len(stamps), len(reqs))
-	}
-	clear(stamps[:len(reqs)])
-	if len(reqs) > 1 {
-		return s.takeBatch(reqs, results, stamps)
-	}
-	if len(reqs) == 0 {
-		return nil
-	}
-	r := &reqs[0]
-	if r.Mode != weir.ModeTake || r.AtMost || r.Lease != "" {
-		return s.TakeAll(ctx, reqs, results)
-	}
-	res, now, err := s.dated(r.Key, &r.Limit, r.N, algorithm.Exact, nil)
-	if err != nil {
-		return err
-	}
-	results[0] = res
-	weir.StampAdmitted(reqs, results, stamps, now)
-	return nil
-}
 
 // dated is take for the two decisions that need the clock reading they
 // were made at or a take's time: a stamped take (t nil) and a
@@ -59,15 +17,12 @@ func (s *Store) dated(key string, l *weir.Limit, n int64, mode algorithm.Mode, t
 	if err != nil {
 		return weir.Result{}, 0, err
 	}
-	maxCost := c.params.MaxCost()
-	if mode >= algorithm.Debit {
-		if err := weir.CheckDebt(key, n, &c.params, mode); err != nil {
-			return weir.Result{}, 0, err
-		}
-		maxCost = algorithm.MaxDebt
+	req := weir.Request{Key: key, N: n}
+	if mode == algorithm.Settle {
+		req.Mode, req.Stamp = weir.ModeRefund, weir.Stamp{At: t.At, Estimate: t.Cost, Remaining: t.Remaining}
 	}
-	if n < 0 || n > maxCost {
-		return weir.Result{}, 0, weir.CheckCost(key, n, maxCost)
+	if err := req.CheckWith(&c.params); err != nil {
+		return weir.Result{}, 0, err
 	}
 	now := s.micros()
 	st := sh.open(i, c, &sh.scratch)
@@ -87,17 +42,9 @@ func (s *Store) dated(key string, l *weir.Limit, n int64, mode algorithm.Mode, t
 	return weir.ResultOf(d), now, nil
 }
 
-// settle decides a one-request batch that refunds with a Stamp.
+// settle decides a request that refunds with a Stamp.
 func (s *Store) settle(r *weir.Request) (weir.Result, error) {
-	if err := weir.CheckStamp(r.Stamp, r.N); err != nil {
-		return weir.Result{}, err
-	}
 	t := r.Stamp.Taken()
 	res, _, err := s.dated(r.Key, &r.Limit, r.N, algorithm.Settle, &t)
 	return res, err
 }
-
-var (
-	_ weir.StampStore    = (*Store)(nil)
-	_ weir.StampAllStore = (*Store)(nil)
-)

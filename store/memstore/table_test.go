@@ -135,7 +135,7 @@ func (r *ref) takeAll(reqs []weir.Request, now int64) []weir.Result {
 	for i, q := range reqs {
 		es[i], rks[i], fresh[i] = r.entry(q.Key, q.Limit)
 		ns[i] = q.N
-		if q.AtMost {
+		if q.Mode == weir.ModeAtMost {
 			ns[i] = min(q.N, es[i].p.MaxCost())
 		}
 	}
@@ -216,12 +216,12 @@ func TestSameAsUnpacked(t *testing.T) {
 			case x < 10:
 				clock.Advance(time.Duration(rng.IntN(3_000_000)) * time.Microsecond)
 			case x < 13:
-				s.Reset(ctx, key, l)
+				weir.NewLimiter(s).Reset(ctx, key, l)
 				k, _ := l.Algorithm.Kind()
 				delete(model.m, refKey(key, k))
 			case x < 18 && l.Algorithm == weir.Concurrency:
 				lease := fmt.Sprint("L", rng.IntN(4))
-				s.Release(ctx, key, l, lease)
+				s.Do(ctx, []weir.Request{{Key: key, Limit: l, Mode: weir.ModeRelease, Lease: lease}}, make([]weir.Result, 1))
 				k, _ := l.Algorithm.Kind()
 				if e := model.m[refKey(key, k)]; e != nil {
 					algorithm.Release(&e.st, lease)
@@ -234,13 +234,14 @@ func TestSameAsUnpacked(t *testing.T) {
 				} else if weir.CheckDebt(key, n, &p, algorithm.Debit) == nil {
 					q.Mode = weir.Mode(1 + rng.IntN(2))
 				}
-				if q.Mode == weir.ModeTake {
-					q.AtMost = rng.IntN(2) == 0
+				if q.Mode == weir.ModeTake && rng.IntN(2) == 0 {
+					q.Mode = weir.ModeAtMost
 				}
 				var got [1]weir.Result
-				if err := s.TakeAll(ctx, []weir.Request{q}, got[:]); err != nil {
+				if err := s.Do(ctx, []weir.Request{q}, got[:]); err != nil {
 					t.Fatalf("%s: %v", where, err)
 				}
+				got[0].At = 0 // the model dates nothing
 				if want := model.take(key, l, n, q.AlgorithmMode(), q.Lease, now); got[0] != want {
 					t.Fatalf("%s, %s: got %+v, want %+v", where, q.Mode, got[0], want)
 				}
@@ -255,8 +256,11 @@ func TestSameAsUnpacked(t *testing.T) {
 					reqs = append(reqs, q)
 				}
 				got := make([]weir.Result, len(reqs))
-				if err := s.TakeAll(ctx, reqs, got); err != nil {
+				if err := s.Do(ctx, reqs, got); err != nil {
 					t.Fatalf("%s batch: %v", where, err)
+				}
+				for i := range got {
+					got[i].At = 0 // the model dates nothing
 				}
 				var before []string
 				for _, q := range reqs {
@@ -345,7 +349,7 @@ func TestTableChurn(t *testing.T) {
 		a := algs[rng.IntN(len(algs))]
 		l := weir.Limit{Algorithm: a, Rate: 10, Period: time.Hour}
 		if rng.IntN(3) == 0 {
-			s.Reset(ctx, key, l)
+			weir.NewLimiter(s).Reset(ctx, key, l)
 			delete(held[key], a)
 			if len(held[key]) == 0 {
 				delete(held, key)
@@ -384,7 +388,7 @@ func TestTableShrinks(t *testing.T) {
 	}
 	grown := len(s.shards[0].slots)
 	for i := range 3990 {
-		s.Reset(ctx, fmt.Sprint("k", i), l)
+		weir.NewLimiter(s).Reset(ctx, fmt.Sprint("k", i), l)
 	}
 	checkTable(t, s)
 	sh := &s.shards[0]

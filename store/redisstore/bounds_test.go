@@ -48,8 +48,8 @@ func TestHeavyCallsO1(t *testing.T) {
 			clock := storetest.NewClock(storetest.Epoch)
 			rs := newTestStore(t, Config{Addrs: []string{srv.Addr}, Clock: clock.Now, Prefix: fmt.Sprintf("heavy%d", prefixSeq.Add(1))})
 			ms := memstore.New(memstore.WithClock(clock.Now))
-			stores := [2]weir.MultiStore{rs, ms}
-			same := func(what string, f func(s weir.MultiStore) (weir.Result, error)) weir.Result {
+			stores := [2]weir.Store{rs, ms}
+			same := func(what string, f func(s weir.Store) (weir.Result, error)) weir.Result {
 				t.Helper()
 				var r [2]weir.Result
 				for i, s := range stores {
@@ -63,8 +63,8 @@ func TestHeavyCallsO1(t *testing.T) {
 				}
 				return r[0]
 			}
-			take := func(n int64) func(s weir.MultiStore) (weir.Result, error) {
-				return func(s weir.MultiStore) (weir.Result, error) { return s.Take(ctx, "k", l, n) }
+			take := func(n int64) func(s weir.Store) (weir.Result, error) {
+				return func(s weir.Store) (weir.Result, error) { return s.Take(ctx, "k", l, n) }
 			}
 			if r, err := rs.Take(ctx, "big", l, 1_000_000); err != nil || !r.Allowed {
 				t.Fatalf("Take 10^6: %+v %v", r, err)
@@ -81,9 +81,9 @@ func TestHeavyCallsO1(t *testing.T) {
 			clock.Advance(time.Second)
 			var leases [2]*weir.Lease
 			if l.Algorithm == weir.Concurrency {
-				same("AcquireN 10^6", func(s weir.MultiStore) (weir.Result, error) {
+				same("AcquireN 10^6", func(s weir.Store) (weir.Result, error) {
 					i := 0
-					if s == weir.MultiStore(ms) {
+					if s == weir.Store(ms) {
 						i = 1
 					}
 					ls, r, err := weir.NewLimiter(s).AcquireN(ctx, "k", l, second)
@@ -186,7 +186,7 @@ func TestOldLayoutKeys(t *testing.T) {
 			}
 		}
 		peek(4)
-		if err := rs.Release(ctx, "conc", l, "L"); err != nil {
+		if err := rs.Do(ctx, []weir.Request{{Key: "conc", Limit: l, Mode: weir.ModeRelease, Lease: "L"}}, make([]weir.Result, 1)); err != nil {
 			t.Fatal(err)
 		}
 		peek(8)

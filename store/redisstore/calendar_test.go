@@ -47,7 +47,7 @@ func TestCalendarSameAsMemstore(t *testing.T) {
 			clock := storetest.NewClock(c.start)
 			rs := newTestStore(t, Config{Addrs: []string{srv.Addr}, Clock: clock.Now, Prefix: fmt.Sprintf("cal%d", i)})
 			ms := memstore.New(memstore.WithClock(clock.Now))
-			stores := [2]weir.MultiStore{rs, ms}
+			stores := [2]weir.Store{rs, ms}
 			rng := rand.New(rand.NewPCG(uint64(i), 19))
 			p, err := l.Compile()
 			if err != nil {
@@ -71,7 +71,7 @@ func TestCalendarSameAsMemstore(t *testing.T) {
 				if rng.IntN(5) == 0 {
 					for j, s := range stores {
 						var out [1]weir.Result
-						errs[j] = s.TakeAll(ctx, []weir.Request{{Key: k, Limit: l, N: max(n, 1), AtMost: true}}, out[:])
+						errs[j] = s.Do(ctx, []weir.Request{{Key: k, Limit: l, N: max(n, 1), Mode: weir.ModeAtMost}}, out[:])
 						res[j] = out[0]
 					}
 				} else {
@@ -122,7 +122,7 @@ func TestCalendarReadsRedisClock(t *testing.T) {
 		t.Fatalf("got %+v, want ResetAfter to %v, the UTC midnight after Redis's clock", r, midnight)
 	}
 	rs.boundsClock = func() time.Time { return time.Now().Add(-4 * 24 * time.Hour) }
-	rs.Reset(ctx, "other", day)
+	weir.NewLimiter(rs).Reset(ctx, "other", day)
 	if _, err := rs.Take(ctx, "other", day, 1); err == nil || !strings.Contains(err.Error(), "clocks disagree") {
 		t.Fatalf("bounds four days off: %v, want the script to refuse", err)
 	}

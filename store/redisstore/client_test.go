@@ -48,10 +48,10 @@ func TestLazyConnect(t *testing.T) {
 	if !errors.Is(err, weir.ErrStore) || !strings.Contains(err.Error(), "no connection to Redis at "+srv.Addr) {
 		t.Fatalf("take before connecting: %v; want weir.ErrStore naming the address", err)
 	}
-	if err := s.TakeAll(context.Background(), []weir.Request{{Key: "a", Limit: l, N: 1}, {Key: "b", Limit: l, N: 1}}, make([]weir.Result, 2)); !errors.Is(err, weir.ErrStore) {
+	if err := s.Do(context.Background(), []weir.Request{{Key: "a", Limit: l, N: 1}, {Key: "b", Limit: l, N: 1}}, make([]weir.Result, 2)); !errors.Is(err, weir.ErrStore) {
 		t.Fatalf("TakeAll before connecting: %v", err)
 	}
-	if err := s.Reset(context.Background(), "k", l); !errors.Is(err, weir.ErrStore) {
+	if err := weir.NewLimiter(s).Reset(context.Background(), "k", l); !errors.Is(err, weir.ErrStore) {
 		t.Fatalf("Reset before connecting: %v", err)
 	}
 	if err := s.Client().Do(context.Background(), s.Client().B().Ping().Build()).Error(); err == nil {

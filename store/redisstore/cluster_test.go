@@ -177,7 +177,7 @@ func clusterSameSlotBatch(t *testing.T, c *redistest.ClusterGroup) {
 	}
 	res := make([]weir.Result, len(reqs)+1)
 	for round := range 4 {
-		if err := s.TakeAll(ctx, reqs, res); err != nil {
+		if err := s.Do(ctx, reqs, res); err != nil {
 			t.Fatalf("round %d: %v", round, err)
 		}
 		for i, r := range res[:len(reqs)] {
@@ -196,7 +196,7 @@ func clusterSameSlotBatch(t *testing.T, c *redistest.ClusterGroup) {
 		reqs[i].Key = keys[len(algos)+i]
 	}
 	reqs = append(reqs, weir.Request{Key: last, Limit: narrow, N: 1})
-	if err := s.TakeAll(ctx, reqs, res); err != nil {
+	if err := s.Do(ctx, reqs, res); err != nil {
 		t.Fatal(err)
 	}
 	if res[len(algos)].Allowed {
@@ -225,7 +225,7 @@ func clusterCrossSlotRefund(t *testing.T, c *redistest.ClusterGroup) {
 		narrow := weir.Limit{Algorithm: a, Rate: 2, Period: time.Hour}
 		reqs := []weir.Request{
 			{Key: "w1-" + string(a), Limit: wide, N: 2},
-			{Key: "w2-" + string(a), Limit: wide, N: 3, AtMost: true},
+			{Key: "w2-" + string(a), Limit: wide, N: 3, Mode: weir.ModeAtMost},
 			{Key: "n-" + string(a), Limit: narrow, N: 1},
 		}
 		slots := map[uint16]bool{}
@@ -237,7 +237,7 @@ func clusterCrossSlotRefund(t *testing.T, c *redistest.ClusterGroup) {
 		}
 		res := make([]weir.Result, len(reqs))
 		for round := range 2 {
-			if err := s.TakeAll(ctx, reqs, res); err != nil {
+			if err := s.Do(ctx, reqs, res); err != nil {
 				t.Fatal(err)
 			}
 			if !res[0].Allowed || !res[1].Allowed || !res[2].Allowed || res[1].Granted != 3 {
@@ -248,7 +248,7 @@ func clusterCrossSlotRefund(t *testing.T, c *redistest.ClusterGroup) {
 			t.Fatalf("%s: OnRefund called for admitted batches: %q", a, refunded)
 		}
 		for range 3 {
-			if err := s.TakeAll(ctx, reqs, res); err != nil {
+			if err := s.Do(ctx, reqs, res); err != nil {
 				t.Fatal(err)
 			}
 			// The two wide keys' takes came back: OnRefund hears of each
@@ -316,7 +316,7 @@ func clusterRefundThenLoweredLimit(t *testing.T, c *redistest.ClusterGroup) {
 			clock.Advance(3741 * time.Millisecond)
 			reqs := []weir.Request{{Key: key, Limit: l, N: 1}, {Key: sink, Limit: narrow, N: 1}}
 			res := make([]weir.Result, 2)
-			if err := s.TakeAll(ctx, reqs, res); err != nil {
+			if err := s.Do(ctx, reqs, res); err != nil {
 				t.Fatal(err)
 			}
 			if !res[0].Allowed || res[0].Granted != 0 || res[1].Allowed {
@@ -377,7 +377,7 @@ func clusterWarmupRefund(t *testing.T, c *redistest.ClusterGroup) {
 		clock.Advance(time.Second)
 		reqs := []weir.Request{{Key: key, Limit: l, N: 1}, {Key: sink, Limit: narrow, N: 1}}
 		res := make([]weir.Result, 2)
-		if err := s.TakeAll(ctx, reqs, res); err != nil {
+		if err := s.Do(ctx, reqs, res); err != nil {
 			t.Fatal(err)
 		}
 		if !res[0].Allowed || res[0].Granted != 0 || res[1].Allowed {

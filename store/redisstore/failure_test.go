@@ -117,7 +117,7 @@ func TestTTLAudit(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := s.TakeAll(ctx, []weir.Request{{Key: "w1", Limit: limitOf(0), N: 1}, {Key: "w2", Limit: limitOf(1), N: 1}}, make([]weir.Result, 2)); err != nil {
+	if err := s.Do(ctx, []weir.Request{{Key: "w1", Limit: limitOf(0), N: 1}, {Key: "w2", Limit: limitOf(1), N: 1}}, make([]weir.Result, 2)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := srv.Do("FLUSHALL", "SYNC"); err != nil {
@@ -176,9 +176,12 @@ func TestTTLAudit(t *testing.T) {
 				case i < singles+(keys-singles)/batch:
 					for j := range reqs {
 						n := singles + (i-singles)*batch + j
-						reqs[j] = weir.Request{Key: "batch-" + strconv.Itoa(n), Limit: limitOf(n), N: 1, AtMost: j%2 == 0}
+						reqs[j] = weir.Request{Key: "batch-" + strconv.Itoa(n), Limit: limitOf(n), N: 1}
+						if j%2 == 0 {
+							reqs[j].Mode = weir.ModeAtMost
+						}
 					}
-					err = s.TakeAll(ctx, reqs, res)
+					err = s.Do(ctx, reqs, res)
 				default:
 					return
 				}
@@ -341,11 +344,11 @@ func TestRedisDown(t *testing.T) {
 	start := time.Now()
 	for name, call := range map[string]func() error{
 		"TakeAll": func() error {
-			return s.TakeAll(ctx, []weir.Request{{Key: "a", Limit: l, N: 1}, {Key: "b", Limit: l, N: 1}}, make([]weir.Result, 2))
+			return s.Do(ctx, []weir.Request{{Key: "a", Limit: l, N: 1}, {Key: "b", Limit: l, N: 1}}, make([]weir.Result, 2))
 		},
-		"Reset": func() error { return s.Reset(ctx, "alice", l) },
+		"Reset": func() error { return weir.NewLimiter(s).Reset(ctx, "alice", l) },
 		"Release": func() error {
-			return s.Release(ctx, "alice", weir.Limit{Algorithm: weir.Concurrency, Rate: 1, Period: time.Second}, "lease")
+			return s.Do(ctx, []weir.Request{{Key: "alice", Limit: weir.Limit{Algorithm: weir.Concurrency, Rate: 1, Period: time.Second}, Mode: weir.ModeRelease, Lease: "lease"}}, make([]weir.Result, 1))
 		},
 	} {
 		if err := call(); !errors.Is(err, weir.ErrStore) {

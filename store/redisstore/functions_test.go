@@ -88,11 +88,11 @@ func TestFunctions(t *testing.T) {
 	// A batch and a lease release go through the library too.
 	c := weir.Limit{Algorithm: weir.Concurrency, Rate: 2, Period: time.Minute}
 	rs := make([]weir.Result, 2)
-	err := s.TakeAll(context.Background(), []weir.Request{{Key: "a", Limit: l, N: 1}, {Key: "b", Limit: c, N: 1, Lease: "L1"}}, rs)
+	err := s.Do(context.Background(), []weir.Request{{Key: "a", Limit: l, N: 1}, {Key: "b", Limit: c, N: 1, Lease: "L1"}}, rs)
 	if err != nil || !rs[0].Allowed || !rs[1].Allowed {
 		t.Fatalf("TakeAll: %+v %v", rs, err)
 	}
-	if err := s.Release(context.Background(), "b", c, "L1"); err != nil {
+	if err := s.Do(context.Background(), []weir.Request{{Key: "b", Limit: c, Mode: weir.ModeRelease, Lease: "L1"}}, make([]weir.Result, 1)); err != nil {
 		t.Fatal(err)
 	}
 	// The 25 takes went out coalesced, in as many FCALLs as the store
@@ -260,14 +260,14 @@ func TestACLUser(t *testing.T) {
 		if got := hammer(t, s, "acl-"+string(a), l, 5); got != 3 {
 			t.Fatalf("%s: %d of 5 allowed, want 3", a, got)
 		}
-		if err := s.Reset(ctx, "acl-"+string(a), l); err != nil {
+		if err := weir.NewLimiter(s).Reset(ctx, "acl-"+string(a), l); err != nil {
 			t.Fatalf("%s: Reset: %v", a, err)
 		}
 		rs := make([]weir.Result, 2)
-		if err := s.TakeAll(ctx, []weir.Request{{Key: "acl-" + string(a), Limit: l, N: 1, Lease: "L"}, {Key: "acl2", Limit: l, N: 1, Lease: "L"}}, rs); err != nil || !rs[0].Allowed {
+		if err := s.Do(ctx, []weir.Request{{Key: "acl-" + string(a), Limit: l, N: 1, Lease: "L"}, {Key: "acl2", Limit: l, N: 1, Lease: "L"}}, rs); err != nil || !rs[0].Allowed {
 			t.Fatalf("%s: TakeAll after Reset: %+v %v", a, rs, err)
 		}
-		if err := s.Release(ctx, "acl-"+string(a), l, "L"); err != nil {
+		if err := s.Do(ctx, []weir.Request{{Key: "acl-" + string(a), Limit: l, Mode: weir.ModeRelease, Lease: "L"}}, make([]weir.Result, 1)); err != nil {
 			t.Fatalf("%s: Release: %v", a, err)
 		}
 	}
@@ -328,7 +328,7 @@ func TestLimitCache(t *testing.T) {
 		l5 := l
 		l5.Rate = 5
 		rs := make([]weir.Result, 1)
-		err := s.TakeAll(ctx, []weir.Request{{Key: key, Limit: l5, N: 2}}, rs)
+		err := s.Do(ctx, []weir.Request{{Key: key, Limit: l5, N: 2}}, rs)
 		if err != nil || !rs[0].Allowed || rs[0].Remaining != 0 {
 			t.Fatalf("MaxBatch %d: TakeAll of 2 under rate 5: %+v %v, want allowed, 0 remaining", maxBatch, rs, err)
 		}

@@ -48,7 +48,7 @@ func startLoad(s *Store, keys []string, limit int64, n int, batches bool) *clust
 				var err error
 				if batches && g%4 == 0 {
 					k2 := (k + 5) % len(keys)
-					err = s.TakeAll(ctx, []weir.Request{{Key: keys[k], Limit: l.lim(k), N: 1}, {Key: keys[k2], Limit: l.lim(k2), N: 1}}, res[:])
+					err = s.Do(ctx, []weir.Request{{Key: keys[k], Limit: l.lim(k), N: 1}, {Key: keys[k2], Limit: l.lim(k2), N: 1}}, res[:])
 					if err == nil && res[0].Allowed && res[1].Allowed {
 						l.admitted[k].Add(1)
 						l.admitted[k2].Add(1)

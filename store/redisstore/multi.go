@@ -18,7 +18,7 @@ type item struct {
 	k    keyNames
 	id   string
 	mode algorithm.Mode
-	n    int64 // the cost asked, capped at the limit's maximum for AtMost
+	n    int64 // the cost asked, capped at the limit's maximum for ModeAtMost
 	// granted is what the request's take granted, for a refund.
 	granted int64
 }
@@ -31,28 +31,14 @@ type group struct {
 	err  error
 }
 
-// TakeAll implements weir.MultiStore: all the requests are admitted and
-// consume, or none consumes; a rejected request's penalty box still starts.
-// Keys in one batch must be distinct (per algorithm). docs/internals.md
-// ("Batches: TakeAll") describes batches whose keys span cluster slots.
-func (s *Store) TakeAll(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
-	return s.takeAll(ctx, reqs, results, nil)
-}
-
-// TakeAllStamped implements weir.StampAllStore: TakeAll, with each admitted
-// take's Stamp by Redis's clock: the TIME its script read (the multi
-// script's now, which it returns; across cluster slots, each slot's own).
-func (s *Store) TakeAllStamped(ctx context.Context, reqs []weir.Request, results []weir.Result, stamps []weir.Stamp) error {
-	if len(stamps) < len(reqs) {
-		return fmt.Errorf("redisstore: %d stamps for %d requests", len(stamps), len(reqs))
-	}
-	clear(stamps[:len(reqs)])
-	return s.takeAll(ctx, reqs, results, stamps)
-}
-
-// takeAll is TakeAll; with stamps, it dates the admitted takes
-// (TakeAllStamped).
-func (s *Store) takeAll(ctx context.Context, reqs []weir.Request, results []weir.Result, stamps []weir.Stamp) error {
+// Do implements weir.Store. A batch of several takes is all or nothing:
+// all the requests are admitted and consume, or none consumes; a rejected
+// request's penalty box still starts. Keys in one batch must be distinct
+// (per algorithm). docs/internals.md ("Batches") describes batches whose
+// keys span cluster slots. Each admitted take is dated by Redis's clock
+// (Result.At): the TIME its script read (across cluster slots, each
+// slot's own).
+func (s *Store) Do(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
 	if len(results) < len(reqs) {
 		return fmt.Errorf("redisstore: %d results for %d requests", len(results), len(reqs))
 	}
@@ -64,6 +50,14 @@ func (s *Store) takeAll(ctx context.Context, reqs []weir.Request, results []weir
 		return nil
 	case 1:
 		r := &reqs[0]
+		switch r.Mode {
+		case weir.ModeRelease:
+			results[0] = weir.Result{}
+			return s.release(ctx, r.Key, r.Limit, r.Lease)
+		case weir.ModeReset:
+			results[0] = weir.Result{}
+			return s.reset(ctx, r.Key, r.Limit)
+		}
 		mode, lease := modeOf(r), r.Lease
 		if mode == algorithm.Settle {
 			// A settlement's refund: the take it settles rides in the
@@ -78,9 +72,7 @@ func (s *Store) takeAll(ctx context.Context, reqs []weir.Request, results []weir
 			return err
 		}
 		results[0] = weir.ResultOf(d)
-		if stamps != nil {
-			weir.StampAdmitted(reqs, results, stamps, now)
-		}
+		weir.StampAdmitted(reqs, results, now)
 		return nil
 	}
 	items, err := s.batchItems(reqs)
@@ -95,18 +87,16 @@ func (s *Store) takeAll(ctx context.Context, reqs []weir.Request, results []weir
 			return batchError("take", items, g.idx, g.err)
 		}
 		fill(results, g.idx, g.vals)
-		if stamps != nil {
-			weir.StampAdmitted(reqs, results, stamps, g.vals[1])
-		}
+		weir.StampAdmitted(reqs, results, g.vals[1])
 		return nil
 	}
 	err = s.takeAcrossSlots(ctx, items, groups, results)
-	if err == nil && stamps != nil {
+	if err == nil {
 		// Each slot's takes by the TIME of the script that made them; a
-		// batch refunded across slots consumed nothing and stays unstamped.
+		// batch refunded across slots consumed nothing and stays undated.
 		for i := range groups {
 			for _, j := range groups[i].idx {
-				weir.StampAdmitted(reqs[j:j+1], results[j:j+1], stamps[j:j+1], groups[i].vals[1])
+				weir.StampAdmitted(reqs[j:j+1], results[j:j+1], groups[i].vals[1])
 			}
 		}
 	}
@@ -119,19 +109,19 @@ func (s *Store) batchItems(reqs []weir.Request) ([]item, error) {
 	items := make([]item, len(reqs))
 	for i := range reqs {
 		r := &reqs[i]
-		if r.Mode != weir.ModeTake {
+		if r.One() {
 			return nil, fmt.Errorf("%w: a %s decides one request at a time, not a batch of %d", weir.ErrUnsupported, r.Mode, len(reqs))
 		}
 		c, err := s.compile(r.Limit)
 		if err != nil {
 			return nil, err
 		}
-		n := r.N
-		if r.AtMost {
-			n = min(n, c.maxCost) // a partial grant may ask for more than fits
-		}
-		if err := weir.CheckCost(r.Key, n, c.maxCost); err != nil {
+		if err := r.CheckWith(&c.p); err != nil {
 			return nil, err
+		}
+		n := r.N
+		if r.Mode == weir.ModeAtMost {
+			n = min(n, c.maxCost) // a partial grant may ask for more than fits
 		}
 		for j := 0; j < i; j++ {
 			if reqs[j].Key == r.Key && items[j].c.p.Kind == c.p.Kind {
@@ -200,11 +190,11 @@ func (s *Store) takeAcrossSlots(ctx context.Context, items []item, groups []grou
 func modeOf(r *weir.Request) algorithm.Mode { return r.AlgorithmMode() }
 
 // OnRefund sets f, which the store calls with the key of every take that it
-// gives back by itself. That happens in one case only: a TakeAll batch whose
+// gives back by itself. That happens in one case only: a batch (Do) whose
 // keys span Redis Cluster hash slots is decided slot by slot, and when one
 // slot rejects, the takes the others admitted are refunded. Between the take
 // and its refund, another caller can be denied on such a key; a deny cache
-// (package denycache, which calls OnRefund when it wraps this store) must
+// (package denycache: pass OnRefund as its Config.OnRefund) must
 // drop that denial once the refund is done, on every instance, or it would
 // deny requests that Redis has room for again.
 //
@@ -345,8 +335,3 @@ func batchError(what string, items []item, idx []int, err error) error {
 	}
 	return fmt.Errorf("%w: batch %s on %s: %w", weir.ErrStore, what, b.String(), err)
 }
-
-var (
-	_ weir.StampStore    = (*Store)(nil)
-	_ weir.StampAllStore = (*Store)(nil)
-)

@@ -16,7 +16,7 @@
 //
 // New connects as a Config says (ParseURL builds one from a redis:// URL);
 // NewWithClient runs on a rueidis client of the caller's, which it never
-// closes. The Store implements weir.Store and weir.MultiStore; Client
+// closes. The Store implements weir.Store; Client
 // lends its Redis client for other commands. docs/internals.md explains the scripts,
 // coalescing, the key layout, cluster batches, retries and reconnection;
 // docs/operations.md covers running Redis for weir.
@@ -128,8 +128,7 @@ type Config struct {
 	dial func(ctx context.Context, addr string, client int64) (net.Conn, error)
 }
 
-// Store is the Redis store. It implements weir.Store and weir.MultiStore
-// and is safe for concurrent use. Build it with New and Close it when done.
+// Store is the Redis store. It implements weir.Store and is safe for concurrent use. Build it with New and Close it when done.
 type Store struct {
 	client     *swapClient
 	conn       conn
@@ -491,20 +490,6 @@ func takenArg(st weir.Stamp) string {
 	return strconv.FormatInt(st.At, 10) + ":" + strconv.FormatInt(st.Estimate, 10) + ":" + strconv.FormatInt(st.Remaining, 10)
 }
 
-// TakeStamped implements weir.StampStore: Take, and when it admits, the
-// take's Stamp by Redis's clock (TIME, as every decision reads it).
-func (s *Store) TakeStamped(ctx context.Context, key string, l weir.Limit, n int64) (weir.Result, weir.Stamp, error) {
-	d, now, err := s.take(ctx, key, l, n, algorithm.Exact, "")
-	if err != nil {
-		return weir.Result{}, weir.Stamp{}, err
-	}
-	res := weir.ResultOf(d)
-	if !res.Allowed {
-		return res, weir.Stamp{}, nil
-	}
-	return res, weir.Stamp{At: now, Estimate: n, Remaining: d.Remaining}, nil
-}
-
 // Take implements weir.Store.
 func (s *Store) Take(ctx context.Context, key string, l weir.Limit, n int64) (weir.Result, error) {
 	d, _, err := s.take(ctx, key, l, n, algorithm.Exact, "")
@@ -759,9 +744,8 @@ func notRun(e *rueidis.RedisError) bool {
 	return strings.HasPrefix(msg, "READONLY") || strings.HasPrefix(msg, "MASTERDOWN")
 }
 
-// Reset implements weir.Store: it deletes key's state under l and its
-// penalty box.
-func (s *Store) Reset(ctx context.Context, key string, l weir.Limit) error {
+// reset deletes key's state under l and its penalty box (weir.ModeReset).
+func (s *Store) reset(ctx context.Context, key string, l weir.Limit) error {
 	kind, ok := l.Algorithm.Kind()
 	if !ok {
 		return l.Validate()
@@ -784,10 +768,10 @@ func (s *Store) Reset(ctx context.Context, key string, l weir.Limit) error {
 	}
 }
 
-// Release implements weir.MultiStore: it gives back the concurrency lease
-// with id lease held on key. Releasing an unknown or expired lease, or under
+// release gives back the concurrency lease with id lease held on key
+// (weir.ModeRelease). Releasing an unknown or expired lease, or under
 // another algorithm, does nothing.
-func (s *Store) Release(ctx context.Context, key string, l weir.Limit, lease string) error {
+func (s *Store) release(ctx context.Context, key string, l weir.Limit, lease string) error {
 	kind, ok := l.Algorithm.Kind()
 	if !ok {
 		return l.Validate()

@@ -193,7 +193,7 @@ func sameAsMemstoreWith(t *testing.T, cfg Config, steps int) {
 			rs := newTestStore(t, cfg)
 			ms := memstore.New(memstore.WithClock(clock.Now), memstore.WithShards(1<<14)) // see the TakeAll note below
 			// Redis first, right after the clock moves (see advance).
-			stores := [2]weir.MultiStore{rs, ms}
+			stores := [2]weir.Store{rs, ms}
 			lims := [2]*weir.Limiter{weir.NewLimiter(rs), weir.NewLimiter(ms)}
 			limits := gr.limits
 			keys := []string{"k0", "k1", "k2", "k3"}
@@ -256,7 +256,7 @@ func sameAsMemstoreWith(t *testing.T, cfg Config, steps int) {
 				case 0: // a new limit, on a fresh state
 					var errs [2]error
 					for i, s := range stores {
-						errs[i] = s.Reset(ctx, k, keyLimit[k])
+						errs[i] = weir.NewLimiter(s).Reset(ctx, k, keyLimit[k])
 					}
 					same(step, "Reset before a new limit", [2]weir.Result{}, errs)
 					keyLimit[k] = limits[rng.IntN(len(limits))]
@@ -312,7 +312,10 @@ func sameAsMemstoreWith(t *testing.T, cfg Config, steps int) {
 					for j, ki := range perm {
 						bk := keys[ki]
 						bp, _ := keyLimit[bk].Compile()
-						reqs[j] = weir.Request{Key: bk, Limit: keyLimit[bk], N: rng.Int64N(min(bp.MaxCost(), 3) + 1), AtMost: rng.IntN(4) == 0}
+						reqs[j] = weir.Request{Key: bk, Limit: keyLimit[bk], N: rng.Int64N(min(bp.MaxCost(), 3) + 1)}
+						if rng.IntN(4) == 0 {
+							reqs[j].Mode = weir.ModeAtMost
+						}
 					}
 					var out [2][]weir.Result
 					var stamps [2][]weir.Stamp
@@ -321,9 +324,12 @@ func sameAsMemstoreWith(t *testing.T, cfg Config, steps int) {
 						out[i] = make([]weir.Result, m)
 						if dated {
 							stamps[i] = make([]weir.Stamp, m)
-							errs[i] = s.(weir.StampAllStore).TakeAllStamped(ctx, reqs, out[i], stamps[i])
+							errs[i] = s.Do(ctx, reqs, out[i])
+							for k := range reqs {
+								stamps[i][k] = out[i][k].Stamp(reqs[k].N)
+							}
 						} else {
-							errs[i] = s.TakeAll(ctx, reqs, out[i])
+							errs[i] = s.Do(ctx, reqs, out[i])
 						}
 					}
 					for j := range reqs {
@@ -445,7 +451,7 @@ func sameAsMemstoreWith(t *testing.T, cfg Config, steps int) {
 					}
 				case op < 92: // Reset
 					for i, s := range stores {
-						errs[i] = s.Reset(ctx, k, l)
+						errs[i] = weir.NewLimiter(s).Reset(ctx, k, l)
 					}
 					same(step, "Reset", res, errs)
 				default: // Peek under another key's limit: more limit changes

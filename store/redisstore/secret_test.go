@@ -62,7 +62,7 @@ func TestStoreErrorsHideTheKey(t *testing.T) {
 		checkNoSecret(t, "Take error", err.Error(), key)
 
 		res := make([]weir.Result, 2)
-		err = s.TakeAll(ctx, []weir.Request{{Key: key, Limit: l, N: 1}, {Key: weir.Key("api", "other"), Limit: l, N: 1}}, res)
+		err = s.Do(ctx, []weir.Request{{Key: key, Limit: l, N: 1}, {Key: weir.Key("api", "other"), Limit: l, N: 1}}, res)
 		if err == nil {
 			t.Fatalf("coalesce=%v: TakeAll on a list: no error", coalesce)
 		}
@@ -91,7 +91,7 @@ func TestStoreFailureLogHidesTheKey(t *testing.T) {
 		t.Fatal("Take with Redis stopped: no error")
 	}
 	checkNoSecret(t, "Take error", err.Error(), key)
-	if err := s.Reset(context.Background(), key, l); err == nil {
+	if err := weir.NewLimiter(s).Reset(context.Background(), key, l); err == nil {
 		t.Fatal("Reset with Redis stopped: no error")
 	} else {
 		checkNoSecret(t, "Reset error", err.Error(), key)

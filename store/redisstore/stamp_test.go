@@ -36,7 +36,7 @@ func TestBatchStampIsRedisTime(t *testing.T) {
 	res := make([]weir.Result, 2)
 	stamps := make([]weir.Stamp, 2)
 	before := redisTime(t, srv)
-	if err := s.TakeAllStamped(context.Background(), reqs, res, stamps); err != nil {
+	if err := takeAllStamped(s, context.Background(), reqs, res, stamps); err != nil {
 		t.Fatal(err)
 	}
 	after := redisTime(t, srv)
@@ -74,7 +74,7 @@ func clusterStampedBatch(t *testing.T, c *redistest.ClusterGroup) {
 	res := make([]weir.Result, len(reqs))
 	stamps := make([]weir.Stamp, len(reqs))
 	before := redisTime(t, c.Nodes[0])
-	if err := s.TakeAllStamped(ctx, reqs, res, stamps); err != nil {
+	if err := takeAllStamped(s, ctx, reqs, res, stamps); err != nil {
 		t.Fatal(err)
 	}
 	after := redisTime(t, c.Nodes[0]) // the nodes share this machine's clock
@@ -85,7 +85,7 @@ func clusterStampedBatch(t *testing.T, c *redistest.ClusterGroup) {
 	}
 	// c is used up: the next batch is sunk by its slot, a and b are refunded.
 	stamps = []weir.Stamp{{At: 1}, {At: 1}, {At: 1}}
-	if err := s.TakeAllStamped(ctx, reqs, res, stamps); err != nil {
+	if err := takeAllStamped(s, ctx, reqs, res, stamps); err != nil {
 		t.Fatal(err)
 	}
 	if res[2].Allowed || res[0].Granted != 0 || res[1].Granted != 0 {
@@ -99,4 +99,13 @@ func clusterStampedBatch(t *testing.T, c *redistest.ClusterGroup) {
 	if r, err := s.Take(ctx, "a", wide, 0); err != nil || r.Remaining != 97 {
 		t.Fatalf("a after the refund: %+v %v, want 97 remaining", r, err)
 	}
+}
+
+// takeAllStamped decides reqs through s.Do and sets their Stamps.
+func takeAllStamped(s *Store, ctx context.Context, reqs []weir.Request, res []weir.Result, stamps []weir.Stamp) error {
+	err := s.Do(ctx, reqs, res)
+	for i := range reqs {
+		stamps[i] = res[i].Stamp(reqs[i].N)
+	}
+	return err
 }

@@ -8,43 +8,32 @@ import (
 	"github.com/weir-dev/weir/store/memstore"
 )
 
-// wrapper is a store wrapper that offers Unwrap, as the deny cache does.
-type wrapper struct{ weir.Store }
-
-func (w wrapper) Unwrap() weir.Store { return w.Store }
-
-func TestStoreAs(t *testing.T) {
-	ms := memstore.New()
-	if got, ok := weir.StoreAs[*memstore.Store](wrapper{wrapper{ms}}); !ok || got != ms {
-		t.Fatalf("through two wrappers: %v %v, want the memstore", got, ok)
-	}
-	if _, ok := weir.StoreAs[weir.ReservationStore](wrapper{ms}); !ok {
-		t.Fatal("an interface the wrapped store implements was not found")
-	}
-	if _, ok := weir.StoreAs[interface{ Nope() }](wrapper{ms}); ok {
-		t.Fatal("found an interface nothing implements")
-	}
-}
-
-// countingStore is a wrapper of the user's own: it counts takes, offers
-// Unwrap, and does not implement weir.StampStore.
+// countingStore is a wrapper of the user's own: it counts takes and dates
+// none (Result.At).
 type countingStore struct {
-	weir.MultiStore
+	weir.Store
 	takes int
 }
 
 func (c *countingStore) Take(ctx context.Context, key string, l weir.Limit, n int64) (weir.Result, error) {
 	c.takes++
-	return c.MultiStore.Take(ctx, key, l, n)
+	return c.Store.Take(ctx, key, l, n)
 }
 
-func (c *countingStore) Unwrap() weir.Store { return c.MultiStore }
+func (c *countingStore) Do(ctx context.Context, reqs []weir.Request, res []weir.Result) error {
+	c.takes++
+	err := c.Store.Do(ctx, reqs, res)
+	for i := range res {
+		res[i].At = 0
+	}
+	return err
+}
 
 // Reserve must not reach past a wrapper that cannot date takes to the
-// StampStore beneath it: that would skip the wrapper's own Take.
+// store beneath it: that would skip the wrapper's own decision.
 func TestReserveKeepsUserWrapper(t *testing.T) {
 	ctx := context.Background()
-	cs := &countingStore{MultiStore: memstore.New()}
+	cs := &countingStore{Store: memstore.New()}
 	lim := weir.NewLimiter(cs)
 	l := weir.PerMinute(weir.FixedWindow, 10)
 	r, res, err := lim.Reserve(ctx, "k", l, 4)
