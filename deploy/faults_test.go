@@ -346,15 +346,27 @@ rules:
 		d, err := decide(c, w1.base, "exact", "shared")
 		return err == nil && d.Fallback == ""
 	})
-	// The key spent by the others is spent for weir-1 too.
-	if d := mustDecide(t, w1.base, "exact", "shared"); d.Allowed || d.Fallback != "" {
-		t.Errorf("weir-1 after the heal on a spent key: %+v; want refused by Redis", d)
-	}
+	// The key spent by the others is spent for weir-1 too. A decision or
+	// two just after the first one Redis made may still fall back (another
+	// of the client's connections still timing out): never admitted, since
+	// the rule is on_error deny; counted and reported, and within 2 s every
+	// decision is Redis's.
+	lateFallbacks := 0
+	within(t, 2*time.Second, "weir-1 refusing the spent key by Redis after the heal", func() bool {
+		d := mustDecide(t, w1.base, "exact", "shared")
+		if d.Allowed {
+			t.Fatalf("weir-1 after the heal admitted a spent key: %+v", d)
+		}
+		if d.Fallback != "" {
+			lateFallbacks++
+		}
+		return d.Fallback == ""
+	})
 	waitFor(t, w1.base+"/healthz/store", http.StatusOK)
 	t.Logf("measured: first fallback %v after the cut; slowest decision while cut off %v; "+
-		"back on Redis %v after the heal (%v since the cut); local admitted %d of %d; decisions over 100ms: %v",
+		"back on Redis %v after the heal (%v since the cut); fallbacks after the first Redis decision %d; local admitted %d of %d; decisions over 100ms: %v",
 		firstFallback.Round(time.Millisecond), slowest.Round(time.Millisecond), back.Round(time.Millisecond),
-		time.Since(cut).Round(time.Millisecond), seen["local-allowed"], seen["local"], slow)
+		time.Since(cut).Round(time.Millisecond), lateFallbacks, seen["local-allowed"], seen["local"], slow)
 }
 
 // sentinelGroup is a Redis primary, its replicas and three Sentinels
