@@ -172,9 +172,9 @@ FUZZTIME ?= 60s
 FUZZ_TARGETS := \
 	.:FuzzParseLimit .:FuzzKey ./algorithm:FuzzTake \
 	./policy:FuzzParseConfig ./clientip:FuzzParseHostAddr ./policy:FuzzPathPattern \
-	./internal/resp:FuzzReadCommand ./server:FuzzCheckBody ./server:FuzzAuthHeaders ./server:FuzzAuthClientIP \
-	./server/envoyrls:FuzzShouldRateLimit ./server/envoyrls:FuzzCheckJSON ./server/envoyrls:FuzzParse \
-	./replay:FuzzParseLine
+	./internal/resp:FuzzReadCommand ./internal/server:FuzzCheckBody ./internal/server:FuzzAuthHeaders ./internal/server:FuzzAuthClientIP \
+	./internal/server/envoyrls:FuzzShouldRateLimit ./internal/server/envoyrls:FuzzCheckJSON ./internal/server/envoyrls:FuzzParse \
+	./internal/replay:FuzzParseLine
 fuzz:
 	GO=$(GO) FUZZTIME=$(FUZZTIME) FUZZ=$(FUZZ) ./scripts/fuzz.sh '$(FUZZ_TARGETS)'
 

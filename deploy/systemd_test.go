@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/weir-dev/weir/server"
+	"github.com/weir-dev/weir/internal/server"
 )
 
 // systemdAnalyze finds systemd-analyze: a CI run without it fails,

@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/weir-dev/weir"
-	"github.com/weir-dev/weir/server"
+	"github.com/weir-dev/weir/internal/server"
 	"github.com/weir-dev/weir/store/memstore"
 )
 

@@ -13,7 +13,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/policy"
-	"github.com/weir-dev/weir/server"
+	"github.com/weir-dev/weir/internal/server"
 	"github.com/weir-dev/weir/store/memstore"
 )
 

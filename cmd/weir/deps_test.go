@@ -25,7 +25,7 @@ func TestNoHandWrittenHTTP2Client(t *testing.T) {
 			t.Fatalf("go list -deps -tags %q: %v\n%s", tags, err, out)
 		}
 		deps := strings.Fields(string(out))
-		if !slices.Contains(deps, "github.com/weir-dev/weir/server") {
+		if !slices.Contains(deps, "github.com/weir-dev/weir/internal/server") {
 			t.Fatalf("go list -deps -tags %q: weir's server not listed: is the list right?\n%s", tags, out)
 		}
 		if got, want := slices.Contains(deps, h2client), tags == "bench"; got != want {

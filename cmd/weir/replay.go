@@ -13,7 +13,7 @@ import (
 	"strings"
 
 	"github.com/weir-dev/weir/policy"
-	"github.com/weir-dev/weir/replay"
+	"github.com/weir-dev/weir/internal/replay"
 )
 
 func init() {

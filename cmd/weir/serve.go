@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir/internal/otelsetup"
-	"github.com/weir-dev/weir/server"
+	"github.com/weir-dev/weir/internal/server"
 )
 
 func init() {

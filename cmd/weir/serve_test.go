@@ -23,7 +23,7 @@ import (
 
 	"github.com/weir-dev/weir/internal/certtest"
 	"github.com/weir-dev/weir/internal/otlptest"
-	"github.com/weir-dev/weir/server"
+	"github.com/weir-dev/weir/internal/server"
 )
 
 // syncBuffer is a bytes.Buffer safe for a writer and a reader at once.

@@ -12,7 +12,7 @@ import (
 
 	"github.com/weir-dev/weir/internal/yamlnode"
 	"github.com/weir-dev/weir/policy"
-	"github.com/weir-dev/weir/server"
+	"github.com/weir-dev/weir/internal/server"
 )
 
 func init() {

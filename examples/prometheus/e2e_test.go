@@ -22,7 +22,7 @@ import (
 	"github.com/weir-dev/weir/internal/certtest"
 	"github.com/weir-dev/weir/internal/promtest"
 	"github.com/weir-dev/weir/policy"
-	"github.com/weir-dev/weir/server"
+	"github.com/weir-dev/weir/internal/server"
 )
 
 var exprLine = regexp.MustCompile(`(?m)^\s+expr:\s*(\|?)(.*)$`)

@@ -27,8 +27,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/weir-dev/weir/server"
-	"github.com/weir-dev/weir/server/envoyrls"
+	"github.com/weir-dev/weir/internal/server"
+	"github.com/weir-dev/weir/internal/server/envoyrls"
 	"github.com/weir-dev/weir/store/memstore"
 )
 

@@ -306,7 +306,7 @@ func TestUnitOf(t *testing.T) {
 // The example shipped in examples/envoy must load, and behave as its
 // comments say.
 func TestExampleConfig(t *testing.T) {
-	cfg, err := LoadDir(filepath.Join("..", "..", "examples", "envoy", "config"))
+	cfg, err := LoadDir(filepath.Join("..", "..", "..", "examples", "envoy", "config"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -146,7 +146,7 @@ type weirFleet struct {
 func startWeirFleet(t *testing.T, example string, tweak ...func(*policy.Config)) *weirFleet {
 	t.Helper()
 	r := redistest.Standalone(t)
-	cfg, err := policy.LoadFile(filepath.Join("..", "examples", example, "weir.yaml"))
+	cfg, err := policy.LoadFile(filepath.Join("..", "..", "examples", example, "weir.yaml"))
 	if err != nil {
 		t.Fatalf("the example's weir.yaml: %v", err)
 	}
@@ -271,7 +271,7 @@ func TestNginxAuthRequest(t *testing.T) {
 	nginx := requireBinary(t, "nginx")
 	f := startWeirFleet(t, "nginx")
 	app := startApp(t)
-	src, err := os.ReadFile(filepath.Join("..", "examples", "nginx", "nginx.conf"))
+	src, err := os.ReadFile(filepath.Join("..", "..", "examples", "nginx", "nginx.conf"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -327,7 +327,7 @@ func TestCaddyForwardAuth(t *testing.T) {
 	caddy := requireBinary(t, "caddy")
 	f := startWeirFleet(t, "caddy")
 	app := startApp(t)
-	src, err := os.ReadFile(filepath.Join("..", "examples", "caddy", "Caddyfile"))
+	src, err := os.ReadFile(filepath.Join("..", "..", "examples", "caddy", "Caddyfile"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -182,7 +182,7 @@ func TestOpenAPIServed(t *testing.T) {
 // heading for every operation of openapi.json ("### `GET /v1/top`").
 func TestAPIDocCoversOpenAPI(t *testing.T) {
 	doc, _ := loadAPIDoc(t)
-	md, err := os.ReadFile(filepath.Join("..", "docs", "api.md"))
+	md, err := os.ReadFile(filepath.Join("..", "..", "docs", "api.md"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -225,7 +225,7 @@ func freePort(t *testing.T) string {
 // buildWeir builds cmd/weir into a temporary directory.
 func buildWeir(t *testing.T) string {
 	t.Helper()
-	root, err := filepath.Abs(filepath.Join("..", ".."))
+	root, err := filepath.Abs(filepath.Join("..", "..", ".."))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,7 +311,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	base := startWeir(t, bin, cfg, e2eToken)
 
 	shot := filepath.Join(t.TempDir(), "dashboard.png")
-	committed, err := filepath.Abs(filepath.Join("..", "..", "docs", "img", "dashboard.png"))
+	committed, err := filepath.Abs(filepath.Join("..", "..", "..", "docs", "img", "dashboard.png"))
 	if err != nil {
 		t.Fatal(err)
 	}

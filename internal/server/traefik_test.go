@@ -34,7 +34,7 @@ func TestTraefikForwardAuth(t *testing.T) {
 			} `yaml:"routers"`
 		} `yaml:"http"`
 	}
-	raw, err := os.ReadFile("../examples/traefik/dynamic.yml")
+	raw, err := os.ReadFile("../../examples/traefik/dynamic.yml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +58,7 @@ func TestTraefikForwardAuth(t *testing.T) {
 			t.Fatalf("weir-strip does not remove %s: %v", h, strip)
 		}
 	}
-	cfg, err := policy.LoadFile("../examples/traefik/weir.yaml")
+	cfg, err := policy.LoadFile("../../examples/traefik/weir.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,7 @@ import (
 // needed: its protos and validation rules are), with a rate limit filter
 // for the example's domain, talking gRPC to weir's port.
 func TestExampleEnvoyYAML(t *testing.T) {
-	data, err := os.ReadFile(filepath.Join("..", "..", "examples", "envoy", "envoy.yaml"))
+	data, err := os.ReadFile(filepath.Join("..", "..", "..", "examples", "envoy", "envoy.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +46,7 @@ func TestExampleEnvoyYAML(t *testing.T) {
 	if err := hcm.HttpFilters[0].GetTypedConfig().UnmarshalTo(&rl); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := LoadDir(filepath.Join("..", "..", "examples", "envoy", "config"))
+	cfg, err := LoadDir(filepath.Join("..", "..", "..", "examples", "envoy", "config"))
 	if err != nil {
 		t.Fatal(err)
 	}

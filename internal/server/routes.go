@@ -5,7 +5,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/weir-dev/weir/server/dashboard"
+	"github.com/weir-dev/weir/internal/server/dashboard"
 )
 
 // methods dispatches a path's handlers by method, answering 405 with a

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/weir-dev/weir/server/envoyrls"
+	"github.com/weir-dev/weir/internal/server/envoyrls"
 )
 
 // TestNearLimitCounted: an admitted decision that leaves its key at or

@@ -78,7 +78,7 @@ func startNginx(t *testing.T, f *weirFleet, app string, pairs ...string) string 
 func startNginxWith(t *testing.T, f *weirFleet, app string, more func(listen string) []string) string {
 	t.Helper()
 	nginx := requireBinary(t, "nginx")
-	src, err := os.ReadFile(filepath.Join("..", "examples", "nginx", "nginx.conf"))
+	src, err := os.ReadFile(filepath.Join("..", "..", "examples", "nginx", "nginx.conf"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +100,7 @@ func startNginxWith(t *testing.T, f *weirFleet, app string, more func(listen str
 func startCaddy(t *testing.T, f *weirFleet, app string, pairs ...string) string {
 	t.Helper()
 	caddy := requireBinary(t, "caddy")
-	src, err := os.ReadFile(filepath.Join("..", "examples", "caddy", "Caddyfile"))
+	src, err := os.ReadFile(filepath.Join("..", "..", "examples", "caddy", "Caddyfile"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir/policy"
-	"github.com/weir-dev/weir/server/envoyrls"
+	"github.com/weir-dev/weir/internal/server/envoyrls"
 )
 
 // sparkLen is how many seconds a rule's sparkline covers.

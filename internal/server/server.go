@@ -61,7 +61,7 @@ import (
 	"github.com/weir-dev/weir/internal/resp"
 	"github.com/weir-dev/weir/internal/tlsfiles"
 	"github.com/weir-dev/weir/policy"
-	"github.com/weir-dev/weir/server/envoyrls"
+	"github.com/weir-dev/weir/internal/server/envoyrls"
 	"github.com/weir-dev/weir/store/denycache"
 	"github.com/weir-dev/weir/store/guard"
 	"github.com/weir-dev/weir/store/lease"

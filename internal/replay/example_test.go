@@ -6,7 +6,7 @@ import (
 	"strings"
 
 	"github.com/weir-dev/weir/policy"
-	"github.com/weir-dev/weir/replay"
+	"github.com/weir-dev/weir/internal/replay"
 )
 
 // Replay three requests of an nginx log through a rule of 2 a minute.

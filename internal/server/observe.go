@@ -10,7 +10,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/policy"
-	"github.com/weir-dev/weir/server/envoyrls"
+	"github.com/weir-dev/weir/internal/server/envoyrls"
 	"github.com/weir-dev/weir/weirotel"
 )
 

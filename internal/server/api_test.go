@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir/policy"
-	"github.com/weir-dev/weir/server/envoyrls"
+	"github.com/weir-dev/weir/internal/server/envoyrls"
 )
 
 func TestCheckDecides(t *testing.T) {
