@@ -12,8 +12,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/weir-dev/weir/policy"
 	"github.com/weir-dev/weir/internal/replay"
+	"github.com/weir-dev/weir/policy"
 )
 
 func init() {

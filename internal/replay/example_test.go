@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/weir-dev/weir/policy"
 	"github.com/weir-dev/weir/internal/replay"
+	"github.com/weir-dev/weir/policy"
 )
 
 // Replay three requests of an nginx log through a rule of 2 a minute.

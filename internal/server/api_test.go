@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/weir-dev/weir/policy"
 	"github.com/weir-dev/weir/internal/server/envoyrls"
+	"github.com/weir-dev/weir/policy"
 )
 
 func TestCheckDecides(t *testing.T) {
