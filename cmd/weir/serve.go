@@ -84,7 +84,7 @@ with built-in demo rules: HTTP on :8080 (API and dashboard at /) and gRPC on
   GET  /v1/dashboard/snapshot  the dashboard's data
   GET  /metrics, /healthz, /readyz, /healthz/store
   GET  /openapi.json           the API's OpenAPI 3 document
-  /v1/state, /v1/blocked, PUT /v1/rules   the admin API (Authorization: Bearer $WEIR_ADMIN_TOKEN)
+  /v1/state, /v1/blocked, PUT/DELETE /v1/rules   the admin API (Authorization: Bearer $WEIR_ADMIN_TOKEN)
 
 SIGHUP reloads the config files. SIGTERM and SIGINT make the instance unready
 (/readyz 503, gRPC health NOT_SERVING) while it keeps serving for

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
-	"github.com/weir-dev/weir/policy"
 	"github.com/weir-dev/weir/internal/server/envoyrls"
+	"github.com/weir-dev/weir/policy"
 	"github.com/weir-dev/weir/weirotel"
 )
 
