@@ -31,7 +31,7 @@ import (
 // the test is skipped, unless CI is set, where it fails: `make test`
 // installs it. CHROMIUM names another browser binary.
 //
-// The 1280×1080 screenshot goes to docs/img/dashboard.png when
+// The 1280×1120 screenshot goes to docs/img/dashboard.png when
 // WEIR_UPDATE_SCREENSHOT=1 or when that file is missing (after about 32
 // seconds of traffic in the chart, 8 otherwise; WEIR_CHART_POINTS sets it),
 // and to a temporary directory otherwise. WEIR_SHOT_DIR keeps the extra
@@ -709,7 +709,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 	// Tall enough for the rules (with their near-limit column) and the
 	// protection panel under the chart.
-	b.viewport(1280, 1080)
+	b.viewport(1280, 1120)
 	b.mouseMove(0, 0)
 	time.Sleep(400 * time.Millisecond) // let the page settle (hover styles, the last paint)
 	b.screenshot(shot, false, nil)
