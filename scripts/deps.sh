@@ -26,6 +26,14 @@ for extra in ${WEIR_DEPS_EXTRA:-}; do
   esac
 done
 
+if [ ${#need_apt[@]} -gt 0 ] && ! command -v apt-get >/dev/null 2>&1; then
+  # Not a Debian-like system: say what is missing rather than fail later.
+  echo "deps: missing ${need_apt[*]} (Debian package names), and there is no apt-get here." >&2
+  echo "deps: install them with your package manager (redis-tools is redis-cli, python3-redis is the redis module" >&2
+  echo "deps: for python3, nodejs is node, prometheus includes promtool) and run make test again." >&2
+  exit 1
+fi
+
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "deps: installing ${need_apt[*]} from Debian's packages"
   SUDO=""

@@ -83,7 +83,8 @@ with built-in demo rules: HTTP on :8080 (API and dashboard at /) and gRPC on
   GET  /v1/rules, /v1/top      the rules in force; the most limited identities
   GET  /v1/dashboard/snapshot  the dashboard's data
   GET  /metrics, /healthz, /readyz, /healthz/store
-  /v1/state, /v1/blocked, PUT /v1/rules   the admin API (Authorization: Bearer $WEIR_ADMIN_TOKEN)
+  GET  /openapi.json           the API's OpenAPI 3 document
+  /v1/state, /v1/blocked, PUT/DELETE /v1/rules   the admin API (Authorization: Bearer $WEIR_ADMIN_TOKEN)
 
 SIGHUP reloads the config files. SIGTERM and SIGINT make the instance unready
 (/readyz 503, gRPC health NOT_SERVING) while it keeps serving for
@@ -159,11 +160,16 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, lookup 
 		// shrinks and requests regrow) for a few MB. GOGC still wins.
 		debug.SetGCPercent(400)
 	}
+	jsonLog := f.logFormat == "json"
+	fail := func(msg string) int {
+		failure(stderr, log, jsonLog, msg)
+		return 1
+	}
 	opts := serverOptions(f, log, lookup)
+	otelsetup.LogErrors(log) // exporter errors, through slog and rate-limited
 	tracing, shutdownTracing, err := otelsetup.FromEnv(ctx, lookup)
 	if err != nil {
-		fmt.Fprintln(stderr, "weir serve:", errText(err))
-		return 1
+		return fail(errText(err))
 	}
 	if tracing != nil {
 		opts = append(opts, server.WithTracing(tracing))
@@ -179,23 +185,20 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, lookup 
 	}
 	srv, err := server.New(opts...)
 	if err != nil {
-		fmt.Fprintln(stderr, "weir serve:", errText(err))
-		return 1
+		return fail(errText(err))
 	}
 	if f.pprof != "" {
 		ps, err := startPprof(f.pprof)
 		if err != nil {
 			srv.Close()
-			fmt.Fprintf(stderr, "weir serve: --pprof %s: %s\n", f.pprof, errText(err))
-			return 1
+			return fail(fmt.Sprintf("--pprof %s: %s", f.pprof, errText(err)))
 		}
 		defer ps.Close()
 	}
 	hl, gl, err := listen(srv)
 	if err != nil {
 		srv.Close()
-		fmt.Fprintln(stderr, "weir serve:", errText(err))
-		return 1
+		return fail(errText(err))
 	}
 	if a := srv.RESPAddr(); a != "" {
 		rl, err := net.Listen("tcp", a)
@@ -208,19 +211,31 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, lookup 
 				gl.Close()
 			}
 			srv.Close()
-			fmt.Fprintf(stderr, "weir serve: RESP on %s: %v\n", a, err)
-			return 1
+			return fail(fmt.Sprintf("RESP on %s: %v", a, err))
 		}
-		fmt.Fprintf(stdout, "weir: serving the Redis protocol on %s\n", rl.Addr().String())
+		if jsonLog {
+			log.Info("weir: serving the Redis protocol", "resp", rl.Addr().String())
+		} else {
+			fmt.Fprintf(stdout, "weir: serving the Redis protocol on %s\n", rl.Addr().String())
+		}
 	}
-	announce(stdout, log, srv, hl, gl)
+	announce(stdout, log, jsonLog, srv, hl, gl)
 	go reloadOnSignal(ctx, srv, log, reload)
 	if err := srv.Serve(ctx, hl, gl); err != nil {
-		fmt.Fprintln(stderr, "weir serve:", errText(err))
-		return 1
+		return fail(errText(err))
 	}
 	log.Info("weir serve stopped")
 	return 0
+}
+
+// failure reports why serve stops: a line on stderr, or, under
+// --log-format json, an ERROR record, so that every line is JSON.
+func failure(stderr io.Writer, log *slog.Logger, jsonLog bool, msg string) {
+	if jsonLog {
+		log.Error("weir serve: " + msg)
+		return
+	}
+	fmt.Fprintln(stderr, "weir serve:", msg)
 }
 
 // geteuid is os.Geteuid; tests replace it.
@@ -249,11 +264,11 @@ func parseServeArgs(args []string, stdout, stderr io.Writer, lookup func(string)
 		return nil, nil, 2
 	}
 	if f.refuseRoot && geteuid() == 0 {
-		fmt.Fprintln(stderr, "weir serve: refusing to run as root (effective uid 0) with --refuse-root ($WEIR_REFUSE_ROOT): run as an unprivileged user, e.g. docker run --user 65532:65532")
+		failure(stderr, log, f.logFormat == "json", "refusing to run as root (effective uid 0) with --refuse-root ($WEIR_REFUSE_ROOT): run as an unprivileged user, e.g. docker run --user 65532:65532")
 		return nil, nil, 1
 	}
 	if f.shutdownDelay < 0 || f.shutdownTimeout <= 0 || f.shutdownDelay >= f.shutdownTimeout {
-		fmt.Fprintf(stderr, "weir serve: --shutdown-delay %v and --shutdown-timeout %v: want 0 <= delay < timeout (the timeout includes the delay)\n", f.shutdownDelay, f.shutdownTimeout)
+		failure(stderr, log, f.logFormat == "json", fmt.Sprintf("--shutdown-delay %v and --shutdown-timeout %v: want 0 <= delay < timeout (the timeout includes the delay)", f.shutdownDelay, f.shutdownTimeout))
 		return nil, nil, 2
 	}
 	return f, log, 0
@@ -327,21 +342,25 @@ func listen(srv *server.Server) (hl, gl net.Listener, err error) {
 	return hl, gl, nil
 }
 
-// announce tells the operator where weir serves: one line on stdout, and
-// one log record with the store, admin API, instance and the rules in
-// force: where they come from, their names, and the Envoy config's.
-func announce(stdout io.Writer, log *slog.Logger, srv *server.Server, hl, gl net.Listener) {
-	grpcDesc := "gRPC off"
+// announce tells the operator where weir serves: one line on stdout
+// (none under --log-format json, whose readers want JSON only), and one
+// log record with the addresses, store, admin API, instance and the rules
+// in force: where they come from, their names, and the Envoy config's.
+func announce(stdout io.Writer, log *slog.Logger, jsonLog bool, srv *server.Server, hl, gl net.Listener) {
+	grpcAddr, grpcDesc := "off", "gRPC off"
 	if gl != nil {
-		grpcDesc = "gRPC " + displayAddr(gl.Addr().String(), false)
+		grpcAddr = gl.Addr().String()
+		grpcDesc = "gRPC " + displayAddr(grpcAddr, false)
 	}
 	scheme := "http"
 	tlsOn, mutual := srv.TLS()
 	if tlsOn {
 		scheme = "https"
 	}
-	fmt.Fprintf(stdout, "weir: serving on %s://%s (dashboard), %s, store %s\n",
-		scheme, displayAddr(hl.Addr().String(), true), grpcDesc, srv.StoreDescription())
+	dashboard := scheme + "://" + displayAddr(hl.Addr().String(), true)
+	if !jsonLog {
+		fmt.Fprintf(stdout, "weir: serving on %s (dashboard), %s, store %s\n", dashboard, grpcDesc, srv.StoreDescription())
+	}
 	var names []string
 	for _, r := range srv.Policy().Rules() {
 		names = append(names, r.Name)
@@ -355,7 +374,7 @@ func announce(stdout io.Writer, log *slog.Logger, srv *server.Server, hl, gl net
 			envoyDomains = append(envoyDomains, r.Domain)
 		}
 	}
-	log.Info("weir serve started", "http", hl.Addr().String(), "grpc", grpcDesc, "tls", tlsOn, "mutual_tls", mutual, "store", srv.StoreDescription(),
+	log.Info("weir serve started", "dashboard", dashboard, "http", hl.Addr().String(), "grpc", grpcAddr, "tls", tlsOn, "mutual_tls", mutual, "store", srv.StoreDescription(),
 		"admin_api", srv.AdminEnabled(), "instance", srv.InstanceID(),
 		"rules", len(names), "rules_from", srv.RulesSource(), "rule_names", strings.Join(names, ","),
 		"envoy_rules", len(envoyRules), "envoy_domains", strings.Join(envoyDomains, ","))

@@ -556,7 +556,7 @@ func TestEnvoyConfigAloneRunsNoDemoRules(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		announce(io.Discard, log, srv, hl, nil)
+		announce(io.Discard, log, false, srv, hl, nil)
 		hl.Close()
 		srv.Close()
 		if !strings.Contains(logs.String(), tc.want) {

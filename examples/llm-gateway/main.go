@@ -2,10 +2,10 @@
 // API that limits LLM tokens per minute per API key.
 //
 //	UPSTREAM=https://api.openai.com go run ./examples/llm-gateway
-//	curl localhost:8095/v1/chat/completions -H 'Authorization: Bearer sk-…' \
+//	curl localhost:8090/v1/chat/completions -H 'Authorization: Bearer sk-…' \
 //	  -d '{"model":"gpt-4o-mini","max_tokens":200,"messages":[{"role":"user","content":"hi"}]}'
 //
-// It listens on $ADDR (default 127.0.0.1:8095). The rule (the embedded
+// It listens on $ADDR (default 127.0.0.1:8090). The rule (the embedded
 // weir.yaml) is a token bucket of 10,000 tokens a minute per API key, with
 // cost: header:X-Weir-Estimate:
 //
@@ -583,7 +583,7 @@ func main() {
 		log.Error("rules", "err", err)
 		os.Exit(1)
 	}
-	addr := envOr("ADDR", "127.0.0.1:8095")
+	addr := envOr("ADDR", "127.0.0.1:8090")
 	srv := &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	log.Info("llm-gateway listening", "addr", addr, "upstream", upstream.String())
 	if err := srv.ListenAndServe(); err != nil {

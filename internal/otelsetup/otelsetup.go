@@ -10,8 +10,12 @@ package otelsetup
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
+	"sync"
+	"time"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
@@ -85,4 +89,46 @@ func FromEnv(ctx context.Context, lookup func(string) (string, bool)) (t *weirot
 	}
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
 	return weirotel.New(tp, nil), tp.Shutdown, nil
+}
+
+// errorEvery is the least time between two log records of OpenTelemetry's
+// errors: an unreachable collector fails an export every few seconds.
+const errorEvery = time.Minute
+
+// LogErrors sends the errors OpenTelemetry reports (an export that failed,
+// a bad attribute), which it would otherwise print through the standard
+// log package, to log at WARN: the first at once, then at most one record
+// a minute, which counts the errors it stands for.
+func LogErrors(log *slog.Logger) {
+	otel.SetErrorHandler(newErrorLog(log, time.Now, errorEvery))
+}
+
+// errorLog is an otel.ErrorHandler that logs through slog, rate-limited.
+type errorLog struct {
+	log   *slog.Logger
+	now   func() time.Time
+	every time.Duration
+
+	mu     sync.Mutex
+	last   time.Time // when the last record was written
+	unseen int       // errors since then, not logged
+}
+
+func newErrorLog(log *slog.Logger, now func() time.Time, every time.Duration) *errorLog {
+	return &errorLog{log: log, now: now, every: every}
+}
+
+// Handle implements otel.ErrorHandler.
+func (e *errorLog) Handle(err error) {
+	now := e.now()
+	e.mu.Lock()
+	if !e.last.IsZero() && now.Sub(e.last) < e.every {
+		e.unseen++
+		e.mu.Unlock()
+		return
+	}
+	n := e.unseen
+	e.last, e.unseen = now, 0
+	e.mu.Unlock()
+	e.log.Warn("weir: OpenTelemetry error", "err", err, "errors_not_logged", n)
 }

@@ -64,7 +64,6 @@ var htmlTmpl = template.Must(template.New("report").Funcs(template.FuncMap{
 		return "were"
 	},
 	"share": share,
-	"add":   func(a, b int64) int64 { return a + b },
 }).Parse(`<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'">
@@ -94,7 +93,7 @@ code{font-size:13px}
 <p class="muted"><span style="color:#d9534f">&#9632;</span> enforced &nbsp; <span style="color:#f0ad4e">&#9632;</span> shadow &nbsp; peak {{.Peak}} per bar</p>
 <h2>Rules</h2>
 <table id="rules"><thead><tr><th>rule</th><th>matched</th><th>limited</th><th>share</th><th>shadow limited</th><th>identities</th><th>limited identities</th></tr></thead><tbody>
-{{range .R.Rules}}<tr><td>{{.Name}}</td><td>{{num .Matched}}</td><td>{{num .Limited}}</td><td>{{share (add .Limited .ShadowLimited) .Matched}}</td><td>{{num .ShadowLimited}}</td><td>{{if .Approximate}}~{{end}}{{num .Identities}}</td><td>{{if .Approximate}}~{{end}}{{num .LimitedIdentities}}</td></tr>
+{{range .R.Rules}}<tr><td>{{.Name}}</td><td>{{num .Matched}}</td><td>{{num .Limited}}</td><td>{{share .Limited .Matched}}</td><td>{{num .ShadowLimited}}</td><td>{{if .Approximate}}~{{end}}{{num .Identities}}</td><td>{{if .Approximate}}~{{end}}{{num .LimitedIdentities}}</td></tr>
 {{end}}</tbody></table>
 {{range .R.Rules}}{{if .Top}}<h2>{{.Name}}: top limited identities</h2>
 <table class="top"><thead><tr><th>identity</th><th>limited</th></tr></thead><tbody>

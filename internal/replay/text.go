@@ -42,7 +42,7 @@ func WriteText(w io.Writer, r *Report) {
 			approx = "~"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s%s\t%s%s\t\n", clean(rr.Name), num64(rr.Matched), num64(rr.Limited),
-			share(rr.Limited+rr.ShadowLimited, rr.Matched), num64(rr.ShadowLimited), approx, num64(rr.Identities), approx, num64(rr.LimitedIdentities))
+			share(rr.Limited, rr.Matched), num64(rr.ShadowLimited), approx, num64(rr.Identities), approx, num64(rr.LimitedIdentities))
 	}
 	tw.Flush()
 	for _, rr := range r.Rules {

@@ -81,3 +81,42 @@ func TestTextReportQuotesControlCharacters(t *testing.T) {
 		t.Fatal("the HTML page does not escape an identity's markup")
 	}
 }
+
+// TestShareCountsEnforcedLimitsOnly: the share column is the requests a
+// rule limited; a shadow rule's would-be rejections are in the shadow
+// column, not in its share, in the text and in the HTML report.
+func TestShareCountsEnforcedLimitsOnly(t *testing.T) {
+	var log strings.Builder
+	for range 10 {
+		log.WriteString(`198.51.100.1 - - [23/Nov/2026:09:00:01 +0000] "GET / HTTP/1.1" 200 1 "-" "x"` + "\n")
+	}
+	cfg, err := policy.Parse([]byte("rules:\n  - {name: enforced, limit: 4/h, algorithm: fixed_window}\n  - {name: watched, limit: 2/h, algorithm: fixed_window, shadow: true}\n"), "t.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reps, err := Run(context.Background(), []Input{{Name: "a.log", R: strings.NewReader(log.String())}}, []*policy.Config{cfg}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := ruleOf(t, reps[0], "watched"); w.ShadowLimited == 0 || w.Limited != 0 {
+		t.Fatalf("watched: %+v", w)
+	}
+	var out bytes.Buffer
+	WriteText(&out, reps[0])
+	for _, line := range strings.Split(out.String(), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 3 && f[0] == "watched" && f[3] != "0.0%" {
+			t.Errorf("shadow rule's share %s, want 0.0%%:\n%s", f[3], out.String())
+		}
+		if len(f) > 3 && f[0] == "enforced" && f[3] != "60.0%" {
+			t.Errorf("enforced rule's share %s, want 60.0%% (6 of 10):\n%s", f[3], out.String())
+		}
+	}
+	var html bytes.Buffer
+	if err := WriteHTML(&html, reps[0], "t"); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(html.String(), "<td>watched</td><td>10</td><td>0</td><td>0.0%</td>") {
+		t.Errorf("HTML: the shadow rule's share is not 0.0%%:\n%s", html.String())
+	}
+}

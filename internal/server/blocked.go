@@ -121,7 +121,10 @@ func (b *blockedIndex) run(ctx context.Context) {
 	if b.rdb == nil {
 		return
 	}
-	var lastErr time.Time
+	fl := &failLog{
+		warn: "penalty-box index: writing to Redis failed; the fleet list may miss entries",
+		back: "penalty-box index: writing to Redis works again",
+	}
 	for {
 		var batch []BlockedEntry
 		select {
@@ -140,9 +143,10 @@ func (b *blockedIndex) run(ctx context.Context) {
 			}
 		}
 		wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		if err := b.write(wctx, batch); err != nil && time.Since(lastErr) > 10*time.Second {
-			lastErr = time.Now()
-			b.log.Warn("penalty-box index: writing to Redis failed; the fleet list may miss entries", "err", err)
+		if err := b.write(wctx, batch); err == nil {
+			fl.ok(b.log, time.Now())
+		} else if ctx.Err() == nil {
+			fl.fail(b.log, time.Now(), err)
 		}
 		cancel()
 	}

@@ -71,7 +71,8 @@ func (f *fleet) key() string { return f.s.keys.fleetPrefix + f.s.id }
 // run publishes and collects every second until ctx ends.
 func (f *fleet) run(ctx context.Context) {
 	f.s.redisLoop(ctx, f.s.o.fleetEvery, true, f.tick,
-		"weir: exchanging fleet counters through Redis failed; the dashboard shows this instance only")
+		"weir: exchanging fleet counters through Redis failed; the dashboard shows this instance only",
+		"weir: exchanging fleet counters through Redis works again")
 }
 
 func (f *fleet) tick(ctx context.Context) error {

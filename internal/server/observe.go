@@ -17,10 +17,12 @@ import (
 // topK is how many identities each rule's hot-key sketch monitors.
 const topK = 64
 
-// fallbackSeen remembers the last on_error fallback a decision used.
+// fallbackSeen remembers the last on_error fallback a decision used, and
+// since when it has been deciding (with gaps under fallbackRecent).
 type fallbackSeen struct {
-	mode string
-	atMS int64
+	mode    string
+	atMS    int64
+	sinceMS int64
 }
 
 // observe is the policy observer: every rule decision of /v1/auth and
@@ -76,9 +78,15 @@ func storeFailed(ctx context.Context, err error) bool {
 // snapshot's store.fallback.
 func (s *Server) noteFallback(mode string, now time.Time) {
 	ms := now.UnixMilli()
-	if f := s.lastFallbk.Load(); f == nil || f.mode != mode || ms-f.atMS > 500 {
-		s.lastFallbk.Store(&fallbackSeen{mode, ms})
+	f := s.lastFallbk.Load()
+	if f != nil && f.mode == mode && ms-f.atMS <= 500 {
+		return
 	}
+	since := ms
+	if f != nil && f.mode == mode && ms-f.atMS < fallbackRecent.Milliseconds() {
+		since = f.sinceMS
+	}
+	s.lastFallbk.Store(&fallbackSeen{mode, ms, since})
 }
 
 // classify names a rule result for the metrics and the counters: what was

@@ -244,7 +244,8 @@ func (rs *ruleSync) loadInitial(ctx context.Context) error {
 
 // run polls the version key and applies changes made by other instances.
 func (rs *ruleSync) run(ctx context.Context) {
-	rs.s.redisLoop(ctx, rs.s.o.rulesEvery, false, rs.poll, "weir: polling Redis for rule changes failed")
+	rs.s.redisLoop(ctx, rs.s.o.rulesEvery, false, rs.poll, "weir: polling Redis for rule changes failed",
+		"weir: polling Redis for rule changes works again")
 }
 
 // errSuperseded says that the rules changed on this instance while a poll

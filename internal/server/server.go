@@ -517,20 +517,24 @@ func (s *Server) initEnvoy() error {
 const defaultEnvoyMaxOverride = 24 * time.Hour
 
 // redisLoop runs work every period until ctx ends (once at the start too
-// when first is set), logging a failure as warn at most every 30s. Without
-// Redis it returns at once.
-func (s *Server) redisLoop(ctx context.Context, period time.Duration, first bool, work func(context.Context) error, warn string) {
+// when first is set). A streak of failures logs two lines (failLog): warn
+// at the first, back at the first success after it, with how many it did
+// not log. Without Redis it returns at once.
+func (s *Server) redisLoop(ctx context.Context, period time.Duration, first bool, work func(context.Context) error, warn, back string) {
 	if s.rdb == nil {
 		return
 	}
 	t := time.NewTicker(period)
 	defer t.Stop()
-	var lastErr time.Time
+	fl := &failLog{warn: warn, back: back}
 	for {
 		if first {
-			if err := work(ctx); err != nil && ctx.Err() == nil && time.Since(lastErr) > 30*time.Second {
-				lastErr = time.Now()
-				s.log.Warn(warn, "err", err)
+			err := work(ctx)
+			switch {
+			case err == nil:
+				fl.ok(s.log, time.Now())
+			case ctx.Err() == nil:
+				fl.fail(s.log, time.Now(), err)
 			}
 		}
 		first = true

@@ -56,6 +56,9 @@ type SnapshotStore struct {
 	// Fallback is the on_error policy deciding while the store fails
 	// (allow, deny or local), "" while it answers.
 	Fallback string `json:"fallback"`
+	// FallbackSinceMS is when Fallback started deciding (epoch ms), 0
+	// while the store answers.
+	FallbackSinceMS int64 `json:"fallback_since_ms"`
 	// FallbackDecisionsTotal counts the decisions this instance's on_error
 	// fallback made since it started (weir_fallback_decisions_total summed).
 	FallbackDecisionsTotal uint64 `json:"fallback_decisions_total"`
@@ -169,7 +172,7 @@ func (s *Server) snapshot(r *http.Request) Snapshot {
 	snap.Store.LatencyP50MS, snap.Store.LatencyP99MS = s.stats.storeLatency(now)
 	snap.Store.DenyCache = s.denyCacheSnapshot()
 	if f := s.lastFallbk.Load(); f != nil && now.UnixMilli()-f.atMS < fallbackRecent.Milliseconds() {
-		snap.Store.Fallback = f.mode
+		snap.Store.Fallback, snap.Store.FallbackSinceMS = f.mode, f.sinceMS
 	}
 
 	perRule, instances := s.fleet.fleetWindow(now, from, seriesLen)

@@ -63,7 +63,7 @@ func TestSnapshotContract(t *testing.T) {
 	if inst["id"] != "test-1" || inst["version"] != "9.9.9" {
 		t.Fatalf("instance: %v", inst)
 	}
-	st := wantKeys(t, top["store"], "store", "type", "topology", "nodes", "healthy", "breaker", "latency_p50_ms", "latency_p99_ms", "errors_total", "fallback", "fallback_decisions_total", "instances", "leases")
+	st := wantKeys(t, top["store"], "store", "type", "topology", "nodes", "healthy", "breaker", "latency_p50_ms", "latency_p99_ms", "errors_total", "fallback", "fallback_since_ms", "fallback_decisions_total", "instances", "leases")
 	if st["type"] != "memory" || st["topology"] != "memory" || st["healthy"] != true || st["breaker"] != "closed" || st["fallback"] != "" {
 		t.Fatalf("store: %v", st)
 	}

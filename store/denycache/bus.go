@@ -104,8 +104,9 @@ func (b *RedisBus) publish(ctx context.Context, msg string) error {
 // Run implements Bus.
 func (b *RedisBus) Run(ctx context.Context, deliver func(Message), state func(bool)) {
 	backoff := 100 * time.Millisecond
+	failures := 0 // subscriptions failed in a row: the first is logged
 	for ctx.Err() == nil {
-		wasUp := b.session(ctx, deliver, state)
+		wasUp := b.session(ctx, deliver, state, &failures)
 		if ctx.Err() != nil {
 			return
 		}
@@ -135,8 +136,10 @@ func (b *RedisBus) conn() rueidis.Client {
 }
 
 // session subscribes once and serves until the subscription ends or ctx
-// does; it reports whether the bus was up.
-func (b *RedisBus) session(ctx context.Context, deliver func(Message), state func(bool)) (wasUp bool) {
+// does; it reports whether the bus was up. failures counts the failed
+// subscriptions in a row: only the first of a run is logged, and the
+// subscription that ends the run logs how many were not.
+func (b *RedisBus) session(ctx context.Context, deliver func(Message), state func(bool), failures *int) (wasUp bool) {
 	dc, release := b.conn().Dedicate()
 	defer release()
 	var nonce [8]byte
@@ -169,10 +172,17 @@ func (b *RedisBus) session(ctx context.Context, deliver func(Message), state fun
 	})
 	if err := dc.Do(ctx, dc.B().Subscribe().Channel(b.channel, probes).Build()).Error(); err != nil {
 		if ctx.Err() == nil {
-			b.log.Warn("weir: deny cache: subscribing to its invalidation channel failed", "err", err)
+			if *failures == 0 {
+				b.log.Warn("weir: deny cache: subscribing to its invalidation channel failed; retrying quietly", "err", err)
+			}
+			*failures++
 		}
 		return false
 	}
+	if *failures > 1 {
+		b.log.Info("weir: deny cache: subscribed to its invalidation channel again", "failures_not_logged", *failures-1)
+	}
+	*failures = 0
 	tick := time.NewTicker(b.beat)
 	defer tick.Stop()
 	seq := 0

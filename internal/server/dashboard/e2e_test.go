@@ -31,7 +31,7 @@ import (
 // the test is skipped, unless CI is set, where it fails: `make test`
 // installs it. CHROMIUM names another browser binary.
 //
-// The 1280×800 screenshot goes to docs/img/dashboard.png when
+// The 1280×1120 screenshot goes to docs/img/dashboard.png when
 // WEIR_UPDATE_SCREENSHOT=1 or when that file is missing (after about 32
 // seconds of traffic in the chart, 8 otherwise; WEIR_CHART_POINTS sets it),
 // and to a temporary directory otherwise. WEIR_SHOT_DIR keeps the extra
@@ -586,10 +586,28 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 	logf("with the token: target in top-limited and in blocked-list")
 
-	// Unblock target with the button; it leaves the list and stays gone.
+	// Unblock target with the button: the page asks first. Cancel keeps
+	// it blocked; confirmed, it leaves the list and stays gone.
 	unblock := doc.role("button", "Unblock "+target+" from rule login")
+	dialog := css("#confirm-unblock")
 	b.waitVisible(unblock, actionTimeout)
 	b.click(unblock)
+	b.waitVisible(dialog, actionTimeout)
+	if s := b.innerText(dialog); !strings.Contains(s, target) || !strings.Contains(s, "login") {
+		t.Fatalf("the confirmation does not name the identity and the rule: %s", s)
+	}
+	b.click(dialog.role("button", "Cancel"))
+	b.waitFor("the dialog to close", actionTimeout, pollEvery, func() (bool, any, error) {
+		n := b.count(dialog.visible())
+		return n == 0, n, nil
+	})
+	if d := check("login", target); d["allowed"] != false {
+		t.Fatalf("%s admitted after Cancel: %s", target, jsString(d))
+	}
+	b.waitVisible(row, actionTimeout)
+	b.click(unblock)
+	b.waitVisible(dialog, actionTimeout)
+	b.click(dialog.role("button", "Unblock"))
 	b.waitDetached(row, actionTimeout)
 	u0, err := attrs()
 	if err != nil {
@@ -607,6 +625,38 @@ func TestDashboardInBrowser(t *testing.T) {
 		t.Fatalf("%s not admitted after Unblock: %s", target, jsString(again))
 	}
 	logf("unblocked through the page; admitted again: %s", jsString(again))
+
+	// Top limited shows three identities a rule, and all the snapshot has
+	// (up to its bound) on demand: two more clients get limited on login.
+	for _, ip := range []string{"198.51.100.41", "198.51.100.42"} {
+		for range 4 {
+			check("login", ip)
+		}
+	}
+	loginTop := css(`[data-testid="top-limited"] [data-rule="login"]`)
+	more := loginTop.role("button", "show all")
+	b.waitVisible(more, 60*time.Second)
+	if n := b.count(loginTop.css("li")); n != 3 {
+		t.Fatalf("top-limited shows %d login identities before show all, want 3", n)
+	}
+	b.click(more)
+	b.waitFor("every limited login identity", actionTimeout, pollEvery, func() (bool, any, error) {
+		n := b.count(loginTop.css("li"))
+		return n >= 4, n, nil
+	})
+	var snapTop int
+	if err := b.evalJS(`window.weirDashboard.snapshot.top.login.length`, &snapTop); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.count(loginTop.css("li")); n != snapTop || n > 10 {
+		t.Fatalf("show all lists %d login identities; the snapshot has %d (at most 10)", n, snapTop)
+	}
+	b.click(loginTop.role("button", "show fewer"))
+	b.waitFor("three login identities again", actionTimeout, pollEvery, func() (bool, any, error) {
+		n := b.count(loginTop.css("li"))
+		return n == 3, n, nil
+	})
+	logf("top-limited: show all lists %d login identities, show fewer 3", snapTop)
 
 	// Try it, by keyboard: pick a rule, type a key, press Enter.
 	tryIt := css(`[data-testid="try-it"]`)
@@ -657,10 +707,14 @@ func TestDashboardInBrowser(t *testing.T) {
 	if err := b.evalJS("(document.activeElement?.blur(), window.scrollTo(0, 0), null)", nil); err != nil {
 		t.Fatal(err)
 	}
+	// Tall enough for the rules (with their near-limit column) and the
+	// protection panel under the chart.
+	b.viewport(1280, 1120)
 	b.mouseMove(0, 0)
-	time.Sleep(200 * time.Millisecond) // let the page settle (hover styles, the last paint)
+	time.Sleep(400 * time.Millisecond) // let the page settle (hover styles, the last paint)
 	b.screenshot(shot, false, nil)
 	logf("screenshot %s", shot)
+	b.viewport(1280, 800)
 
 	b.screenshot(filepath.Join(shotDir, "dashboard-full.png"), true, nil)
 	if err := b.evalJS("(window.scrollTo(0, 0), null)", nil); err != nil {
@@ -678,6 +732,24 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 	if overflow > 1 {
 		t.Fatalf("page scrolls sideways by %vpx at 390px wide", overflow)
+	}
+	// Every cell of the protection table fits on screen at 390 px (each
+	// rule is a card of labelled cells there), none hidden in a scroll.
+	var cutOff []string
+	if err := b.evalJS(`W.css([document], '[data-testid="protect-table"] tbody th, [data-testid="protect-table"] tbody td')
+  .filter((c) => {
+    const r = c.getBoundingClientRect();
+    return r.left < 0 || r.right > window.innerWidth + 0.5;
+  })
+  .map((c) => (c.dataset.label || c.className) + ': ' + c.textContent)`, &cutOff); err != nil {
+		t.Fatal(err)
+	}
+	if len(cutOff) > 0 {
+		t.Fatalf("protection table cut off at 390px: %s", strings.Join(cutOff, "; "))
+	}
+	var protCells int
+	if err := b.evalJS(`W.css([document], '[data-testid="protect-table"] tbody td').length`, &protCells); err != nil || protCells < 14 {
+		t.Fatalf("protection table at 390px has %d cells (%v)", protCells, err)
 	}
 	b.screenshot(filepath.Join(shotDir, "dashboard-390.png"), true, nil)
 	if os.Getenv("WEIR_SHOT_CLIPS") != "" {

@@ -11,6 +11,7 @@ import { renderProtect } from './protect.js';
 const POLL_MS = 1000;
 const TOKEN_KEY = 'weir.adminToken';
 const MIN_WINDOW = 30; // points shown at least, so a fresh server's chart is not a sliver
+const TOP_SHOWN = 3; // identities shown per rule in Top limited until "show all"
 
 const $ = (id) => document.getElementById(id);
 
@@ -25,6 +26,7 @@ const state = {
   inflight: false,
   again: false, // poll again at once (the token was just set, forgotten or refused)
   lastOk: 0,
+  topOpen: new Set(), // rules whose Top limited list shows all the snapshot has
 };
 
 const chartCard = document.querySelector('[data-testid="decisions-chart"]');
@@ -86,7 +88,8 @@ async function poll() {
     if (snap.now_ms) state.offset = snap.now_ms - Date.now();
     try {
       render(snap);
-      setConn('live', `live · ${fmt.clock(snap.now_ms || Date.now())}`);
+      const outage = renderOutage(snap);
+      setConn(outage ? 'degraded' : 'live', `${outage ? 'live · store outage' : 'live'} · ${fmt.clock(snap.now_ms || Date.now())}`);
     } catch (e) {
       console.error('weir dashboard: cannot draw the snapshot', e);
       setConn('error', `cannot draw the snapshot: ${e.message}`);
@@ -138,6 +141,45 @@ function render(snap) {
   renderFleet(snap);
   renderProtect(snap);
   renderTryRules(names);
+}
+
+// ---------------------------------------------------------------- outage
+
+const FALLBACK = {
+  allow: 'admitting every request (on_error: allow): nothing is limited',
+  deny: 'refusing every request (on_error: deny)',
+  local: 'each instance enforcing its share of every limit in memory (on_error: local)',
+};
+
+/**
+ * renderOutage shows the banner at the top while the store fails: the
+ * on_error fallback deciding and since when, or that the store does not
+ * answer its health probe. It reports whether there is an outage.
+ */
+function renderOutage(snap) {
+  const st = snap.store || {};
+  const el = $('outage');
+  const fb = st.fallback || '';
+  const down = fb !== '' || st.healthy === false;
+  el.hidden = !down;
+  el.dataset.fallback = fb;
+  if (!down) return false;
+  const now = snap.now_ms || serverNow();
+  const key = `${fb}|${st.fallback_since_ms || 0}|${Math.floor(now / 1000)}`;
+  if (el.dataset.v === key) return true;
+  el.dataset.v = key;
+  const what = st.type === 'redis' ? 'Redis' : 'The store';
+  if (fb) {
+    const since = st.fallback_since_ms > 0
+      ? [' since ', h('strong', null, fmt.clock(st.fallback_since_ms)), ` (${fmt.countdown(Math.max(1000, now - st.fallback_since_ms))})`]
+      : [];
+    replace($('outage-text'), h('strong', null, 'Store outage. '),
+      `${what} is failing; weir is `, FALLBACK[fb] || `deciding by on_error: ${fb}`, ...since, '.');
+  } else {
+    replace($('outage-text'), h('strong', null, 'Store not answering. '),
+      `${what} fails its health probe; decisions that need it fall back to their on_error policy.`);
+  }
+  return true;
 }
 
 function renderMeta(snap) {
@@ -348,7 +390,7 @@ function updateRuleRow(tr, r, snap) {
   const ratio = r.near_limit_ratio || 0;
   setText(c[8], ratio > 0 ? fmt.count(r.near_limit || 0) : 'off');
   c[8].title = ratio > 0
-    ? `admitted decisions in the last 5 min that left their key at or past ${Math.round(ratio * 1000) / 10}% of the limit`
+    ? `admitted decisions in the last 5 min that left their key at or past ${fmt.pct(ratio * 100)} of the limit`
     : 'near_limit is off for this rule';
   c[8].classList.toggle('warm', ratio > 0 && (r.near_limit || 0) > 0);
   const [p50, p99] = ruleLatency(r);
@@ -368,12 +410,27 @@ function renderTop(snap) {
   const top = snap.top || {};
   const order = (snap.rules || []).map((r) => r.name);
   for (const k of Object.keys(top)) if (!order.includes(k)) order.push(k);
-  const groups = order.filter((k) => (top[k] || []).length > 0).map((k) => ({ rule: k, items: top[k].slice(0, 3) }));
+  const groups = order.filter((k) => (top[k] || []).length > 0).map((k) => ({
+    rule: k, all: top[k].length, items: state.topOpen.has(k) ? top[k] : top[k].slice(0, TOP_SHOWN),
+  }));
   const blockedSet = new Set(visibleBlocked(snap).map((b) => b.rule + '\n' + b.identity));
   $('top-empty').hidden = groups.length > 0;
   syncList($('top'), groups, (g) => g.rule,
-    (g) => h('div', { class: 'top-group', 'data-rule': g.rule }, h('h3', null, `rule ${g.rule}`), h('ol')),
+    (g) => {
+      const more = h('button', { type: 'button', class: 'link more' });
+      more.addEventListener('click', () => {
+        if (state.topOpen.has(g.rule)) state.topOpen.delete(g.rule);
+        else state.topOpen.add(g.rule);
+        if (state.snap) renderTop(state.snap);
+      });
+      return h('div', { class: 'top-group', 'data-rule': g.rule }, h('h3', null, `rule ${g.rule}`), h('ol'), more);
+    },
     (el, g) => {
+      const more = el.querySelector('button.more');
+      const open = state.topOpen.has(g.rule);
+      more.hidden = g.all <= TOP_SHOWN;
+      setText(more, open ? 'show fewer' : `show all ${fmt.count(g.all)}`);
+      more.setAttribute('aria-expanded', String(open));
       const max = Math.max(1, ...g.items.map((i) => i.count));
       syncList(el.querySelector('ol'), g.items, (i) => i.identity,
         () => h('li', null,
@@ -452,7 +509,7 @@ function createBlockedRow(b) {
         h('div', { class: 'until' })),
       btn),
     h('div', { class: 'bar', 'aria-hidden': 'true' }, h('span')));
-  btn.addEventListener('click', () => unblock(b.rule, b.identity, li, btn));
+  btn.addEventListener('click', () => confirmUnblock(b.rule, b.identity, li, btn));
   return li;
 }
 
@@ -471,6 +528,26 @@ setInterval(() => {
   const now = serverNow();
   for (const li of $('blocked').children) tickRow(li, now);
 }, 250);
+
+// Unblocking asks first, in a dialog of the page's own.
+const confirmDlg = $('confirm-unblock');
+let pending = null;
+
+function confirmUnblock(rule, identity, li, btn) {
+  pending = { rule, identity, li, btn };
+  setText($('confirm-who'), identity);
+  setText($('confirm-rule'), rule);
+  confirmDlg.showModal();
+  $('confirm-cancel').focus();
+}
+
+confirmDlg.addEventListener('close', () => {
+  const p = pending;
+  pending = null;
+  if (!p) return;
+  if (confirmDlg.returnValue === 'unblock') unblock(p.rule, p.identity, p.li, p.btn);
+  else p.btn.focus();
+});
 
 async function unblock(rule, identity, li, btn) {
   const err = $('admin-error');
@@ -610,7 +687,7 @@ function renderStore(snap) {
   const recent = (snap.series?.total?.fallback || []).reduce((a, b) => a + b, 0);
   const fd = $('store-fallback-decisions');
   setText(fd, `${fmt.count(st.fallback_decisions_total ?? 0)} · ${fmt.count(recent)} in 5 min`);
-  setText($('store-instances'), st.instances ? String(st.instances) : '–');
+  setText($('store-instances'), st.instances ? fmt.count(st.instances) : '–');
   const ls = st.leases || {};
   setText($('store-leases'), ls.taken ? `${fmt.count(ls.spent)} of ${fmt.count(ls.taken)} spent · ${fmt.count(ls.lapsed)} lapsed · ${fmt.counted(ls.calls, 'call', 'calls')}` : 'none');
   fd.classList.toggle('warn', recent > 0);
@@ -633,7 +710,7 @@ function renderDenyCache(dc) {
     [hits, misses] = [hits - denyPrev.hits, misses - denyPrev.misses];
   }
   denyPrev = { hits: dc.hits_total || 0, misses: dc.misses_total || 0 };
-  const ratio = hits + misses > 0 ? `${(100 * hits / (hits + misses)).toFixed(1)}% hits` : 'no traffic';
+  const ratio = hits + misses > 0 ? `${fmt.pct(100 * hits / (hits + misses))} hits` : 'no traffic';
   const state = dc.live ? '' : ' · bypassed (channel down)';
   setText(el, `${ratio} · ${fmt.counted(dc.entries || 0, 'entry', 'entries')}${state}`);
   el.classList.toggle('warn', !dc.live);

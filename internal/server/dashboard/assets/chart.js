@@ -6,7 +6,7 @@
 // and a one-line readout of the hovered (or latest) second, in real values.
 
 import uPlot from './vendor/uplot/uPlot.esm.js';
-import { rate, clock } from './fmt.js';
+import { rate, clock, ticks } from './fmt.js';
 
 function css(name) {
   return getComputedStyle(document.documentElement).getPropertyValue(name).trim();
@@ -79,7 +79,7 @@ export class DecisionsChart {
       },
       axes: [
         { ...axis, space: 84, values: (u, vals) => vals.map((v) => clock(v * 1000)) },
-        { ...axis, size: 46, space: 30, values: (u, vals) => vals.map((v) => rate(v)) },
+        { ...axis, size: 46, space: 30, values: (u, vals) => ticks(vals) },
       ],
       series: [
         {},

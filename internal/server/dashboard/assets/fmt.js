@@ -1,7 +1,40 @@
 // Number, time and duration formatting for the dashboard.
 
+// Every number on the page goes through these: one locale's digits,
+// grouping (1,234) and decimal mark everywhere.
 const intFmt = new Intl.NumberFormat(undefined, { maximumFractionDigits: 0 });
 const oneFmt = new Intl.NumberFormat(undefined, { maximumFractionDigits: 1 });
+const fixedFmts = new Map();
+
+/** fixed formats n with exactly digits decimals: fixed(0.2, 2) is 0.20. */
+export function fixed(n, digits) {
+  if (n == null || !Number.isFinite(n)) return '–';
+  let f = fixedFmts.get(digits);
+  if (!f) {
+    f = new Intl.NumberFormat(undefined, { minimumFractionDigits: digits, maximumFractionDigits: digits });
+    fixedFmts.set(digits, f);
+  }
+  return f.format(n);
+}
+
+/**
+ * ticks formats an axis's tick values with the decimals their step needs:
+ * 0, 2.5, 5, 7.5 … 12.5 (never 13), and 0, 5, 10 without any.
+ */
+export function ticks(vals) {
+  let step = Infinity;
+  for (let i = 1; i < vals.length; i++) {
+    const d = Math.abs(vals[i] - vals[i - 1]);
+    if (d > 0 && d < step) step = d;
+  }
+  let digits = 0;
+  if (Number.isFinite(step)) {
+    // The decimals that step shows exactly, at most 3.
+    while (digits < 3 && Math.abs(Math.round(step * 10 ** digits) - step * 10 ** digits) > 1e-9 * 10 ** digits) digits++;
+  }
+  const big = vals.some((v) => Math.abs(v) >= 1e4);
+  return vals.map((v) => (v == null ? '' : big ? compactFmt.format(v) : fixed(v, digits)));
+}
 const compactFmt = new Intl.NumberFormat(undefined, { notation: 'compact', maximumFractionDigits: 1 });
 const timeFmt = new Intl.DateTimeFormat(undefined, { hour: '2-digit', minute: '2-digit', second: '2-digit', hourCycle: 'h23' });
 
@@ -28,7 +61,7 @@ export function rate(n) {
 export function pct(p) {
   if (p == null || !Number.isFinite(p)) return '–';
   if (p === 0) return '0%';
-  if (p < 0.1) return '<0.1%';
+  if (p < 0.1) return `<${oneFmt.format(0.1)}%`;
   if (p < 10) return oneFmt.format(p) + '%';
   return intFmt.format(p) + '%';
 }
@@ -36,8 +69,8 @@ export function pct(p) {
 /** ms formats a latency in milliseconds: 35 µs, 0.21 ms, 1.4 ms, 12 ms; 0 means no data yet. */
 export function ms(v) {
   if (v == null || !Number.isFinite(v) || v <= 0) return '–';
-  if (v < 0.1) return Math.max(1, Math.round(v * 1000)) + ' µs';
-  if (v < 10) return v.toFixed(v < 1 ? 2 : 1) + ' ms';
+  if (v < 0.1) return intFmt.format(Math.max(1, Math.round(v * 1000))) + ' µs';
+  if (v < 10) return fixed(v, v < 1 ? 2 : 1) + ' ms';
   return intFmt.format(v) + ' ms';
 }
 

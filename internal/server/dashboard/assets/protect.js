@@ -12,10 +12,13 @@ export function renderProtect(snap) {
   const rules = snap.protect || [];
   document.getElementById('protect-empty').hidden = rules.length > 0;
   syncList(document.getElementById('protect-body'), rules, (r) => r.name,
+    // data-label: below 700 px each rule is a card of labelled cells.
     () => h('tr', null,
-      h('th', { scope: 'row', class: 'name' }), h('td', { class: 'mode' }),
-      h('td', { class: 'num inflight' }), h('td', { class: 'num' }), h('td', { class: 'num' }),
-      h('td', { class: 'num shed' }), h('td', { class: 'state' }), h('td', { class: 'num' })),
+      h('th', { scope: 'row', class: 'name' }), h('td', { class: 'mode', 'data-label': 'Mode' }),
+      h('td', { class: 'num inflight', 'data-label': 'In flight / limit' }),
+      h('td', { class: 'num', 'data-label': 'Base latency' }), h('td', { class: 'num', 'data-label': 'Admitted' }),
+      h('td', { class: 'num shed', 'data-label': 'Shed c / n / s' }), h('td', { class: 'state', 'data-label': 'Breaker' }),
+      h('td', { class: 'num', 'data-label': 'Refused' })),
     (tr, r) => {
       const c = tr.children;
       setText(c[0], r.name);
