@@ -206,3 +206,68 @@ func rawReply(t *testing.T, addr, in string) string {
 	n, _ := c.Read(buf)
 	return string(buf[:n])
 }
+
+// TestRESPDashboard checks that RESP decisions reach the dashboard's
+// snapshot as the others do: CL.THROTTLE and GCRA under their command's
+// name and WEIR.CHECK and WEIR.RESERVE under their rule's, in the
+// per-second series and in the top limited identities.
+func TestRESPDashboard(t *testing.T) {
+	s, _ := newTestServer(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ServeRESP(l); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.shutdownRESP(context.Background()) })
+	c := rueidisTo(t, l.Addr().String())
+	do := func(args ...string) {
+		t.Helper()
+		if err := c.Do(context.Background(), c.B().Arbitrary(args[0]).Args(args[1:]...).Build()).Error(); err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+	}
+	for range 3 { // 1 admitted, 2 limited
+		do("CL.THROTTLE", "hot-throttle", "0", "1", "86400")
+	}
+	for range 2 { // 1 admitted, 1 limited
+		do("GCRA", "hot-gcra", "0", "1", "86400")
+	}
+	do("CL.THROTTLE", "peek", "0", "1", "86400", "0") // a peek decides nothing
+	for range 4 {
+		do("WEIR.CHECK", "api", "hot-check")
+	}
+	for range 2 { // the api rule's 5/m: 1 admitted, 1 limited
+		do("WEIR.RESERVE", "api", "hot-check", "1")
+	}
+	top := func(snap Snapshot, rule, id string) int64 {
+		for _, e := range snap.Top[rule] {
+			if e.Identity == id {
+				return e.Count
+			}
+		}
+		return 0
+	}
+	var snap Snapshot
+	eventually(t, 30e9, "the second to complete", func() bool {
+		snap = s.snapshot(newReq())
+		return sum(snap.Series.Total.Allowed)+sum(snap.Series.Total.Limited) >= 11
+	})
+	for rule, want := range map[string][2]int64{"cl.throttle": {1, 2}, "gcra": {1, 1}, "api": {5, 1}} {
+		sc := snap.Series.Rules[rule]
+		if sc == nil {
+			t.Errorf("no series for %s", rule)
+			continue
+		}
+		if got := [2]int64{sum(sc.Allowed), sum(sc.Limited)}; got != want {
+			t.Errorf("series of %s: allowed, limited %v; want %v", rule, got, want)
+		}
+	}
+	if a, l := sum(snap.Series.Total.Allowed), sum(snap.Series.Total.Limited); a != 7 || l != 4 {
+		t.Errorf("series total: allowed %d, limited %d; want 7, 4", a, l)
+	}
+	if top(snap, "cl.throttle", "hot-throttle") != 2 || top(snap, "gcra", "hot-gcra") != 1 || top(snap, "api", "hot-check") != 1 {
+		t.Errorf("top limited identities: %v", snap.Top)
+	}
+}
