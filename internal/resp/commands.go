@@ -72,10 +72,24 @@ func (c *conn) command(args [][]byte, b []byte) ([]byte, bool) {
 		}
 		return appendArray(b, 0), false
 	case "CONFIG":
-		// redis-benchmark asks for "save" and "appendonly": weir keeps
-		// no such settings.
+		// redis-benchmark asks for "save" and "appendonly" (and warns
+		// when they are missing): weir persists nothing. Any other
+		// setting is absent, as Redis answers an unknown one.
 		if len(args) >= 2 && strings.EqualFold(string(args[1]), "GET") {
-			return appendMap(b, 0, c.proto), false
+			var pairs [][2]string
+			for _, a := range args[2:] {
+				switch {
+				case strings.EqualFold(string(a), "save"):
+					pairs = append(pairs, [2]string{"save", ""})
+				case strings.EqualFold(string(a), "appendonly"):
+					pairs = append(pairs, [2]string{"appendonly", "no"})
+				}
+			}
+			b = appendMap(b, len(pairs), c.proto)
+			for _, p := range pairs {
+				b = appendBulk(appendBulk(b, p[0]), p[1])
+			}
+			return b, false
 		}
 	}
 	if isDecision(args[0]) {
