@@ -117,7 +117,7 @@ func TestRESPSentinelCluster(t *testing.T) {
 	}
 	for _, topo := range []string{"sentinel", "cluster"} {
 		t.Run(topo, func(t *testing.T) {
-			cfg := mustParse(t, respReserveRules+"store:\n  timeout: 2s\n")
+			cfg := mustParse(t, respReserveRules)
 			cfg.Store.Type = policy.StoreRedis
 			switch topo {
 			case "sentinel":
