@@ -219,19 +219,20 @@ func formatter(p *policy.Policy) httplimit.HeaderFormatter {
 // as invalid included, whatever else the error wraps), 503 for a store
 // failure.
 func (s *Server) writeRuleError(w http.ResponseWriter, p *policy.Policy, rule string, err error) {
-	if errors.Is(err, policy.ErrUnknownRule) {
-		writeError(w, http.StatusNotFound, codeUnknownRule, "no rule is named %q; the rules in force are: %s", rule, ruleNames(p))
-		return
+	ruleError(p, rule, err).write(w)
+}
+
+// ruleError is the answer writeRuleError writes for err.
+func ruleError(p *policy.Policy, rule string, err error) *bodyError {
+	switch {
+	case errors.Is(err, policy.ErrUnknownRule):
+		return &bodyError{http.StatusNotFound, codeUnknownRule, fmt.Sprintf("no rule is named %q; the rules in force are: %s", rule, ruleNames(p))}
+	case errors.Is(err, weir.ErrInvalidCost) || errors.Is(err, weir.ErrInvalidLimit):
+		return &bodyError{http.StatusBadRequest, codeBadRequest, err.Error()}
+	case errors.Is(err, weir.ErrStore):
+		return &bodyError{http.StatusServiceUnavailable, codeStore, fmt.Sprintf("the store failed: %v", err)}
 	}
-	if errors.Is(err, weir.ErrInvalidCost) || errors.Is(err, weir.ErrInvalidLimit) {
-		writeError(w, http.StatusBadRequest, codeBadRequest, "%v", err)
-		return
-	}
-	if errors.Is(err, weir.ErrStore) {
-		writeError(w, http.StatusServiceUnavailable, codeStore, "the store failed: %v", err)
-		return
-	}
-	writeError(w, http.StatusBadRequest, codeBadRequest, "%v", err)
+	return &bodyError{http.StatusBadRequest, codeBadRequest, err.Error()}
 }
 
 // ruleNames lists the rules in force for an error message.

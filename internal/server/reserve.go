@@ -156,41 +156,49 @@ func (s *Server) handleReserve(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, codeBadRequest, `field "estimate" is %d; it must be 1 or more (to settle a cost with nothing reserved, use /v1/check with "mode": "debit")`, *req.Estimate)
 		return
 	}
+	out, rr, p, be := s.reserve(r.Context(), req)
+	if be != nil {
+		be.write(w)
+		return
+	}
+	httplimit.WriteHeaders(w.Header(), []httplimit.Status{{Rule: rr.Rule, Limit: rr.Limit, Result: rr.Result, Shadow: rr.Shadow}}, 0, formatter(p))
+	writeJSON(w, decisionStatus(&out.Decision), out)
+}
+
+// reserve takes req's estimate as /v1/check does and, when admitted, keeps
+// a reservation to settle: POST /v1/reserve and WEIR.RESERVE. req is
+// checked already.
+func (s *Server) reserve(ctx context.Context, req reserveRequest) (reserveDecision, policy.RuleResult, *policy.Policy, *bodyError) {
+	var out reserveDecision
 	p := s.holder.Load()
 	rs, ok := s.reservations()
 	if !ok {
-		writeError(w, http.StatusNotImplemented, codeBadRequest, "this store keeps no reservations")
-		return
+		return out, policy.RuleResult{}, p, &bodyError{http.StatusNotImplemented, codeBadRequest, "this store keeps no reservations"}
 	}
 	if err := p.SupportsDebt(req.Rule, req.Tier); err != nil {
-		s.writeRuleError(w, p, req.Rule, err)
-		return
+		return out, policy.RuleResult{}, p, ruleError(p, req.Rule, err)
 	}
-	rr, st, err := p.CheckKeyStamped(r.Context(), req.Rule, req.Tier, req.Key, *req.Estimate)
+	rr, st, err := p.CheckKeyStamped(ctx, req.Rule, req.Tier, req.Key, *req.Estimate)
 	if err != nil {
-		s.writeRuleError(w, p, req.Rule, err)
-		return
+		return out, rr, p, ruleError(p, req.Rule, err)
 	}
-	out := reserveDecision{Decision: decisionOf(rr.Rule, rr.Result, rr.Shadow)}
+	out = reserveDecision{Decision: decisionOf(rr.Rule, rr.Result, rr.Shadow)}
 	out.Tier, out.Fallback = rr.Tier, rr.Fallback
 	// Only what the store took can be settled: a rejection, a shadow
 	// rule's rejection or a fallback's answer keeps no reservation.
 	if rr.Err == nil && rr.Result.Allowed {
 		id := weir.NewReservationID()
 		rec, _ := json.Marshal(reservationRecord{Rule: rr.Rule, Tier: rr.Tier, StoreKey: rr.Key, Estimate: *req.Estimate, At: st.At, Remaining: st.Remaining})
-		if err := rs.PutReservation(r.Context(), id, rec, ReservationTTL); err != nil {
+		if err := rs.PutReservation(ctx, id, rec, ReservationTTL); err != nil {
 			s.undoReserve(p, req, rr)
 			if errors.Is(err, weir.ErrTooManyReservations) {
-				writeError(w, http.StatusServiceUnavailable, codeStore, "%v; settle some first", err)
-				return
+				return out, rr, p, &bodyError{http.StatusServiceUnavailable, codeStore, fmt.Sprintf("%v; settle some first", err)}
 			}
-			writeError(w, http.StatusServiceUnavailable, codeStore, "the store failed: %v", err)
-			return
+			return out, rr, p, &bodyError{http.StatusServiceUnavailable, codeStore, fmt.Sprintf("the store failed: %v", err)}
 		}
 		out.Reservation, out.ExpiresInMS = id, ReservationTTL.Milliseconds()
 	}
-	httplimit.WriteHeaders(w.Header(), []httplimit.Status{{Rule: rr.Rule, Limit: rr.Limit, Result: rr.Result, Shadow: rr.Shadow}}, 0, formatter(p))
-	writeJSON(w, decisionStatus(&out.Decision), out)
+	return out, rr, p, nil
 }
 
 // undoReserve refunds an estimate taken for a reservation that could not
@@ -219,21 +227,31 @@ func (s *Server) handleSettle(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, codeBadRequest, `field "actual" is %d; it must be 0 to %d`, *req.Actual, int64(algorithm.MaxDebt))
 		return
 	}
+	d, rr, p, be := s.settle(r.Context(), req)
+	if be != nil {
+		be.write(w)
+		return
+	}
+	httplimit.WriteHeaders(w.Header(), []httplimit.Status{{Rule: rr.Rule, Limit: rr.Limit, Result: rr.Result, Shadow: rr.Shadow}}, 0, formatter(p))
+	writeJSON(w, http.StatusOK, d)
+}
+
+// settle charges the difference between a reservation's estimate and the
+// actual cost, once: POST /v1/settle and WEIR.SETTLE. req is checked
+// already.
+func (s *Server) settle(ctx context.Context, req settleRequest) (Decision, policy.RuleResult, *policy.Policy, *bodyError) {
 	p := s.holder.Load()
 	rs, ok := s.reservations()
 	if !ok {
-		writeError(w, http.StatusNotImplemented, codeBadRequest, "this store keeps no reservations")
-		return
+		return Decision{}, policy.RuleResult{}, p, &bodyError{http.StatusNotImplemented, codeBadRequest, "this store keeps no reservations"}
 	}
-	rec, found, err := rs.TakeReservation(r.Context(), req.Reservation)
+	rec, found, err := rs.TakeReservation(ctx, req.Reservation)
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, codeStore, "the store failed: %v", err)
-		return
+		return Decision{}, policy.RuleResult{}, p, &bodyError{http.StatusServiceUnavailable, codeStore, fmt.Sprintf("the store failed: %v", err)}
 	}
 	var res reservationRecord
 	if !found || json.Unmarshal(rec, &res) != nil {
-		writeError(w, http.StatusNotFound, codeUnknownReservation, "reservation %q is unknown, expired or already settled", req.Reservation)
-		return
+		return Decision{}, policy.RuleResult{}, p, &bodyError{http.StatusNotFound, codeUnknownReservation, fmt.Sprintf("reservation %q is unknown, expired or already settled", req.Reservation)}
 	}
 	n := *req.Actual - res.Estimate // what the settlement debits, or refunds
 	if n < 0 {
@@ -242,26 +260,23 @@ func (s *Server) handleSettle(w http.ResponseWriter, r *http.Request) {
 	var rr policy.RuleResult
 	sk, err := res.storeKey(p)
 	if err == nil {
-		rr, err = p.SettleKey(r.Context(), res.Rule, res.Tier, sk, res.stamp(), *req.Actual)
+		rr, err = p.SettleKey(ctx, res.Rule, res.Tier, sk, res.stamp(), *req.Actual)
 	}
 	if err != nil {
 		// The rule changed under the reservation (a reload): keep it, so
 		// that nothing changed.
-		_ = rs.PutReservation(r.Context(), req.Reservation, rec, ReservationTTL)
-		s.writeRuleError(w, p, res.Rule, err)
-		return
+		_ = rs.PutReservation(ctx, req.Reservation, rec, ReservationTTL)
+		return Decision{}, rr, p, ruleError(p, res.Rule, err)
 	}
 	if n > 0 && rr.Err != nil && (errors.Is(rr.Err, weir.ErrNotSent) || errors.Is(rr.Err, guard.ErrCircuitOpen)) {
 		// The store never saw the settlement: keep the reservation so
 		// that a retry settles it there. (One that may have reached the
 		// store is not kept: a retry could charge it twice.)
-		if perr := rs.PutReservation(context.WithoutCancel(r.Context()), req.Reservation, rec, ReservationTTL); perr == nil {
-			writeError(w, http.StatusServiceUnavailable, codeStore, "the store failed before the settlement was made; the reservation is kept, retry: %v", rr.Err)
-			return
+		if perr := rs.PutReservation(context.WithoutCancel(ctx), req.Reservation, rec, ReservationTTL); perr == nil {
+			return Decision{}, rr, p, &bodyError{http.StatusServiceUnavailable, codeStore, fmt.Sprintf("the store failed before the settlement was made; the reservation is kept, retry: %v", rr.Err)}
 		}
 	}
 	d := decisionOf(rr.Rule, rr.Result, rr.Shadow)
 	d.Tier, d.Fallback = rr.Tier, rr.Fallback
-	httplimit.WriteHeaders(w.Header(), []httplimit.Status{{Rule: rr.Rule, Limit: rr.Limit, Result: rr.Result, Shadow: rr.Shadow}}, 0, formatter(p))
-	writeJSON(w, http.StatusOK, d)
+	return d, rr, p, nil
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/algorithm"
 	"github.com/weir-dev/weir/internal/resp"
 	"github.com/weir-dev/weir/policy"
 )
@@ -114,6 +115,7 @@ func (b respBackend) Take(ctx context.Context, command, key string, l weir.Limit
 		s.count(command, resultAllowed, outAllowed, "", false, s.now(), lat, false)
 	default:
 		s.count(command, resultLimited, outLimited, "", false, s.now(), lat, false)
+		s.tops.add(command, key) // the hot keys of /v1/top and the dashboard
 	}
 	return res, err
 }
@@ -123,22 +125,43 @@ func (b respBackend) Check(ctx context.Context, rule, key string, hits int64) (r
 	p := b.s.holder.Load()
 	rr, err := p.CheckKeyMode(ctx, rule, "", key, hits, weir.ModeTake)
 	if err != nil {
-		switch {
-		case errors.Is(err, policy.ErrUnknownRule):
-			return resp.CheckResult{}, fmt.Errorf("no rule is named %q; the rules in force are: %s", rule, ruleNames(p))
-		case errors.Is(err, weir.ErrInvalidCost), errors.Is(err, weir.ErrInvalidLimit):
-			return resp.CheckResult{}, err
-		case errors.Is(err, weir.ErrStore):
-			return resp.CheckResult{}, fmt.Errorf("the store failed: %w", err)
-		}
-		return resp.CheckResult{}, err
+		return resp.CheckResult{}, ruleError(p, rule, err)
 	}
-	d := decisionOf(rr.Rule, rr.Result, rr.Shadow)
+	return checkResult(decisionOf(rr.Rule, rr.Result, rr.Shadow)), nil
+}
+
+// Reserve implements resp.Backend with POST /v1/reserve's decision.
+func (b respBackend) Reserve(ctx context.Context, rule, tier, key string, estimate int64) (resp.ReserveResult, error) {
+	out, _, _, be := b.s.reserve(ctx, reserveRequest{Rule: rule, Tier: tier, Key: key, Estimate: &estimate})
+	if be != nil {
+		return resp.ReserveResult{}, be
+	}
+	return resp.ReserveResult{
+		CheckResult: checkResult(out.Decision),
+		Reservation: out.Reservation,
+		ExpiresIn:   time.Duration(out.ExpiresInMS) * time.Millisecond,
+	}, nil
+}
+
+// Settle implements resp.Backend with POST /v1/settle's decision.
+func (b respBackend) Settle(ctx context.Context, id string, actual int64) (resp.CheckResult, error) {
+	if actual > algorithm.MaxDebt {
+		return resp.CheckResult{}, fmt.Errorf("actual is %d; it must be 0 to %d", actual, int64(algorithm.MaxDebt))
+	}
+	d, _, _, be := b.s.settle(ctx, settleRequest{Reservation: id, Actual: &actual})
+	if be != nil {
+		return resp.CheckResult{}, be
+	}
+	return checkResult(d), nil
+}
+
+// checkResult is d for the RESP replies.
+func checkResult(d Decision) resp.CheckResult {
 	return resp.CheckResult{
 		Allowed:    d.Allowed,
 		Limit:      d.Limit,
 		Remaining:  d.Remaining,
 		RetryAfter: time.Duration(d.RetryAfterMS) * time.Millisecond,
 		ResetAfter: time.Duration(d.ResetAfterMS) * time.Millisecond,
-	}, nil
+	}
 }
