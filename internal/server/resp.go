@@ -103,7 +103,7 @@ type respBackend struct{ s *Server }
 func (b respBackend) Take(ctx context.Context, command, key string, l weir.Limit, n int64) (weir.Result, error) {
 	s := b.s
 	start := time.Now()
-	res, err := s.guard.Take(ctx, weir.Key(respNamespace, key), l, n)
+	res, err := s.stack.Take(ctx, weir.Key(respNamespace, key), l, n)
 	lat := time.Since(start)
 	switch {
 	case err != nil:

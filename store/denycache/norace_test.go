@@ -26,8 +26,6 @@ func TestHitAllocs(t *testing.T) {
 	for name, f := range map[string]func(){
 		"Take":    func() { _, _ = s.Take(ctx, "k", l, 1) },
 		"TakeAll": func() { _ = s.Do(ctx, reqs, res) },
-		"Answer":  func() { _, _ = s.Answer(&reqs[0]) },
-		"Await":   func() { _, _ = s.Await(ctx, &reqs[0]) },
 	} {
 		h := s.hits()
 		if n := testing.AllocsPerRun(1000, f); n != 0 {
