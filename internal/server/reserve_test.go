@@ -128,9 +128,9 @@ func debtService(t *testing.T, base string) {
 }
 
 // notSentStore is a memstore whose debits and refunds fail before they
-// are sent while fail is set; its reservations work.
+// are sent while fail is set.
 type notSentStore struct {
-	*memstore.Store
+	weir.Store
 	fail atomic.Bool
 }
 
