@@ -45,7 +45,6 @@ type Store struct {
 	limitsMu sync.Mutex
 	limits   map[weir.Limit]*compiled
 
-
 	// last is the limit compiled most recently: a new key under the
 	// same limit as the previous one finds it without the lock.
 	last atomic.Pointer[compiled]
