@@ -283,14 +283,18 @@ func keep(sl *slot, st *algorithm.State) {
 
 // Take implements weir.Store.
 func (s *Store) Take(ctx context.Context, key string, l weir.Limit, n int64) (r weir.Result, err error) {
-	err = s.take(key, &l, n, algorithm.Exact, "", false, &r)
+	req := weir.Request{Key: key, Limit: l, N: n}
+	err = s.take(&req, false, &r)
 	return r, err
 }
 
-// take decides into r, the caller's Result, so that the Result is built
-// where it is returned instead of being copied out through each frame.
-// With date, an admitted take of n > 0 in full gets its time (Result.At).
-func (s *Store) take(key string, l *weir.Limit, n int64, mode algorithm.Mode, lease string, date bool, r *weir.Result) error {
+// take decides req (a take, at-most take, debit or undated refund) into
+// r, the caller's Result, so that the Result is built where it is
+// returned instead of being copied out through each frame. req is checked
+// by Request.CheckWith once its limit is compiled. With date, an admitted
+// take of n > 0 in full gets its time (Result.At).
+func (s *Store) take(req *weir.Request, date bool, r *weir.Result) error {
+	key, n, mode := req.Key, req.N, req.AlgorithmMode()
 	si, tag := s.hashIndex(key)
 	s.prefetchSlot(uint64(si), tag)
 	sh := &s.shards[si]
@@ -300,23 +304,15 @@ func (s *Store) take(key string, l *weir.Limit, n int64, mode algorithm.Mode, le
 	// time in the order they take it) and before the slot is looked at:
 	// the slot's line, prefetched, is on its way meanwhile.
 	now := s.micros()
-	i, c, err := s.resolve(sh, key, tag, l)
+	i, c, err := s.resolve(sh, key, tag, &req.Limit)
 	if err != nil {
 		return err
 	}
-	maxCost := c.params.MaxCost()
-	if mode >= algorithm.Debit {
-		// A debit or refund may pass the limit (debt.go).
-		if err := weir.CheckDebt(key, n, &c.params, mode); err != nil {
-			return err
-		}
-		maxCost = algorithm.MaxDebt
+	if err := req.CheckWith(&c.params); err != nil {
+		return err
 	}
 	if mode == algorithm.AtMost {
-		n = min(n, maxCost) // a partial grant may ask for more than fits
-	}
-	if n < 0 || n > maxCost {
-		return weir.CheckCost(key, n, maxCost)
+		n = min(n, c.params.MaxCost()) // a partial grant may ask for more than fits
 	}
 	var d algorithm.Decision
 	if i >= 0 && c.plain && mode < algorithm.Debit && sh.slots[i].x == nil {
@@ -336,8 +332,8 @@ func (s *Store) take(key string, l *weir.Limit, n int64, mode algorithm.Mode, le
 	}
 	st := sh.open(i, c, &sh.scratch)
 	algorithm.TakeTo(&c.params, st, now, n, mode, &d)
-	if d.Granted > 0 && lease != "" {
-		algorithm.SetLeaseID(st, lease)
+	if d.Granted > 0 && req.Lease != "" {
+		algorithm.SetLeaseID(st, req.Lease)
 	}
 	if i >= 0 {
 		sl := &sh.slots[i]
