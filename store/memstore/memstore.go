@@ -283,17 +283,18 @@ func keep(sl *slot, st *algorithm.State) {
 
 // Take implements weir.Store.
 func (s *Store) Take(ctx context.Context, key string, l weir.Limit, n int64) (r weir.Result, err error) {
-	req := weir.Request{Key: key, Limit: l, N: n}
-	err = s.take(&req, false, &r)
+	req := weir.Request{Key: key, N: n} // its limit is l: not copied
+	err = s.take(&req, &l, false, &r)
 	return r, err
 }
 
-// take decides req (a take, at-most take, debit or undated refund) into
-// r, the caller's Result, so that the Result is built where it is
-// returned instead of being copied out through each frame. req is checked
-// by Request.CheckWith once its limit is compiled. With date, an admitted
-// take of n > 0 in full gets its time (Result.At).
-func (s *Store) take(req *weir.Request, date bool, r *weir.Result) error {
+// take decides req (a take, at-most take, debit or undated refund) under
+// l (req.Limit, or Take's own) into r, the caller's Result, so that the
+// Result is built where it is returned instead of being copied out
+// through each frame. req is checked by Request.CheckWith once l is
+// compiled. With date, an admitted take of n > 0 in full gets its time
+// (Result.At).
+func (s *Store) take(req *weir.Request, l *weir.Limit, date bool, r *weir.Result) error {
 	key, n, mode := req.Key, req.N, req.AlgorithmMode()
 	si, tag := s.hashIndex(key)
 	s.prefetchSlot(uint64(si), tag)
@@ -304,7 +305,7 @@ func (s *Store) take(req *weir.Request, date bool, r *weir.Result) error {
 	// time in the order they take it) and before the slot is looked at:
 	// the slot's line, prefetched, is on its way meanwhile.
 	now := s.micros()
-	i, c, err := s.resolve(sh, key, tag, &req.Limit)
+	i, c, err := s.resolve(sh, key, tag, l)
 	if err != nil {
 		return err
 	}
