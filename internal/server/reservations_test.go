@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/internal/redistest"
 	"github.com/weir-dev/weir/storetest"
 )
@@ -166,5 +167,36 @@ func TestRedisReservations(t *testing.T) {
 	}
 	if _, ok, err := s.resv.take(ctx, "id1"); ok || err != nil {
 		t.Fatalf("a reservation was read twice: %v %v", ok, err)
+	}
+}
+
+// TestReserveSettleCalls: Server.reserve and Server.settle, which every
+// protocol calls (HTTP, RESP), check their own input and settle once.
+func TestReserveSettleCalls(t *testing.T) {
+	srv, _ := newTestServer(t, WithConfig(mustParse(t, debtRules)))
+	ctx := context.Background()
+	p := srv.holder.Load()
+	if _, _, err := srv.reserve(ctx, p, "tokens", "", "k", 0); !errors.Is(err, weir.ErrInvalidCost) || !strings.Contains(err.Error(), "0") {
+		t.Fatalf("reserve 0: %v, want an invalid cost naming 0", err)
+	}
+	if _, _, err := srv.reserve(ctx, p, "slots", "", "k", 1); !errors.Is(err, weir.ErrUnsupported) {
+		t.Fatalf("reserve on a rule without debt: %v", err)
+	}
+	rr, id, err := srv.reserve(ctx, p, "tokens", "", "k", 40)
+	if err != nil || id == "" || rr.Result.Remaining != 60 {
+		t.Fatalf("reserve 40: %+v %q %v", rr.Result, id, err)
+	}
+	if _, _, err := srv.settle(ctx, p, id, -1); !errors.Is(err, weir.ErrInvalidCost) || !strings.Contains(err.Error(), "-1") {
+		t.Fatalf("settle at -1: %v, want an invalid cost naming -1", err)
+	}
+	if _, _, err := srv.settle(ctx, p, strings.Repeat("a", 65), 1); !errors.Is(err, errUnknownReservation) {
+		t.Fatalf("settle of a 65-byte id: %v", err)
+	}
+	rule, rr, err := srv.settle(ctx, p, id, 25)
+	if err != nil || rule != "tokens" || rr.Result.Remaining != 75 {
+		t.Fatalf("settle 25 of 40: %q %+v %v", rule, rr.Result, err)
+	}
+	if _, _, err := srv.settle(ctx, p, id, 25); !errors.Is(err, errUnknownReservation) {
+		t.Fatalf("a second settle: %v", err)
 	}
 }

@@ -169,6 +169,10 @@ func (s *Server) handleReserve(w http.ResponseWriter, r *http.Request) {
 // its error returned: errTooManyReservations, or one wrapping
 // weir.ErrStore. POST /v1/reserve and WEIR.RESERVE call it.
 func (s *Server) reserve(ctx context.Context, p *policy.Policy, rule, tier, key string, estimate int64) (policy.RuleResult, string, error) {
+	if estimate < 1 {
+		// Free to make, yet kept for its TTL: it could fill the map.
+		return policy.RuleResult{}, "", fmt.Errorf("%w: a reservation's estimate is %d; it must be 1 or more", weir.ErrInvalidCost, estimate)
+	}
 	if err := p.SupportsDebt(rule, tier); err != nil {
 		return policy.RuleResult{}, "", err
 	}
@@ -206,7 +210,7 @@ func (s *Server) handleSettle(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	switch {
-	case req.Reservation == "" || len(req.Reservation) > 64:
+	case req.Reservation == "" || len(req.Reservation) > maxReservationID:
 		writeError(w, http.StatusBadRequest, codeBadRequest, `field "reservation" is required: the id POST /v1/reserve answered`)
 		return
 	case req.Actual == nil:
@@ -252,13 +256,20 @@ func (e *keptError) Unwrap() error { return e.err }
 
 // settle charges the difference between reservation id's estimate and
 // actual (0..algorithm.MaxDebt), once, under p, and returns the
-// reservation's rule and the settlement's result. Its errors:
+// reservation's rule and the settlement's result. Its errors: one
+// wrapping weir.ErrInvalidCost for an actual outside that range;
 // errUnknownReservation; a *keptError when the store never saw the
 // settlement (the reservation is kept, so a retry settles it); one
 // wrapping weir.ErrStore when the reservation could not be read; a rule
 // error (the rule changed under the reservation: it is kept). POST
 // /v1/settle and WEIR.SETTLE call it.
 func (s *Server) settle(ctx context.Context, p *policy.Policy, id string, actual int64) (string, policy.RuleResult, error) {
+	if actual < 0 || actual > algorithm.MaxDebt {
+		return "", policy.RuleResult{}, fmt.Errorf("%w: a settlement's actual cost is %d; it must be 0 to %d", weir.ErrInvalidCost, actual, int64(algorithm.MaxDebt))
+	}
+	if id == "" || len(id) > maxReservationID {
+		return "", policy.RuleResult{}, fmt.Errorf("reservation %.80q: %w", id, errUnknownReservation)
+	}
 	rec, found, err := s.resv.take(ctx, id)
 	if err != nil {
 		return "", policy.RuleResult{}, err
@@ -301,6 +312,10 @@ var errTooManyReservations = fmt.Errorf("too many open reservations (%d)", maxRe
 // memory, or a store of the caller's). A reservation the map cannot hold
 // is refused, never made room for by forgetting an open one.
 const maxReservations = 1 << 16
+
+// maxReservationID bounds the reservation ids settle looks up (its own
+// are 32 hex digits).
+const maxReservationID = 64
 
 // newReservationID returns a random reservation id: 128 bits, hex.
 func newReservationID() string {
