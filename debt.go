@@ -2,8 +2,6 @@ package weir
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync"
@@ -334,15 +332,4 @@ func (lim *Limiter) SettleStamped(ctx context.Context, key string, l Limit, st S
 		return Result{}, err
 	}
 	return lim.one(ctx, Request{Key: key, Limit: l, N: st.Estimate - actual, Mode: ModeRefund, Stamp: st})
-}
-
-// ErrTooManyReservations: weir serve holds as many open reservations as
-// it may.
-var ErrTooManyReservations = errors.New("weir: too many open reservations")
-
-// NewReservationID returns a random reservation id: 128 bits, hex.
-func NewReservationID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
 }

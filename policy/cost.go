@@ -178,7 +178,7 @@ func (p *Policy) Finish(ctx context.Context, v *Verdict, ch Charges) error {
 			reqs[0].Stamp = rr.Stamp // only what the limit cannot have recovered since the take
 		}
 		var out [1]weir.Result
-		if err := p.guard.Do(ctx, reqs[:], out[:]); err != nil {
+		if err := p.store.Do(ctx, reqs[:], out[:]); err != nil {
 			errs = append(errs, fmt.Errorf("policy: rule %q: settle a %s of %d: %w", rr.Rule, mode, n, err))
 		}
 	}
@@ -211,7 +211,7 @@ func (p *Policy) finishCount(ctx context.Context, v *Verdict, rr *RuleResult, ru
 	if !rr.Stamp.IsZero() {
 		reqs[0].Stamp = rr.Stamp
 	}
-	if err := p.guard.Do(ctx, reqs[:], out[:]); err != nil {
+	if err := p.store.Do(ctx, reqs[:], out[:]); err != nil {
 		return fmt.Errorf("policy: rule %q: give back an uncounted response's %d: %w", rr.Rule, rr.Cost, err)
 	}
 	return nil

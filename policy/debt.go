@@ -78,7 +78,7 @@ func (p *Policy) CheckKeyStamped(ctx context.Context, rule, tierName, key string
 	start := time.Now()
 	q := [1]weir.Request{{Key: rr.Key, Limit: t.limit, N: hits}}
 	var res [1]weir.Result
-	err = p.guard.Do(ctx, q[:], res[:])
+	err = p.store.Do(ctx, q[:], res[:])
 	lat := time.Since(start)
 	var st weir.Stamp
 	switch {
@@ -117,7 +117,7 @@ func (p *Policy) decideKey(ctx context.Context, r *rule, t *tier, rr RuleResult,
 	reqs := [1]weir.Request{q}
 	var out [1]weir.Result
 	start := time.Now()
-	err := p.guard.Do(ctx, reqs[:], out[:])
+	err := p.store.Do(ctx, reqs[:], out[:])
 	lat := time.Since(start)
 	switch {
 	case err == nil:

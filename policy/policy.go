@@ -29,7 +29,8 @@ var ErrUnknownRule = errors.New("policy: unknown rule")
 type Policy struct {
 	cfg      *Config
 	c        *compiled
-	guard    *guard.Guard
+	guard    *guard.Guard // falls back (on_error) and reports the breaker
+	store    weir.Store   // decides: the guard, or a stack that goes through it (WithGuard)
 	observer func(context.Context, RuleResult, time.Duration)
 	log      *slog.Logger
 	now      func() time.Time
@@ -49,6 +50,7 @@ type options struct {
 	log      *slog.Logger
 	now      func() time.Time
 	guard    guard.Config
+	g        *guard.Guard
 	leases   *lease.Table
 	fleet    func() int
 }
@@ -84,13 +86,21 @@ func WithClock(now func() time.Time) Option { return func(o *options) { o.now = 
 // fields left zero.
 func WithGuardConfig(g guard.Config) Option { return func(o *options) { o.guard = g } }
 
+// WithGuard says that the store given to New is a stack that goes through
+// g (weir serve's: a deny cache in front of g): the policy decides with
+// the store and falls back, and reports the breaker, through g. Without
+// it, New finds a *guard.Guard given as the store, or builds one.
+func WithGuard(g *guard.Guard) Option { return func(o *options) { o.g = g } }
+
 // New compiles cfg into a Policy over store.
 //
 // Pass a *guard.Guard as store to share the circuit breaker and the local
 // fallback counters across reloads; any other store is wrapped in a new
-// Guard configured from cfg.Store. A nil store means a new memstore, which
-// is only allowed when cfg.Store.Type is memory. An invalid cfg gives a
-// *ConfigError.
+// Guard configured from cfg.Store (without a deadline of its own over a
+// *memstore.Store, or over a store whose Timeout method says its own
+// deadline is no longer than the guard's). A nil store means a new
+// memstore, which is only allowed when cfg.Store.Type is memory. An
+// invalid cfg gives a *ConfigError.
 func New(cfg *Config, store weir.Store, opts ...Option) (*Policy, error) {
 	if cfg == nil {
 		cfg = &Config{}
@@ -110,9 +120,14 @@ func New(cfg *Config, store weir.Store, opts ...Option) (*Policy, error) {
 	if len(rep.problems) > 0 {
 		return nil, &ConfigError{Problems: rep.problems}
 	}
-	g, ok := store.(*guard.Guard)
+	g, ok := o.g, o.g != nil
 	if !ok {
-		if store == nil {
+		g, ok = store.(*guard.Guard)
+	}
+	if !ok {
+		gc := o.guard
+		switch st := store.(type) {
+		case nil:
 			if cfg.Store.Type == StoreRedis {
 				return nil, errors.New("policy: store.type is redis, so New needs the Redis store (redisstore.New); it was given none")
 			}
@@ -120,9 +135,15 @@ func New(cfg *Config, store weir.Store, opts ...Option) (*Policy, error) {
 			if cfg.Store.MaxKeys > 0 {
 				mo = append(mo, memstore.WithMaxKeys(cfg.Store.MaxKeys))
 			}
-			store = memstore.New(mo...)
+			store, gc.NoDeadline = memstore.New(mo...), true
+		case *memstore.Store:
+			gc.NoDeadline = true // it never waits
+		case interface{ Timeout() time.Duration }:
+			if gc.StoreTimeout == 0 {
+				// The store's own deadline per call (redisstore.Store).
+				gc.StoreTimeout = st.Timeout()
+			}
 		}
-		gc := o.guard
 		if gc.Timeout == 0 {
 			gc.Timeout = cfg.Store.Timeout
 		}
@@ -135,17 +156,16 @@ func New(cfg *Config, store weir.Store, opts ...Option) (*Policy, error) {
 		if gc.Now == nil {
 			gc.Now = o.now
 		}
-		if ts, ok := store.(interface{ Timeout() time.Duration }); ok && gc.StoreTimeout == 0 {
-			// The store's own deadline per call (redisstore.Store).
-			gc.StoreTimeout = ts.Timeout()
-		}
 		g = guard.New(store, gc)
+	}
+	if o.g == nil {
+		store = g
 	}
 	set, err := newProtectSet(c, &o)
 	if err != nil {
 		return nil, err
 	}
-	p := &Policy{cfg: cfg, c: c, guard: g, observer: o.observer, log: o.log, now: o.now, leases: o.leases, fleet: o.fleet}
+	p := &Policy{cfg: cfg, c: c, guard: g, store: store, observer: o.observer, log: o.log, now: o.now, leases: o.leases, fleet: o.fleet}
 	if p.leases == nil {
 		p.leases = lease.New(lease.Config{Now: o.now})
 	}
@@ -798,7 +818,7 @@ func (p *Policy) decideLeased(ctx context.Context, res []RuleResult, leased, res
 		}
 		r := p.c.byName[res[j].Rule]
 		size := lease.Size(r.lease, res[j].Limit, p.Instances())
-		out, tk, err := p.leases.TakeTicket(ctx, p.guard, res[j].Key, res[j].Limit, 1, size)
+		out, tk, err := p.leases.TakeTicket(ctx, p.store, res[j].Key, res[j].Limit, 1, size)
 		if err != nil {
 			p.fallback(ctx, res, []int{j}, err, verdict)
 		} else {
@@ -841,7 +861,6 @@ func (p *Policy) decideLeased(ctx context.Context, res []RuleResult, leased, res
 // store, all or nothing, applying on_error on failure. A peek's result
 // reads as admitted: it says what the rule would have done.
 func (p *Policy) decideStore(ctx context.Context, res []RuleResult, idx []int, n int64, verdict *Verdict) {
-	g := p.guard
 	reqs, out, s := getScratch(len(idx))
 	for i, j := range idx {
 		c := res[j].Cost
@@ -853,7 +872,7 @@ func (p *Policy) decideStore(ctx context.Context, res []RuleResult, idx []int, n
 			reqs[i].Lease = weir.NewLeaseID()
 		}
 	}
-	err := g.Do(ctx, reqs, out)
+	err := p.store.Do(ctx, reqs, out)
 	if err == nil {
 		for i, j := range idx {
 			res[j].Result = out[i]
@@ -866,7 +885,7 @@ func (p *Policy) decideStore(ctx context.Context, res []RuleResult, idx []int, n
 				res[j].Result.Allowed = true
 			}
 			if reqs[i].Lease != "" && out[i].Allowed && out[i].Granted > 0 {
-				verdict.leases = append(verdict.leases, heldLease{g, reqs[i].Key, reqs[i].Limit, reqs[i].Lease})
+				verdict.leases = append(verdict.leases, heldLease{p.store, reqs[i].Key, reqs[i].Limit, reqs[i].Lease})
 			}
 		}
 	}
@@ -962,9 +981,9 @@ func (p *Policy) CheckKeyTier(ctx context.Context, rule, tierName, key string, h
 	start := time.Now()
 	var res weir.Result
 	if r.lease > 0 {
-		res, err = p.leases.Take(ctx, p.guard, rr.Key, t.limit, hits, lease.Size(r.lease, t.limit, p.Instances()))
+		res, err = p.leases.Take(ctx, p.store, rr.Key, t.limit, hits, lease.Size(r.lease, t.limit, p.Instances()))
 	} else {
-		res, err = p.guard.Take(ctx, rr.Key, t.limit, hits)
+		res, err = p.store.Take(ctx, rr.Key, t.limit, hits)
 	}
 	lat := time.Since(start)
 	switch {
@@ -1052,7 +1071,7 @@ func (p *Policy) Reset(ctx context.Context, rule, key string) error {
 	for _, sk := range keys {
 		for _, t := range r.tiers {
 			p.leases.Forget(sk, t.limit)
-			if err := weir.NewLimiter(p.guard).Reset(ctx, sk, t.limit); err != nil {
+			if err := weir.NewLimiter(p.store).Reset(ctx, sk, t.limit); err != nil {
 				errs = append(errs, err)
 			}
 			// Again after the reset: a lease taken from the old state

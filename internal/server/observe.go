@@ -126,7 +126,7 @@ func (s *Server) count(rule, result string, outcome int, fallback string, near b
 // and a bounded share of the store's connections.
 const maxEnvoyInFlight = 8
 
-// envoyDecider runs the Envoy service's store calls through the guard
+// envoyDecider runs the Envoy service's store calls through the stack
 // (deadline and circuit breaker) and, when the store fails, answers with
 // the guard's fallback under the config's global on_error, as /v1/check
 // and /v1/auth do, and says so in fallback.
@@ -143,7 +143,7 @@ func (s *Server) envoyDecider(ctx context.Context, reqs []weir.Request, res []we
 	}
 	decide := func(i int) {
 		start := time.Now()
-		errs[i] = s.guard.Do(ctx, reqs[i:i+1], res[i:i+1])
+		errs[i] = s.stack.Do(ctx, reqs[i:i+1], res[i:i+1])
 		lats[i] = time.Since(start)
 	}
 	if workers := min(len(reqs), maxEnvoyInFlight); workers <= 1 {

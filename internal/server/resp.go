@@ -104,7 +104,7 @@ type respBackend struct{ s *Server }
 func (b respBackend) Take(ctx context.Context, command, key string, l weir.Limit, n int64) (weir.Result, error) {
 	s := b.s
 	start := time.Now()
-	res, err := s.guard.Take(ctx, weir.Key(respNamespace, key), l, n)
+	res, err := s.stack.Take(ctx, weir.Key(respNamespace, key), l, n)
 	lat := time.Since(start)
 	switch {
 	case err != nil:
@@ -132,27 +132,38 @@ func (b respBackend) Check(ctx context.Context, rule, key string, hits int64) (r
 
 // Reserve implements resp.Backend with POST /v1/reserve's decision.
 func (b respBackend) Reserve(ctx context.Context, rule, tier, key string, estimate int64) (resp.ReserveResult, error) {
-	out, _, _, be := b.s.reserve(ctx, reserveRequest{Rule: rule, Tier: tier, Key: key, Estimate: &estimate})
-	if be != nil {
-		return resp.ReserveResult{}, be
+	p := b.s.holder.Load()
+	rr, id, err := b.s.reserve(ctx, p, rule, tier, key, estimate)
+	switch {
+	case errors.Is(err, errTooManyReservations):
+		return resp.ReserveResult{}, fmt.Errorf("%v; settle some first", err)
+	case err != nil:
+		return resp.ReserveResult{}, ruleError(p, rule, err)
 	}
-	return resp.ReserveResult{
-		CheckResult: checkResult(out.Decision),
-		Reservation: out.Reservation,
-		ExpiresIn:   time.Duration(out.ExpiresInMS) * time.Millisecond,
-	}, nil
+	out := resp.ReserveResult{CheckResult: checkResult(decisionOf(rr.Rule, rr.Result, rr.Shadow))}
+	if id != "" {
+		out.Reservation, out.ExpiresIn = id, ReservationTTL
+	}
+	return out, nil
 }
 
 // Settle implements resp.Backend with POST /v1/settle's decision.
 func (b respBackend) Settle(ctx context.Context, id string, actual int64) (resp.CheckResult, error) {
-	if actual > algorithm.MaxDebt {
+	if actual < 0 || actual > algorithm.MaxDebt {
 		return resp.CheckResult{}, fmt.Errorf("actual is %d; it must be 0 to %d", actual, int64(algorithm.MaxDebt))
 	}
-	d, _, _, be := b.s.settle(ctx, settleRequest{Reservation: id, Actual: &actual})
-	if be != nil {
-		return resp.CheckResult{}, be
+	p := b.s.holder.Load()
+	rule, rr, err := b.s.settle(ctx, p, id, actual)
+	var kept *keptError
+	switch {
+	case errors.Is(err, errUnknownReservation):
+		return resp.CheckResult{}, fmt.Errorf("reservation %q is unknown, expired or already settled", id)
+	case errors.As(err, &kept):
+		return resp.CheckResult{}, kept
+	case err != nil:
+		return resp.CheckResult{}, ruleError(p, rule, err)
 	}
-	return checkResult(d), nil
+	return checkResult(decisionOf(rr.Rule, rr.Result, rr.Shadow)), nil
 }
 
 // checkResult is d for the RESP replies.

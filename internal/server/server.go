@@ -65,6 +65,7 @@ import (
 	"github.com/weir-dev/weir/store/denycache"
 	"github.com/weir-dev/weir/store/guard"
 	"github.com/weir-dev/weir/store/lease"
+	"github.com/weir-dev/weir/store/redisstore"
 	"github.com/weir-dev/weir/weirotel"
 )
 
@@ -94,6 +95,7 @@ type options struct {
 	cfg             *policy.Config
 	cfgPath         string
 	store           weir.Store
+	redis           *redisstore.Store
 	redisURL        string
 	envoyCfg        *envoyrls.Config
 	envoyDir        string
@@ -133,12 +135,21 @@ func WithConfig(cfg *policy.Config) Option { return func(o *options) { o.cfg = c
 func WithConfigFile(path string) Option { return func(o *options) { o.cfgPath = path } }
 
 // WithStore makes the server keep limiter state in store instead of the
-// one the config's store section describes. The server does not close it.
-// If store is a *redisstore.Store, the server sends its own keys (stored
-// rules, fleet view, penalty-box index) over the store's client
-// (redisstore.Store.Client), named after the config's store.redis.prefix:
-// give it the prefix of the store's Config.
-func WithStore(store weir.Store) Option { return func(o *options) { o.store = store } }
+// one the config's store section describes. The server does not close it,
+// and takes it as it is: no deny cache in front (it may not be shared),
+// the guard's deadline on every call, reservations in memory. A Redis
+// store goes through WithRedisStore.
+func WithStore(store weir.Store) Option { return func(o *options) { o.store, o.redis = store, nil } }
+
+// WithRedisStore makes the server keep limiter state in rs instead of the
+// store the config's store section describes, as the Redis store it
+// would have opened: the server does not close it, and sends its own keys
+// (stored rules, fleet view, penalty-box index, reservations) over rs's
+// client (redisstore.Store.Client), named after the config's
+// store.redis.prefix: give it the prefix of rs's Config.
+func WithRedisStore(rs *redisstore.Store) Option {
+	return func(o *options) { o.store, o.redis = nil, rs }
+}
 
 // WithRedisURL makes the server keep its state in Redis at url (the syntax
 // of redisstore.ParseURL), overriding the config's store section.
@@ -246,18 +257,19 @@ type Server struct {
 	version string
 
 	base   atomic.Pointer[policy.Config] // the config file's (or WithConfig's) content
-	guard  *guard.Guard
 	holder *policy.Holder
-	store  weir.Store
-	deny   *denycache.Store // the deny cache in front of a Redis store; nil without
-	owned  func()           // closes what New opened
-	info   atomic.Pointer[storeInfo]
-	rdb    rueidis.Client   // nil without Redis
-	resv   reservationStore // nil if the store keeps no reservations
-	// storeTimeout is the Redis store's own deadline per call (0 for
-	// another store): the guard then adds none of its own.
-	storeTimeout time.Duration
-	keys         redisKeys // the names of the service's own keys in Redis
+	// The store stack (composeStore): every decision enters at stack.
+	stack weir.Store        // deny cache → guard → tracing → store
+	deny  *denycache.Store  // the deny cache in front of a Redis store; nil without
+	guard *guard.Guard      // deadline, circuit breaker, on_error fallback
+	store weir.Store        // the store at the bottom: redis, memory or the caller's
+	redis *redisstore.Store // the store when it is Redis; nil otherwise
+	mem   bool              // the store is the memstore openStore opened
+	owned func()            // closes what New opened
+	info  atomic.Pointer[storeInfo]
+	rdb   rueidis.Client // the Redis store's client; nil without Redis
+	resv  reservations   // POST /v1/reserve's open reservations
+	keys  redisKeys      // the names of the service's own keys in Redis
 
 	envoy    *envoyrls.Service
 	envoyDir string
@@ -506,7 +518,7 @@ func (s *Server) initEnvoy() error {
 	if maxOverride == 0 {
 		maxOverride = defaultEnvoyMaxOverride
 	}
-	s.envoy = envoyrls.New(ecfg, s.guard, envoyrls.WithFallbackDecider(s.envoyDecider), envoyrls.WithObserver(s.envoyObserve),
+	s.envoy = envoyrls.New(ecfg, s.stack, envoyrls.WithFallbackDecider(s.envoyDecider), envoyrls.WithObserver(s.envoyObserve),
 		envoyrls.WithMaxOverridePeriod(maxOverride))
 	return nil
 }
@@ -564,7 +576,7 @@ func (s *Server) build(cfg *policy.Config) (*policy.Policy, error) {
 	if err := CheckConfig(eff, s.o.cfgPath); err != nil {
 		return nil, err
 	}
-	return policy.New(eff, s.guard, policy.WithObserver(s.observe), policy.WithLogger(s.log),
+	return policy.New(eff, s.stack, policy.WithGuard(s.guard), policy.WithObserver(s.observe), policy.WithLogger(s.log),
 		policy.WithLeases(s.leases), policy.WithInstances(s.fleet.count))
 }
 
@@ -936,28 +948,43 @@ func breakerValue(st guard.BreakerState) float64 {
 }
 
 // composeStore builds the stack every decision of weir serve goes
-// through, in one place: the guard (deadline, circuit breaker, on_error
-// fallback), asking the deny cache first (guard.Config.Answer), over the
-// tracing wrapper, over the deny cache (Redis only), over the store. Each
-// piece is a weir.Store of two methods; what one needs of another (the
-// store's own deadline, its refund notifications, the cache's answers) is
-// passed here, never discovered.
+// through, in this one place, cheapest answer first:
+//
+//	deny cache (Redis only) → guard → tracing → store
+//
+// The deny cache answers certain denials from memory, so they never reach
+// the guard's breaker nor cost a span; a miss goes through the guard
+// (deadline, circuit breaker) and the tracing wrapper to the store. On a
+// store error the policy's on_error fallback decides through the guard
+// (policy.WithGuard). Each piece is a weir.Store of two methods; what one
+// needs of another (the store's own deadline, its refund notifications)
+// is passed here from the concrete store openStore kept, never
+// discovered.
 func (s *Server) composeStore(cfg *policy.Config) error {
-	decider, err := s.openDenyCache(cfg)
-	if err != nil {
-		return err
-	}
 	gc := guard.Config{
-		Timeout: cfg.Store.Timeout,
-		Breaker: cfg.Store.Breaker,
-		Logger:  s.log,
-		Now:     s.now,
-		// The Redis store's own deadline (openStore).
-		StoreTimeout: s.storeTimeout,
+		Timeout:    cfg.Store.Timeout,
+		Breaker:    cfg.Store.Breaker,
+		Logger:     s.log,
+		Now:        s.now,
+		NoDeadline: s.mem, // memstore never waits
 	}
-	if s.deny != nil {
-		gc.Answer = s.deny.Await
+	if s.redis != nil {
+		gc.StoreTimeout = s.redis.Timeout() // its own deadline per call
 	}
-	s.guard = guard.New(s.o.tracing.Store(decider), gc)
+	s.guard = guard.New(s.o.tracing.Store(s.store), gc)
+	s.stack = s.guard
+	if s.redis == nil || !cfg.Store.DenyCacheOn() {
+		return nil
+	}
+	rs := s.redis
+	bus := denycache.NewRedisBus(rs.Client(), denycache.RedisBusConfig{Channel: s.keys.denyCache, Logger: s.log})
+	d, err := denycache.New(s.guard, denycache.Config{Size: cfg.Store.DenyCacheSize, Bus: bus, Logger: s.log, Timeout: rs.Timeout(), OnRefund: rs.OnRefund})
+	if err != nil {
+		return fmt.Errorf("server: store.deny_cache: %w", err)
+	}
+	s.deny, s.stack = d, d
+	prev := s.owned
+	s.owned = func() { d.Close(); prev() }
+	s.metrics.reg.MustRegister(denyCacheCollector{d})
 	return nil
 }

@@ -28,6 +28,7 @@ type redisKeys struct {
 	rules        string // the YAML PUT /v1/rules stored, after a line with its version
 	rulesVersion string // the version of the stored rules (random); instances poll it
 	denyCache    string // the deny cache's pub/sub channel (not a key)
+	reservation  string // + reservation id: an open reservation of POST /v1/reserve
 }
 
 // keysFor returns the service's key names under prefix ("" is
@@ -43,6 +44,7 @@ func keysFor(prefix string) redisKeys {
 		rules:        prefix + ":config:rules",
 		rulesVersion: prefix + ":config:rules:version",
 		denyCache:    prefix + ":denycache",
+		reservation:  prefix + ":r:",
 	}
 }
 
@@ -142,34 +144,29 @@ func redisConfig(sc policy.StoreConfig) (redisstore.Config, error) {
 	return rc, nil
 }
 
-// openStore sets s.store, s.resv, s.storeTimeout, s.rdb and s.info from the options and cfg. A
-// Redis store of the caller's (WithStore) lends the service its client, as
-// one the server opens does: the service's own keys share its connections.
+// openStore opens the store the options or cfg name and keeps it in
+// s.store, with what the stack and the service need of it: for Redis the
+// concrete store (s.redis) and its client (s.rdb), over which the
+// service's own keys and the reservations go; for memory s.mem. A store
+// of the caller's (WithStore) keeps its reservations in a bounded map, as
+// memory does.
 func (s *Server) openStore(cfg *policy.Config) error {
-	if s.o.store != nil {
-		s.store = s.o.store
-		switch st := s.store.(type) {
-		case *memstore.Store:
-			s.resv = st
-			s.setInfo(storeInfo{Type: policy.StoreMemory, Topology: "memory"})
-		case *redisstore.Store:
-			s.rdb, s.resv, s.storeTimeout = st.Client(), st, st.Timeout()
-			s.setInfo(s.redisInfo(cfg.Store.Redis))
-		default:
-			// A store of the caller's: reservations in a bounded map in
-			// memory.
-			s.resv = memstore.New()
-			s.setInfo(storeInfo{Type: fmt.Sprintf("%T", s.store), Topology: "custom"})
-		}
+	switch {
+	case s.o.redis != nil:
+		s.useRedis(s.o.redis, cfg)
 		return nil
-	}
-	if cfg.Store.Type != policy.StoreRedis {
+	case s.o.store != nil:
+		s.store = s.o.store
+		s.resv = newMemReservations(s.now, maxReservations)
+		s.setInfo(storeInfo{Type: fmt.Sprintf("%T", s.store), Topology: "custom"})
+		return nil
+	case cfg.Store.Type != policy.StoreRedis:
 		var mo []memstore.Option
 		if cfg.Store.MaxKeys > 0 {
 			mo = append(mo, memstore.WithMaxKeys(cfg.Store.MaxKeys))
 		}
-		ms := memstore.New(mo...)
-		s.store, s.resv = ms, ms
+		s.store, s.mem = memstore.New(mo...), true
+		s.resv = newMemReservations(s.now, maxReservations)
 		s.setInfo(storeInfo{Type: policy.StoreMemory, Topology: "memory"})
 		return nil
 	}
@@ -191,13 +188,18 @@ func (s *Server) openStore(cfg *policy.Config) error {
 		s.log.Warn("weir: Redis unreachable at start; serving anyway, on_error decides until it answers",
 			"redis", strings.Join(rc.Addrs, ","))
 	}
-	s.store, s.resv, s.storeTimeout = rs, rs, rs.Timeout()
-	// The service's own keys (rules, fleet, penalty-box index) go over the
-	// store's client, which follows its connection.
-	s.rdb = rs.Client()
 	s.owned = func() { rs.Close() }
-	s.setInfo(s.redisInfo(cfg.Store.Redis))
+	s.useRedis(rs, cfg)
 	return nil
+}
+
+// useRedis makes rs the store. The service's own keys (rules, fleet,
+// penalty-box index, reservations) go over its client, which follows its
+// connection.
+func (s *Server) useRedis(rs *redisstore.Store, cfg *policy.Config) {
+	s.store, s.redis, s.rdb = rs, rs, rs.Client()
+	s.resv = redisReservations{c: s.rdb, prefix: s.keys.reservation, timeout: rs.Timeout()}
+	s.setInfo(s.redisInfo(cfg.Store.Redis))
 }
 
 // redisInfo describes a Redis store: its nodes as the config names them,
@@ -228,8 +230,8 @@ func redisInfo(r policy.RedisConfig, c rueidis.Client) storeInfo {
 // cluster or after a failover) and how it runs its scripts.
 func (s *Server) redisInfo(r policy.RedisConfig) storeInfo {
 	info := redisInfo(r, s.rdb)
-	if rs, ok := s.store.(*redisstore.Store); ok {
-		info.Scripting = rs.Scripting()
+	if s.redis != nil {
+		info.Scripting = s.redis.Scripting()
 	}
 	return info
 }

@@ -34,7 +34,7 @@ func (s *Store) Do(ctx context.Context, reqs []weir.Request, results []weir.Resu
 		results[0], err = s.settle(r)
 		return err
 	}
-	err = s.take(r.Key, &r.Limit, r.N, r.AlgorithmMode(), r.Lease, r.Mode == weir.ModeTake && r.Lease == "", &results[0])
+	err = s.take(r, &r.Limit, r.Mode == weir.ModeTake && r.Lease == "", &results[0])
 	if err != nil {
 		results[0] = weir.Result{}
 	}

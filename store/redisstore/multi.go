@@ -58,16 +58,7 @@ func (s *Store) Do(ctx context.Context, reqs []weir.Request, results []weir.Resu
 			results[0] = weir.Result{}
 			return s.reset(ctx, r.Key, r.Limit)
 		}
-		mode, lease := modeOf(r), r.Lease
-		if mode == algorithm.Settle {
-			// A settlement's refund: the take it settles rides in the
-			// member-id argument (take.lua).
-			if err := weir.CheckStamp(r.Stamp, r.N); err != nil {
-				return err
-			}
-			lease = takenArg(r.Stamp)
-		}
-		d, now, err := s.take(ctx, r.Key, r.Limit, r.N, mode, lease)
+		d, now, err := s.take(ctx, r)
 		if err != nil {
 			return err
 		}
