@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/weir-dev/weir/store/guard"
 )
 
 // sketch is the config sketched in DESIGN.md.
@@ -127,7 +129,7 @@ deny:
 	want := &Config{
 		Store: StoreConfig{Type: "redis", Redis: RedisConfig{Addrs: []string{"10.1.1.1:6379"}, MasterName: "mymaster", Username: "weir", PasswordEnv: "REDIS_PASSWORD", TLS: true, DB: 2, MaxInFlight: 4, MaxBatch: 32, Linger: &lingerWant},
 			Timeout: 20 * time.Millisecond, OnError: "deny", MaxKeys: 1000,
-			Breaker: BreakerConfig{Failures: 3, FailureRatio: 0.25, MinRequests: 10, Window: 5 * time.Second, Cooldown: 2 * time.Second}},
+			Breaker: guard.BreakerConfig{Failures: 3, FailureRatio: 0.25, MinRequests: 10, Window: 5 * time.Second, Cooldown: 2 * time.Second}},
 		Headers:   HeadersConfig{Legacy: true},
 		Shadow:    true,
 		NearLimit: "85%",

@@ -7,21 +7,22 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/store/guard"
 )
 
 // openGuard returns a guard over a store that validates requests before it
 // sends them (as redisstore does), with the breaker opened by one failure.
-func openGuard(t *testing.T) (*Guard, *fakeStore, func(time.Duration)) {
+func openGuard(t *testing.T) (*guard.Guard, *fakeStore, func(time.Duration)) {
 	t.Helper()
 	clock := newClock()
 	store := newFakeStore(clock)
 	store.Validate = true
-	g := NewGuard(store, GuardConfig{Breaker: BreakerConfig{Failures: 1, Cooldown: 5 * time.Second}, Now: clock.Now, Logger: slog.New(&countingHandler{})})
+	g := guard.New(store, guard.Config{Breaker: guard.BreakerConfig{Failures: 1, Cooldown: 5 * time.Second}, Now: clock.Now, Logger: slog.New(&countingHandler{})})
 	store.Down.Store(true)
 	if _, err := g.Take(ctx, "k", weir.PerMinute(weir.FixedWindow, 5), 1); !errors.Is(err, errDown) {
 		t.Fatalf("the failing call: %v", err)
 	}
-	if g.State() != BreakerOpen {
+	if g.State() != guard.BreakerOpen {
 		t.Fatalf("after a failure: %v", g.State())
 	}
 	return g, store, clock.Advance
@@ -35,15 +36,15 @@ func TestInvalidRequestDoesNotCloseBreaker(t *testing.T) {
 	l := weir.PerMinute(weir.FixedWindow, 5)
 	bad := []struct {
 		name string
-		call func(g *Guard) error
+		call func(g *guard.Guard) error
 	}{
-		{"Take over the limit", func(g *Guard) error { _, err := g.Take(ctx, "k", l, 6); return err }},
-		{"Take of a negative cost", func(g *Guard) error { _, err := g.Take(ctx, "k", l, -1); return err }},
-		{"Take under an invalid limit", func(g *Guard) error {
+		{"Take over the limit", func(g *guard.Guard) error { _, err := g.Take(ctx, "k", l, 6); return err }},
+		{"Take of a negative cost", func(g *guard.Guard) error { _, err := g.Take(ctx, "k", l, -1); return err }},
+		{"Take under an invalid limit", func(g *guard.Guard) error {
 			_, err := g.Take(ctx, "k", weir.Limit{Algorithm: "nope", Rate: 1, Period: time.Second}, 1)
 			return err
 		}},
-		{"TakeAll over the limit", func(g *Guard) error {
+		{"TakeAll over the limit", func(g *guard.Guard) error {
 			var out [2]weir.Result
 			return g.Do(ctx, []weir.Request{{Key: "a", Limit: l, N: 1}, {Key: "b", Limit: l, N: 9}}, out[:])
 		}},
@@ -61,7 +62,7 @@ func TestInvalidRequestDoesNotCloseBreaker(t *testing.T) {
 			if err := c.call(g); !errors.Is(err, weir.ErrInvalidCost) && !errors.Is(err, weir.ErrInvalidLimit) {
 				t.Fatalf("half-open: %v, want the validation error", err)
 			}
-			if s := g.State(); s != BreakerHalfOpen {
+			if s := g.State(); s != guard.BreakerHalfOpen {
 				t.Fatalf("after an invalid request in half-open: breaker %v, want half_open (the store is still down)", s)
 			}
 			// The next valid call is the probe: it reaches the store,
@@ -69,7 +70,7 @@ func TestInvalidRequestDoesNotCloseBreaker(t *testing.T) {
 			if _, err := g.Take(ctx, "k", l, 1); !errors.Is(err, errDown) {
 				t.Fatalf("the probe: %v, want the store's error", err)
 			}
-			if store.Calls.Load() != calls+1 || g.State() != BreakerOpen {
+			if store.Calls.Load() != calls+1 || g.State() != guard.BreakerOpen {
 				t.Fatalf("probe: %d store calls, breaker %v; want 1 and open", store.Calls.Load()-calls, g.State())
 			}
 			if g.Failures() != 2 {
@@ -100,12 +101,12 @@ rules:
 		if _, err := p.CheckKey(ctx, "r", "k", 4); !errors.Is(err, weir.ErrInvalidCost) {
 			t.Fatalf("hits over the limit after %v: %v, want ErrInvalidCost", advance, err)
 		}
-		if s := p.Guard().State(); s == BreakerClosed {
+		if s := p.Guard().State(); s == guard.BreakerClosed {
 			t.Fatalf("hits over the limit after %v closed the breaker over a dead store", advance)
 		}
 	}
 	store.Down.Store(false)
-	if rr, err := p.CheckKey(ctx, "r", "k", 1); err != nil || rr.Err != nil || p.Guard().State() != BreakerClosed {
+	if rr, err := p.CheckKey(ctx, "r", "k", 1); err != nil || rr.Err != nil || p.Guard().State() != guard.BreakerClosed {
 		t.Fatalf("the valid probe over a live store: %+v %v, breaker %v", rr, err, p.Guard().State())
 	}
 }
@@ -122,13 +123,13 @@ func TestInconclusiveProbeFreesTheSlot(t *testing.T) {
 		if _, err := g.Take(ctx, "k", l, 1); !errors.Is(err, weir.ErrNotSent) {
 			t.Fatalf("call %d: %v, want ErrNotSent (each call probes)", i, err)
 		}
-		if g.State() != BreakerHalfOpen {
+		if g.State() != guard.BreakerHalfOpen {
 			t.Fatalf("after a probe never sent: %v, want half_open", g.State())
 		}
 	}
 	store.NotSent.Store(false)
 	store.Down.Store(false)
-	if _, err := g.Take(ctx, "k", l, 1); err != nil || g.State() != BreakerClosed {
+	if _, err := g.Take(ctx, "k", l, 1); err != nil || g.State() != guard.BreakerClosed {
 		t.Fatalf("the next probe: %v, breaker %v", err, g.State())
 	}
 	if g.Failures() != 1 {
@@ -167,7 +168,7 @@ rules:
 					t.Fatal(err)
 				}
 				chk := v.Results[0]
-				if chk.Fallback != mode || ck.Fallback != mode || !errors.Is(chk.Err, ErrCircuitOpen) || !errors.Is(ck.Err, ErrCircuitOpen) {
+				if chk.Fallback != mode || ck.Fallback != mode || !errors.Is(chk.Err, guard.ErrCircuitOpen) || !errors.Is(ck.Err, guard.ErrCircuitOpen) {
 					t.Fatalf("request %d: fallbacks %q %q, errors %v %v", i, chk.Fallback, ck.Fallback, chk.Err, ck.Err)
 				}
 				if chk.Result != ck.Result || ck.Result != fb[0] || v.Allowed != ck.Result.Allowed {

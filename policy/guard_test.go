@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/store/guard"
 )
 
 // TestTimeout: a store that hangs is cut off at the deadline, counts as a
@@ -55,13 +56,13 @@ rules:
 			t.Fatalf("allow: %+v", v.Results[0])
 		}
 	}
-	if p.Guard().State() != BreakerOpen {
+	if p.Guard().State() != guard.BreakerOpen {
 		t.Fatal("the breaker did not open")
 	}
 	calls := store.Calls.Load()
 
 	v := p.Check(ctx, req("GET", "/closed"))
-	if rr := v.Results[0]; v.Allowed || rr.Fallback != "deny" || rr.Result.RetryAfter < time.Second || !errors.Is(rr.Err, ErrCircuitOpen) {
+	if rr := v.Results[0]; v.Allowed || rr.Fallback != "deny" || rr.Result.RetryAfter < time.Second || !errors.Is(rr.Err, guard.ErrCircuitOpen) {
 		t.Fatalf("deny: %+v", v)
 	}
 	// local: 5/h over 2 instances is 3 each (rounded up).
@@ -98,7 +99,7 @@ rules:
 	if !v.Allowed || v.Results[0].Err != nil || v.Results[0].Fallback != "" {
 		t.Fatalf("after recovery: %+v", v.Results[0])
 	}
-	if p.Guard().State() != BreakerClosed {
+	if p.Guard().State() != guard.BreakerClosed {
 		t.Fatal("the breaker did not close")
 	}
 	if v := p.Check(ctx, req("GET", "/open")); v.Allowed {

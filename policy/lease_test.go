@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/store/guard"
 )
 
 // TestLeaseConfig: lease is checked against the algorithm table, block and
@@ -164,7 +165,7 @@ rules:
 	}
 	// The local fallback divides by the live count.
 	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 100, Period: time.Minute}
-	if got := LocalLimit(l, p.Instances()).Rate; got != 20 {
+	if got := guard.LocalLimit(l, p.Instances()).Rate; got != 20 {
 		t.Errorf("local share %d", got)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/clientip"
 	"github.com/weir-dev/weir/httplimit"
 	"github.com/weir-dev/weir/store/memstore"
 )
@@ -198,7 +199,7 @@ func TestClientIP(t *testing.T) {
 		if c.realIP != "" {
 			r.Header.Set("X-Real-IP", c.realIP)
 		}
-		if got := ClientIP(r, c.trusted).String(); got != c.want {
+		if got := clientip.From(r, c.trusted, clientip.Auto).String(); got != c.want {
 			t.Errorf("%s: got %s, want %s", c.name, got, c.want)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/clientip"
 	"github.com/weir-dev/weir/store/memstore"
 )
 
@@ -47,15 +48,15 @@ func TestClientIPHeader(t *testing.T) {
 		if c.cf != "" {
 			r.Header.Set("CF-Connecting-IP", c.cf)
 		}
-		h, ok := CanonicalIPHeader(c.header)
+		h, ok := clientip.CanonicalHeader(c.header)
 		if !ok {
-			t.Fatalf("%s: CanonicalIPHeader(%q) not ok", c.name, c.header)
+			t.Fatalf("%s: clientip.CanonicalHeader(%q) not ok", c.name, c.header)
 		}
-		if got := ClientIPFrom(r, trusted, h).String(); got != c.want {
+		if got := clientip.From(r, trusted, h).String(); got != c.want {
 			t.Errorf("%s: %s, want %s", c.name, got, c.want)
 		}
 		// The non-canonical spelling reads the same header.
-		if got := ClientIPFrom(r, trusted, c.header).String(); got != c.want {
+		if got := clientip.From(r, trusted, c.header).String(); got != c.want {
 			t.Errorf("%s, header as written: %s, want %s", c.name, got, c.want)
 		}
 	}
@@ -83,8 +84,8 @@ func TestClientIPHeaderPolicy(t *testing.T) {
 func TestClientIPFromAllocs(t *testing.T) {
 	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
 	r := from(req("GET", "/", "X-Forwarded-For", "6.6.6.6, 198.51.100.7", "X-Real-IP", "203.0.113.8", "Cf-Connecting-Ip", "2001:db8::1"), "10.0.0.1:1")
-	for _, h := range []string{ClientIPAuto, ClientIPForwardedFor, "X-Real-Ip", "Cf-Connecting-Ip"} {
-		if n := testing.AllocsPerRun(100, func() { ClientIPFrom(r, trusted, h) }); n != 0 {
+	for _, h := range []string{clientip.Auto, clientip.ForwardedFor, "X-Real-Ip", "Cf-Connecting-Ip"} {
+		if n := testing.AllocsPerRun(100, func() { clientip.From(r, trusted, h) }); n != 0 {
 			t.Errorf("ClientIPFrom with %s: %v allocations, want 0", h, n)
 		}
 	}

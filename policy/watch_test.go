@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weir-dev/weir/store/guard"
 	"github.com/weir-dev/weir/store/memstore"
 )
 
@@ -26,7 +27,7 @@ const (
 // watched starts Watch on path with a shared guard and records swaps.
 type watched struct {
 	h     *Holder
-	guard *Guard
+	guard *guard.Guard
 	mu    sync.Mutex
 	swaps []error // nil for a success
 	logs  *countingHandler
@@ -48,7 +49,7 @@ func (w *watched) swapCount() (ok, failed int) {
 func startWatch(t *testing.T, path string, opts ...WatchOption) *watched {
 	t.Helper()
 	w := &watched{logs: &countingHandler{}}
-	w.guard = NewGuard(memstore.New(), GuardConfig{})
+	w.guard = guard.New(memstore.New(), guard.Config{})
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	opts = append([]WatchOption{WatchLogger(slog.New(w.logs)), WatchDebounce(20 * time.Millisecond)}, opts...)

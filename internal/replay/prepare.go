@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/weir-dev/weir/algorithm"
+	"github.com/weir-dev/weir/clientip"
 	"github.com/weir-dev/weir/policy"
 )
 
@@ -66,7 +67,7 @@ func prepare(cfg *policy.Config, f *recorded) (*policy.Config, []NotEvaluated, [
 	}
 	if len(cfg.TrustedProxies) > 0 {
 		h := cfg.ClientIPHeader
-		if h == "" || strings.EqualFold(h, policy.ClientIPAuto) {
+		if h == "" || strings.EqualFold(h, clientip.Auto) {
 			if !f.header("X-Forwarded-For") || !f.header("X-Real-Ip") {
 				notes = append(notes, "trusted_proxies is set and the log lacks X-Forwarded-For or X-Real-IP: a request from a trusted proxy is counted by what the log records of them")
 			}

@@ -12,6 +12,7 @@ import (
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/internal/tlsfiles"
 	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/store/guard"
 	"github.com/weir-dev/weir/store/memstore"
 	"github.com/weir-dev/weir/store/redisstore"
 )
@@ -130,7 +131,7 @@ func redisConfig(sc policy.StoreConfig) (redisstore.Config, error) {
 		Prefix:      r.Prefix,
 	}
 	if rc.Timeout <= 0 {
-		rc.Timeout = policy.DefaultTimeout // the guard's, so that the store keeps it
+		rc.Timeout = guard.DefaultTimeout // the guard's, so that the store keeps it
 	}
 	if r.TLSOn() {
 		src, err := tlsfiles.New(r.TLSCert, r.TLSKey, r.TLSCA)
