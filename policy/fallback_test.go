@@ -93,12 +93,12 @@ rules:
   - {name: r, limit: 3/m}
 `, store, WithClock(clock.Now), WithLogger(slog.New(&countingHandler{})))
 	store.Down.Store(true)
-	if rr, err := p.CheckKey(ctx, "r", "k", 1); err != nil || rr.Fallback != OnErrorLocal {
+	if rr, err := p.CheckKey(ctx, KeyRequest{Rule: "r", Key: "k", N: 1}); err != nil || rr.Fallback != OnErrorLocal {
 		t.Fatalf("outage: %+v %v", rr, err)
 	}
 	for _, advance := range []time.Duration{0, 5 * time.Second} {
 		clock.Advance(advance)
-		if _, err := p.CheckKey(ctx, "r", "k", 4); !errors.Is(err, weir.ErrInvalidCost) {
+		if _, err := p.CheckKey(ctx, KeyRequest{Rule: "r", Key: "k", N: 4}); !errors.Is(err, weir.ErrInvalidCost) {
 			t.Fatalf("hits over the limit after %v: %v, want ErrInvalidCost", advance, err)
 		}
 		if s := p.Guard().State(); s == guard.BreakerClosed {
@@ -106,7 +106,7 @@ rules:
 		}
 	}
 	store.Down.Store(false)
-	if rr, err := p.CheckKey(ctx, "r", "k", 1); err != nil || rr.Err != nil || p.Guard().State() != guard.BreakerClosed {
+	if rr, err := p.CheckKey(ctx, KeyRequest{Rule: "r", Key: "k", N: 1}); err != nil || rr.Err != nil || p.Guard().State() != guard.BreakerClosed {
 		t.Fatalf("the valid probe over a live store: %+v %v, breaker %v", rr, err, p.Guard().State())
 	}
 }
@@ -153,13 +153,13 @@ rules:
   - {name: r, identity: header:X-Key, limit: 7/m, algorithm: fixed_window}
 `, store, WithClock(clock.Now), WithLogger(slog.New(&countingHandler{})))
 			store.Down.Store(true)
-			p.CheckKey(ctx, "r", "opener", 1) // opens the breaker
+			p.CheckKey(ctx, KeyRequest{Rule: "r", Key: "opener", N: 1}) // opens the breaker
 			clock.Advance(4 * time.Second)    // 26s of cooldown left
 			limit, _ := p.Limit("r", "")
 			g := p.Guard()
 			for i := range 4 {
 				v := p.Check(ctx, req("GET", "/", "X-Key", "a"))
-				ck, err := p.CheckKey(ctx, "r", "b", 1)
+				ck, err := p.CheckKey(ctx, KeyRequest{Rule: "r", Key: "b", N: 1})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -208,9 +208,9 @@ rules:
   - {name: r, limit: 6/h, algorithm: sliding_log}
 `, store, WithClock(clock.Now), WithLogger(slog.New(&countingHandler{})))
 	store.Down.Store(true)
-	p.CheckKey(ctx, "r", "opener", 1)
+	p.CheckKey(ctx, KeyRequest{Rule: "r", Key: "opener", N: 1})
 	clock.Advance(10 * time.Second)
-	rr, err := p.CheckKey(ctx, "r", "k", 3) // the local share is 2
+	rr, err := p.CheckKey(ctx, KeyRequest{Rule: "r", Key: "k", N: 3}) // the local share is 2
 	if err != nil || rr.Fallback != OnErrorLocal {
 		t.Fatalf("%+v %v", rr, err)
 	}

@@ -117,14 +117,14 @@ rules:
   - {name: l, limit: 6/h, algorithm: sliding_log}
   - {name: d, limit: 6/h, on_error: deny}
 `, store, WithLogger(slog.New(&countingHandler{})))
-	rr, err := p.CheckKey(ctx, "l", "k", 2)
+	rr, err := p.CheckKey(ctx, KeyRequest{Rule: "l", Key: "k", N: 2})
 	if err != nil || !rr.Result.Allowed || rr.Fallback != "local" || rr.Result.Remaining != 0 {
 		t.Fatalf("local: %+v %v", rr, err)
 	}
-	if rr, _ := p.CheckKey(ctx, "l", "k", 1); rr.Result.Allowed {
+	if rr, _ := p.CheckKey(ctx, KeyRequest{Rule: "l", Key: "k", N: 1}); rr.Result.Allowed {
 		t.Fatal("local: over the instance's share")
 	}
-	if rr, _ := p.CheckKey(ctx, "d", "k", 1); rr.Result.Allowed || rr.Fallback != "deny" {
+	if rr, _ := p.CheckKey(ctx, KeyRequest{Rule: "d", Key: "k", N: 1}); rr.Result.Allowed || rr.Fallback != "deny" {
 		t.Fatalf("deny: %+v", rr)
 	}
 }

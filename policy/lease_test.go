@@ -90,7 +90,7 @@ rules:
 		t.Errorf("spent %d after one client's 50 requests, want 100 + its 5 admitted", got)
 	}
 	// CheckKey spends from the same lease; Reset forgets it.
-	rr, err := p.CheckKey(ctx, "global", "all", 3)
+	rr, err := p.CheckKey(ctx, KeyRequest{Rule: "global", Key: "all", N: 3})
 	if err != nil || !rr.Result.Allowed {
 		t.Fatalf("CheckKey: %+v %v", rr, err)
 	}

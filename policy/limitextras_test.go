@@ -78,10 +78,10 @@ func TestEscalatingBlockFromYAML(t *testing.T) {
 	ctx := context.Background()
 	offend := func(want time.Duration) {
 		t.Helper()
-		if rr, _ := p.CheckKey(ctx, "login", "alice", 1); !rr.Result.Allowed {
+		if rr, _ := p.CheckKey(ctx, KeyRequest{Rule: "login", Key: "alice", N: 1}); !rr.Result.Allowed {
 			t.Fatalf("the first of a new window: %+v", rr.Result)
 		}
-		rr, err := p.CheckKey(ctx, "login", "alice", 1)
+		rr, err := p.CheckKey(ctx, KeyRequest{Rule: "login", Key: "alice", N: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -120,7 +120,7 @@ func TestCalendarFromYAML(t *testing.T) {
 	}
 	ctx := context.Background()
 	for i, want := range []bool{true, true, false} {
-		rr, err := p.CheckKey(ctx, "quota", "k", 1)
+		rr, err := p.CheckKey(ctx, KeyRequest{Rule: "quota", Key: "k", N: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -129,7 +129,7 @@ func TestCalendarFromYAML(t *testing.T) {
 		}
 	}
 	clock.Advance(time.Hour)
-	if rr, _ := p.CheckKey(ctx, "quota", "k", 1); !rr.Result.Allowed || rr.Result.ResetAfter != 24*time.Hour {
+	if rr, _ := p.CheckKey(ctx, KeyRequest{Rule: "quota", Key: "k", N: 1}); !rr.Result.Allowed || rr.Result.ResetAfter != 24*time.Hour {
 		t.Fatalf("the next day: %+v", rr.Result)
 	}
 }

@@ -16,7 +16,7 @@ func nearCount(t *testing.T, p *Policy, rule string, n int) []int {
 	t.Helper()
 	var near []int
 	for i := 1; i <= n; i++ {
-		rr, err := p.CheckKey(ctx, rule, "k", 1)
+		rr, err := p.CheckKey(ctx, KeyRequest{Rule: rule, Key: "k", N: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -66,15 +66,15 @@ func TestNearLimitNotPeeksNorSkips(t *testing.T) {
 	p := mustPolicy(t, "rules:\n  - {name: r, identity: header:X-Key, limit: 2/m, algorithm: fixed_window}\n",
 		memstore.New(memstore.WithClock(newClock().Now)))
 	for i := range 2 {
-		if rr, _ := p.CheckKey(ctx, "r", "k", 1); rr.IsNearLimit() != (i == 1) {
+		if rr, _ := p.CheckKey(ctx, KeyRequest{Rule: "r", Key: "k", N: 1}); rr.IsNearLimit() != (i == 1) {
 			t.Fatalf("decision %d: near %v", i+1, rr.IsNearLimit())
 		}
 	}
-	if rr, _ := p.CheckKey(ctx, "r", "k", 0); rr.Result.Remaining != 0 || rr.IsNearLimit() {
+	if rr, _ := p.CheckKey(ctx, KeyRequest{Rule: "r", Key: "k", N: 0}); rr.Result.Remaining != 0 || rr.IsNearLimit() {
 		t.Fatalf("a peek at a full key: %+v, near %v", rr.Result, rr.IsNearLimit())
 	}
 	v := p.Check(ctx, req("GET", "/"))
-	if rr, _ := p.CheckKey(ctx, "r", "k", 1); rr.Result.Allowed || rr.IsNearLimit() {
+	if rr, _ := p.CheckKey(ctx, KeyRequest{Rule: "r", Key: "k", N: 1}); rr.Result.Allowed || rr.IsNearLimit() {
 		t.Fatalf("a rejection: %+v, near %v", rr.Result, rr.IsNearLimit())
 	}
 	if !v.Results[0].Skipped || v.Results[0].IsNearLimit() {

@@ -416,7 +416,9 @@ type RuleResult struct {
 	// (count:) takes 1 too, and Finish gives it back when the response's
 	// status is not one it counts.
 	Cost int64
-	// Stamp dates the take of a rule with a cost or a count when the store dates its
+	// Stamp dates an admitted take of a KeyRequest with Reserve, for its
+	// Settle, and
+	// the take of a rule with a cost or a count when the store dates its
 	// takes (weir.StampStore for a rule decided alone, weir.StampAllStore
 	// for one decided in a batch with other rules), so that Finish refunds
 	// only what the limit cannot have recovered since
@@ -921,17 +923,68 @@ func (p *Policy) fallback(ctx context.Context, res []RuleResult, idx []int, err 
 	}
 }
 
-// CheckKey decides hits events for a raw identity key under the named
-// rule's default tier, without an HTTP request: the POST /v1/check API.
-// key is what RuleResult.Identity holds, such as a client IP or an API key;
-// hits == 0 peeks. An unknown rule gives an error wrapping ErrUnknownRule;
-// an empty key, or hits outside 0..the limit's capacity, give an error
-// too. Store failures are not errors: the rule's on_error decides, and the
-// RuleResult says so. The allow and deny lists do not apply. Under the
-// concurrency algorithm an admitted CheckKey holds an anonymous slot until
-// the period ends: there is no lease to release.
-func (p *Policy) CheckKey(ctx context.Context, rule, key string, hits int64) (RuleResult, error) {
-	return p.CheckKeyTier(ctx, rule, "", key, hits)
+// KeyRequest is a decision for an identity a caller names rather than
+// an HTTP request: the POST /v1/check and reservation APIs.
+type KeyRequest struct {
+	// Rule is the rule's name; Tier one of its tiers ("", or a tier the
+	// rule lacks, is the default tier).
+	Rule, Tier string
+	// Key is what RuleResult.Identity holds, such as a client IP or an
+	// API key; for Settle, the store key of the take settled (its
+	// RuleResult.Key).
+	Key string
+	// N is the number of events (0 peeks); for Settle, the real cost.
+	N int64
+	// Mode is weir.ModeTake (the zero value), weir.ModeDebit, which
+	// always consumes N (the key may go into debt), or weir.ModeRefund,
+	// which gives N back (see weir.Limiter.Debit and Refund).
+	Mode weir.Mode
+	// Reserve makes a take the start of a reservation: when the store
+	// dates its takes, an admitted take comes back with its
+	// RuleResult.Stamp, for Settle. A rule with a lease is then taken
+	// from the store directly, not from this instance's lease, so that
+	// its take is dated too.
+	Reserve bool
+	// Settle settles a reservation: the take of Stamp.Estimate events
+	// that a Reserve made, for the store key Key, now that the real cost
+	// N is known. See Policy.CheckKey.
+	Settle bool
+	// Stamp is the reservation Settle settles (its RuleResult.Stamp).
+	Stamp weir.Stamp
+}
+
+// CheckKey decides kr without an HTTP request. An unknown rule gives an
+// error wrapping ErrUnknownRule; an empty key, or a cost outside
+// 0..the limit's capacity, give an error too, and so does a mode the
+// rule's algorithm cannot take (wrapping weir.ErrUnsupported, naming the
+// mode, the rule and the algorithm; nothing changes). Store failures are
+// not errors: the rule's on_error decides (local: a debit or refund goes
+// to the local store), and the RuleResult says so. The allow and deny
+// lists do not apply. Under the concurrency algorithm an admitted take
+// holds an anonymous slot until the period ends: there is no lease to
+// release.
+//
+// A settlement debits N − Stamp.Estimate when more was used, refunds
+// Stamp.Estimate − N when less was, and peeks when they are equal. The
+// refund is dated by the Stamp when its At is set: only what the limit
+// cannot have recovered since the take comes back
+// (weir.Limiter.SettleStamped). The store key, unlike the identity it was
+// made from, is bounded (weir.Key hashes a long identity), so a caller
+// keeping open reservations keeps it rather than the identity. A key
+// that is not one of the rule's is an error, and so is a real cost
+// outside 0..algorithm.MaxDebt.
+func (p *Policy) CheckKey(ctx context.Context, kr KeyRequest) (RuleResult, error) {
+	switch {
+	case kr.Settle:
+		return p.settleKey(ctx, kr.Rule, kr.Tier, kr.Key, kr.Stamp, kr.N)
+	case kr.Mode != weir.ModeTake:
+		return p.checkKeyDebt(ctx, kr.Rule, kr.Tier, kr.Key, weir.Request{N: kr.N, Mode: kr.Mode})
+	case kr.Reserve:
+		rr, st, err := p.checkKeyStamped(ctx, kr.Rule, kr.Tier, kr.Key, kr.N)
+		rr.Stamp = st
+		return rr, err
+	}
+	return p.checkKeyTier(ctx, kr.Rule, kr.Tier, kr.Key, kr.N)
 }
 
 // keyResult finds rule and its tier for a key that a caller names (not
@@ -952,9 +1005,9 @@ func (p *Policy) keyResult(rule, tierName, key string) (*rule, *tier, RuleResult
 	return r, t, rr, nil
 }
 
-// CheckKeyTier is CheckKey under the named tier; a tier the rule lacks,
-// or "", is the default tier.
-func (p *Policy) CheckKeyTier(ctx context.Context, rule, tierName, key string, hits int64) (RuleResult, error) {
+// checkKeyTier decides hits events for key under the named rule's tier
+// (KeyRequest's zero Mode).
+func (p *Policy) checkKeyTier(ctx context.Context, rule, tierName, key string, hits int64) (RuleResult, error) {
 	r, t, rr, err := p.keyResult(rule, tierName, key)
 	if err != nil {
 		return RuleResult{}, err
@@ -993,7 +1046,7 @@ func (p *Policy) CheckKeyTier(ctx context.Context, rule, tierName, key string, h
 // "2001:DB8::1" is "2001:db8::/64"; a prefix wider than the rule's
 // grouping is an error. Any other key, and every key of other rules, is
 // taken as it is.
-// CheckKeyTier and Reset apply it themselves; the admin API uses it to
+// CheckKey and Reset apply it themselves; the admin API uses it to
 // read state by the same key.
 func (p *Policy) CanonicalKey(rule, key string) (string, error) {
 	r, err := p.rule(rule)

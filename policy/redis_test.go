@@ -55,7 +55,7 @@ func checkAllOrNothing(t *testing.T, p *Policy) {
 		rule, key string
 		want      int64
 	}{{"per-ip", "192.0.2.1", 7}, {"global", "all", 997}, {"log", "192.0.2.1", 17}, {"per-user", "u1", 0}} {
-		rr, err := p.CheckKey(ctx, c.rule, c.key, 0)
+		rr, err := p.CheckKey(ctx, KeyRequest{Rule: c.rule, Key: c.key, N: 0})
 		if err != nil || rr.Err != nil || rr.Result.Remaining != c.want {
 			t.Errorf("%s: remaining %d, want %d (%v %v)", c.rule, rr.Result.Remaining, c.want, err, rr.Err)
 		}

@@ -178,7 +178,7 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := s.holder.Load()
-	rr, err := p.CheckKeyMode(r.Context(), req.Rule, req.Tier, req.Key, hits, mode)
+	rr, err := p.CheckKey(r.Context(), policy.KeyRequest{Rule: req.Rule, Tier: req.Tier, Key: req.Key, N: hits, Mode: mode})
 	if err != nil {
 		s.writeRuleError(w, p, req.Rule, err)
 		return

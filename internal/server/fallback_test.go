@@ -51,8 +51,8 @@ rules:
 `)
 			s, _ := newTestServer(t, WithConfig(cfg), WithStore(downStore{}), withClock(clk.Now))
 			p := s.Policy()
-			p.CheckKey(ctx(), "r", "opener", 1) // opens the breaker
-			clk.Advance(4 * time.Second)        // 26s of cooldown left
+			p.CheckKey(ctx(), policy.KeyRequest{Rule: "r", Key: "opener", N: 1}) // opens the breaker
+			clk.Advance(4 * time.Second)                                         // 26s of cooldown left
 			limit, _ := p.Limit("r", "")
 			envoy := func(key string, n int64) (weir.Result, string) {
 				t.Helper()
@@ -67,7 +67,7 @@ rules:
 				r := httptest.NewRequest("GET", "/", nil)
 				r.Header.Set("X-Key", "a")
 				v := p.Check(ctx(), r)
-				ck, err := p.CheckKey(ctx(), "r", "b", 1)
+				ck, err := p.CheckKey(ctx(), policy.KeyRequest{Rule: "r", Key: "b", N: 1})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -99,7 +99,7 @@ rules:
 			}
 			// 3 hits fit the whole limit (7) but never the local share (3 is
 			// fine, 4 is not).
-			ck, err := p.CheckKey(ctx(), "r", "big", 4)
+			ck, err := p.CheckKey(ctx(), policy.KeyRequest{Rule: "r", Key: "big", N: 4})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weir-dev/weir/policy"
 	"github.com/weir-dev/weir/storetest"
 )
 
@@ -56,7 +57,7 @@ rules:
 	const outage = 10 * time.Minute
 	for start := clk.Now(); clk.Now().Sub(start) <= outage; clk.Advance(time.Second) {
 		for range 3 { // the probe, then two calls the open breaker refuses
-			if _, err := p.CheckKey(ctx(), "r", "someone", 1); err != nil {
+			if _, err := p.CheckKey(ctx(), policy.KeyRequest{Rule: "r", Key: "someone", N: 1}); err != nil {
 				t.Fatal(err)
 			}
 		}

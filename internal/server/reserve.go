@@ -166,7 +166,8 @@ func (s *Server) handleReserve(w http.ResponseWriter, r *http.Request) {
 		s.writeRuleError(w, p, req.Rule, err)
 		return
 	}
-	rr, st, err := p.CheckKeyStamped(r.Context(), req.Rule, req.Tier, req.Key, *req.Estimate)
+	rr, err := p.CheckKey(r.Context(), policy.KeyRequest{Rule: req.Rule, Tier: req.Tier, Key: req.Key, N: *req.Estimate, Reserve: true})
+	st := rr.Stamp
 	if err != nil {
 		s.writeRuleError(w, p, req.Rule, err)
 		return
@@ -198,7 +199,7 @@ func (s *Server) handleReserve(w http.ResponseWriter, r *http.Request) {
 func (s *Server) undoReserve(p *policy.Policy, req reserveRequest, rr policy.RuleResult) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, _ = p.CheckKeyMode(ctx, req.Rule, req.Tier, rr.Identity, *req.Estimate, weir.ModeRefund)
+	_, _ = p.CheckKey(ctx, policy.KeyRequest{Rule: req.Rule, Tier: req.Tier, Key: rr.Identity, N: *req.Estimate, Mode: weir.ModeRefund})
 }
 
 // handleSettle serves POST /v1/settle: it charges the difference between
@@ -242,7 +243,7 @@ func (s *Server) handleSettle(w http.ResponseWriter, r *http.Request) {
 	var rr policy.RuleResult
 	sk, err := res.storeKey(p)
 	if err == nil {
-		rr, err = p.SettleKey(r.Context(), res.Rule, res.Tier, sk, res.stamp(), *req.Actual)
+		rr, err = p.CheckKey(r.Context(), policy.KeyRequest{Rule: res.Rule, Tier: res.Tier, Key: sk, Stamp: res.stamp(), N: *req.Actual, Settle: true})
 	}
 	if err != nil {
 		// The rule changed under the reservation (a reload): keep it, so

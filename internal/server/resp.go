@@ -121,7 +121,7 @@ func (b respBackend) Take(ctx context.Context, command, key string, l weir.Limit
 // Check implements resp.Backend.
 func (b respBackend) Check(ctx context.Context, rule, key string, hits int64) (resp.CheckResult, error) {
 	p := b.s.holder.Load()
-	rr, err := p.CheckKeyMode(ctx, rule, "", key, hits, weir.ModeTake)
+	rr, err := p.CheckKey(ctx, policy.KeyRequest{Rule: rule, Key: key, N: hits})
 	if err != nil {
 		switch {
 		case errors.Is(err, policy.ErrUnknownRule):
