@@ -154,7 +154,7 @@ rules:
 `, store, WithClock(clock.Now), WithLogger(slog.New(&countingHandler{})))
 			store.Down.Store(true)
 			p.CheckKey(ctx, KeyRequest{Rule: "r", Key: "opener", N: 1}) // opens the breaker
-			clock.Advance(4 * time.Second)    // 26s of cooldown left
+			clock.Advance(4 * time.Second)                              // 26s of cooldown left
 			limit, _ := p.Limit("r", "")
 			g := p.Guard()
 			for i := range 4 {
