@@ -769,7 +769,7 @@ func (s limitSpec) applyCalendar(path string, l *weir.Limit, rep reporter) bool 
 	}
 	l.Timezone = s.timezone
 	if l.Calendar == 0 && l.Period == 24*time.Hour && (s.timezone != "" || s.resetAt != "") {
-		l.Calendar = weir.CalendarDay
+		l.Calendar = algorithm.CalendarDay
 	}
 	if l.Calendar != 0 && s.algorithm == "" {
 		l.Algorithm = weir.FixedWindow

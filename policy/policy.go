@@ -16,6 +16,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/httplimit"
+	"github.com/weir-dev/weir/internal/keys"
 	"github.com/weir-dev/weir/store/guard"
 	"github.com/weir-dev/weir/store/lease"
 	"github.com/weir-dev/weir/store/memstore"
@@ -852,7 +853,7 @@ func (p *Policy) decideStore(ctx context.Context, res []RuleResult, idx []int, n
 		}
 		reqs[i] = weir.Request{Key: res[j].Key, Limit: res[j].Limit, N: c}
 		if c > 0 && res[j].Limit.Algorithm == weir.Concurrency {
-			reqs[i].Lease = weir.NewLeaseID()
+			reqs[i].Lease = keys.NewLeaseID()
 		}
 	}
 	err := g.Do(ctx, reqs, out)
@@ -909,7 +910,7 @@ func (p *Policy) fallback(ctx context.Context, res []RuleResult, idx []int, err 
 			}
 			reqs[i] = weir.Request{Key: res[j].Key, Limit: res[j].Limit, N: n}
 			if mode == OnErrorLocal && n > 0 && reqs[i].Limit.Algorithm == weir.Concurrency {
-				reqs[i].Lease = weir.NewLeaseID()
+				reqs[i].Lease = keys.NewLeaseID()
 			}
 		}
 		_ = g.Fallback(ctx, mode, reqs, out, p.Instances()) // the modes are checked at New
@@ -1086,11 +1087,11 @@ func (p *Policy) Reset(ctx context.Context, rule, key string) error {
 	if key, err = r.canonicalKey(key); err != nil {
 		return err
 	}
-	keys := []string{weir.Key(r.name, key)}
+	storeKeys := []string{weir.Key(r.name, key)}
 	// "~" and a hash is how lists show an identity too long to keep
-	// (weir.ShortIdentity): clear the state of the identity it stands for.
-	if weir.IsHashedIdentity(key) {
-		keys = append(keys, weir.KeyOfShort(r.name, key))
+	// (keys.ShortIdentity): clear the state of the identity it stands for.
+	if keys.IsHashedIdentity(key) {
+		storeKeys = append(storeKeys, keys.KeyOfShort(r.name, key))
 	}
 	// "ip:ADDR" is how a result reports an identity counted by
 	// on_missing: use_ip, whose store key differs from a literal value's
@@ -1098,11 +1099,11 @@ func (p *Policy) Reset(ctx context.Context, rule, key string) error {
 	// worst this also resets a literal identity spelled the same.
 	if addr, ok := strings.CutPrefix(key, "ip:"); ok && r.onMissing == OnMissingUseIP {
 		if id, ok, err := canonicalIP(addr, 32, DefaultIPv6Bits); ok && err == nil {
-			keys = append(keys, weir.Key(r.name, "", id))
+			storeKeys = append(storeKeys, weir.Key(r.name, "", id))
 		}
 	}
 	var errs []error
-	for _, sk := range keys {
+	for _, sk := range storeKeys {
 		for _, t := range r.tiers {
 			p.leases.Forget(sk, t.limit)
 			if err := weir.NewLimiter(p.guard).Reset(ctx, sk, t.limit); err != nil {

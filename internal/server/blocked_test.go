@@ -10,7 +10,7 @@ import (
 
 	"github.com/redis/rueidis"
 
-	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/internal/keys"
 	"github.com/weir-dev/weir/internal/redistest"
 	"github.com/weir-dev/weir/policy"
 )
@@ -32,7 +32,7 @@ rules:
 func TestBlockedLongIdentityShortForm(t *testing.T) {
 	s, ts := newTestServer(t, WithConfig(mustParse(t, blockConfig)), WithAdminToken(token))
 	long := strings.Repeat("A", 1<<20)
-	short := weir.ShortIdentity(long)
+	short := keys.ShortIdentity(long)
 	ctx := context.Background()
 	for range 3 {
 		if _, err := s.Policy().CheckKey(ctx, policy.KeyRequest{Rule: "keys", Key: long, N: 1}); err != nil {
@@ -45,7 +45,7 @@ func TestBlockedLongIdentityShortForm(t *testing.T) {
 	}
 	s.blocked.mu.Lock()
 	for k := range s.blocked.m {
-		if len(k.identity) > weir.MaxIdentityLen {
+		if len(k.identity) > keys.MaxIdentityLen {
 			t.Errorf("the index keeps an identity of %d bytes", len(k.identity))
 		}
 	}

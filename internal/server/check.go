@@ -172,7 +172,7 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, codeBadRequest, `field "hits" is %d; it must be 0 (peek) or more`, hits)
 		return
 	}
-	mode, err := weir.ParseMode(req.Mode)
+	mode, err := parseMode(req.Mode)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, codeBadRequest, `field "mode" is %q; want "take", "debit" or "refund"`, req.Mode)
 		return
@@ -249,4 +249,18 @@ func ruleNames(p *policy.Policy) string {
 		names = append(names, r.Name)
 	}
 	return strings.Join(names, ", ")
+}
+
+// parseMode returns the weir.Mode named s, one of those a caller of weir serve
+// may ask for: take, debit or refund; "" is weir.ModeTake.
+func parseMode(s string) (weir.Mode, error) {
+	switch s {
+	case "", "take":
+		return weir.ModeTake, nil
+	case "debit":
+		return weir.ModeDebit, nil
+	case "refund":
+		return weir.ModeRefund, nil
+	}
+	return 0, fmt.Errorf("%w: unknown mode %q (want take, debit or refund)", weir.ErrInvalidCost, s)
 }

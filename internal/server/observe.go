@@ -9,8 +9,9 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
-	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/internal/keys"
 	"github.com/weir-dev/weir/internal/server/envoyrls"
+	"github.com/weir-dev/weir/policy"
 	"github.com/weir-dev/weir/weirotel"
 )
 
@@ -233,7 +234,7 @@ type topSet struct {
 func newTopSet(k int) *topSet { return &topSet{k: k, m: make(map[string]*TopK)} }
 
 func (t *topSet) add(rule, identity string) {
-	identity = weir.ShortIdentity(identity) // at most 64 bytes, or "~" and a hash
+	identity = keys.ShortIdentity(identity) // at most 64 bytes, or "~" and a hash
 	t.mu.RLock()
 	tk := t.m[rule]
 	t.mu.RUnlock()

@@ -38,7 +38,7 @@ type settleRequest struct {
 // writes it. It keeps only what the settlement needs, bounded whatever
 // the request held: the rule's name, the tier applied (a configured name,
 // not the request's), and the store key (policy.RuleResult.Key, in which
-// an identity over weir.MaxIdentityLen bytes is a hash), never the
+// an identity over keys.MaxIdentityLen bytes is a hash), never the
 // identity itself. At and Remaining date the take (weir.Stamp, by the
 // store's clock) so that the settlement refunds only what the limit
 // cannot have recovered since; a record without them (written by an older

@@ -420,7 +420,7 @@ func (s *Store) Answer(req *weir.Request) (weir.Result, bool) {
 // askable reports whether a cached denial could answer req, and the cost
 // it must cover (1 for an AtMost request: any denial of its key denies it).
 func (s *Store) askable(req *weir.Request) (int64, bool) {
-	if req.N < 1 || req.One() || !cacheable(req.Limit) || !s.live.Load() {
+	if req.N < 1 || req.Mode != weir.ModeTake && req.Mode != weir.ModeAtMost || !cacheable(req.Limit) || !s.live.Load() {
 		return 0, false
 	}
 	if req.Mode == weir.ModeAtMost {
