@@ -8,6 +8,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/internal/redistest"
+	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/store/guard"
 )
 
@@ -28,7 +29,7 @@ func TestRedisInvalidProbeKeepsBreakerOpen(t *testing.T) {
 		t.Fatalf("Redis up: %+v %v", rr, err)
 	}
 	srv.Stop()
-	if rr, err := p.CheckKey(ctx, KeyRequest{Rule: "r", Key: "k", N: 1}); err != nil || rr.Err == nil || rr.Fallback != OnErrorLocal || p.Guard().State() != guard.BreakerOpen {
+	if rr, err := p.CheckKey(ctx, KeyRequest{Rule: "r", Key: "k", N: 1}); err != nil || rr.Err == nil || rr.Fallback != config.OnErrorLocal || p.Guard().State() != guard.BreakerOpen {
 		t.Fatalf("Redis down: %+v %v, breaker %v", rr, err, p.Guard().State())
 	}
 	clock.Advance(5 * time.Second)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/store/guard"
 )
 
@@ -93,7 +94,7 @@ rules:
   - {name: r, limit: 3/m}
 `, store, WithClock(clock.Now), WithLogger(slog.New(&countingHandler{})))
 	store.Down.Store(true)
-	if rr, err := p.CheckKey(ctx, KeyRequest{Rule: "r", Key: "k", N: 1}); err != nil || rr.Fallback != OnErrorLocal {
+	if rr, err := p.CheckKey(ctx, KeyRequest{Rule: "r", Key: "k", N: 1}); err != nil || rr.Fallback != config.OnErrorLocal {
 		t.Fatalf("outage: %+v %v", rr, err)
 	}
 	for _, advance := range []time.Duration{0, 5 * time.Second} {
@@ -142,7 +143,7 @@ func TestInconclusiveProbeFreesTheSlot(t *testing.T) {
 // mode: Allowed, Limit, Remaining, RetryAfter (the rest of the breaker's
 // cooldown), ResetAfter.
 func TestFallbackOneAnswer(t *testing.T) {
-	for _, mode := range []string{OnErrorAllow, OnErrorDeny, OnErrorLocal} {
+	for _, mode := range []string{config.OnErrorAllow, config.OnErrorDeny, config.OnErrorLocal} {
 		t.Run(mode, func(t *testing.T) {
 			clock := newClock()
 			store := newFakeStore(clock)
@@ -176,15 +177,15 @@ rules:
 				}
 				r := fb[0]
 				switch mode {
-				case OnErrorAllow:
+				case config.OnErrorAllow:
 					if !r.Allowed || r.Limit != 7 || r.Remaining != 7 || r.Granted != 1 {
 						t.Fatalf("allow: %+v", r)
 					}
-				case OnErrorDeny:
+				case config.OnErrorDeny:
 					if r.Allowed || r.Limit != 7 || r.RetryAfter != 26*time.Second || r.ResetAfter != 26*time.Second {
 						t.Fatalf("deny: %+v, want a retry after the 26s of cooldown left", r)
 					}
-				case OnErrorLocal:
+				case config.OnErrorLocal:
 					// 7/m over 3 instances: 3 each, rounded up.
 					if r.Limit != 3 || r.Allowed != (i < 3) || r.Remaining != int64(max(2-i, 0)) {
 						t.Fatalf("local, request %d: %+v", i, r)
@@ -211,7 +212,7 @@ rules:
 	p.CheckKey(ctx, KeyRequest{Rule: "r", Key: "opener", N: 1})
 	clock.Advance(10 * time.Second)
 	rr, err := p.CheckKey(ctx, KeyRequest{Rule: "r", Key: "k", N: 3}) // the local share is 2
-	if err != nil || rr.Fallback != OnErrorLocal {
+	if err != nil || rr.Fallback != config.OnErrorLocal {
 		t.Fatalf("%+v %v", rr, err)
 	}
 	want := weir.Result{Limit: 2, RetryAfter: 20 * time.Second, ResetAfter: 20 * time.Second}
@@ -220,7 +221,7 @@ rules:
 	}
 	limit, _ := p.Limit("r", "")
 	var out [1]weir.Result
-	if err := p.Guard().Fallback(ctx, OnErrorLocal, []weir.Request{{Key: "x", Limit: limit, N: 3}}, out[:], 3); err != nil || out[0] != want {
+	if err := p.Guard().Fallback(ctx, config.OnErrorLocal, []weir.Request{{Key: "x", Limit: limit, N: 3}}, out[:], 3); err != nil || out[0] != want {
 		t.Fatalf("Fallback: %+v %v, want %+v", out[0], err, want)
 	}
 	if err := p.Guard().Fallback(ctx, "sometimes", []weir.Request{{Key: "x", Limit: limit, N: 1}}, out[:], 3); err == nil {

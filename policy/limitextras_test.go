@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/store/memstore"
 	"github.com/weir-dev/weir/storetest"
 )
@@ -47,13 +48,13 @@ func TestLimitExtrasBadInput(t *testing.T) {
 			if err == nil {
 				_, err = New(cfg, memstore.New())
 			}
-			var ce *ConfigError
+			var ce *config.Error
 			if !errors.As(err, &ce) {
-				t.Fatalf("got %v; want a *ConfigError", err)
+				t.Fatalf("got %v; want a *config.Error", err)
 			}
 			var got []string
 			for _, p := range ce.Problems {
-				got = append(got, p.format("")[len("config:"):])
+				got = append(got, (&config.Error{Problems: []config.Problem{p}}).Error()[len("config:"):])
 			}
 			if !reflect.DeepEqual(got, c.want) {
 				t.Fatalf("problems:\n got %q\nwant %q", got, c.want)
@@ -150,7 +151,7 @@ func TestReloadKeepsRulesOnLimitExtrasBadInput(t *testing.T) {
   - {name: e, limit: 5/s, algorithm: gcra, warmup: 72h}
 `)
 	err := w.h.Reload()
-	var ce *ConfigError
+	var ce *config.Error
 	if !errors.As(err, &ce) || len(ce.Problems) != 5 {
 		t.Fatalf("reload: %v; want 5 problems", err)
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/store/memstore"
 )
 
@@ -104,16 +105,16 @@ func TestNearLimitConfigErrors(t *testing.T) {
 		{"rules:\n  - name: r\n    limit: 10/m\n    near_limit: NaN\n", `4:17: near_limit "NaN" must be a share`},
 	} {
 		_, err := Parse([]byte(c.doc), "w.yaml")
-		var ce *ConfigError
+		var ce *config.Error
 		if !errors.As(err, &ce) {
-			t.Fatalf("%q: got %v, want a *ConfigError", c.doc, err)
+			t.Fatalf("%q: got %v, want a *config.Error", c.doc, err)
 		}
 		if !strings.Contains(err.Error(), c.want) {
 			t.Fatalf("%q: got %v, want %s", c.doc, err, c.want)
 		}
 	}
 	// A Config built in Go is checked by New.
-	if _, err := New(&Config{NearLimit: "2", Rules: []RuleConfig{{Name: "r", Limit: "1/s"}}}, nil); err == nil || !strings.Contains(err.Error(), `near_limit "2"`) {
+	if _, err := New(&config.Config{NearLimit: "2", Rules: []config.RuleConfig{{Name: "r", Limit: "1/s"}}}, nil); err == nil || !strings.Contains(err.Error(), `near_limit "2"`) {
 		t.Fatalf("New: %v", err)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/httplimit"
 	"github.com/weir-dev/weir/internal/keys"
+	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/store/guard"
 	"github.com/weir-dev/weir/store/lease"
 	"github.com/weir-dev/weir/store/memstore"
@@ -28,7 +29,7 @@ var ErrUnknownRule = errors.New("policy: unknown rule")
 // Policy is a compiled rule set over a store. It is immutable and safe for
 // concurrent use; a reload builds a new Policy (see Holder).
 type Policy struct {
-	cfg      *Config
+	cfg      *config.Config
 	c        *compiled
 	guard    *guard.Guard
 	observer func(context.Context, RuleResult, time.Duration)
@@ -91,10 +92,10 @@ func WithGuardConfig(g guard.Config) Option { return func(o *options) { o.guard 
 // fallback counters across reloads; any other store is wrapped in a new
 // Guard configured from cfg.Store. A nil store means a new memstore, which
 // is only allowed when cfg.Store.Type is memory. An invalid cfg gives a
-// *ConfigError.
-func New(cfg *Config, store weir.Store, opts ...Option) (*Policy, error) {
+// *config.Error.
+func New(cfg *config.Config, store weir.Store, opts ...Option) (*Policy, error) {
 	if cfg == nil {
-		cfg = &Config{}
+		cfg = &config.Config{}
 	}
 	var o options
 	for _, f := range opts {
@@ -107,14 +108,15 @@ func New(cfg *Config, store weir.Store, opts ...Option) (*Policy, error) {
 		o.now = time.Now
 	}
 	rep := &plain{}
+	config.Check(cfg, rep)
 	c := check(cfg, rep)
 	if len(rep.problems) > 0 {
-		return nil, &ConfigError{Problems: rep.problems}
+		return nil, &config.Error{Problems: rep.problems}
 	}
 	g, ok := store.(*guard.Guard)
 	if !ok {
 		if store == nil {
-			if cfg.Store.Type == StoreRedis {
+			if cfg.Store.Type == config.StoreRedis {
 				return nil, errors.New("policy: store.type is redis, so New needs the Redis store (redisstore.New); it was given none")
 			}
 			var mo []memstore.Option
@@ -172,7 +174,7 @@ func (p *Policy) Leases() *lease.Table { return p.leases }
 
 // Config returns the config the policy was built from. It must not be
 // modified.
-func (p *Policy) Config() *Config { return p.cfg }
+func (p *Policy) Config() *config.Config { return p.cfg }
 
 // Guard returns the guard around the policy's store: its breaker state and
 // failure counters are what metrics report.
@@ -294,7 +296,7 @@ func durString(d time.Duration) string {
 	return d.String()
 }
 
-func ruleInfo(rc *RuleConfig, r *rule, path string) RuleInfo {
+func ruleInfo(rc *config.RuleConfig, r *rule, path string) RuleInfo {
 	info := RuleInfo{
 		Name:      r.name,
 		Match:     MatchInfo{Path: rc.Match.Path, Host: rc.Match.Host},
@@ -665,9 +667,9 @@ func (ru *rule) resolve(v *reqView, route string) (rr RuleResult, ok bool) {
 	id, key, ok := ru.identify(v, route)
 	if !ok {
 		switch ru.onMissing {
-		case OnMissingUseIP:
+		case config.OnMissingUseIP:
 			id, key, ok = useIPKey(ru.name, v.clientIP())
-		case OnMissingDeny:
+		case config.OnMissingDeny:
 			rr.Denied = true
 		}
 	}
@@ -889,9 +891,9 @@ func (p *Policy) fallback(ctx context.Context, res []RuleResult, idx []int, err 
 	for _, j := range idx {
 		res[j].Err = err
 		res[j].Fallback = p.c.byName[res[j].Rule].onError
-		anyDeny = anyDeny || res[j].Fallback == OnErrorDeny
+		anyDeny = anyDeny || res[j].Fallback == config.OnErrorDeny
 	}
-	for _, mode := range [...]string{OnErrorDeny, OnErrorAllow, OnErrorLocal} {
+	for _, mode := range [...]string{config.OnErrorDeny, config.OnErrorAllow, config.OnErrorLocal} {
 		var iBuf [maxScratch]int
 		sel := iBuf[:0]
 		for _, j := range idx {
@@ -905,11 +907,11 @@ func (p *Policy) fallback(ctx context.Context, res []RuleResult, idx []int, err 
 		reqs, out, s := getScratch(len(sel))
 		for i, j := range sel {
 			n := res[j].Cost
-			if mode == OnErrorLocal && anyDeny {
+			if mode == config.OnErrorLocal && anyDeny {
 				n = 0 // the request is rejected anyway: peek, consume nothing
 			}
 			reqs[i] = weir.Request{Key: res[j].Key, Limit: res[j].Limit, N: n}
-			if mode == OnErrorLocal && n > 0 && reqs[i].Limit.Algorithm == weir.Concurrency {
+			if mode == config.OnErrorLocal && n > 0 && reqs[i].Limit.Algorithm == weir.Concurrency {
 				reqs[i].Lease = keys.NewLeaseID()
 			}
 		}
@@ -1097,7 +1099,7 @@ func (p *Policy) Reset(ctx context.Context, rule, key string) error {
 	// on_missing: use_ip, whose store key differs from a literal value's
 	// (so that no header value can reach it). Clear that state too; at
 	// worst this also resets a literal identity spelled the same.
-	if addr, ok := strings.CutPrefix(key, "ip:"); ok && r.onMissing == OnMissingUseIP {
+	if addr, ok := strings.CutPrefix(key, "ip:"); ok && r.onMissing == config.OnMissingUseIP {
 		if id, ok, err := canonicalIP(addr, 32, DefaultIPv6Bits); ok && err == nil {
 			storeKeys = append(storeKeys, weir.Key(r.name, "", id))
 		}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/clientip"
+	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/store/memstore"
 )
 
@@ -209,7 +210,7 @@ func TestProxySettingsValidation(t *testing.T) {
 			t.Errorf("%q: %v", doc, err)
 		}
 	}
-	if _, err := New(&Config{ClientIPHeader: "a b"}, nil); err == nil || !strings.Contains(err.Error(), `"a b"`) {
+	if _, err := New(&config.Config{ClientIPHeader: "a b"}, nil); err == nil || !strings.Contains(err.Error(), `"a b"`) {
 		t.Errorf("New with a bad ClientIPHeader: %v", err)
 	}
 }

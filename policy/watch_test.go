@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/store/guard"
 	"github.com/weir-dev/weir/store/memstore"
 )
@@ -53,7 +54,7 @@ func startWatch(t *testing.T, path string, opts ...WatchOption) *watched {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	opts = append([]WatchOption{WatchLogger(slog.New(w.logs)), WatchDebounce(20 * time.Millisecond)}, opts...)
-	h, err := Watch(ctx, path, func(c *Config) (*Policy, error) { return New(c, w.guard) },
+	h, err := Watch(ctx, path, func(c *config.Config) (*Policy, error) { return New(c, w.guard) },
 		func(old, new *Policy, err error) {
 			if old == nil || (err == nil) == (new == nil) {
 				t.Errorf("onSwap(%p, %p, %v)", old, new, err)
@@ -215,7 +216,7 @@ func TestWatchBadFile(t *testing.T) {
 		t.Fatalf("%d failed swaps reported", failed)
 	}
 	w.mu.Lock()
-	var ce *ConfigError
+	var ce *config.Error
 	if !errors.As(w.swaps[0], &ce) || len(ce.Problems) != 2 {
 		t.Fatalf("onSwap error: %v", w.swaps[0])
 	}
@@ -280,7 +281,7 @@ func TestWatchFirstLoadFails(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "weir.yaml")
 	write(t, path, confBad)
-	var ce *ConfigError
+	var ce *config.Error
 	if _, err := Watch(context.Background(), path, nil, nil); !errors.As(err, &ce) {
 		t.Fatalf("got %v", err)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/weir-dev/weir/internal/keys"
 	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 )
 
 // Report is what a replay found for one config: the JSON object `weir
@@ -111,7 +112,7 @@ type ruleTally struct {
 	limitedIDs             idSet
 }
 
-func newTally(cfg *policy.Config, maxKeys int) *tally {
+func newTally(cfg *config.Config, maxKeys int) *tally {
 	t := &tally{byName: map[string]*ruleTally{}, minutes: map[int64]*Minute{}}
 	seed := maphash.MakeSeed()
 	for _, rc := range cfg.Rules {

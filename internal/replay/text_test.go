@@ -8,6 +8,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 )
 
 // terminalSafe fails when out holds a byte or character a terminal would
@@ -50,7 +51,7 @@ func TestTextReportQuotesControlCharacters(t *testing.T) {
 	}
 	name := "a\x1b[8m.log"
 	ins := []Input{{Name: name, R: strings.NewReader(log.String())}, {Name: "b.log", R: strings.NewReader(log.String())}}
-	reps, err := Run(context.Background(), ins, []*policy.Config{cfg, cfg}, Options{})
+	reps, err := Run(context.Background(), ins, []*config.Config{cfg, cfg}, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

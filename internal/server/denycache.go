@@ -8,7 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/weir-dev/weir"
-	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/store/denycache"
 	"github.com/weir-dev/weir/store/redisstore"
 )
@@ -18,7 +18,7 @@ import (
 // deployment's channel "<prefix>:denycache", and returns the store the
 // guard decides with: the cache, or the store itself (memory, or the cache
 // turned off).
-func (s *Server) openDenyCache(cfg *policy.Config) (weir.Store, error) {
+func (s *Server) openDenyCache(cfg *config.Config) (weir.Store, error) {
 	rs, ok := s.store.(*redisstore.Store)
 	if !ok || !cfg.Store.DenyCacheOn() {
 		return s.store, nil

@@ -12,6 +12,7 @@ import (
 	"github.com/weir-dev/weir/internal/keys"
 	"github.com/weir-dev/weir/internal/server/envoyrls"
 	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/weirotel"
 )
 
@@ -157,7 +158,7 @@ func (s *Server) envoyDecider(ctx context.Context, reqs []weir.Request, res []we
 		work()
 		wg.Wait()
 	}
-	var cfg *policy.Config
+	var cfg *config.Config
 	for i := range reqs {
 		err := errs[i]
 		s.metrics.store(lats[i], storeFailed(ctx, err))
@@ -184,14 +185,11 @@ func (s *Server) envoyDecider(ctx context.Context, reqs []weir.Request, res []we
 
 // envoyOnError is the fallback of the Envoy service: the config's global
 // on_error (store.on_error), local by default.
-func envoyOnError(cfg *policy.Config) string {
+func envoyOnError(cfg *config.Config) string {
 	if cfg.Store.OnError != "" {
 		return cfg.Store.OnError
 	}
-	if cfg.OnError != "" {
-		return cfg.OnError
-	}
-	return policy.OnErrorLocal
+	return config.OnErrorLocal
 }
 
 // envoyObserve counts the Envoy service's decisions. Its rule label is the

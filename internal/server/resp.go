@@ -10,6 +10,7 @@ import (
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/internal/resp"
 	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 )
 
 // respNamespace is the rule part of the store keys of CL.THROTTLE and
@@ -33,7 +34,7 @@ func (s *Server) RESPAddr() string {
 	if s.o.respAddr != nil {
 		a = *s.o.respAddr
 	}
-	if a == policy.GRPCOff {
+	if a == config.GRPCOff {
 		return ""
 	}
 	return a

@@ -59,9 +59,10 @@ import (
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/internal/buildinfo"
 	"github.com/weir-dev/weir/internal/resp"
+	"github.com/weir-dev/weir/internal/server/envoyrls"
 	"github.com/weir-dev/weir/internal/tlsfiles"
 	"github.com/weir-dev/weir/policy"
-	"github.com/weir-dev/weir/internal/server/envoyrls"
+	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/store/denycache"
 	"github.com/weir-dev/weir/store/guard"
 	"github.com/weir-dev/weir/store/lease"
@@ -91,7 +92,7 @@ const DefaultShutdownDelay = 5 * time.Second
 type Option func(*options)
 
 type options struct {
-	cfg             *policy.Config
+	cfg             *config.Config
 	cfgPath         string
 	store           weir.Store
 	redisURL        string
@@ -107,7 +108,7 @@ type options struct {
 	grpcAddr        *string
 	respAddr        *string
 	respToken       *string
-	tls             *policy.ServerTLSConfig
+	tls             *config.ServerTLSConfig
 	tracing         *weirotel.Tracing
 	shutdownTimeout time.Duration
 	shutdownDelay   time.Duration
@@ -123,7 +124,7 @@ type options struct {
 // Without WithConfig or WithConfigFile the server runs DemoConfig, unless
 // an Envoy config is given (WithEnvoyConfig, WithEnvoyConfigDir): then it
 // runs no rules of its own.
-func WithConfig(cfg *policy.Config) Option { return func(o *options) { o.cfg = cfg } }
+func WithConfig(cfg *config.Config) Option { return func(o *options) { o.cfg = cfg } }
 
 // WithConfigFile loads weir.yaml from path and reloads it whenever it
 // changes (and on Reload); a bad new file is rejected and logged, and the
@@ -245,7 +246,7 @@ type Server struct {
 	id      string
 	version string
 
-	base   atomic.Pointer[policy.Config] // the config file's (or WithConfig's) content
+	base   atomic.Pointer[config.Config] // the config file's (or WithConfig's) content
 	guard  *guard.Guard
 	holder *policy.Holder
 	store  weir.Store
@@ -390,7 +391,7 @@ func (s *Server) init() error {
 
 // config returns the config the server starts with: the caller's (copied), the
 // file's, or the demo, with --redis applied.
-func (o *options) config() (*policy.Config, error) {
+func (o *options) config() (*config.Config, error) {
 	cfg := o.cfg
 	if cfg != nil {
 		c := *cfg // New adjusts the store section; the caller's copy stays as it is
@@ -424,7 +425,7 @@ func (o *options) config() (*policy.Config, error) {
 
 // initAdminToken reads the admin token (option, else the environment variable
 // the option or the config names) and sets up the admin authenticator.
-func (s *Server) initAdminToken(cfg *policy.Config) {
+func (s *Server) initAdminToken(cfg *config.Config) {
 	o := &s.o
 	s.adminEnv = cfg.Server.AdminTokenEnv
 	if o.adminTokenEnv != "" {
@@ -452,7 +453,7 @@ func (s *Server) initAdminToken(cfg *policy.Config) {
 
 // initPolicy builds the first policy and, with a config file, watches it. A
 // replacement stored in Redis wins over the file's rules.
-func (s *Server) initPolicy(cfg *policy.Config) error {
+func (s *Server) initPolicy(cfg *config.Config) error {
 	o := &s.o
 	if err := s.rules.loadInitial(s.bgCtx); err != nil {
 		s.log.Warn("weir: could not read the rules stored in Redis; using the config's", "err", err)
@@ -466,7 +467,7 @@ func (s *Server) initPolicy(cfg *policy.Config) error {
 		return nil
 	}
 	first := true
-	h, err := policy.Watch(s.bgCtx, o.cfgPath, func(fileCfg *policy.Config) (*policy.Policy, error) {
+	h, err := policy.Watch(s.bgCtx, o.cfgPath, func(fileCfg *config.Config) (*policy.Policy, error) {
 		if first && o.cfg != nil {
 			first = false
 			return s.build(cfg) // the caller's adjusted copy of the file
@@ -552,7 +553,7 @@ func (s *Server) goBackground(f func(context.Context)) {
 
 // build compiles a config into a policy over the server's guard, with the
 // rules replaced by the run-time replacement if there is one.
-func (s *Server) build(cfg *policy.Config) (*policy.Policy, error) {
+func (s *Server) build(cfg *config.Config) (*policy.Policy, error) {
 	eff, err := s.rules.overlay(cfg)
 	if err != nil {
 		return nil, err
@@ -704,7 +705,7 @@ func (s *Server) GRPCAddr() string {
 	default:
 		a = DefaultGRPCAddr
 	}
-	if a == policy.GRPCOff {
+	if a == config.GRPCOff {
 		return ""
 	}
 	return a
@@ -938,7 +939,7 @@ func breakerValue(st guard.BreakerState) float64 {
 // piece is a weir.Store of two methods; what one needs of another (the
 // store's own deadline, its refund notifications, the cache's answers) is
 // passed here, never discovered.
-func (s *Server) composeStore(cfg *policy.Config) error {
+func (s *Server) composeStore(cfg *config.Config) error {
 	decider, err := s.openDenyCache(cfg)
 	if err != nil {
 		return err

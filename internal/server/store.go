@@ -11,7 +11,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/internal/tlsfiles"
-	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/store/guard"
 	"github.com/weir-dev/weir/store/memstore"
 	"github.com/weir-dev/weir/store/redisstore"
@@ -56,7 +56,7 @@ type storeInfo struct {
 }
 
 func (i storeInfo) String() string {
-	if i.Type != policy.StoreRedis {
+	if i.Type != config.StoreRedis {
 		return i.Type
 	}
 	d := i.Type + " " + i.Topology + " " + strings.Join(i.Nodes, ",")
@@ -67,13 +67,13 @@ func (i storeInfo) String() string {
 }
 
 // applyRedisURL points cfg's store at the Redis that url names.
-func applyRedisURL(cfg *policy.Config, url string) error {
+func applyRedisURL(cfg *config.Config, url string) error {
 	rc, err := redisstore.ParseURL(url)
 	if err != nil {
 		return fmt.Errorf("server: --redis: %s", redactURL(err.Error(), url))
 	}
-	cfg.Store.Type = policy.StoreRedis
-	cfg.Store.Redis = policy.RedisConfig{
+	cfg.Store.Type = config.StoreRedis
+	cfg.Store.Redis = config.RedisConfig{
 		Addrs:      rc.Addrs,
 		MasterName: rc.MasterName,
 		Username:   rc.Username,
@@ -116,7 +116,7 @@ func redactURL(msg, rawURL string) string {
 
 // redisConfig converts the config's store section for redisstore; its
 // error names a TLS file that cannot be read.
-func redisConfig(sc policy.StoreConfig) (redisstore.Config, error) {
+func redisConfig(sc config.StoreConfig) (redisstore.Config, error) {
 	r := sc.Redis
 	rc := redisstore.Config{
 		Addrs:       r.Addrs,
@@ -146,13 +146,13 @@ func redisConfig(sc policy.StoreConfig) (redisstore.Config, error) {
 // openStore sets s.store, s.resv, s.storeTimeout, s.rdb and s.info from the options and cfg. A
 // Redis store of the caller's (WithStore) lends the service its client, as
 // one the server opens does: the service's own keys share its connections.
-func (s *Server) openStore(cfg *policy.Config) error {
+func (s *Server) openStore(cfg *config.Config) error {
 	if s.o.store != nil {
 		s.store = s.o.store
 		switch st := s.store.(type) {
 		case *memstore.Store:
 			s.resv = st
-			s.setInfo(storeInfo{Type: policy.StoreMemory, Topology: "memory"})
+			s.setInfo(storeInfo{Type: config.StoreMemory, Topology: "memory"})
 		case *redisstore.Store:
 			s.rdb, s.resv, s.storeTimeout = st.Client(), st, st.Timeout()
 			s.setInfo(s.redisInfo(cfg.Store.Redis))
@@ -164,14 +164,14 @@ func (s *Server) openStore(cfg *policy.Config) error {
 		}
 		return nil
 	}
-	if cfg.Store.Type != policy.StoreRedis {
+	if cfg.Store.Type != config.StoreRedis {
 		var mo []memstore.Option
 		if cfg.Store.MaxKeys > 0 {
 			mo = append(mo, memstore.WithMaxKeys(cfg.Store.MaxKeys))
 		}
 		ms := memstore.New(mo...)
 		s.store, s.resv = ms, ms
-		s.setInfo(storeInfo{Type: policy.StoreMemory, Topology: "memory"})
+		s.setInfo(storeInfo{Type: config.StoreMemory, Topology: "memory"})
 		return nil
 	}
 	rc, err := redisConfig(cfg.Store)
@@ -204,8 +204,8 @@ func (s *Server) openStore(cfg *policy.Config) error {
 // redisInfo describes a Redis store: its nodes as the config names them,
 // or as the client knows them on a cluster, under Sentinel, or when the
 // config names none (a store of the caller's).
-func redisInfo(r policy.RedisConfig, c rueidis.Client) storeInfo {
-	info := storeInfo{Type: policy.StoreRedis, Topology: "standalone", Nodes: append([]string(nil), r.Addrs...)}
+func redisInfo(r config.RedisConfig, c rueidis.Client) storeInfo {
+	info := storeInfo{Type: config.StoreRedis, Topology: "standalone", Nodes: append([]string(nil), r.Addrs...)}
 	switch {
 	case r.MasterName != "":
 		info.Topology = "sentinel"
@@ -227,7 +227,7 @@ func redisInfo(r policy.RedisConfig, c rueidis.Client) storeInfo {
 
 // redisInfo describes the Redis store now: its nodes (which change on a
 // cluster or after a failover) and how it runs its scripts.
-func (s *Server) redisInfo(r policy.RedisConfig) storeInfo {
+func (s *Server) redisInfo(r config.RedisConfig) storeInfo {
 	info := redisInfo(r, s.rdb)
 	if rs, ok := s.store.(*redisstore.Store); ok {
 		info.Scripting = rs.Scripting()
@@ -263,7 +263,7 @@ func (s *Server) probeLoop(ctx context.Context) {
 			return
 		case <-t.C:
 			s.probe(ctx)
-			if i := s.storeInfo(); i.Type == policy.StoreRedis {
+			if i := s.storeInfo(); i.Type == config.StoreRedis {
 				s.setInfo(s.redisInfo(s.base.Load().Store.Redis))
 			}
 		}
