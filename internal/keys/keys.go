@@ -5,8 +5,8 @@ package keys
 import (
 	"crypto/rand"
 	"crypto/sha256"
-	"encoding/hex"
 	"encoding/base64"
+	"encoding/hex"
 	"strings"
 )
 
