@@ -176,8 +176,8 @@ func checkStore(cfg *Config, rep Reporter) {
 	if s.MaxKeys < 0 {
 		rep.Add("store.max_keys", fmt.Sprintf("max_keys must be at least 1, got %d", s.MaxKeys))
 	}
-	if s.DenyCacheSize < 0 || s.DenyCacheSize > MaxDenyCacheSize {
-		rep.Add("store.deny_cache_size", fmt.Sprintf("deny_cache_size must be 1 to %d, got %d", MaxDenyCacheSize, s.DenyCacheSize))
+	if s.DenyCacheSize < 0 || s.DenyCacheSize > maxDenyCacheSize {
+		rep.Add("store.deny_cache_size", fmt.Sprintf("deny_cache_size must be 1 to %d, got %d", maxDenyCacheSize, s.DenyCacheSize))
 	}
 	b := s.Breaker
 	if b.Failures < 0 || b.MinRequests < 0 || b.FailureRatio < 0 || b.FailureRatio > 1 || b.Window < 0 || b.Cooldown < 0 {
@@ -195,8 +195,8 @@ func checkOnError(path, v string, rep Reporter) {
 
 // checkRedisPrefix returns what is wrong with a store.redis.prefix, or "".
 func checkRedisPrefix(p string) string {
-	if len(p) > MaxRedisPrefix {
-		return fmt.Sprintf("prefix %s is %d bytes; the limit is %d", quote(p), len(p), MaxRedisPrefix)
+	if len(p) > maxRedisPrefix {
+		return fmt.Sprintf("prefix %s is %d bytes; the limit is %d", quote(p), len(p), maxRedisPrefix)
 	}
 	if strings.ContainsAny(p, "{}") {
 		return fmt.Sprintf("prefix %s must not contain a brace: braces set the Redis Cluster hash tag of every key", quote(p))

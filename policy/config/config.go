@@ -92,16 +92,16 @@ type StoreConfig struct {
 	// store.deny_cache. See package store/denycache.
 	DenyCache *bool
 	// DenyCacheSize bounds the deny cache's entries (default
-	// DefaultDenyCacheSize): store.deny_cache_size.
+	// defaultDenyCacheSize): store.deny_cache_size.
 	DenyCacheSize int
 }
 
-// DefaultDenyCacheSize is store.deny_cache_size when unset (the same as
+// defaultDenyCacheSize is store.deny_cache_size when unset (the same as
 // denycache.DefaultSize).
-const DefaultDenyCacheSize = 100_000
+const defaultDenyCacheSize = 100_000
 
-// MaxDenyCacheSize bounds store.deny_cache_size (denycache.MaxSize).
-const MaxDenyCacheSize = 100_000_000
+// maxDenyCacheSize bounds store.deny_cache_size (denycache.MaxSize).
+const maxDenyCacheSize = 100_000_000
 
 // DenyCacheOn reports whether the deny cache is on: unless deny_cache is
 // false.
@@ -171,8 +171,8 @@ func (r RedisConfig) LingerValue() time.Duration {
 // registry (Config.InstancesAuto).
 const InstancesAuto = "auto"
 
-// MaxRedisPrefix is the longest store.redis.prefix.
-const MaxRedisPrefix = 64
+// maxRedisPrefix is the longest store.redis.prefix.
+const maxRedisPrefix = 64
 
 // PasswordValue returns Password, or the value of the environment variable
 // PasswordEnv names.
