@@ -200,7 +200,7 @@ func (r RedisConfig) String() string {
 }
 
 // GoString is String, so that %#v does not leak the password either.
-func (r RedisConfig) GoString() string { return "policy.RedisConfig" + r.String() }
+func (r RedisConfig) GoString() string { return "config.RedisConfig" + r.String() }
 
 // LogValue implements slog.LogValuer with the password redacted.
 func (r RedisConfig) LogValue() slog.Value {
