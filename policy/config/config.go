@@ -92,13 +92,9 @@ type StoreConfig struct {
 	// store.deny_cache. See package store/denycache.
 	DenyCache *bool
 	// DenyCacheSize bounds the deny cache's entries (default
-	// defaultDenyCacheSize): store.deny_cache_size.
+	// denycache.DefaultSize, 100,000): store.deny_cache_size.
 	DenyCacheSize int
 }
-
-// defaultDenyCacheSize is store.deny_cache_size when unset (the same as
-// denycache.DefaultSize).
-const defaultDenyCacheSize = 100_000
 
 // maxDenyCacheSize bounds store.deny_cache_size (denycache.MaxSize).
 const maxDenyCacheSize = 100_000_000
