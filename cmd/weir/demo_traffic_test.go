@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
-	"github.com/weir-dev/weir/policy"
 	"github.com/weir-dev/weir/internal/server"
+	"github.com/weir-dev/weir/policy"
 	"github.com/weir-dev/weir/store/memstore"
 )
 

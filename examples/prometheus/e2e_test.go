@@ -21,8 +21,8 @@ import (
 
 	"github.com/weir-dev/weir/internal/certtest"
 	"github.com/weir-dev/weir/internal/promtest"
-	"github.com/weir-dev/weir/policy"
 	"github.com/weir-dev/weir/internal/server"
+	"github.com/weir-dev/weir/policy"
 )
 
 var exprLine = regexp.MustCompile(`(?m)^\s+expr:\s*(\|?)(.*)$`)

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/weir-dev/weir/policy"
 	"github.com/weir-dev/weir/internal/server/envoyrls"
+	"github.com/weir-dev/weir/policy"
 )
 
 // sparkLen is how many seconds a rule's sparkline covers.
