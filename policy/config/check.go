@@ -52,8 +52,9 @@ func (w *walker) Where(path string) string { return w.where(path) }
 
 // Check reports to rep what is wrong with cfg's store, server and
 // instance settings and with the rules' on_error, and fills in the store
-// type and store.on_error (local) when they are left out. The rules themselves, the lists and the
-// protect rules are the rules engine's to check (package policy).
+// type and store.on_error (local) when they are left out. The rules
+// themselves, the lists and the protect rules are the rules engine's to
+// check (package policy).
 func Check(cfg *Config, rep Reporter) {
 	checkStore(cfg, rep)
 	if cfg.Instances < 0 {
