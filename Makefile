@@ -64,9 +64,12 @@ vet:
 	$(GO) vet -tags bench ./cmd/weir/
 
 # -tags bench: weir bench's lean gRPC client, left out of the product binary.
+# apicount bounds the exported identifiers of the public packages and of
+# the root package (scripts/apicount).
 lint: deps
 	$(STATICCHECK) ./...
 	$(STATICCHECK) -tags bench ./cmd/weir/
+	$(GO) run ./scripts/apicount -max 560 -max-root 70
 
 unit:
 	$(GO) test -race -count=1 -timeout 14m ./...

@@ -12,6 +12,7 @@ import (
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/algorithm"
 	"github.com/weir-dev/weir/httplimit"
+	"github.com/weir-dev/weir/policy/config"
 )
 
 // costSpec is a rule's cost: a constant, or a request header or query
@@ -33,7 +34,7 @@ const maxCountStatuses = 32
 
 // checkCost reads a rule's cost and count. Debit and refund, which they
 // need, must be defined for every tier's algorithm.
-func (r *rule) checkCost(rc *RuleConfig, rp string, rep reporter) bool {
+func (r *rule) checkCost(rc *config.RuleConfig, rp string, rep reporter) bool {
 	ok := true
 	bad := func(path, msg string) { rep.addAt(path, msg); ok = false }
 	if rc.Cost != "" {
@@ -201,11 +202,11 @@ func (p *Policy) finishCount(ctx context.Context, v *Verdict, rr *RuleResult, ru
 	reqs := [1]weir.Request{{Key: rr.Key, Limit: rr.Limit, N: rr.Cost, Mode: weir.ModeRefund}}
 	var out [1]weir.Result
 	if rr.Err != nil {
-		if rr.Fallback != OnErrorLocal {
+		if rr.Fallback != config.OnErrorLocal {
 			return nil
 		}
 		// The local store took it: give it back there.
-		_ = p.guard.Fallback(ctx, OnErrorLocal, reqs[:], out[:], p.Instances())
+		_ = p.guard.Fallback(ctx, config.OnErrorLocal, reqs[:], out[:], p.Instances())
 		return nil
 	}
 	if !rr.Stamp.IsZero() {

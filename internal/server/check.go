@@ -172,13 +172,13 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, codeBadRequest, `field "hits" is %d; it must be 0 (peek) or more`, hits)
 		return
 	}
-	mode, err := weir.ParseMode(req.Mode)
+	mode, err := parseMode(req.Mode)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, codeBadRequest, `field "mode" is %q; want "take", "debit" or "refund"`, req.Mode)
 		return
 	}
 	p := s.holder.Load()
-	rr, err := p.CheckKeyMode(r.Context(), req.Rule, req.Tier, req.Key, hits, mode)
+	rr, err := p.CheckKey(r.Context(), policy.KeyRequest{Rule: req.Rule, Tier: req.Tier, Key: req.Key, N: hits, Mode: mode})
 	if err != nil {
 		s.writeRuleError(w, p, req.Rule, err)
 		return
@@ -250,4 +250,18 @@ func ruleNames(p *policy.Policy) string {
 		names = append(names, r.Name)
 	}
 	return strings.Join(names, ", ")
+}
+
+// parseMode returns the weir.Mode named s, one of those a caller of weir serve
+// may ask for: take, debit or refund; "" is weir.ModeTake.
+func parseMode(s string) (weir.Mode, error) {
+	switch s {
+	case "", "take":
+		return weir.ModeTake, nil
+	case "debit":
+		return weir.ModeDebit, nil
+	case "refund":
+		return weir.ModeRefund, nil
+	}
+	return 0, fmt.Errorf("%w: unknown mode %q (want take, debit or refund)", weir.ErrInvalidCost, s)
 }

@@ -43,7 +43,7 @@ type settleRequest struct {
 // writes it. It keeps only what the settlement needs, bounded whatever
 // the request held: the rule's name, the tier applied (a configured name,
 // not the request's), and the store key (policy.RuleResult.Key, in which
-// an identity over weir.MaxIdentityLen bytes is a hash), never the
+// an identity over keys.MaxIdentityLen bytes is a hash), never the
 // identity itself. At and Remaining date the take (weir.Stamp, by the
 // store's clock) so that the settlement refunds only what the limit
 // cannot have recovered since; a record without them (written by an older
@@ -176,7 +176,8 @@ func (s *Server) reserve(ctx context.Context, p *policy.Policy, rule, tier, key 
 	if err := p.SupportsDebt(rule, tier); err != nil {
 		return policy.RuleResult{}, "", err
 	}
-	rr, st, err := p.CheckKeyStamped(ctx, rule, tier, key, estimate)
+	rr, err := p.CheckKey(ctx, policy.KeyRequest{Rule: rule, Tier: tier, Key: key, N: estimate, Reserve: true})
+	st := rr.Stamp
 	if err != nil {
 		return policy.RuleResult{}, "", err
 	}
@@ -199,7 +200,7 @@ func (s *Server) reserve(ctx context.Context, p *policy.Policy, rule, tier, key 
 func (s *Server) undoReserve(p *policy.Policy, rule, tier, identity string, estimate int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, _ = p.CheckKeyMode(ctx, rule, tier, identity, estimate, weir.ModeRefund)
+	_, _ = p.CheckKey(ctx, policy.KeyRequest{Rule: rule, Tier: tier, Key: identity, N: estimate, Mode: weir.ModeRefund})
 }
 
 // handleSettle serves POST /v1/settle: it charges the difference between
@@ -285,7 +286,7 @@ func (s *Server) settle(ctx context.Context, p *policy.Policy, id string, actual
 	var rr policy.RuleResult
 	sk, err := res.storeKey(p)
 	if err == nil {
-		rr, err = p.SettleKey(ctx, res.Rule, res.Tier, sk, res.stamp(), actual)
+		rr, err = p.CheckKey(ctx, policy.KeyRequest{Rule: res.Rule, Tier: res.Tier, Key: sk, Stamp: res.stamp(), N: actual, Settle: true})
 	}
 	if err != nil {
 		// The rule changed under the reservation (a reload): keep it, so

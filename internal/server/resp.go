@@ -11,6 +11,7 @@ import (
 	"github.com/weir-dev/weir/algorithm"
 	"github.com/weir-dev/weir/internal/resp"
 	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 )
 
 // respNamespace is the rule part of the store keys of CL.THROTTLE and
@@ -34,7 +35,7 @@ func (s *Server) RESPAddr() string {
 	if s.o.respAddr != nil {
 		a = *s.o.respAddr
 	}
-	if a == policy.GRPCOff {
+	if a == config.GRPCOff {
 		return ""
 	}
 	return a
@@ -123,7 +124,7 @@ func (b respBackend) Take(ctx context.Context, command, key string, l weir.Limit
 // Check implements resp.Backend.
 func (b respBackend) Check(ctx context.Context, rule, key string, hits int64) (resp.CheckResult, error) {
 	p := b.s.holder.Load()
-	rr, err := p.CheckKeyMode(ctx, rule, "", key, hits, weir.ModeTake)
+	rr, err := p.CheckKey(ctx, policy.KeyRequest{Rule: rule, Key: key, N: hits})
 	if err != nil {
 		return resp.CheckResult{}, ruleError(p, rule, err)
 	}

@@ -17,7 +17,7 @@ import (
 
 	"github.com/weir-dev/weir/internal/certtest"
 	"github.com/weir-dev/weir/internal/redistest"
-	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 )
 
 // nodeModules is where Debian's node-redis (package node-redis) installs
@@ -118,7 +118,7 @@ func TestRESPSentinelCluster(t *testing.T) {
 	for _, topo := range []string{"sentinel", "cluster"} {
 		t.Run(topo, func(t *testing.T) {
 			cfg := mustParse(t, respReserveRules)
-			cfg.Store.Type = policy.StoreRedis
+			cfg.Store.Type = config.StoreRedis
 			switch topo {
 			case "sentinel":
 				g := redistest.Sentinel(t)

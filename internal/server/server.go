@@ -62,6 +62,7 @@ import (
 	"github.com/weir-dev/weir/internal/server/envoyrls"
 	"github.com/weir-dev/weir/internal/tlsfiles"
 	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/store/denycache"
 	"github.com/weir-dev/weir/store/guard"
 	"github.com/weir-dev/weir/store/lease"
@@ -92,7 +93,7 @@ const DefaultShutdownDelay = 5 * time.Second
 type Option func(*options)
 
 type options struct {
-	cfg             *policy.Config
+	cfg             *config.Config
 	cfgPath         string
 	store           weir.Store
 	redis           *redisstore.Store
@@ -109,7 +110,7 @@ type options struct {
 	grpcAddr        *string
 	respAddr        *string
 	respToken       *string
-	tls             *policy.ServerTLSConfig
+	tls             *config.ServerTLSConfig
 	tracing         *weirotel.Tracing
 	shutdownTimeout time.Duration
 	shutdownDelay   time.Duration
@@ -125,7 +126,7 @@ type options struct {
 // Without WithConfig or WithConfigFile the server runs DemoConfig, unless
 // an Envoy config is given (WithEnvoyConfig, WithEnvoyConfigDir): then it
 // runs no rules of its own.
-func WithConfig(cfg *policy.Config) Option { return func(o *options) { o.cfg = cfg } }
+func WithConfig(cfg *config.Config) Option { return func(o *options) { o.cfg = cfg } }
 
 // WithConfigFile loads weir.yaml from path and reloads it whenever it
 // changes (and on Reload); a bad new file is rejected and logged, and the
@@ -256,7 +257,7 @@ type Server struct {
 	id      string
 	version string
 
-	base   atomic.Pointer[policy.Config] // the config file's (or WithConfig's) content
+	base   atomic.Pointer[config.Config] // the config file's (or WithConfig's) content
 	holder *policy.Holder
 	// The store stack (composeStore): every decision enters at stack.
 	stack weir.Store        // deny cache → guard → tracing → store
@@ -402,7 +403,7 @@ func (s *Server) init() error {
 
 // config returns the config the server starts with: the caller's (copied), the
 // file's, or the demo, with --redis applied.
-func (o *options) config() (*policy.Config, error) {
+func (o *options) config() (*config.Config, error) {
 	cfg := o.cfg
 	if cfg != nil {
 		c := *cfg // New adjusts the store section; the caller's copy stays as it is
@@ -436,7 +437,7 @@ func (o *options) config() (*policy.Config, error) {
 
 // initAdminToken reads the admin token (option, else the environment variable
 // the option or the config names) and sets up the admin authenticator.
-func (s *Server) initAdminToken(cfg *policy.Config) {
+func (s *Server) initAdminToken(cfg *config.Config) {
 	o := &s.o
 	s.adminEnv = cfg.Server.AdminTokenEnv
 	if o.adminTokenEnv != "" {
@@ -464,7 +465,7 @@ func (s *Server) initAdminToken(cfg *policy.Config) {
 
 // initPolicy builds the first policy and, with a config file, watches it. A
 // replacement stored in Redis wins over the file's rules.
-func (s *Server) initPolicy(cfg *policy.Config) error {
+func (s *Server) initPolicy(cfg *config.Config) error {
 	o := &s.o
 	if err := s.rules.loadInitial(s.bgCtx); err != nil {
 		s.log.Warn("weir: could not read the rules stored in Redis; using the config's", "err", err)
@@ -478,7 +479,7 @@ func (s *Server) initPolicy(cfg *policy.Config) error {
 		return nil
 	}
 	first := true
-	h, err := policy.Watch(s.bgCtx, o.cfgPath, func(fileCfg *policy.Config) (*policy.Policy, error) {
+	h, err := policy.Watch(s.bgCtx, o.cfgPath, func(fileCfg *config.Config) (*policy.Policy, error) {
 		if first && o.cfg != nil {
 			first = false
 			return s.build(cfg) // the caller's adjusted copy of the file
@@ -568,7 +569,7 @@ func (s *Server) goBackground(f func(context.Context)) {
 
 // build compiles a config into a policy over the server's guard, with the
 // rules replaced by the run-time replacement if there is one.
-func (s *Server) build(cfg *policy.Config) (*policy.Policy, error) {
+func (s *Server) build(cfg *config.Config) (*policy.Policy, error) {
 	eff, err := s.rules.overlay(cfg)
 	if err != nil {
 		return nil, err
@@ -720,7 +721,7 @@ func (s *Server) GRPCAddr() string {
 	default:
 		a = DefaultGRPCAddr
 	}
-	if a == policy.GRPCOff {
+	if a == config.GRPCOff {
 		return ""
 	}
 	return a
@@ -960,7 +961,7 @@ func breakerValue(st guard.BreakerState) float64 {
 // needs of another (the store's own deadline, its refund notifications)
 // is passed here from the concrete store openStore kept, never
 // discovered.
-func (s *Server) composeStore(cfg *policy.Config) error {
+func (s *Server) composeStore(cfg *config.Config) error {
 	gc := guard.Config{
 		Timeout:    cfg.Store.Timeout,
 		Breaker:    cfg.Store.Breaker,
