@@ -97,6 +97,7 @@ type options struct {
 	redisURL        string
 	envoyCfg        *envoyrls.Config
 	envoyDir        string
+	envoyAwait      bool // /healthcheck fails until SetEnvoyConfig (envoyhealth.go)
 	log             *slog.Logger
 	adminToken      *string
 	adminTokenEnv   string
@@ -280,6 +281,7 @@ type Server struct {
 	healthy      atomic.Bool
 	lastStoreErr atomic.Int64 // UnixNano of the last probe the store failed; 0 if none
 	draining     atomic.Bool  // shutting down: /readyz answers 503
+	envoyLoaded  atomic.Bool  // SetEnvoyConfig has given a config (envoyhealth.go)
 	lastFallbk   atomic.Pointer[fallbackSeen]
 
 	handler http.Handler
