@@ -29,3 +29,12 @@ func (s *Server) handleHealthcheck(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Write([]byte("OK"))
 }
+
+// WithTLSOnGRPCOnly keeps the HTTP listener in plaintext when WithTLS (or
+// server.tls) secures the listeners: only gRPC speaks TLS, as
+// envoyproxy/ratelimit's GRPC_SERVER_USE_TLS does, whose HTTP port serves
+// the plaintext /healthcheck that Kubernetes probes ask.
+func WithTLSOnGRPCOnly() Option { return func(o *options) { o.tlsGRPCOnly = true } }
+
+// TLSOnGRPCOnly reports whether WithTLSOnGRPCOnly keeps HTTP in plaintext.
+func (s *Server) TLSOnGRPCOnly() bool { return s.o.tlsGRPCOnly }

@@ -98,6 +98,7 @@ type options struct {
 	envoyCfg        *envoyrls.Config
 	envoyDir        string
 	envoyAwait      bool // /healthcheck fails until SetEnvoyConfig (envoyhealth.go)
+	tlsGRPCOnly     bool // WithTLSOnGRPCOnly (envoyhealth.go)
 	log             *slog.Logger
 	adminToken      *string
 	adminTokenEnv   string
@@ -757,7 +758,7 @@ func (s *Server) Serve(ctx context.Context, hl, gl net.Listener) error {
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
-	if s.tls != nil {
+	if s.tls != nil && !s.o.tlsGRPCOnly {
 		hs.TLSConfig = s.httpTLS()
 	}
 	var gs *grpc.Server
@@ -782,7 +783,7 @@ func (s *Server) Serve(ctx context.Context, hl, gl net.Listener) error {
 	errc := make(chan error, 2)
 	go func() {
 		serve := hs.Serve
-		if s.tls != nil {
+		if s.tls != nil && !s.o.tlsGRPCOnly {
 			serve = func(l net.Listener) error { return hs.ServeTLS(l, "", "") }
 		}
 		if err := serve(hl); err != nil && !errors.Is(err, http.ErrServerClosed) {
