@@ -67,11 +67,6 @@ func (e *peerEnv) bool(name string) bool {
 
 func (e *peerEnv) flag(name, value string) { e.args = append(e.args, "--"+name+"="+value) }
 
-// toFlag sets flag to the value.
-func toFlag(flag string) func(*peerEnv, string, bool) {
-	return func(e *peerEnv, v string, _ bool) { e.flag(flag, v) }
-}
-
 // note names a variable weir does not use, when it is set.
 func note(e *peerEnv, name, how string) {
 	e.notes = append(e.notes, name+": "+how)
