@@ -152,7 +152,11 @@ func startCompat(ctx context.Context, c *compatFlags, srv *server.Server, log *s
 		if err != nil {
 			return stop, err
 		}
-		go envoyxds.Run(ctx, o, srv.SetEnvoyConfig)
+		go func() {
+			if err := envoyxds.Run(ctx, o, srv.SetEnvoyConfig); err != nil {
+				log.Error("weir serve: no xDS subscription; the Envoy config stays empty", "err", err)
+			}
+		}()
 		log.Info("weir serve: subscribing to the Envoy config over xDS", "server", c.xds, "node", c.xdsNode, "tls", c.xdsTLS)
 	}
 	if c.metricsAddr != "" {

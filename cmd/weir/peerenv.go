@@ -446,9 +446,9 @@ func peerRole(args []string, lookup func(string) (string, bool)) bool {
 			return true
 		}
 	}
-	v, _ := lookup(envName("envoy-compat"))
+	v, ok := lookup(envName("envoy-compat"))
 	b, _ := strconv.ParseBool(v)
-	return b
+	return ok && b
 }
 
 // peerArgs returns weir serve's arguments in the peer's role: the
