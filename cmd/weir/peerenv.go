@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/url"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -429,6 +430,9 @@ func translatePeerEnv(lookup func(string) (string, bool), hasFlag func(string) b
 		note(e, "GRPC_SERVER_TLS_CA_CERT", "not read by envoyproxy/ratelimit (its client CA is GRPC_CLIENT_TLS_CACERT), so weir ignores it too")
 	}
 	if len(e.refuse) > 0 {
+		// A variable read twice (GRPC_SERVER_USE_TLS) is named once.
+		slices.Sort(e.refuse)
+		e.refuse = slices.Compact(e.refuse)
 		return nil, e.notes, fmt.Errorf("as envoyproxy/ratelimit, cannot honour: %s", strings.Join(e.refuse, "; "))
 	}
 	return e.args, e.notes, nil

@@ -21,6 +21,7 @@ import (
 	"github.com/weir-dev/weir/internal/certtest"
 	"github.com/weir-dev/weir/internal/envoyxds/xdstest"
 	"github.com/weir-dev/weir/internal/redistest"
+	"github.com/weir-dev/weir/store/redisstore"
 )
 
 func envLookup(env map[string]string) func(string) (string, bool) {
@@ -128,6 +129,13 @@ func TestPeerEnvRedis(t *testing.T) {
 		}
 		if !found {
 			t.Errorf("%s: want %s in %q", c.env, c.want, args)
+		}
+		// And weir's URL parser reads it back: the password unescaped.
+		rc, err := redisstore.ParseURL(strings.TrimPrefix(c.want, "--redis="))
+		if err != nil {
+			t.Errorf("%s: %v", c.want, err)
+		} else if strings.Contains(c.env, "REDIS_AUTH=s3cr@t") && rc.Password != "s3cr@t" {
+			t.Errorf("%s: password %q", c.want, rc.Password)
 		}
 	}
 }
