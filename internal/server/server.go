@@ -100,6 +100,8 @@ type options struct {
 	redisURL        string
 	envoyCfg        *envoyrls.Config
 	envoyDir        string
+	envoyAwait      bool // /healthcheck fails until SetEnvoyConfig (envoyhealth.go)
+	tlsGRPCOnly     bool // WithTLSOnGRPCOnly (envoyhealth.go)
 	log             *slog.Logger
 	adminToken      *string
 	adminTokenEnv   string
@@ -293,6 +295,7 @@ type Server struct {
 	healthy      atomic.Bool
 	lastStoreErr atomic.Int64 // UnixNano of the last probe the store failed; 0 if none
 	draining     atomic.Bool  // shutting down: /readyz answers 503
+	envoyLoaded  atomic.Bool  // SetEnvoyConfig has given a config (envoyhealth.go)
 	lastFallbk   atomic.Pointer[fallbackSeen]
 
 	handler http.Handler
@@ -772,7 +775,7 @@ func (s *Server) Serve(ctx context.Context, hl, gl net.Listener) error {
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
-	if s.tls != nil {
+	if s.tls != nil && !s.o.tlsGRPCOnly {
 		hs.TLSConfig = s.httpTLS()
 	}
 	var gs *grpc.Server
@@ -797,7 +800,7 @@ func (s *Server) Serve(ctx context.Context, hl, gl net.Listener) error {
 	errc := make(chan error, 2)
 	go func() {
 		serve := hs.Serve
-		if s.tls != nil {
+		if s.tls != nil && !s.o.tlsGRPCOnly {
 			serve = func(l net.Listener) error { return hs.ServeTLS(l, "", "") }
 		}
 		if err := serve(hl); err != nil && !errors.Is(err, http.ErrServerClosed) {
