@@ -135,7 +135,7 @@ func WithKey(fn func(*http.Request) (string, error)) Option {
 }
 
 // KeyByIP keys requests by client IP address, as clientip.From finds
-// it, an IPv6 client by its /64 (DefaultIPv6Bits) and an IPv4 client
+// it, an IPv6 client by its /64 (clientip.DefaultIPv6Bits) and an IPv4 client
 // whole; KeyByIPPrefix sets other prefixes. The address is the peer's
 // (RemoteAddr) unless the peer is one of the trusted proxies; then the
 // forwarding headers are read as WithClientIPHeader says, by default
@@ -145,7 +145,7 @@ func WithKey(fn func(*http.Request) (string, error)) Option {
 // untrusted peer are ignored, so a client cannot pick its own key. Without
 // trusted prefixes this is the default key.
 func KeyByIP(trusted ...netip.Prefix) Option {
-	return KeyByIPPrefix(32, DefaultIPv6Bits, trusted...)
+	return KeyByIPPrefix(32, clientip.DefaultIPv6Bits, trusted...)
 }
 
 // KeyByIPPrefix is KeyByIP with clients grouped by prefix: IPv4 clients by

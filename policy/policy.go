@@ -15,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/clientip"
 	"github.com/weir-dev/weir/httplimit"
 	"github.com/weir-dev/weir/store/guard"
 	"github.com/weir-dev/weir/store/lease"
@@ -1044,7 +1045,7 @@ func (p *Policy) Reset(ctx context.Context, rule, key string) error {
 	// (so that no header value can reach it). Clear that state too; at
 	// worst this also resets a literal identity spelled the same.
 	if addr, ok := strings.CutPrefix(key, "ip:"); ok && r.onMissing == OnMissingUseIP {
-		if id, ok, err := canonicalIP(addr, 32, DefaultIPv6Bits); ok && err == nil {
+		if id, ok, err := canonicalIP(addr, 32, clientip.DefaultIPv6Bits); ok && err == nil {
 			keys = append(keys, weir.Key(r.name, "", id))
 		}
 	}
