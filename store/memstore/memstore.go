@@ -320,7 +320,7 @@ func (s *Store) take(key string, l *weir.Limit, n int64, mode algorithm.Mode, le
 	if n < 0 || n > maxCost {
 		return weir.CheckCost(key, n, maxCost)
 	}
-	var d algorithm.Decision
+	var d algorithm.Outcome
 	if i >= 0 && c.plain && mode < algorithm.Debit && sh.slots[i].x == nil {
 		// The common case: a packed state under a limit whose decisions
 		// keep it packed. Its integers go back to the slot without pack's
@@ -330,7 +330,7 @@ func (s *Store) take(key string, l *weir.Limit, n int64, mode algorithm.Mode, le
 		algorithm.TakeTo(&c.params, &sh.scratch, now, n, mode, &d)
 		storePacked(c.lay, &sh.scratch, &sl.v)
 		sl.expires = now + d.TTL
-		r.SetDecision(&d)
+		r.SetOutcome(&d)
 		if date && d.Allowed && n > 0 && d.Granted == n {
 			r.At = now
 		}
@@ -348,7 +348,7 @@ func (s *Store) take(key string, l *weir.Limit, n int64, mode algorithm.Mode, le
 	} else {
 		s.add(sh, key, tag, c, st, now, d.TTL, false)
 	}
-	r.SetDecision(&d)
+	r.SetOutcome(&d)
 	if date && d.Allowed && n > 0 && d.Granted == n {
 		r.At = now
 	}

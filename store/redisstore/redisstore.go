@@ -501,19 +501,19 @@ func (s *Store) Take(ctx context.Context, key string, l weir.Limit, n int64) (we
 
 // take runs the per-algorithm script and returns its decision and the µs
 // time it decided at.
-func (s *Store) take(ctx context.Context, key string, l weir.Limit, n int64, mode algorithm.Mode, lease string) (algorithm.Decision, int64, error) {
+func (s *Store) take(ctx context.Context, key string, l weir.Limit, n int64, mode algorithm.Mode, lease string) (algorithm.Outcome, int64, error) {
 	c, err := s.compile(l)
 	if err != nil {
-		return algorithm.Decision{}, 0, err
+		return algorithm.Outcome{}, 0, err
 	}
 	if !s.conn.connected.Load() {
-		return algorithm.Decision{}, 0, fmt.Errorf("%w: take %d from %s under %s %v: %w", weir.ErrStore, n, keyRef(key), c.algo, l, s.notConnectedError())
+		return algorithm.Outcome{}, 0, fmt.Errorf("%w: take %d from %s under %s %v: %w", weir.ErrStore, n, keyRef(key), c.algo, l, s.notConnectedError())
 	}
 	maxCost := c.maxCost
 	if mode >= algorithm.Debit {
 		// A debit or refund may pass the limit (algorithm/debt.go).
 		if err := weir.CheckDebt(key, n, &c.p, mode); err != nil {
-			return algorithm.Decision{}, 0, err
+			return algorithm.Outcome{}, 0, err
 		}
 		maxCost = algorithm.MaxDebt
 	}
@@ -521,7 +521,7 @@ func (s *Store) take(ctx context.Context, key string, l weir.Limit, n int64, mod
 		n = min(n, c.maxCost) // a partial grant may ask for more than fits
 	}
 	if err := weir.CheckCost(key, n, maxCost); err != nil {
-		return algorithm.Decision{}, 0, err
+		return algorithm.Outcome{}, 0, err
 	}
 	k := s.names(key, c.algo)
 	id := s.memberID(c, n, lease)
@@ -539,7 +539,7 @@ func (s *Store) take(ctx context.Context, key string, l weir.Limit, n int64, mod
 		vals, err = s.takeAlone(ctx, c, [2]string{k.state, k.block}, n, mode, id)
 	}
 	if err != nil {
-		return algorithm.Decision{}, 0, fmt.Errorf("%w: take %d from %s under %s %v: %w", weir.ErrStore, n, keyRef(key), c.algo, l, err)
+		return algorithm.Outcome{}, 0, fmt.Errorf("%w: take %d from %s under %s %v: %w", weir.ErrStore, n, keyRef(key), c.algo, l, err)
 	}
 	return decodeDecision(vals[:]), vals[8], nil
 }
@@ -560,8 +560,8 @@ func (s *Store) takeAlone(ctx context.Context, c *compiled, keys [2]string, n in
 }
 
 // decodeDecision reads the eight values that the scripts' put() writes.
-func decodeDecision(v []int64) algorithm.Decision {
-	return algorithm.Decision{
+func decodeDecision(v []int64) algorithm.Outcome {
+	return algorithm.Outcome{
 		Allowed:      v[0] == 1,
 		Granted:      v[1],
 		Limit:        v[2],
