@@ -225,8 +225,8 @@ func (failingStore) Do(context.Context, []weir.Request, []weir.Result) error { r
 
 func TestNewStoreErrors(t *testing.T) {
 	lim := weir.NewLimiter(failingStore{})
-	var got []Decision
-	obs := WithObserver(func(d Decision) { got = append(got, d) })
+	var got []Observation
+	obs := WithObserver(func(d Observation) { got = append(got, d) })
 	w := do(New(lim, login, obs)(hello), "192.0.2.1:1")
 	if w.Code != 200 || w.Body.String() != "hello" {
 		t.Errorf("fail open: %d %q", w.Code, w.Body)
@@ -257,9 +257,9 @@ func TestNewKeyFunc(t *testing.T) {
 			return u, nil
 		}
 	})
-	var got []Decision
+	var got []Observation
 	h := New(newLimiter(c), weir.Limit{Algorithm: weir.FixedWindow, Rate: 1, Period: time.Minute}, key,
-		WithObserver(func(d Decision) { got = append(got, d) }))(hello)
+		WithObserver(func(d Observation) { got = append(got, d) }))(hello)
 	if w := do(h, "192.0.2.1:1", "X-User", "ann"); w.Code != 200 {
 		t.Errorf("ann: %d", w.Code)
 	}
@@ -288,9 +288,9 @@ func TestNewKeyFunc(t *testing.T) {
 
 func TestNewShadow(t *testing.T) {
 	c := newClock()
-	var got []Decision
+	var got []Observation
 	h := New(newLimiter(c), weir.Limit{Algorithm: weir.FixedWindow, Rate: 1, Period: time.Minute},
-		WithShadow(true), WithObserver(func(d Decision) { got = append(got, d) }))(hello)
+		WithShadow(true), WithObserver(func(d Observation) { got = append(got, d) }))(hello)
 	do(h, "192.0.2.1:1")
 	w := do(h, "192.0.2.1:1")
 	if w.Code != 200 || w.Body.String() != "hello" {
