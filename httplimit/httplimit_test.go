@@ -196,23 +196,6 @@ func TestNewHTMLNegotiation(t *testing.T) {
 	}
 }
 
-func TestPrefersHTML(t *testing.T) {
-	for accept, want := range map[string]bool{
-		"text/html":                               true,
-		"text/html, application/json":             false,
-		"application/json;q=0.5, text/html":       true,
-		"*/*":                                     false,
-		"application/xhtml+xml,*/*;q=0.8":         true,
-		"text/html;q=0.1, */*;q=0.2":              false,
-		"garbage;;;, text/html":                   true,
-		"application/problem+json, text/html;q=1": false,
-	} {
-		if got := prefersHTML([]string{accept}); got != want {
-			t.Errorf("prefersHTML(%q) = %v, want %v", accept, got, want)
-		}
-	}
-}
-
 // failingStore fails every call.
 type failingStore struct{}
 
