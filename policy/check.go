@@ -16,7 +16,7 @@ import (
 	"github.com/weir-dev/weir/internal/yamlnode"
 	"github.com/weir-dev/weir/protect"
 	"github.com/weir-dev/weir/store/guard"
-	"github.com/weir-dev/weir/store/lease"
+	"github.com/weir-dev/weir/store/localbudget"
 )
 
 // Failure policies: what a rule does while the store is failing.
@@ -415,7 +415,7 @@ func (r *rule) checkLease(rc *RuleConfig, rp string, rep reporter) bool {
 			of = " of tier " + quote(t.name)
 		}
 		switch {
-		case !lease.Supports(l.Algorithm):
+		case !localbudget.Supports(l.Algorithm):
 			rep.addAt(at, fmt.Sprintf("lease %d: a lease applies only to %s, not %s%s (a bucket refills with time, so a unit spent later than it was taken could add to a later burst)",
 				rc.Lease, algorithm.JoinNames(algorithm.Taking(algorithm.FieldLease), "and"), l.Algorithm, of))
 		case l.Block != 0:

@@ -18,7 +18,7 @@ import (
 	"github.com/weir-dev/weir/clientip"
 	"github.com/weir-dev/weir/httplimit"
 	"github.com/weir-dev/weir/store/guard"
-	"github.com/weir-dev/weir/store/lease"
+	"github.com/weir-dev/weir/store/localbudget"
 	"github.com/weir-dev/weir/store/memstore"
 )
 
@@ -35,7 +35,7 @@ type Policy struct {
 	log      *slog.Logger
 	now      func() time.Time
 	infos    []RuleInfo
-	leases   *lease.Table
+	leases   *localbudget.Table
 	fleet    func() int // instances: auto's live count; nil: the floor
 	// prot is the protect rules in force; Holder swaps it for one that
 	// keeps the previous policy's rules (see inherit).
@@ -50,14 +50,14 @@ type options struct {
 	log      *slog.Logger
 	now      func() time.Time
 	guard    guard.Config
-	leases   *lease.Table
+	leases   *localbudget.Table
 	fleet    func() int
 }
 
 // WithLeases sets the table of leased budgets (rules with lease: N). Share
 // one across reloads, as weir serve does, so that leases held and their
 // counters survive a reload; without it New makes a table of its own.
-func WithLeases(t *lease.Table) Option { return func(o *options) { o.leases = t } }
+func WithLeases(t *localbudget.Table) Option { return func(o *options) { o.leases = t } }
 
 // WithInstances sets where instances: auto reads the fleet's size: f
 // returns how many instances are up now (weir serve counts its fleet
@@ -148,7 +148,7 @@ func New(cfg *Config, store weir.Store, opts ...Option) (*Policy, error) {
 	}
 	p := &Policy{cfg: cfg, c: c, guard: g, observer: o.observer, log: o.log, now: o.now, leases: o.leases, fleet: o.fleet}
 	if p.leases == nil {
-		p.leases = lease.New(lease.Config{Now: o.now})
+		p.leases = localbudget.New(localbudget.Config{Now: o.now})
 	}
 	p.prot.Store(set)
 	for _, r := range c.rules {
@@ -168,7 +168,7 @@ func (p *Policy) Instances() int {
 }
 
 // Leases returns the table of leased budgets the policy spends from.
-func (p *Policy) Leases() *lease.Table { return p.leases }
+func (p *Policy) Leases() *localbudget.Table { return p.leases }
 
 // Config returns the config the policy was built from. It must not be
 // modified.
@@ -789,7 +789,7 @@ func (p *Policy) decide(ctx context.Context, res []RuleResult, idx []int, verdic
 // leased rule's rejection the others only peek, and when the others reject
 // the leased rules give their units back to their leases.
 func (p *Policy) decideLeased(ctx context.Context, res []RuleResult, leased, rest []int, verdict *Verdict) {
-	var tBuf [maxScratch]lease.Ticket
+	var tBuf [maxScratch]localbudget.Ticket
 	tickets := tBuf[:0]
 	rejected := false
 	for _, j := range leased {
@@ -798,7 +798,7 @@ func (p *Policy) decideLeased(ctx context.Context, res []RuleResult, leased, res
 			continue
 		}
 		r := p.c.byName[res[j].Rule]
-		size := lease.Size(r.lease, res[j].Limit, p.Instances())
+		size := localbudget.Size(r.lease, res[j].Limit, p.Instances())
 		out, tk, err := p.leases.TakeTicket(ctx, p.guard, res[j].Key, res[j].Limit, 1, size)
 		if err != nil {
 			p.fallback(ctx, res, []int{j}, err, verdict)
@@ -963,7 +963,7 @@ func (p *Policy) CheckKeyTier(ctx context.Context, rule, tierName, key string, h
 	start := time.Now()
 	var res weir.Result
 	if r.lease > 0 {
-		res, err = p.leases.Take(ctx, p.guard, rr.Key, t.limit, hits, lease.Size(r.lease, t.limit, p.Instances()))
+		res, err = p.leases.Take(ctx, p.guard, rr.Key, t.limit, hits, localbudget.Size(r.lease, t.limit, p.Instances()))
 	} else {
 		res, err = p.guard.Take(ctx, rr.Key, t.limit, hits)
 	}

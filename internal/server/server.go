@@ -59,12 +59,12 @@ import (
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/internal/buildinfo"
 	"github.com/weir-dev/weir/internal/resp"
+	"github.com/weir-dev/weir/internal/server/envoyrls"
 	"github.com/weir-dev/weir/internal/tlsfiles"
 	"github.com/weir-dev/weir/policy"
-	"github.com/weir-dev/weir/internal/server/envoyrls"
 	"github.com/weir-dev/weir/store/denycache"
 	"github.com/weir-dev/weir/store/guard"
-	"github.com/weir-dev/weir/store/lease"
+	"github.com/weir-dev/weir/store/localbudget"
 	"github.com/weir-dev/weir/weirotel"
 )
 
@@ -274,7 +274,7 @@ type Server struct {
 	tops    *topSet
 	blocked *blockedIndex
 	fleet   *fleet
-	leases  *lease.Table // leased budgets (lease: N), shared by every policy
+	leases  *localbudget.Table // leased budgets (lease: N), shared by every policy
 	rules   *ruleSync
 
 	healthy      atomic.Bool
@@ -365,7 +365,7 @@ func (s *Server) init() error {
 	s.tops = newTopSet(topK)
 	s.blocked = newBlockedIndex(s.rdb, s.keys.blocked, s.log, s.now)
 	s.fleet = newFleet(s)
-	s.leases = lease.New(lease.Config{Now: s.now})
+	s.leases = localbudget.New(localbudget.Config{Now: s.now})
 	s.metrics.leases(s.leases, s.instances)
 	s.rules = newRuleSync(s)
 
