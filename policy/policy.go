@@ -54,10 +54,11 @@ type options struct {
 	fleet    func() int
 }
 
-// WithLeases sets the table of leased budgets (rules with lease: N). Share
-// one across reloads, as weir serve does, so that leases held and their
-// counters survive a reload; without it New makes a table of its own.
-func WithLeases(t *localbudget.Table) Option { return func(o *options) { o.leases = t } }
+// WithLocalBudgets sets the table of local budgets (rules with
+// local_budget: N). Share one across reloads, as weir serve does, so that
+// the budgets held and their counters survive a reload; without it New
+// makes a table of its own.
+func WithLocalBudgets(t *localbudget.Table) Option { return func(o *options) { o.leases = t } }
 
 // WithInstances sets where instances: auto reads the fleet's size: f
 // returns how many instances are up now (weir serve counts its fleet
@@ -167,8 +168,8 @@ func (p *Policy) Instances() int {
 	return p.c.instances
 }
 
-// Leases returns the table of leased budgets the policy spends from.
-func (p *Policy) Leases() *localbudget.Table { return p.leases }
+// LocalBudgets returns the table of local budgets the policy spends from.
+func (p *Policy) LocalBudgets() *localbudget.Table { return p.leases }
 
 // Config returns the config the policy was built from. It must not be
 // modified.

@@ -561,7 +561,7 @@ func (s *Server) build(cfg *policy.Config) (*policy.Policy, error) {
 		return nil, err
 	}
 	return policy.New(eff, s.guard, policy.WithObserver(s.observe), policy.WithLogger(s.log),
-		policy.WithLeases(s.leases), policy.WithInstances(s.fleet.count))
+		policy.WithLocalBudgets(s.leases), policy.WithInstances(s.fleet.count))
 }
 
 // instances is the instance count the policy in force divides by (0
