@@ -66,8 +66,8 @@ func (p *Policy) SettleKey(ctx context.Context, rule, tierName, key string, st w
 
 // CheckKeyStamped is CheckKeyTier for a reservation: when the store dates
 // its takes (weir.StampStore, through the guard), an admitted take comes
-// back with its Stamp, for SettleKey. A rule with a lease is taken
-// from the store directly, not from this instance's lease, so that its
+// back with its Stamp, for SettleKey. A rule with a local budget is
+// taken from the store directly, not from this instance's budget, so its
 // take is dated too. A store that dates nothing and a fallback's answer
 // give a zero Stamp.
 func (p *Policy) CheckKeyStamped(ctx context.Context, rule, tierName, key string, hits int64) (RuleResult, weir.Stamp, error) {

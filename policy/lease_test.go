@@ -46,8 +46,8 @@ rules:
 		t.Errorf("tiers: %v", err)
 	}
 	p := mustPolicy(t, "rules:\n  - {name: a, limit: 100/m, algorithm: sliding_window, lease: 10}\n", nil)
-	if p.Rules()[0].Lease != 10 {
-		t.Errorf("RuleInfo.Lease = %d", p.Rules()[0].Lease)
+	if p.Rules()[0].LocalBudget != 10 {
+		t.Errorf("RuleInfo.LocalBudget = %d", p.Rules()[0].LocalBudget)
 	}
 }
 
@@ -56,8 +56,8 @@ rules:
 // Messages name the key as written.
 func TestLocalBudgetKey(t *testing.T) {
 	p := mustPolicy(t, "rules:\n  - {name: a, limit: 100/m, algorithm: fixed_window, local_budget: 10}\n", nil)
-	if p.Rules()[0].Lease != 10 {
-		t.Errorf("RuleInfo.Lease = %d, want 10", p.Rules()[0].Lease)
+	if p.Rules()[0].LocalBudget != 10 {
+		t.Errorf("RuleInfo.LocalBudget = %d, want 10", p.Rules()[0].LocalBudget)
 	}
 	for _, c := range []struct{ rule, want string }{
 		{"{name: a, limit: 10/s, local_budget: 5}", "lease.yaml:2:42: local_budget 5: a local budget applies only to fixed_window and sliding_window, not gcra"},

@@ -228,11 +228,12 @@ type RuleInfo struct {
 	// NearLimit is the rule's near_limit share (0.8 for 80%), 0 when off.
 	NearLimit float64 `json:"near_limit"`
 	OnError   string  `json:"on_error"`
-	// Lease is the rule's lease: units an instance takes from the store
-	// at once and spends locally; 0 for none.
-	Lease  int64      `json:"lease,omitempty"`
-	TierBy string     `json:"tier_by,omitempty"`
-	Tiers  []TierInfo `json:"tiers,omitempty"`
+	// LocalBudget is the rule's local_budget: units an instance takes
+	// from the store at once and spends locally; 0 for none. Its JSON
+	// name is still "lease".
+	LocalBudget int64      `json:"lease,omitempty"`
+	TierBy      string     `json:"tier_by,omitempty"`
+	Tiers       []TierInfo `json:"tiers,omitempty"`
 	// Blocks lists an escalating penalty's boxes (block: [1m, 10m, 1h]),
 	// ForgetAfter its history; Timezone and ResetAt place a calendar
 	// limit's windows; Warmup is a bucket's cold start. All are the
@@ -297,14 +298,14 @@ func durString(d time.Duration) string {
 
 func ruleInfo(rc *RuleConfig, r *rule, path string) RuleInfo {
 	info := RuleInfo{
-		Name:      r.name,
-		Match:     MatchInfo{Path: rc.Match.Path, Host: rc.Match.Host},
-		OnMissing: r.onMissing,
-		Shadow:    r.shadow,
-		NearLimit: r.nearLimit,
-		OnError:   r.onError,
-		Lease:     r.lease,
-		path:      path,
+		Name:        r.name,
+		Match:       MatchInfo{Path: rc.Match.Path, Host: rc.Match.Host},
+		OnMissing:   r.onMissing,
+		Shadow:      r.shadow,
+		NearLimit:   r.nearLimit,
+		OnError:     r.onError,
+		LocalBudget: r.lease,
+		path:        path,
 	}
 	for _, m := range rc.Match.Methods {
 		info.Match.Methods = append(info.Match.Methods, strings.ToUpper(strings.TrimSpace(m)))
@@ -785,10 +786,11 @@ func (p *Policy) decide(ctx context.Context, res []RuleResult, idx []int, verdic
 	return time.Since(start)
 }
 
-// decideLeased decides the leased rules at leased from this instance's
-// leases, then the rules at rest from the store, all or nothing: after a
-// leased rule's rejection the others only peek, and when the others reject
-// the leased rules give their units back to their leases.
+// decideLeased decides the rules at leased, which have a local budget,
+// from this instance's local budgets, then the rules at rest from the
+// store, all or nothing: after such a rule's rejection the others only
+// peek, and when the others reject the rules at leased give their units
+// back to their budgets.
 func (p *Policy) decideLeased(ctx context.Context, res []RuleResult, leased, rest []int, verdict *Verdict) {
 	var tBuf [maxScratch]localbudget.Ticket
 	tickets := tBuf[:0]
@@ -1057,7 +1059,7 @@ func (p *Policy) Reset(ctx context.Context, rule, key string) error {
 			if err := weir.NewLimiter(p.guard).Reset(ctx, sk, t.limit); err != nil {
 				errs = append(errs, err)
 			}
-			// Again after the reset: a lease taken from the old state
+			// Again after the reset: a budget taken from the old state
 			// between the first Forget and the reset must not be spent.
 			p.leases.Forget(sk, t.limit)
 		}

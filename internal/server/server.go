@@ -274,7 +274,7 @@ type Server struct {
 	tops    *topSet
 	blocked *blockedIndex
 	fleet   *fleet
-	leases  *localbudget.Table // leased budgets (lease: N), shared by every policy
+	leases  *localbudget.Table // local budgets (local_budget: N), shared by every policy
 	rules   *ruleSync
 
 	healthy      atomic.Bool
