@@ -60,7 +60,9 @@ func (d *domainConfig) overridePath() string { return d.override }
 type level struct {
 	exact     map[entryKey]*node // key and value both given
 	defaults  map[string]*node   // key only: matches any value
-	wildcards []*node            // value ending in '*', in file order
+	// wildcards holds, in file order, the descriptors whose key_value
+	// (or key, without a value) holds a '*' anywhere.
+	wildcards []*node
 }
 
 type entryKey struct{ key, value string }
@@ -72,7 +74,9 @@ func (l *level) empty() bool {
 type node struct {
 	debit      bool // debit: true, applied to its rule
 	key, value string
-	prefix     string // a wildcard's value without its trailing '*'
+	// parts is a wildcard's key_value split at each '*' (wildcard.go);
+	// nil when the descriptor is no wildcard.
+	parts      []string
 	wildcard   bool
 	share      bool // share_threshold: every value matching the wildcard shares one counter
 	line       int
@@ -396,11 +400,14 @@ func (p *parser) descriptor(l *level, n *yaml.Node, parent string) error {
 			return err
 		}
 	}
-	nd.prefix, nd.wildcard = strings.CutSuffix(nd.value, "*")
-	path := parent + "." + nd.key
+	full := nd.key // the descriptor's key_value, as upstream matches it
 	if nd.value != "" {
-		path += "_" + nd.value
+		full += "_" + nd.value
 	}
+	if strings.Contains(full, "*") {
+		nd.wildcard, nd.parts = true, splitStar(full)
+	}
+	path := parent + "." + full
 	var share, shadow, quota bool
 	for _, b := range []struct {
 		field string
@@ -420,7 +427,7 @@ func (p *parser) descriptor(l *level, n *yaml.Node, parent string) error {
 		}
 	}
 	if share && !nd.wildcard {
-		return yamlnode.Errorf(f.Get("share_threshold"), "share_threshold needs a wildcard value ending in '*', and descriptor %q has none", path)
+		return yamlnode.Errorf(f.Get("share_threshold"), "share_threshold needs a wildcard value (with a '*'), and descriptor %q has none", path)
 	}
 	nd.share = share
 
@@ -433,6 +440,9 @@ func (p *parser) descriptor(l *level, n *yaml.Node, parent string) error {
 			l.defaults = map[string]*node{}
 		}
 		l.defaults[nd.key] = nd
+		if nd.wildcard {
+			l.wildcards = append(l.wildcards, nd) // a '*' in the key itself
+		}
 	} else {
 		ek := entryKey{nd.key, nd.value}
 		if prev := l.exact[ek]; prev != nil {

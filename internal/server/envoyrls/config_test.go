@@ -72,7 +72,7 @@ func TestConfigErrors(t *testing.T) {
 		{"bad bool", y("domain: d", "descriptors:", "  - key: a", "    shadow_mode: maybe"), `f.yaml:4: shadow_mode must be true or false, got "maybe"`},
 		{"quoted bool", y("domain: d", "descriptors:", "  - key: a", `    shadow_mode: "yes"`), `f.yaml:4: shadow_mode must be true or false, got "yes"`},
 		{"share without wildcard", y("domain: d", "descriptors:", "  - key: a", "    value: x", "    share_threshold: true"),
-			`f.yaml:5: share_threshold needs a wildcard value ending in '*', and descriptor "d.a_x" has none`},
+			`f.yaml:5: share_threshold needs a wildcard value (with a '*'), and descriptor "d.a_x" has none`},
 		{"repeated field", y("domain: d", "descriptors:", "  - key: a", "    key: b"), `f.yaml:4: field "key" is given twice in descriptor (first at line 3)`},
 		{"descriptor not a mapping", y("domain: d", "descriptors: [a]"), `f.yaml:2: each entry of descriptors must be a mapping with a key, got "a"`},
 		{"descriptors not a list", y("domain: d", "descriptors: {key: a}"), "f.yaml:2: descriptors must be a list, got a mapping"},

@@ -559,8 +559,9 @@ func (r *rule) proto() *rlspb.RateLimitResponse_RateLimit {
 }
 
 // match walks the domain's descriptor tree along entries. At each level an
-// entry matches its exact key and value first, then the first wildcard
-// value (in file order) that prefixes its value, then its key alone. The
+// entry matches its exact key and value first, then the first wildcard (in
+// file order) whose key_value pattern matches the entry's key_value
+// (wildcardMatch), then its key alone. The
 // rule is the one on the node reached by the last entry; a request with
 // more or fewer entries than the tree is deep matches nothing. shared
 // holds, per entry, the wildcard pattern whose counter is shared
@@ -571,9 +572,10 @@ func (d *domainConfig) match(entries []*rlcommon.RateLimitDescriptor_Entry) (r *
 		k, v := e.GetKey(), e.GetValue()
 		n := lvl.exact[entryKey{k, v}]
 		wild := false
-		if n == nil {
+		if n == nil && len(lvl.wildcards) > 0 {
+			full := k + "_" + v
 			for _, w := range lvl.wildcards {
-				if w.key == k && strings.HasPrefix(v, w.prefix) {
+				if wildcardMatch(w.parts, full) {
 					n, wild = w, true
 					break
 				}
@@ -589,7 +591,8 @@ func (d *domainConfig) match(entries []*rlcommon.RateLimitDescriptor_Entry) (r *
 			if shared == nil {
 				shared = make([]string, len(entries))
 			}
-			shared[i] = n.value
+			// The pattern past the request's key, as upstream keys it.
+			shared[i] = strings.TrimPrefix(n.fullKey(), k+"_")
 		}
 		if i == len(entries)-1 {
 			return n.rule, shared

@@ -63,7 +63,14 @@ func start(t *testing.T, cfg *Config, opts ...Option) *harness {
 	t.Helper()
 	h := &harness{t: t, clk: newClock()}
 	h.store = memstore.New(memstore.WithClock(h.clk.Now))
-	h.svc = New(cfg, h.store, append([]Option{WithClock(h.clk.Now)}, opts...)...)
+	return h.serve(cfg, h.store, opts)
+}
+
+// serve starts the harness's service over store.
+func (h *harness) serve(cfg *Config, store weir.Store, opts []Option) *harness {
+	t := h.t
+	t.Helper()
+	h.svc = New(cfg, store, append([]Option{WithClock(h.clk.Now)}, opts...)...)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -468,7 +475,8 @@ descriptors:
 	h.expect(request("test-domain", 0, desc("wild", "bar")), resp(ok, noLimit()))
 	h.expect(request("test-domain", 0, desc("noWild", "foo1")), resp(ok, noLimit()))
 	h.expect(request("test-domain", 0, desc("noVal", "foo1")), resp(ok, st(ok, 20, min_, 19, 43*time.Second)))
-	h.expect(request("test-domain", 0, desc("midWild", "barab")), resp(ok, noLimit()))
+	h.expect(request("test-domain", 0, desc("midWild", "barab")), resp(ok, st(ok, 20, min_, 19, 43*time.Second)))
+	h.expect(request("test-domain", 0, desc("midWild", "bara")), resp(ok, noLimit()))
 	// Exact, then the first wildcard in file order, then the key alone.
 	h.expect(request("test-domain", 0, desc("k", "abc")), resp(ok, st(ok, 1, min_, 0, 43*time.Second)))
 	h.expect(request("test-domain", 0, desc("k", "abd")), resp(ok, st(ok, 2, min_, 1, 43*time.Second)))
@@ -738,7 +746,7 @@ func TestDeciderPanicIsAnError(t *testing.T) {
 func TestHealthService(t *testing.T) {
 	h := start(t, integrationConfig(t))
 	hc := healthpb.NewHealthClient(h.conn)
-	for _, name := range []string{"", ServiceName} {
+	for _, name := range []string{"", ServiceName, "ratelimit"} {
 		r, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: name})
 		if err != nil || r.Status != healthpb.HealthCheckResponse_SERVING {
 			t.Fatalf("health %q: %v %v", name, r, err)

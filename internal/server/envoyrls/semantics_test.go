@@ -1,0 +1,88 @@
+package envoyrls
+
+import (
+	"os"
+	"testing"
+	"time"
+)
+
+// loadTestdata loads one of this package's own configuration files.
+func loadTestdata(t *testing.T, name string) *Config {
+	t.Helper()
+	cfg, err := LoadFiles("testdata/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// TestWildcardAnywhere: a '*' anywhere in a value matches any run of
+// bytes, empty included; exact values come first, then wildcards in file
+// order, then the key alone; share_threshold shares one counter among all
+// the values a middle wildcard matches.
+func TestWildcardAnywhere(t *testing.T) {
+	cfg := loadTestdata(t, "wildcards.yaml")
+	type call struct {
+		key, value string
+		limit      uint32 // 0: no rule applies
+		remaining  uint32
+	}
+	cases := []struct {
+		name  string
+		calls []call
+	}{
+		{"middle", []call{{"mid", "barb", 5, 4}, {"mid", "barxyzb", 5, 4}, {"mid", "barab", 5, 4}, {"mid", "bar", 0, 0}, {"mid", "barbx", 0, 0}, {"mid", "xbarb", 0, 0}}},
+		{"several", []call{{"multi", "foobarbaz", 6, 5}, {"multi", "foo1bar2baz", 6, 5}, {"multi", "foobarbarbaz", 6, 5}, {"multi", "foobazbar", 0, 0}, {"multi", "foobarbaz1", 0, 0}, {"multi", "fooba", 0, 0}}},
+		{"no overlap of first and last", []call{{"overlap", "aba", 0, 0}, {"overlap", "abba", 7, 6}, {"overlap", "ab-ba", 7, 6}}},
+		{"precedence", []call{{"p", "a-exact-z", 1, 0}, {"p", "a-other-z", 2, 1}, {"p", "az", 2, 1}, {"p", "a-y", 3, 2}, {"p", "b", 4, 3}}},
+		{"shared", []call{{"tenant", "org-a-prod", 2, 1}, {"tenant", "org-b-prod", 2, 0}, {"tenant", "org-c-dev", 0, 0}}},
+	}
+	eachStore(t, cfg, nil, func(t *testing.T, h *harness) {
+		for _, c := range cases {
+			for _, k := range c.calls {
+				want := resp(ok, noLimit())
+				if k.limit > 0 {
+					want = resp(ok, st(ok, k.limit, min_, k.remaining, 43*time.Second))
+				}
+				h.t = t
+				h.expect(request("wild", 0, desc(k.key, k.value)), want)
+			}
+		}
+		// The shared counter is spent for every value the pattern matches.
+		h.expect(request("wild", 0, desc("tenant", "org-zzz-prod")), resp(over, st(over, 2, min_, 0, 43*time.Second)))
+		// Nested levels with middle wildcards.
+		h.expect(request("wild", 0, desc("route", "/v1/acme/chat", "model", "gpt-4o-mini")), resp(ok, st(ok, 8, min_, 7, 43*time.Second)))
+		h.expect(request("wild", 0, desc("route", "/v1/acme/chat", "model", "gpt-4o")), resp(ok, noLimit()))
+		h.expect(request("wild", 0, desc("route", "/v2/acme/chat", "model", "gpt-4o-mini")), resp(ok, noLimit()))
+	})
+}
+
+// TestWildcardMatch checks the matcher itself on the edge cases.
+func TestWildcardMatch(t *testing.T) {
+	for _, c := range []struct {
+		pattern, s string
+		want       bool
+	}{
+		{"k_a*", "k_a", true}, {"k_a*", "k_abc", true}, {"k_a*", "k_b", false},
+		{"k_*", "k_", true}, {"k_a*b", "k_ab", true}, {"k_a*b", "k_axxb", true}, {"k_a*b", "k_axxbc", false},
+		{"k_a*b*c", "k_abc", true}, {"k_a*b*c", "k_acb", false}, {"k_a*b*c", "k_abbcbc", true},
+		{"k_ab*ba", "k_aba", false}, {"k_a**b", "k_ab", true}, {"k_a?b", "k_axb", false}, {"k_a?b", "k_a?b", true},
+		{"k_*x*", "k_x", true}, {"k_*x*", "k_yyy", false},
+	} {
+		if got := wildcardMatch(splitStar(c.pattern), c.s); got != c.want {
+			t.Errorf("%q matches %q: %v, want %v", c.pattern, c.s, got, c.want)
+		}
+	}
+}
+
+func TestTestdataLoads(t *testing.T) {
+	ents, err := os.ReadDir("testdata")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if _, err := LoadFiles("testdata/" + e.Name()); err != nil {
+			t.Errorf("%s: %v", e.Name(), err)
+		}
+	}
+}
