@@ -97,6 +97,7 @@ type options struct {
 	redisURL        string
 	envoyCfg        *envoyrls.Config
 	envoyDir        string
+	envoyMetadata   bool
 	log             *slog.Logger
 	adminToken      *string
 	adminTokenEnv   string
@@ -151,6 +152,10 @@ func WithEnvoyConfig(cfg *envoyrls.Config) Option { return func(o *options) { o.
 // WithEnvoyConfigDir loads envoyproxy/ratelimit YAML files from dir (see
 // envoyrls.LoadDir), and reloads them on Reload.
 func WithEnvoyConfigDir(dir string) Option { return func(o *options) { o.envoyDir = dir } }
+
+// WithEnvoyDynamicMetadata makes Envoy rate limit responses carry dynamic
+// metadata (envoyrls.WithDynamicMetadata).
+func WithEnvoyDynamicMetadata(on bool) Option { return func(o *options) { o.envoyMetadata = on } }
 
 // grpcOptions tunes the gRPC server for Envoy's traffic: many small unary
 // calls, each connection with a few in flight.
@@ -507,7 +512,7 @@ func (s *Server) initEnvoy() error {
 		maxOverride = defaultEnvoyMaxOverride
 	}
 	s.envoy = envoyrls.New(ecfg, s.guard, envoyrls.WithFallbackDecider(s.envoyDecider), envoyrls.WithObserver(s.envoyObserve),
-		envoyrls.WithMaxOverridePeriod(maxOverride))
+		envoyrls.WithMaxOverridePeriod(maxOverride), envoyrls.WithDynamicMetadata(s.o.envoyMetadata))
 	return nil
 }
 

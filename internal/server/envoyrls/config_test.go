@@ -248,10 +248,10 @@ func TestParseAcceptsUpstreamSpellings(t *testing.T) {
 		t.Errorf("name = %q", rules[2].Name)
 	}
 	d := cfg.domains["d"]
-	if r, _ := d.match(desc("port", "80").Entries); r == nil || r.rpu != 16 {
+	if r, _, _ := d.match(desc("port", "80").Entries); r == nil || r.rpu != 16 {
 		t.Fatalf("port=80 matched %+v", r)
 	}
-	if r, _ := d.match(desc("empty", "x").Entries); r != nil {
+	if r, _, _ := d.match(desc("empty", "x").Entries); r != nil {
 		t.Fatalf("an empty rate_limit matched %+v", r)
 	}
 }
@@ -327,7 +327,7 @@ func TestExampleConfig(t *testing.T) {
 		{[]string{"api_key", "anything"}, func(r *rule) bool { return r != nil && r.shadow }},
 		{[]string{"internal", "healthcheck"}, func(r *rule) bool { return r != nil && r.unlimited }},
 	} {
-		r, _ := d.match(entries(c.entries...))
+		r, _, _ := d.match(entries(c.entries...))
 		if !c.check(r) {
 			t.Errorf("%v matched %+v", c.entries, r)
 		}

@@ -4,6 +4,9 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // loadTestdata loads one of this package's own configuration files.
@@ -84,5 +87,73 @@ func TestTestdataLoads(t *testing.T) {
 		if _, err := LoadFiles("testdata/" + e.Name()); err != nil {
 			t.Errorf("%s: %v", e.Name(), err)
 		}
+	}
+}
+
+// TestDynamicMetadata: with WithDynamicMetadata, a response carries the
+// domain, the descriptors and the merged metadata: of the rules whose
+// descriptors passed, in envoyproxy/ratelimit's shape; without it, none.
+func TestDynamicMetadata(t *testing.T) {
+	cfg := loadTestdata(t, "metadata.yaml")
+	mustStruct := func(m map[string]any) *structpb.Struct {
+		s, err := structpb.NewStruct(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	entries := func(kv ...string) map[string]any {
+		var es []any
+		for i := 0; i+1 < len(kv); i += 2 {
+			es = append(es, kv[i]+"="+kv[i+1])
+		}
+		return map[string]any{"entries": es}
+	}
+	eachStore(t, cfg, []Option{WithDynamicMetadata(true)}, func(t *testing.T, h *harness) {
+		h.t = t
+		// b passes once: both merge, a's scalars first, mappings merged.
+		got := h.call(request("meta", 0, desc("svc", "a"), desc("svc", "b"), desc("svc", "free")))
+		want := mustStruct(map[string]any{
+			"domain":      "meta",
+			"descriptors": []any{entries("svc", "a"), entries("svc", "b"), entries("svc", "free")},
+			"metadata": map[string]any{
+				"quota": map[string]any{"name": "a", "tier": 1, "region": "eu"},
+				"owner": "team-a", "tags": []any{"x", "y", 3}, "enabled": true,
+			},
+		})
+		if !proto.Equal(got.DynamicMetadata, want) {
+			t.Fatalf("first call: got %v\nwant %v", got.DynamicMetadata, want)
+		}
+		// b is over the limit now: only a's metadata; hits_addend shows.
+		got = h.call(request("meta", 2, desc("svc", "b"), withHits(desc("svc", "a"), 1)))
+		dh := entries("svc", "a")
+		dh["hitsAddend"] = 1
+		want = mustStruct(map[string]any{
+			"domain":      "meta",
+			"hitsAddend":  2,
+			"descriptors": []any{entries("svc", "b"), dh},
+			"metadata":    map[string]any{"quota": map[string]any{"name": "a", "tier": 1}, "owner": "team-a", "tags": []any{"x", "y", 3}, "enabled": true},
+		})
+		if got.OverallCode != over || !proto.Equal(got.DynamicMetadata, want) {
+			t.Fatalf("second call: %v, got %v\nwant %v", got.OverallCode, got.DynamicMetadata, want)
+		}
+		// detailed_metric, and value_to_metric that changes the stats key,
+		// lose the metadata, as upstream; value_to_metric with an empty
+		// value keeps it.
+		for _, c := range []struct {
+			d    []string
+			keep bool
+		}{{[]string{"detailed", "x"}, false}, {[]string{"v2m", "x"}, false}, {[]string{"v2m", ""}, true}} {
+			got = h.call(request("meta", 0, desc(c.d...)))
+			_, has := got.DynamicMetadata.GetFields()["metadata"]
+			if has != c.keep {
+				t.Fatalf("%v: metadata %v, want %v: %v", c.d, has, c.keep, got.DynamicMetadata)
+			}
+		}
+	})
+	// Off by default.
+	h := start(t, cfg)
+	if got := h.call(request("meta", 0, desc("svc", "a"))); got.DynamicMetadata != nil {
+		t.Fatalf("dynamic metadata without the option: %v", got.DynamicMetadata)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/weir-dev/weir"
@@ -190,6 +191,8 @@ type Service struct {
 	log     *slog.Logger
 	// maxOverride is the longest period of a limit override; 0: ten years.
 	maxOverride time.Duration
+	// dynamicMetadata: responses carry dynamic metadata (WithDynamicMetadata).
+	dynamicMetadata bool
 }
 
 // New returns a Service answering from cfg with counters in store. A nil
@@ -299,6 +302,8 @@ func checkBounds(req *rlspb.RateLimitRequest) error {
 type item struct {
 	rule   *rule
 	shared []string // share_threshold patterns by entry, or nil
+	// meta: the rule's metadata, unless value_to_metric dropped it.
+	meta *structpb.Struct
 	hits   int64
 	forced bool // over the limit's capacity: rejected without consuming
 	req    int  // index in the store batch, -1 if the store is not asked
@@ -358,7 +363,11 @@ func matchRules(dom *domainConfig, req *rlspb.RateLimitRequest, maxOverride time
 			}
 			it.rule = r
 		} else {
-			it.rule, it.shared = dom.match(desc.GetEntries())
+			var renamed bool
+			it.rule, it.shared, renamed = dom.match(desc.GetEntries())
+			if it.rule != nil && !renamed {
+				it.meta = it.rule.metadata
+			}
 		}
 		if desc.GetIsNegativeHits() {
 			// Only a debit descriptor gives back: elsewhere weir never
@@ -492,6 +501,18 @@ func (s *Service) respond(ctx context.Context, req *rlspb.RateLimitRequest, item
 	} else {
 		resp.OverallCode = rlspb.RateLimitResponse_OK
 	}
+	if s.dynamicMetadata {
+		passed := make([]bool, len(items))
+		meta := make([]*structpb.Struct, len(items))
+		for i := range items {
+			r := items[i].rule
+			passed[i] = resp.Statuses[i].Code == rlspb.RateLimitResponse_OK && (r == nil || !r.unlimited)
+			if r != nil {
+				meta[i] = items[i].meta
+			}
+		}
+		resp.DynamicMetadata = responseMetadata(req, passed, meta)
+	}
 	return resp
 }
 
@@ -566,7 +587,7 @@ func (r *rule) proto() *rlspb.RateLimitResponse_RateLimit {
 // more or fewer entries than the tree is deep matches nothing. shared
 // holds, per entry, the wildcard pattern whose counter is shared
 // (share_threshold), or is nil.
-func (d *domainConfig) match(entries []*rlcommon.RateLimitDescriptor_Entry) (r *rule, shared []string) {
+func (d *domainConfig) match(entries []*rlcommon.RateLimitDescriptor_Entry) (r *rule, shared []string, renamed bool) {
 	lvl := &d.root
 	for i, e := range entries {
 		k, v := e.GetKey(), e.GetValue()
@@ -581,11 +602,19 @@ func (d *domainConfig) match(entries []*rlcommon.RateLimitDescriptor_Entry) (r *
 				}
 			}
 		}
+		byKey := false
 		if n == nil {
-			n = lvl.defaults[k]
+			n, byKey = lvl.defaults[k], true
 		}
 		if n == nil {
-			return nil, nil
+			return nil, nil, false
+		}
+		// value_to_metric puts the request's value in the stats key where
+		// the configuration has none (by key) or a pattern (by wildcard,
+		// without share_threshold); upstream then rebuilds the rule
+		// without its metadata.
+		if n.valueToMetric && (byKey && v != "" || wild && !n.share && v != strings.TrimPrefix(n.fullKey(), k+"_")) {
+			renamed = true
 		}
 		if wild && n.share {
 			if shared == nil {
@@ -595,14 +624,14 @@ func (d *domainConfig) match(entries []*rlcommon.RateLimitDescriptor_Entry) (r *
 			shared[i] = strings.TrimPrefix(n.fullKey(), k+"_")
 		}
 		if i == len(entries)-1 {
-			return n.rule, shared
+			return n.rule, shared, renamed
 		}
 		if n.children.empty() {
-			return nil, nil
+			return nil, nil, false
 		}
 		lvl = &n.children
 	}
-	return nil, nil
+	return nil, nil, false
 }
 
 // overrideRule builds the rule of a descriptor that carries its own limit
