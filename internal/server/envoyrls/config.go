@@ -59,8 +59,8 @@ func (d *domainConfig) overridePath() string { return d.override }
 
 // level is one list of descriptors: the candidates for one request entry.
 type level struct {
-	exact     map[entryKey]*node // key and value both given
-	defaults  map[string]*node   // key only: matches any value
+	exact    map[entryKey]*node // key and value both given
+	defaults map[string]*node   // key only: matches any value
 	// wildcards holds, in file order, the descriptors whose key_value
 	// (or key, without a value) holds a '*' anywhere.
 	wildcards []*node
@@ -77,16 +77,16 @@ type node struct {
 	key, value string
 	// parts is a wildcard's key_value split at each '*' (wildcard.go);
 	// nil when the descriptor is no wildcard.
-	parts      []string
-	wildcard   bool
-	share      bool // share_threshold: every value matching the wildcard shares one counter
+	parts    []string
+	wildcard bool
+	share    bool // share_threshold: every value matching the wildcard shares one counter
 	// valueToMetric: value_to_metric, which (as upstream builds its
 	// stats) drops the rule's metadata from responses when it changes
 	// the stats key.
 	valueToMetric bool
-	line       int
-	rule       *rule
-	children   level
+	line          int
+	rule          *rule
+	children      level
 }
 
 // rule is one rate_limit block, compiled.

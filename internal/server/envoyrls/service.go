@@ -303,7 +303,7 @@ type item struct {
 	rule   *rule
 	shared []string // share_threshold patterns by entry, or nil
 	// meta: the rule's metadata, unless value_to_metric dropped it.
-	meta *structpb.Struct
+	meta   *structpb.Struct
 	hits   int64
 	forced bool // over the limit's capacity: rejected without consuming
 	req    int  // index in the store batch, -1 if the store is not asked
