@@ -5,6 +5,9 @@ import (
 	"testing"
 	"time"
 
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 )
@@ -156,4 +159,94 @@ func TestDynamicMetadata(t *testing.T) {
 	if got := h.call(request("meta", 0, desc("svc", "a"))); got.DynamicMetadata != nil {
 		t.Fatalf("dynamic metadata without the option: %v", got.DynamicMetadata)
 	}
+}
+
+// step is one call of a single descriptor and the code and
+// limit_remaining upstream answers.
+type step struct {
+	name string
+	d    func() *rlcommon.RateLimitDescriptor
+	code rlspb.RateLimitResponse_Code
+	left uint32
+}
+
+func (h *harness) steps(domain string, steps []step) {
+	h.t.Helper()
+	for _, s := range steps {
+		r := h.call(request(domain, 0, s.d()))
+		if r.Statuses[0].Code != s.code || r.Statuses[0].LimitRemaining != s.left {
+			h.t.Fatalf("%s: %v with %d left, want %v with %d", s.name, r.Statuses[0].Code, r.Statuses[0].LimitRemaining, s.code, s.left)
+		}
+	}
+}
+
+// TestCheckThenCharge: hits_addend 0 (the request-path check) passes
+// while the window's counter is at most the limit, a spent budget
+// included; a descriptor's own hits_addend (the response-path charge)
+// always counts, past the limit if need be, so that the next check is
+// refused until the next window. This is envoyproxy/ratelimit's token
+// quota flow: with 2 a minute, three requests pass and the fourth not.
+func TestCheckThenCharge(t *testing.T) {
+	check := func() *rlcommon.RateLimitDescriptor { return withHits(desc("model", "small"), 0) }
+	charge := func(n uint64) func() *rlcommon.RateLimitDescriptor {
+		return func() *rlcommon.RateLimitDescriptor { return withHits(desc("model", "small"), n) }
+	}
+	eachStore(t, loadTestdata(t, "tokens.yaml"), nil, func(t *testing.T, h *harness) {
+		h.t = t
+		h.steps("tokens", []step{
+			{"request 1", check, ok, 2}, {"charge 1", charge(1), ok, 1},
+			{"request 2", check, ok, 1}, {"charge 2", charge(1), ok, 0},
+			{"request 3, budget spent but not overrun", check, ok, 0}, {"charge 3, over", charge(1), over, 0},
+			{"request 4, overrun", check, over, 0},
+			{"a charge while over still counts", charge(5), over, 0},
+		})
+		h.clk.Add(time.Minute)
+		h.steps("tokens", []step{{"next window", check, ok, 2}, {"a charge larger than the limit", charge(7), over, 0}, {"after it", check, over, 0}})
+	})
+}
+
+// TestOverrideCountsByDescriptor: a limit override (Envoy Gateway's
+// limit.fromMetadata) counts per descriptor and period: a tenant whose
+// limit changes mid-window keeps its count, response-path charges count
+// past the limit, and the configured rule of the same descriptor keeps a
+// counter of its own.
+func TestOverrideCountsByDescriptor(t *testing.T) {
+	tenant := func(rpu uint32, hits uint64) func() *rlcommon.RateLimitDescriptor {
+		return func() *rlcommon.RateLimitDescriptor {
+			return withOverride(withHits(desc("tenant", "t1"), hits), rpu, typev3.RateLimitUnit_MINUTE, 0)
+		}
+	}
+	plain := func() *rlcommon.RateLimitDescriptor { return desc("tenant", "t1") }
+	eachStore(t, loadTestdata(t, "tokens.yaml"), nil, func(t *testing.T, h *harness) {
+		h.t = t
+		h.steps("tokens", []step{
+			{"check at 10", tenant(10, 0), ok, 10},
+			{"charge 4 at 10", tenant(4, 4), ok, 0}, // the charge's own override: 4 of 4
+			{"limit raised to 20: the count stays", tenant(20, 0), ok, 16},
+			{"configured rule: its own counter", plain, ok, 2},
+			{"charge 20: counted past the limit", tenant(20, 20), over, 0},
+			{"the next check is refused", tenant(20, 0), over, 0},
+			{"even under a higher limit until the count fits it", tenant(23, 0), over, 0},
+			{"a limit the count fits", tenant(24, 0), ok, 0},
+			{"configured rule untouched", plain, ok, 1},
+		})
+		h.clk.Add(time.Minute)
+		h.steps("tokens", []step{{"next window", tenant(20, 0), ok, 20}})
+	})
+}
+
+// TestQuotaModeAcrossDescriptors: the call is over only when every
+// quota_mode descriptor of the call is, whatever their entries (upstream
+// forms no groups by backend_name or model_name_override).
+func TestQuotaModeAcrossDescriptors(t *testing.T) {
+	user := func(u string) *rlcommon.RateLimitDescriptor {
+		return desc("backend_name", "b", "model_name_override", "m", "user", u)
+	}
+	eachStore(t, loadTestdata(t, "tokens.yaml"), nil, func(t *testing.T, h *harness) {
+		h.t = t
+		h.expect(request("tokens", 0, user("u1")), resp(ok, st(ok, 1, min_, 0, 43*time.Second)))
+		// u1 over, u2 within: one of two quota descriptors passes: OK.
+		h.expect(request("tokens", 0, user("u1"), user("u2")), resp(ok, st(over, 1, min_, 0, 43*time.Second), st(ok, 1, min_, 0, 43*time.Second)))
+		h.expect(request("tokens", 0, user("u1"), user("u2")), resp(over, st(over, 1, min_, 0, 43*time.Second), st(over, 1, min_, 0, 43*time.Second)))
+	})
 }

@@ -48,9 +48,10 @@ const KeyRule = "envoy"
 
 // keyRuleOverride is the rule part of the keys of descriptors that carry
 // their own limit (Envoy's limit override): weir.Key(keyRuleOverride,
-// domain, unit, unit_multiplier, requests_per_unit, key1, value1, ...).
-// An override never shares a counter with a configured descriptor, nor
-// with an override of another limit.
+// domain, unit, unit_multiplier, key1, value1, ...). An override never
+// shares a counter with a configured descriptor. Its requests_per_unit is
+// not part of the key, so a tenant whose limit changes keeps its count;
+// its period is, as upstream's keys carry the start of the unit's window.
 const keyRuleOverride = "envoy-override"
 
 // keyRuleShared is the rule part of the keys of descriptors that match a
@@ -306,6 +307,10 @@ type item struct {
 	meta   *structpb.Struct
 	hits   int64
 	forced bool // over the limit's capacity: rejected without consuming
+	// explicit: the descriptor has its own hits_addend, as Envoy sends
+	// for a cost (apply_on_stream_done, token counts).
+	explicit bool
+	peer     peerMode // how a fixed window is asked, as upstream counts
 	req    int  // index in the store batch, -1 if the store is not asked
 	refund bool // is_negative_hits on a debit descriptor: give the hits back
 }
@@ -383,6 +388,7 @@ func matchRules(dom *domainConfig, req *rlspb.RateLimitRequest, maxOverride time
 		it.hits = reqHits
 		if h := desc.GetHitsAddend(); h != nil {
 			it.hits = int64(min(h.GetValue(), math.MaxInt64))
+			it.explicit = true
 		}
 	}
 	return items, nil
@@ -431,6 +437,11 @@ func storeRequests(req *rlspb.RateLimitRequest, items []item) []weir.Request {
 			reqs = append(reqs, weir.Request{Key: requestKey(req, r, descs[i].GetEntries(), it.shared), Limit: r.limit, N: min(n, algorithm.MaxDebt), Mode: mode})
 			continue
 		}
+		if it.peer = peerModeOf(r, it); it.peer != peerTake {
+			it.req = len(reqs)
+			reqs = append(reqs, peerRequest(requestKey(req, r, descs[i].GetEntries(), it.shared), r, it))
+			continue
+		}
 		if n > r.maxCost {
 			// More than the limit can ever admit: upstream says OVER_LIMIT,
 			// and a peek fetches the state to report.
@@ -464,23 +475,22 @@ func (s *Service) observeFailed(ctx context.Context, domain string, items []item
 }
 
 // respond builds the response from the store's results, reporting each
-// descriptor to the Observer. quota_mode descriptors are grouped; the
-// call is over the limit when a plain descriptor is, or when every quota
-// group is.
+// descriptor to the Observer. The call is over the limit when a plain
+// descriptor is, or when every quota_mode descriptor of the call is, as
+// upstream decides.
 func (s *Service) respond(ctx context.Context, req *rlspb.RateLimitRequest, items []item, results []weir.Result, fallback []string) *rlspb.RateLimitResponse {
 	resp := &rlspb.RateLimitResponse{Statuses: make([]*rlspb.RateLimitResponse_DescriptorStatus, len(items))}
 	over := false
-	var quotaGroups map[string]bool // group → over
+	quotas, quotasOver := 0, 0
 	for i := range items {
 		st, d := s.descriptorStatus(req.Domain, i, &items[i], results, fallback)
 		resp.Statuses[i] = st
 		if r := items[i].rule; r != nil && !r.unlimited {
 			if r.quota {
-				if quotaGroups == nil {
-					quotaGroups = map[string]bool{}
+				quotas++
+				if d.Outcome == Limited {
+					quotasOver++
 				}
-				g := quotaGroup(req.GetDescriptors()[i].GetEntries())
-				quotaGroups[g] = quotaGroups[g] || d.Outcome == Limited
 			} else if d.Outcome == Limited {
 				over = true
 			}
@@ -489,12 +499,8 @@ func (s *Service) respond(ctx context.Context, req *rlspb.RateLimitRequest, item
 			s.observe(ctx, d)
 		}
 	}
-	if len(quotaGroups) > 0 {
-		all := true
-		for _, g := range quotaGroups {
-			all = all && g
-		}
-		over = over || all
+	if quotas > 0 && quotasOver == quotas {
+		over = true
 	}
 	if over {
 		resp.OverallCode = rlspb.RateLimitResponse_OVER_LIMIT
@@ -535,6 +541,7 @@ func (s *Service) descriptorStatus(domain string, i int, it *item, results []wei
 	allowed := false
 	if it.req >= 0 {
 		d.Result, d.Fallback = results[it.req], fallback[it.req]
+		peerResult(r, it, &d.Result)
 		allowed = d.Result.Allowed && !it.forced
 	}
 	st.CurrentLimit = r.proto()
@@ -688,10 +695,11 @@ func span(d time.Duration) string {
 }
 
 // overrideKey is the store key of an override's counter: apart from the
-// configured descriptors' keys, and from overrides of another limit.
+// configured descriptors' keys, the same whatever the override's
+// requests_per_unit, one per period.
 func overrideKey(domain string, r *rule, entries []*rlcommon.RateLimitDescriptor_Entry) string {
-	parts := make([]string, 0, 4+2*len(entries))
-	parts = append(parts, domain, strings.ToLower(r.unit.String()), strconv.FormatUint(uint64(r.mult), 10), strconv.FormatUint(uint64(r.rpu), 10))
+	parts := make([]string, 0, 3+2*len(entries))
+	parts = append(parts, domain, strings.ToLower(r.unit.String()), strconv.FormatUint(uint64(r.mult), 10))
 	for _, e := range entries {
 		parts = append(parts, e.GetKey(), e.GetValue())
 	}
@@ -716,26 +724,4 @@ func stateKey(domain string, entries []*rlcommon.RateLimitDescriptor_Entry, shar
 		parts = append(parts, e.GetKey(), v)
 	}
 	return weir.Key(keyRuleShared, parts...)
-}
-
-// quotaGroup is the group of a quota_mode descriptor, as upstream forms
-// it: its backend_name and model_name_override entries if it has either,
-// otherwise all its entries.
-func quotaGroup(entries []*rlcommon.RateLimitDescriptor_Entry) string {
-	var backend, model string
-	var all strings.Builder
-	for _, e := range entries {
-		switch e.GetKey() {
-		case "backend_name":
-			backend = e.GetValue()
-		case "model_name_override":
-			model = e.GetValue()
-		}
-		all.WriteString(weir.Key(e.GetKey(), e.GetValue()))
-		all.WriteByte(';')
-	}
-	if backend != "" || model != "" {
-		return "\x00" + backend + "\x00" + model
-	}
-	return all.String()
 }

@@ -506,13 +506,18 @@ func TestHitsAddend(t *testing.T) {
 	// Over the limit: nothing is consumed (upstream would count them).
 	h.expect(request("another", 11, key()), resp(over, st(over, 20, min_, 10, 43*time.Second)))
 	h.expect(request("another", 10, key()), resp(ok, st(ok, 20, min_, 0, 43*time.Second)))
-	// Exhausted: a check-only descriptor now reports OVER_LIMIT.
-	h.expect(request("another", 0, withHits(key(), 0)), resp(over, st(over, 20, min_, 0, 43*time.Second)))
+	// Exhausted: a check-only descriptor still passes, as upstream's does
+	// while the counter is not over the limit.
+	h.expect(request("another", 0, withHits(key(), 0)), resp(ok, st(ok, 20, min_, 0, 43*time.Second)))
 	// More than the limit can ever admit, on a fresh key: OVER_LIMIT, the
 	// window's reset still reported, nothing consumed.
-	h.expect(request("another", 0, withHits(desc("key2", "big"), 1<<60)), resp(over, st(over, 20, min_, 20, 43*time.Second)))
 	h.expect(request("another", 21, desc("key2", "big")), resp(over, st(over, 20, min_, 20, 43*time.Second)))
 	h.expect(request("another", 20, desc("key2", "big")), resp(ok, st(ok, 20, min_, 0, 43*time.Second)))
+	// A descriptor's own hits_addend (a cost charged on the response
+	// path) counts in full even past the limit, as upstream counts it:
+	// the window is then over, and even a check-only call is refused.
+	h.expect(request("another", 0, withHits(desc("key2", "huge"), 1<<60)), resp(over, st(over, 20, min_, 0, 43*time.Second)))
+	h.expect(request("another", 0, withHits(desc("key2", "huge"), 0)), resp(over, st(over, 20, min_, 0, 43*time.Second)))
 }
 
 func TestBadRequests(t *testing.T) {
