@@ -311,8 +311,8 @@ type item struct {
 	// for a cost (apply_on_stream_done, token counts).
 	explicit bool
 	peer     peerMode // how a fixed window is asked, as upstream counts
-	req    int  // index in the store batch, -1 if the store is not asked
-	refund bool // is_negative_hits on a debit descriptor: give the hits back
+	req      int      // index in the store batch, -1 if the store is not asked
+	refund   bool     // is_negative_hits on a debit descriptor: give the hits back
 }
 
 // Check decides req like ShouldRateLimit, returning plain errors: those
