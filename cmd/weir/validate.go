@@ -10,10 +10,10 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/weir-dev/weir/internal/server"
 	"github.com/weir-dev/weir/internal/server/envoyrls"
 	"github.com/weir-dev/weir/internal/yamlnode"
 	"github.com/weir-dev/weir/policy"
-	"github.com/weir-dev/weir/internal/server"
 )
 
 func init() {
