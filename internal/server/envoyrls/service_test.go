@@ -55,6 +55,7 @@ type harness struct {
 	svc    *Service
 	clk    *clock
 	store  *memstore.Store
+	st     weir.Store // the store the service runs over
 	client rlspb.RateLimitServiceClient
 	conn   *grpc.ClientConn
 }
@@ -70,6 +71,7 @@ func start(t *testing.T, cfg *Config, opts ...Option) *harness {
 func (h *harness) serve(cfg *Config, store weir.Store, opts []Option) *harness {
 	t := h.t
 	t.Helper()
+	h.st = store
 	h.svc = New(cfg, store, append([]Option{WithClock(h.clk.Now)}, opts...)...)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
