@@ -181,7 +181,8 @@ func WithClock(now func() time.Time) Option { return func(s *Service) { s.now = 
 //
 // Responses are those of envoyproxy/ratelimit for the same configuration
 // and requests, with one difference of substance: a request weir rejects
-// consumes nothing, where upstream counts it anyway. docs/envoy.md lists
+// consumes nothing, where upstream counts it anyway (a descriptor's own
+// hits_addend, a cost, counts as upstream counts it). docs/envoy.md lists
 // the details.
 type Service struct {
 	cfg     atomic.Pointer[Config]
