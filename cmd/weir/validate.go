@@ -11,6 +11,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/weir-dev/weir/internal/server"
+	"github.com/weir-dev/weir/internal/server/envoyrls"
 	"github.com/weir-dev/weir/internal/yamlnode"
 	"github.com/weir-dev/weir/policy"
 	"github.com/weir-dev/weir/policy/config"
@@ -24,18 +25,25 @@ func init() {
 // "file:line:col: message". It exits 0 when every file is valid, 1 when a
 // file has problems, and 2 on a usage error or a file it cannot read.
 func runValidate(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("weir validate", "Usage: weir validate [-q] weir.yaml [more.yaml ...]\n\nChecks configuration files for weir serve (with -middleware, for Go's policy\nmiddleware) and prints every problem as file:line:col: message.\nExits 0 if every file is valid (printing \"ok: N rules\"), 1 if a file has\nproblems, 2 on a usage error or a file that cannot be read.\n\nFlags:", stderr)
+	fs := newFlagSet("weir validate", "Usage: weir validate [-q] [--envoy DIR] [weir.yaml ...]\n\nChecks configuration files for weir serve (with -middleware, for Go's policy\nmiddleware) and prints every problem as file:line:col: message. With\n--envoy, also checks a directory of envoyproxy/ratelimit files as\nweir serve --envoy-config loads it, printing its first problem as\nfile:line: message.\nExits 0 if every file is valid (printing \"ok: N rules\"), 1 if a file has\nproblems, 2 on a usage error or a file that cannot be read.\n\nFlags:", stderr)
 	quiet := fs.Bool("q", false, "print nothing for valid files")
 	middleware := fs.Bool("middleware", false, "check the files for Go's policy middleware, which settles cost: and count:, rather than for weir serve")
+	envoyDir := fs.String("envoy", "", "a directory of envoyproxy/ratelimit YAML files to check, as weir serve --envoy-config loads it")
 	if code, ok := parseFlags(fs, args, stdout); !ok {
 		return code
+	}
+	status := 0
+	if *envoyDir != "" {
+		status = validateEnvoy(*envoyDir, *quiet, stdout, stderr)
+		if fs.NArg() == 0 {
+			return status
+		}
 	}
 	if fs.NArg() == 0 {
 		fmt.Fprintln(stderr, "weir validate: no file given")
 		fs.Usage()
 		return 2
 	}
-	status := 0
 	for _, path := range fs.Args() {
 		data, err := os.ReadFile(path)
 		if err != nil {
@@ -82,6 +90,27 @@ func runValidate(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "%sok: %d %s%s\n", prefix, len(cfg.Rules), noun, protects)
 	}
 	return status
+}
+
+// validateEnvoy checks the envoyproxy/ratelimit directory dir with the
+// loader weir serve uses, printing its first problem as file:line:
+// message (exit status 1), or "DIR: ok: ..." (0). A directory that
+// cannot be read, or holds no configuration file, is status 2.
+func validateEnvoy(dir string, quiet bool, stdout, stderr io.Writer) int {
+	cfg, err := envoyrls.LoadDir(dir)
+	if err != nil {
+		var ce *envoyrls.ConfigError
+		if errors.As(err, &ce) {
+			fmt.Fprintln(stderr, ce.Error())
+			return 1
+		}
+		fmt.Fprintf(stderr, "weir validate: %v\n", err)
+		return 2
+	}
+	if !quiet {
+		fmt.Fprintf(stdout, "%s: ok: %s, %s\n", dir, count(len(cfg.Domains()), "domain", "domains"), count(len(cfg.Rules()), "rule", "rules"))
+	}
+	return 0
 }
 
 // locate gives the problems of a *config.Error whose path is

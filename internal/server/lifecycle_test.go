@@ -106,9 +106,11 @@ func TestShutdownGoesUnreadyFirst(t *testing.T) {
 		resp, _ := call(t, "GET", base+"/readyz", "")
 		return resp.StatusCode == 503
 	})
-	resp, err := health.Check(context.Background(), &healthpb.HealthCheckRequest{})
-	if err != nil || resp.Status != healthpb.HealthCheckResponse_NOT_SERVING {
-		t.Fatalf("gRPC health while draining: %v %v", resp, err)
+	for _, name := range []string{"", "ratelimit", "envoy.service.ratelimit.v3.RateLimitService"} {
+		resp, err := health.Check(context.Background(), &healthpb.HealthCheckRequest{Service: name})
+		if err != nil || resp.Status != healthpb.HealthCheckResponse_NOT_SERVING {
+			t.Fatalf("gRPC health of %q while draining: %v %v", name, resp, err)
+		}
 	}
 	// Still serving decisions, and telling clients to close connections.
 	r, b := call(t, "POST", base+"/v1/check", `{"rule":"login","key":"192.0.2.1","hits":1}`, "Content-Type", "application/json")

@@ -102,6 +102,7 @@ type options struct {
 	envoyDir        string
 	envoyAwait      bool // /healthcheck fails until SetEnvoyConfig (envoyhealth.go)
 	tlsGRPCOnly     bool // WithTLSOnGRPCOnly (envoyhealth.go)
+	envoyMetadata   bool
 	log             *slog.Logger
 	adminToken      *string
 	adminTokenEnv   string
@@ -165,6 +166,10 @@ func WithEnvoyConfig(cfg *envoyrls.Config) Option { return func(o *options) { o.
 // WithEnvoyConfigDir loads envoyproxy/ratelimit YAML files from dir (see
 // envoyrls.LoadDir), and reloads them on Reload.
 func WithEnvoyConfigDir(dir string) Option { return func(o *options) { o.envoyDir = dir } }
+
+// WithEnvoyDynamicMetadata makes Envoy rate limit responses carry dynamic
+// metadata (envoyrls.WithDynamicMetadata).
+func WithEnvoyDynamicMetadata(on bool) Option { return func(o *options) { o.envoyMetadata = on } }
 
 // grpcOptions tunes the gRPC server for Envoy's traffic: many small unary
 // calls, each connection with a few in flight.
@@ -523,7 +528,7 @@ func (s *Server) initEnvoy() error {
 		maxOverride = defaultEnvoyMaxOverride
 	}
 	s.envoy = envoyrls.New(ecfg, s.stack, envoyrls.WithFallbackDecider(s.envoyDecider), envoyrls.WithObserver(s.envoyObserve),
-		envoyrls.WithMaxOverridePeriod(maxOverride))
+		envoyrls.WithMaxOverridePeriod(maxOverride), envoyrls.WithDynamicMetadata(s.o.envoyMetadata))
 	return nil
 }
 

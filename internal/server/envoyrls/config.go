@@ -13,6 +13,7 @@ import (
 
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"go.yaml.in/yaml/v3"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/algorithm"
@@ -58,9 +59,11 @@ func (d *domainConfig) overridePath() string { return d.override }
 
 // level is one list of descriptors: the candidates for one request entry.
 type level struct {
-	exact     map[entryKey]*node // key and value both given
-	defaults  map[string]*node   // key only: matches any value
-	wildcards []*node            // value ending in '*', in file order
+	exact    map[entryKey]*node // key and value both given
+	defaults map[string]*node   // key only: matches any value
+	// wildcards holds, in file order, the descriptors whose key_value
+	// (or key, without a value) holds a '*' anywhere.
+	wildcards []*node
 }
 
 type entryKey struct{ key, value string }
@@ -72,12 +75,18 @@ func (l *level) empty() bool {
 type node struct {
 	debit      bool // debit: true, applied to its rule
 	key, value string
-	prefix     string // a wildcard's value without its trailing '*'
-	wildcard   bool
-	share      bool // share_threshold: every value matching the wildcard shares one counter
-	line       int
-	rule       *rule
-	children   level
+	// parts is a wildcard's key_value split at each '*' (wildcard.go);
+	// nil when the descriptor is no wildcard.
+	parts    []string
+	wildcard bool
+	share    bool // share_threshold: every value matching the wildcard shares one counter
+	// valueToMetric: value_to_metric, which (as upstream builds its
+	// stats) drops the rule's metadata from responses when it changes
+	// the stats key.
+	valueToMetric bool
+	line          int
+	rule          *rule
+	children      level
 }
 
 // rule is one rate_limit block, compiled.
@@ -94,6 +103,10 @@ type rule struct {
 	deny      bool // requests_per_unit: 0 blocks every request
 	override  bool // a request's own limit (Envoy's limit override), not the config's
 	debit     bool // weir's debit: true: every matching call counts its hits, into debt if need be
+	// metadata is the descriptor's metadata:, returned in the response's
+	// dynamic metadata when the descriptor passes (WithDynamicMetadata).
+	// nil when the descriptor has detailed_metric, as upstream loses it.
+	metadata *structpb.Struct
 
 	limit   weir.Limit
 	maxCost int64 // the largest cost the limit can ever admit at once
@@ -336,7 +349,7 @@ var (
 
 	descriptorFields = yamlnode.Fields{What: "descriptor", Hints: misplaced, Names: []string{
 		"key", "value", "rate_limit", "descriptors", "shadow_mode", "detailed_metric",
-		"value_to_metric", "share_threshold", "quota_mode", "debit",
+		"value_to_metric", "share_threshold", "quota_mode", "debit", "metadata",
 	}}
 
 	rateLimitFields = yamlnode.Fields{What: "rate_limit", Hints: misplaced, Names: []string{
@@ -396,11 +409,14 @@ func (p *parser) descriptor(l *level, n *yaml.Node, parent string) error {
 			return err
 		}
 	}
-	nd.prefix, nd.wildcard = strings.CutSuffix(nd.value, "*")
-	path := parent + "." + nd.key
+	full := nd.key // the descriptor's key_value, as upstream matches it
 	if nd.value != "" {
-		path += "_" + nd.value
+		full += "_" + nd.value
 	}
+	if strings.Contains(full, "*") {
+		nd.wildcard, nd.parts = true, splitStar(full)
+	}
+	path := parent + "." + full
 	var share, shadow, quota bool
 	for _, b := range []struct {
 		field string
@@ -412,15 +428,23 @@ func (p *parser) descriptor(l *level, n *yaml.Node, parent string) error {
 			}
 		}
 	}
-	for _, field := range []string{"detailed_metric", "value_to_metric"} { // metrics only: accepted
-		if vn := f.Get(field); vn != nil {
-			if _, err := yamlnode.BoolYAML11(vn, field); err != nil {
+	var detailed bool
+	for _, b := range []struct {
+		field string
+		dst   *bool
+	}{{"detailed_metric", &detailed}, {"value_to_metric", &nd.valueToMetric}} { // metrics only
+		if vn := f.Get(b.field); vn != nil {
+			if *b.dst, err = yamlnode.BoolYAML11(vn, b.field); err != nil {
 				return err
 			}
 		}
 	}
+	meta, err := metadataOf(f.Get("metadata"))
+	if err != nil {
+		return err
+	}
 	if share && !nd.wildcard {
-		return yamlnode.Errorf(f.Get("share_threshold"), "share_threshold needs a wildcard value ending in '*', and descriptor %q has none", path)
+		return yamlnode.Errorf(f.Get("share_threshold"), "share_threshold needs a wildcard value (with a '*'), and descriptor %q has none", path)
 	}
 	nd.share = share
 
@@ -433,6 +457,9 @@ func (p *parser) descriptor(l *level, n *yaml.Node, parent string) error {
 			l.defaults = map[string]*node{}
 		}
 		l.defaults[nd.key] = nd
+		if nd.wildcard {
+			l.wildcards = append(l.wildcards, nd) // a '*' in the key itself
+		}
 	} else {
 		ek := entryKey{nd.key, nd.value}
 		if prev := l.exact[ek]; prev != nil {
@@ -454,6 +481,9 @@ func (p *parser) descriptor(l *level, n *yaml.Node, parent string) error {
 		}
 		if r != nil {
 			r.shadow, r.quota = shadow, quota
+			if !detailed {
+				r.metadata = meta
+			}
 			if err := debitOf(r, nd, f.Get("debit")); err != nil {
 				return err
 			}

@@ -72,7 +72,7 @@ func TestConfigErrors(t *testing.T) {
 		{"bad bool", y("domain: d", "descriptors:", "  - key: a", "    shadow_mode: maybe"), `f.yaml:4: shadow_mode must be true or false, got "maybe"`},
 		{"quoted bool", y("domain: d", "descriptors:", "  - key: a", `    shadow_mode: "yes"`), `f.yaml:4: shadow_mode must be true or false, got "yes"`},
 		{"share without wildcard", y("domain: d", "descriptors:", "  - key: a", "    value: x", "    share_threshold: true"),
-			`f.yaml:5: share_threshold needs a wildcard value ending in '*', and descriptor "d.a_x" has none`},
+			`f.yaml:5: share_threshold needs a wildcard value (with a '*'), and descriptor "d.a_x" has none`},
 		{"repeated field", y("domain: d", "descriptors:", "  - key: a", "    key: b"), `f.yaml:4: field "key" is given twice in descriptor (first at line 3)`},
 		{"descriptor not a mapping", y("domain: d", "descriptors: [a]"), `f.yaml:2: each entry of descriptors must be a mapping with a key, got "a"`},
 		{"descriptors not a list", y("domain: d", "descriptors: {key: a}"), "f.yaml:2: descriptors must be a list, got a mapping"},
@@ -248,10 +248,10 @@ func TestParseAcceptsUpstreamSpellings(t *testing.T) {
 		t.Errorf("name = %q", rules[2].Name)
 	}
 	d := cfg.domains["d"]
-	if r, _ := d.match(desc("port", "80").Entries); r == nil || r.rpu != 16 {
+	if r, _, _ := d.match(desc("port", "80").Entries); r == nil || r.rpu != 16 {
 		t.Fatalf("port=80 matched %+v", r)
 	}
-	if r, _ := d.match(desc("empty", "x").Entries); r != nil {
+	if r, _, _ := d.match(desc("empty", "x").Entries); r != nil {
 		t.Fatalf("an empty rate_limit matched %+v", r)
 	}
 }
@@ -327,7 +327,7 @@ func TestExampleConfig(t *testing.T) {
 		{[]string{"api_key", "anything"}, func(r *rule) bool { return r != nil && r.shadow }},
 		{[]string{"internal", "healthcheck"}, func(r *rule) bool { return r != nil && r.unlimited }},
 	} {
-		r, _ := d.match(entries(c.entries...))
+		r, _, _ := d.match(entries(c.entries...))
 		if !c.check(r) {
 			t.Errorf("%v matched %+v", c.entries, r)
 		}

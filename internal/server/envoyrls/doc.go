@@ -12,8 +12,8 @@
 //
 // Envoy sends a domain and a list of descriptors, each a list of key/value
 // entries. Each descriptor is matched against the domain's tree, one entry
-// per level: exact key and value first, then a wildcard value ending in
-// '*', then the key alone. The rate_limit on the node reached by the last
+// per level: exact key and value first, then the first wildcard (a '*'
+// anywhere, each matching any run of characters), then the key alone. The rate_limit on the node reached by the last
 // entry applies, counted per distinct list of entries. Descriptors are
 // counted independently, and the call is OVER_LIMIT when any of them is.
 //
@@ -25,6 +25,7 @@
 // A rule counts in a weir fixed window by default, aligned to the epoch as
 // upstream's windows are; the extensions unit_multiplier, limit, algorithm
 // and burst give any period and any weir algorithm. Unlike upstream, a
-// request that is over the limit consumes nothing. docs/envoy.md is the
-// migration guide.
+// request over the limit consumes nothing, unless it carries its own
+// hits_addend (a cost), which counts as upstream counts it. docs/envoy.md
+// is the migration guide.
 package envoyrls

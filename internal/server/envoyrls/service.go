@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/weir-dev/weir"
@@ -47,9 +48,10 @@ const KeyRule = "envoy"
 
 // keyRuleOverride is the rule part of the keys of descriptors that carry
 // their own limit (Envoy's limit override): weir.Key(keyRuleOverride,
-// domain, unit, unit_multiplier, requests_per_unit, key1, value1, ...).
-// An override never shares a counter with a configured descriptor, nor
-// with an override of another limit.
+// domain, unit, unit_multiplier, key1, value1, ...). An override never
+// shares a counter with a configured descriptor. Its requests_per_unit is
+// not part of the key, so a tenant whose limit changes keeps its count;
+// its period is, as upstream's keys carry the start of the unit's window.
 const keyRuleOverride = "envoy-override"
 
 // keyRuleShared is the rule part of the keys of descriptors that match a
@@ -179,7 +181,8 @@ func WithClock(now func() time.Time) Option { return func(s *Service) { s.now = 
 //
 // Responses are those of envoyproxy/ratelimit for the same configuration
 // and requests, with one difference of substance: a request weir rejects
-// consumes nothing, where upstream counts it anyway. docs/envoy.md lists
+// consumes nothing, where upstream counts it anyway (a descriptor's own
+// hits_addend, a cost, counts as upstream counts it). docs/envoy.md lists
 // the details.
 type Service struct {
 	cfg     atomic.Pointer[Config]
@@ -190,6 +193,8 @@ type Service struct {
 	log     *slog.Logger
 	// maxOverride is the longest period of a limit override; 0: ten years.
 	maxOverride time.Duration
+	// dynamicMetadata: responses carry dynamic metadata (WithDynamicMetadata).
+	dynamicMetadata bool
 }
 
 // New returns a Service answering from cfg with counters in store. A nil
@@ -299,10 +304,16 @@ func checkBounds(req *rlspb.RateLimitRequest) error {
 type item struct {
 	rule   *rule
 	shared []string // share_threshold patterns by entry, or nil
+	// meta: the rule's metadata, unless value_to_metric dropped it.
+	meta   *structpb.Struct
 	hits   int64
 	forced bool // over the limit's capacity: rejected without consuming
-	req    int  // index in the store batch, -1 if the store is not asked
-	refund bool // is_negative_hits on a debit descriptor: give the hits back
+	// explicit: the descriptor has its own hits_addend, as Envoy sends
+	// for a cost (apply_on_stream_done, token counts).
+	explicit bool
+	peer     peerMode // how a fixed window is asked, as upstream counts
+	req      int      // index in the store batch, -1 if the store is not asked
+	refund   bool     // is_negative_hits on a debit descriptor: give the hits back
 }
 
 // Check decides req like ShouldRateLimit, returning plain errors: those
@@ -358,7 +369,11 @@ func matchRules(dom *domainConfig, req *rlspb.RateLimitRequest, maxOverride time
 			}
 			it.rule = r
 		} else {
-			it.rule, it.shared = dom.match(desc.GetEntries())
+			var renamed bool
+			it.rule, it.shared, renamed = dom.match(desc.GetEntries())
+			if it.rule != nil && !renamed {
+				it.meta = it.rule.metadata
+			}
 		}
 		if desc.GetIsNegativeHits() {
 			// Only a debit descriptor gives back: elsewhere weir never
@@ -374,6 +389,7 @@ func matchRules(dom *domainConfig, req *rlspb.RateLimitRequest, maxOverride time
 		it.hits = reqHits
 		if h := desc.GetHitsAddend(); h != nil {
 			it.hits = int64(min(h.GetValue(), math.MaxInt64))
+			it.explicit = true
 		}
 	}
 	return items, nil
@@ -422,6 +438,11 @@ func storeRequests(req *rlspb.RateLimitRequest, items []item) []weir.Request {
 			reqs = append(reqs, weir.Request{Key: requestKey(req, r, descs[i].GetEntries(), it.shared), Limit: r.limit, N: min(n, algorithm.MaxDebt), Mode: mode})
 			continue
 		}
+		if it.peer = peerModeOf(r, it); it.peer != peerTake {
+			it.req = len(reqs)
+			reqs = append(reqs, peerRequest(requestKey(req, r, descs[i].GetEntries(), it.shared), r, it))
+			continue
+		}
 		if n > r.maxCost {
 			// More than the limit can ever admit: upstream says OVER_LIMIT,
 			// and a peek fetches the state to report.
@@ -455,23 +476,22 @@ func (s *Service) observeFailed(ctx context.Context, domain string, items []item
 }
 
 // respond builds the response from the store's results, reporting each
-// descriptor to the Observer. quota_mode descriptors are grouped; the
-// call is over the limit when a plain descriptor is, or when every quota
-// group is.
+// descriptor to the Observer. The call is over the limit when a plain
+// descriptor is, or when every quota_mode descriptor of the call is, as
+// upstream decides.
 func (s *Service) respond(ctx context.Context, req *rlspb.RateLimitRequest, items []item, results []weir.Result, fallback []string) *rlspb.RateLimitResponse {
 	resp := &rlspb.RateLimitResponse{Statuses: make([]*rlspb.RateLimitResponse_DescriptorStatus, len(items))}
 	over := false
-	var quotaGroups map[string]bool // group → over
+	quotas, quotasOver := 0, 0
 	for i := range items {
 		st, d := s.descriptorStatus(req.Domain, i, &items[i], results, fallback)
 		resp.Statuses[i] = st
 		if r := items[i].rule; r != nil && !r.unlimited {
 			if r.quota {
-				if quotaGroups == nil {
-					quotaGroups = map[string]bool{}
+				quotas++
+				if d.Outcome == Limited {
+					quotasOver++
 				}
-				g := quotaGroup(req.GetDescriptors()[i].GetEntries())
-				quotaGroups[g] = quotaGroups[g] || d.Outcome == Limited
 			} else if d.Outcome == Limited {
 				over = true
 			}
@@ -480,17 +500,25 @@ func (s *Service) respond(ctx context.Context, req *rlspb.RateLimitRequest, item
 			s.observe(ctx, d)
 		}
 	}
-	if len(quotaGroups) > 0 {
-		all := true
-		for _, g := range quotaGroups {
-			all = all && g
-		}
-		over = over || all
+	if quotas > 0 && quotasOver == quotas {
+		over = true
 	}
 	if over {
 		resp.OverallCode = rlspb.RateLimitResponse_OVER_LIMIT
 	} else {
 		resp.OverallCode = rlspb.RateLimitResponse_OK
+	}
+	if s.dynamicMetadata {
+		passed := make([]bool, len(items))
+		meta := make([]*structpb.Struct, len(items))
+		for i := range items {
+			r := items[i].rule
+			passed[i] = resp.Statuses[i].Code == rlspb.RateLimitResponse_OK && (r == nil || !r.unlimited)
+			if r != nil {
+				meta[i] = items[i].meta
+			}
+		}
+		resp.DynamicMetadata = responseMetadata(req, passed, meta)
 	}
 	return resp
 }
@@ -514,6 +542,7 @@ func (s *Service) descriptorStatus(domain string, i int, it *item, results []wei
 	allowed := false
 	if it.req >= 0 {
 		d.Result, d.Fallback = results[it.req], fallback[it.req]
+		peerResult(r, it, &d.Result)
 		allowed = d.Result.Allowed && !it.forced
 	}
 	st.CurrentLimit = r.proto()
@@ -559,47 +588,58 @@ func (r *rule) proto() *rlspb.RateLimitResponse_RateLimit {
 }
 
 // match walks the domain's descriptor tree along entries. At each level an
-// entry matches its exact key and value first, then the first wildcard
-// value (in file order) that prefixes its value, then its key alone. The
+// entry matches its exact key and value first, then the first wildcard (in
+// file order) whose key_value pattern matches the entry's key_value
+// (wildcardMatch), then its key alone. The
 // rule is the one on the node reached by the last entry; a request with
 // more or fewer entries than the tree is deep matches nothing. shared
 // holds, per entry, the wildcard pattern whose counter is shared
 // (share_threshold), or is nil.
-func (d *domainConfig) match(entries []*rlcommon.RateLimitDescriptor_Entry) (r *rule, shared []string) {
+func (d *domainConfig) match(entries []*rlcommon.RateLimitDescriptor_Entry) (r *rule, shared []string, renamed bool) {
 	lvl := &d.root
 	for i, e := range entries {
 		k, v := e.GetKey(), e.GetValue()
 		n := lvl.exact[entryKey{k, v}]
 		wild := false
-		if n == nil {
+		if n == nil && len(lvl.wildcards) > 0 {
+			full := k + "_" + v
 			for _, w := range lvl.wildcards {
-				if w.key == k && strings.HasPrefix(v, w.prefix) {
+				if wildcardMatch(w.parts, full) {
 					n, wild = w, true
 					break
 				}
 			}
 		}
+		byKey := false
 		if n == nil {
-			n = lvl.defaults[k]
+			n, byKey = lvl.defaults[k], true
 		}
 		if n == nil {
-			return nil, nil
+			return nil, nil, false
+		}
+		// value_to_metric puts the request's value in the stats key where
+		// the configuration has none (by key) or a pattern (by wildcard,
+		// without share_threshold); upstream then rebuilds the rule
+		// without its metadata.
+		if n.valueToMetric && (byKey && v != "" || wild && !n.share && v != strings.TrimPrefix(n.fullKey(), k+"_")) {
+			renamed = true
 		}
 		if wild && n.share {
 			if shared == nil {
 				shared = make([]string, len(entries))
 			}
-			shared[i] = n.value
+			// The pattern past the request's key, as upstream keys it.
+			shared[i] = strings.TrimPrefix(n.fullKey(), k+"_")
 		}
 		if i == len(entries)-1 {
-			return n.rule, shared
+			return n.rule, shared, renamed
 		}
 		if n.children.empty() {
-			return nil, nil
+			return nil, nil, false
 		}
 		lvl = &n.children
 	}
-	return nil, nil
+	return nil, nil, false
 }
 
 // overrideRule builds the rule of a descriptor that carries its own limit
@@ -656,10 +696,11 @@ func span(d time.Duration) string {
 }
 
 // overrideKey is the store key of an override's counter: apart from the
-// configured descriptors' keys, and from overrides of another limit.
+// configured descriptors' keys, the same whatever the override's
+// requests_per_unit, one per period.
 func overrideKey(domain string, r *rule, entries []*rlcommon.RateLimitDescriptor_Entry) string {
-	parts := make([]string, 0, 4+2*len(entries))
-	parts = append(parts, domain, strings.ToLower(r.unit.String()), strconv.FormatUint(uint64(r.mult), 10), strconv.FormatUint(uint64(r.rpu), 10))
+	parts := make([]string, 0, 3+2*len(entries))
+	parts = append(parts, domain, strings.ToLower(r.unit.String()), strconv.FormatUint(uint64(r.mult), 10))
 	for _, e := range entries {
 		parts = append(parts, e.GetKey(), e.GetValue())
 	}
@@ -684,26 +725,4 @@ func stateKey(domain string, entries []*rlcommon.RateLimitDescriptor_Entry, shar
 		parts = append(parts, e.GetKey(), v)
 	}
 	return weir.Key(keyRuleShared, parts...)
-}
-
-// quotaGroup is the group of a quota_mode descriptor, as upstream forms
-// it: its backend_name and model_name_override entries if it has either,
-// otherwise all its entries.
-func quotaGroup(entries []*rlcommon.RateLimitDescriptor_Entry) string {
-	var backend, model string
-	var all strings.Builder
-	for _, e := range entries {
-		switch e.GetKey() {
-		case "backend_name":
-			backend = e.GetValue()
-		case "model_name_override":
-			model = e.GetValue()
-		}
-		all.WriteString(weir.Key(e.GetKey(), e.GetValue()))
-		all.WriteByte(';')
-	}
-	if backend != "" || model != "" {
-		return "\x00" + backend + "\x00" + model
-	}
-	return all.String()
 }

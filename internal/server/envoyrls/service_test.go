@@ -55,6 +55,7 @@ type harness struct {
 	svc    *Service
 	clk    *clock
 	store  *memstore.Store
+	st     weir.Store // the store the service runs over
 	client rlspb.RateLimitServiceClient
 	conn   *grpc.ClientConn
 }
@@ -63,7 +64,15 @@ func start(t *testing.T, cfg *Config, opts ...Option) *harness {
 	t.Helper()
 	h := &harness{t: t, clk: newClock()}
 	h.store = memstore.New(memstore.WithClock(h.clk.Now))
-	h.svc = New(cfg, h.store, append([]Option{WithClock(h.clk.Now)}, opts...)...)
+	return h.serve(cfg, h.store, opts)
+}
+
+// serve starts the harness's service over store.
+func (h *harness) serve(cfg *Config, store weir.Store, opts []Option) *harness {
+	t := h.t
+	t.Helper()
+	h.st = store
+	h.svc = New(cfg, store, append([]Option{WithClock(h.clk.Now)}, opts...)...)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -468,7 +477,8 @@ descriptors:
 	h.expect(request("test-domain", 0, desc("wild", "bar")), resp(ok, noLimit()))
 	h.expect(request("test-domain", 0, desc("noWild", "foo1")), resp(ok, noLimit()))
 	h.expect(request("test-domain", 0, desc("noVal", "foo1")), resp(ok, st(ok, 20, min_, 19, 43*time.Second)))
-	h.expect(request("test-domain", 0, desc("midWild", "barab")), resp(ok, noLimit()))
+	h.expect(request("test-domain", 0, desc("midWild", "barab")), resp(ok, st(ok, 20, min_, 19, 43*time.Second)))
+	h.expect(request("test-domain", 0, desc("midWild", "bara")), resp(ok, noLimit()))
 	// Exact, then the first wildcard in file order, then the key alone.
 	h.expect(request("test-domain", 0, desc("k", "abc")), resp(ok, st(ok, 1, min_, 0, 43*time.Second)))
 	h.expect(request("test-domain", 0, desc("k", "abd")), resp(ok, st(ok, 2, min_, 1, 43*time.Second)))
@@ -498,13 +508,18 @@ func TestHitsAddend(t *testing.T) {
 	// Over the limit: nothing is consumed (upstream would count them).
 	h.expect(request("another", 11, key()), resp(over, st(over, 20, min_, 10, 43*time.Second)))
 	h.expect(request("another", 10, key()), resp(ok, st(ok, 20, min_, 0, 43*time.Second)))
-	// Exhausted: a check-only descriptor now reports OVER_LIMIT.
-	h.expect(request("another", 0, withHits(key(), 0)), resp(over, st(over, 20, min_, 0, 43*time.Second)))
+	// Exhausted: a check-only descriptor still passes, as upstream's does
+	// while the counter is not over the limit.
+	h.expect(request("another", 0, withHits(key(), 0)), resp(ok, st(ok, 20, min_, 0, 43*time.Second)))
 	// More than the limit can ever admit, on a fresh key: OVER_LIMIT, the
 	// window's reset still reported, nothing consumed.
-	h.expect(request("another", 0, withHits(desc("key2", "big"), 1<<60)), resp(over, st(over, 20, min_, 20, 43*time.Second)))
 	h.expect(request("another", 21, desc("key2", "big")), resp(over, st(over, 20, min_, 20, 43*time.Second)))
 	h.expect(request("another", 20, desc("key2", "big")), resp(ok, st(ok, 20, min_, 0, 43*time.Second)))
+	// A descriptor's own hits_addend (a cost charged on the response
+	// path) counts in full even past the limit, as upstream counts it:
+	// the window is then over, and even a check-only call is refused.
+	h.expect(request("another", 0, withHits(desc("key2", "huge"), 1<<60)), resp(over, st(over, 20, min_, 0, 43*time.Second)))
+	h.expect(request("another", 0, withHits(desc("key2", "huge"), 0)), resp(over, st(over, 20, min_, 0, 43*time.Second)))
 }
 
 func TestBadRequests(t *testing.T) {
@@ -738,7 +753,7 @@ func TestDeciderPanicIsAnError(t *testing.T) {
 func TestHealthService(t *testing.T) {
 	h := start(t, integrationConfig(t))
 	hc := healthpb.NewHealthClient(h.conn)
-	for _, name := range []string{"", ServiceName} {
+	for _, name := range []string{"", ServiceName, "ratelimit"} {
 		r, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: name})
 		if err != nil || r.Status != healthpb.HealthCheckResponse_SERVING {
 			t.Fatalf("health %q: %v %v", name, r, err)
