@@ -23,7 +23,7 @@ const config = `
 rules:
   - name: api
     identity: [header:X-API-Key]
-    limit: 2/m
+    limit: 2/h # an hour: no unit comes back while slow clients start
     algorithm: fixed_window
 `
 
@@ -90,11 +90,11 @@ func TestClients(t *testing.T) {
 			}
 			key := "client-" + c.name
 			code, out, errOut := run(base, "api", key, 2000, true)
-			expect("1st of 2/m", code, out, errOut, 0, "allowed remaining=1", "")
+			expect("1st of 2/h", code, out, errOut, 0, "allowed remaining=1", "")
 			code, out, errOut = run(base, "api", key, 2000, true)
-			expect("2nd of 2/m", code, out, errOut, 0, "allowed remaining=0", "")
+			expect("2nd of 2/h", code, out, errOut, 0, "allowed remaining=0", "")
 			code, out, errOut = run(base, "api", key, 2000, true)
-			expect("3rd of 2/m", code, out, errOut, 1, "limited retry_after_ms=", "")
+			expect("3rd of 2/h", code, out, errOut, 1, "limited retry_after_ms=", "")
 			code, out, errOut = run(base, "nosuch", key, 2000, true)
 			expect("unknown rule", code, out, errOut, 2, "", "unknown_rule")
 			for _, down := range []struct{ what, url string }{{"weir not listening", closed}, {"weir not answering", silent}} {

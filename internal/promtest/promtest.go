@@ -47,7 +47,7 @@ var metricDef = regexp.MustCompile(`Name:\s*"(weir_[a-z0-9_]+)"`)
 // count as its name.
 func Exported(t testing.TB, root string) map[string]bool {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join(root, "server", "*.go"))
+	files, err := filepath.Glob(filepath.Join(root, "internal", "server", "*.go"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("promtest: no server sources under %s: %v", root, err)
 	}
