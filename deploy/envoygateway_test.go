@@ -151,4 +151,3 @@ func TestEnvoyGatewayDeployment(t *testing.T) {
 		t.Fatalf("metrics on :19001: %d %.300s", resp.StatusCode, body)
 	}
 }
-
