@@ -97,6 +97,7 @@ type options struct {
 	redisURL        string
 	envoyCfg        *envoyrls.Config
 	envoyDir        string
+	envoySettings   EnvoySettings
 	log             *slog.Logger
 	adminToken      *string
 	adminTokenEnv   string
@@ -149,7 +150,7 @@ func WithRedisURL(url string) Option { return func(o *options) { o.redisURL = ur
 func WithEnvoyConfig(cfg *envoyrls.Config) Option { return func(o *options) { o.envoyCfg = cfg } }
 
 // WithEnvoyConfigDir loads envoyproxy/ratelimit YAML files from dir (see
-// envoyrls.LoadDir), and reloads them on Reload.
+// envoyrls.LoadDir), and reloads them when they change and on Reload.
 func WithEnvoyConfigDir(dir string) Option { return func(o *options) { o.envoyDir = dir } }
 
 // grpcOptions tunes the gRPC server for Envoy's traffic: many small unary
@@ -259,8 +260,9 @@ type Server struct {
 	storeTimeout time.Duration
 	keys         redisKeys // the names of the service's own keys in Redis
 
-	envoy    *envoyrls.Service
-	envoyDir string
+	envoy      *envoyrls.Service
+	envoyDir   string
+	envoyState envoyState // reloads of envoyDir (envoywatch.go)
 
 	tls *tlsfiles.Source // the listeners' certificate; nil for plaintext
 
@@ -496,18 +498,24 @@ func (s *Server) initEnvoy() error {
 	o := &s.o
 	ecfg := o.envoyCfg
 	if o.envoyDir != "" {
-		c, err := envoyrls.LoadDir(o.envoyDir)
+		c, sum, err := s.loadEnvoyDir(o.envoyDir)
 		if err != nil {
 			return fmt.Errorf("server: envoy config: %w", err)
 		}
 		ecfg, s.envoyDir = c, o.envoyDir
+		s.envoyState.lastSum = sum
+		s.envoyState.lastOK.Store(time.Now().Unix())
 	}
 	maxOverride := s.base.Load().Server.EnvoyMaxOverridePeriod
 	if maxOverride == 0 {
 		maxOverride = defaultEnvoyMaxOverride
 	}
-	s.envoy = envoyrls.New(ecfg, s.guard, envoyrls.WithFallbackDecider(s.envoyDecider), envoyrls.WithObserver(s.envoyObserve),
-		envoyrls.WithMaxOverridePeriod(maxOverride))
+	s.envoy = envoyrls.New(ecfg, s.guard, append(s.envoyServiceOptions(), envoyrls.WithFallbackDecider(s.envoyDecider),
+		envoyrls.WithObserver(s.envoyObserve), envoyrls.WithMaxOverridePeriod(maxOverride))...)
+	s.registerEnvoyMetrics()
+	if s.envoyDir != "" {
+		s.startEnvoyWatch()
+	}
 	return nil
 }
 
@@ -670,16 +678,8 @@ func (s *Server) Reload() error {
 		}
 	}
 	if s.envoyDir != "" {
-		c, err := envoyrls.LoadDir(s.envoyDir)
-		if err != nil {
-			s.metrics.reload(false)
-			s.log.Error("weir: envoy config rejected; the old one stays in force", "dir", s.envoyDir, "err", err)
+		if err := s.reloadEnvoy(true); err != nil {
 			errs = append(errs, err)
-		} else {
-			s.envoy.SetConfig(c)
-			s.flushDenyCache()
-			s.metrics.reload(true)
-			s.log.Info("weir: envoy config reloaded", "dir", s.envoyDir, "domains", len(c.Domains()))
 		}
 	}
 	return errors.Join(errs...)
