@@ -44,6 +44,7 @@ type serveFlags struct {
 	pprof                                  string
 	shutdownTimeout, shutdownDelay         time.Duration
 	refuseRoot                             bool
+	envoy                                  envoyServeFlags // serve_envoy.go
 }
 
 func newServeFlagSet(stderr io.Writer) (*flag.FlagSet, *serveFlags) {
@@ -51,7 +52,7 @@ func newServeFlagSet(stderr io.Writer) (*flag.FlagSet, *serveFlags) {
 	fs.SetOutput(stderr)
 	f := &serveFlags{}
 	fs.StringVar(&f.config, "config", "", "weir.yaml with the store, rules and server settings; reloaded when it changes and on SIGHUP (default: built-in demo rules on the memory store)")
-	fs.StringVar(&f.envoyConfig, "envoy-config", "", "directory of envoyproxy/ratelimit YAML files to serve over gRPC ShouldRateLimit and POST /v1/check; reloaded on SIGHUP")
+	fs.StringVar(&f.envoyConfig, "envoy-config", "", "directory of envoyproxy/ratelimit YAML files to serve over gRPC ShouldRateLimit and POST /v1/check; reloaded when a file in it changes and on SIGHUP")
 	fs.StringVar(&f.http, "http", "", `HTTP listen address for the API, /v1/auth, metrics and the dashboard (default: server.http in the config, else ":8080")`)
 	fs.StringVar(&f.grpc, "grpc", "", `gRPC listen address for Envoy's rate limit service and gRPC health, or "off" (default: server.grpc in the config, else ":8081")`)
 	fs.StringVar(&f.redis, "redis", "", "keep state in Redis at this URL instead of what the config says (its store.redis prefix and tuning stay): redis://[user:pass@]host:port/db, rediss://..., redis+sentinel://host:port,host:port/master, or host:port,host:port,... for a cluster")
@@ -68,6 +69,7 @@ func newServeFlagSet(stderr io.Writer) (*flag.FlagSet, *serveFlags) {
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", server.DefaultShutdownTimeout, "on SIGTERM or SIGINT, how long the whole shutdown may take (the delay, then letting in-flight requests finish)")
 	fs.DurationVar(&f.shutdownDelay, "shutdown-delay", server.DefaultShutdownDelay, "on SIGTERM or SIGINT, how long to keep serving while unready (/readyz 503, gRPC health NOT_SERVING) before closing the listeners, so that load balancers stop sending first; 0 closes at once")
 	fs.BoolVar(&f.refuseRoot, "refuse-root", false, "exit with an error instead of serving when the effective user is root (uid 0); the container image sets it")
+	addEnvoyFlags(fs, &f.envoy)
 	// Every flag's help names its environment variable.
 	fs.VisitAll(func(fl *flag.Flag) { fl.Usage += " [$" + envName(fl.Name) + "]" })
 	fs.Usage = func() {
@@ -283,6 +285,7 @@ func serverOptions(f *serveFlags, log *slog.Logger, lookup func(string) (string,
 		server.WithShutdownTimeout(f.shutdownTimeout),
 		server.WithShutdownDelay(f.shutdownDelay),
 		server.WithLookupEnv(lookup),
+		f.envoy.option(),
 	}
 	for _, o := range []struct {
 		value string
