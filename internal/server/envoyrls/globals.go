@@ -13,6 +13,8 @@ import (
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/weir-dev/weir/internal/yamlnode"
 )
 
 // Names of the response headers that WithResponseHeaders adds: those
@@ -158,9 +160,48 @@ func LoadDirWith(dir string, o LoadOptions) (*Config, error) {
 }
 
 // mergeInto adds a later file's descriptors to a domain already loaded.
+// A top-level descriptor an earlier file defined is refused, as upstream
+// does, naming this file's line.
 func (p *parser) mergeInto(d *domainConfig, dl *yaml.Node) error {
 	if dl == nil {
 		return nil
+	}
+	if dl.Kind == yaml.SequenceNode {
+		for _, item := range dl.Content {
+			item = yamlnode.Resolve(item)
+			if item.Kind != yaml.MappingNode {
+				continue // p.level reports it
+			}
+			var kn, vn *yaml.Node
+			for i := 0; i+1 < len(item.Content); i += 2 {
+				switch item.Content[i].Value {
+				case "key":
+					kn = item.Content[i+1]
+				case "value":
+					vn = item.Content[i+1]
+				}
+			}
+			if kn == nil || kn.Kind != yaml.ScalarNode || (vn != nil && vn.Kind != yaml.ScalarNode) {
+				continue
+			}
+			dup := false
+			if vn == nil || vn.Value == "" {
+				dup = d.root.defaults[kn.Value] != nil
+			} else if prefix, wild := strings.CutSuffix(vn.Value, "*"); wild {
+				for _, w := range d.root.wildcards {
+					dup = dup || (w.key == kn.Value && w.prefix == prefix)
+				}
+			} else {
+				dup = d.root.exact[entryKey{kn.Value, vn.Value}] != nil
+			}
+			if dup {
+				what := fmt.Sprintf("key %q", kn.Value)
+				if vn != nil && vn.Value != "" {
+					what += fmt.Sprintf(" with value %q", vn.Value)
+				}
+				return yamlnode.Errorf(kn, "duplicate descriptor: %s is already defined by an earlier file of domain %q", what, d.name)
+			}
+		}
 	}
 	return p.level(&d.root, dl, d.name)
 }

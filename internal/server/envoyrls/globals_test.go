@@ -215,7 +215,13 @@ func TestMergeDomains(t *testing.T) {
 	}
 	write("3.yaml", "domain: m\ndescriptors:\n  - key: a\n    rate_limit: { unit: hour, requests_per_unit: 9 }\n")
 	_, err = LoadDirWith(dir, LoadOptions{MergeDomains: true})
-	if err == nil || !strings.Contains(err.Error(), "3.yaml:3:") || !strings.Contains(err.Error(), "duplicate descriptor") {
+	if err == nil || !strings.Contains(err.Error(), `3.yaml:3: duplicate descriptor: key "a" is already defined by an earlier file of domain "m"`) {
 		t.Fatalf("duplicate across merged files: err = %v, want 3.yaml:3 duplicate descriptor", err)
+	}
+	// A wildcard and an exact value too.
+	write("3.yaml", "domain: m\ndescriptors:\n  - key: w\n    value: p*\n    rate_limit: { unit: hour, requests_per_unit: 9 }\n")
+	write("4.yaml", "domain: m\ndescriptors:\n  - key: w\n    value: p*\n    rate_limit: { unit: hour, requests_per_unit: 9 }\n")
+	if _, err = LoadDirWith(dir, LoadOptions{MergeDomains: true}); err == nil || !strings.Contains(err.Error(), `4.yaml:3: duplicate descriptor: key "w" with value "p*"`) {
+		t.Fatalf("duplicate wildcard across merged files: err = %v", err)
 	}
 }
