@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"crypto/sha256"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -54,27 +53,9 @@ func (s *Server) envoyServiceOptions() []envoyrls.Option {
 }
 
 // loadEnvoyDir loads the Envoy config directory with the settings, and a
-// digest of what it read: the file names and contents.
+// digest of the bytes it parsed.
 func (s *Server) loadEnvoyDir(dir string) (*envoyrls.Config, [sha256.Size]byte, error) {
-	c, err := envoyrls.LoadDirWith(dir, envoyrls.LoadOptions{MergeDomains: s.o.envoySettings.MergeDomains})
-	if err != nil {
-		return nil, [sha256.Size]byte{}, err
-	}
-	h := sha256.New()
-	for _, f := range c.Files() {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			// Gone since: the change that removed it triggers a reload.
-			data = nil
-		}
-		h.Write([]byte(f))
-		h.Write([]byte{0})
-		h.Write(data)
-		h.Write([]byte{0})
-	}
-	var sum [sha256.Size]byte
-	copy(sum[:], h.Sum(nil))
-	return c, sum, nil
+	return envoyrls.LoadDirDigest(dir, envoyrls.LoadOptions{MergeDomains: s.o.envoySettings.MergeDomains})
 }
 
 // registerEnvoyMetrics adds the Envoy service's own metrics.

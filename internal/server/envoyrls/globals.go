@@ -1,6 +1,7 @@
 package envoyrls
 
 import (
+	"crypto/sha256"
 	"fmt"
 	"math"
 	"os"
@@ -142,21 +143,34 @@ type LoadOptions struct {
 
 // LoadDirWith is LoadDir with options.
 func LoadDirWith(dir string, o LoadOptions) (*Config, error) {
+	c, _, err := LoadDirDigest(dir, o)
+	return c, err
+}
+
+// LoadDirDigest is LoadDirWith that also returns a digest of the file
+// names and contents it loaded, the very bytes parsed, so that a caller
+// can tell whether a directory changed since its last load.
+func LoadDirDigest(dir string, o LoadOptions) (*Config, [sha256.Size]byte, error) {
+	var sum [sha256.Size]byte
 	paths, err := dirFiles(dir)
 	if err != nil {
-		return nil, err
+		return nil, sum, err
 	}
+	h := sha256.New()
 	c := &Config{domains: map[string]*domainConfig{}, merge: o.MergeDomains}
 	for _, p := range paths {
 		data, err := os.ReadFile(p)
 		if err != nil {
-			return nil, fmt.Errorf("envoyrls: %w", err)
+			return nil, sum, fmt.Errorf("envoyrls: %w", err)
 		}
 		if err := c.add(data, p); err != nil {
-			return nil, err
+			return nil, sum, err
 		}
+		fmt.Fprintf(h, "%d:%s%d:", len(p), p, len(data))
+		h.Write(data)
 	}
-	return c, nil
+	copy(sum[:], h.Sum(nil))
+	return c, sum, nil
 }
 
 // mergeInto adds a later file's descriptors to a domain already loaded.

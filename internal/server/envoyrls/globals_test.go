@@ -225,3 +225,39 @@ func TestMergeDomains(t *testing.T) {
 		t.Fatalf("duplicate wildcard across merged files: err = %v", err)
 	}
 }
+
+// TestLoadDirDigest: the digest changes with a file's content, a file
+// added or one renamed, and not otherwise.
+func TestLoadDirDigest(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	digest := func() [32]byte {
+		t.Helper()
+		_, sum, err := LoadDirDigest(dir, LoadOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sum
+	}
+	write("a.yaml", "domain: a\n")
+	d1 := digest()
+	if digest() != d1 {
+		t.Fatal("the digest of an unchanged directory changed")
+	}
+	write("a.yaml", "domain: a2\n")
+	d2 := digest()
+	write("b.yaml", "domain: b\n")
+	d3 := digest()
+	if err := os.Rename(filepath.Join(dir, "b.yaml"), filepath.Join(dir, "c.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	d4 := digest()
+	if d1 == d2 || d2 == d3 || d3 == d4 {
+		t.Fatalf("digests %x %x %x %x: a change went unseen", d1[:4], d2[:4], d3[:4], d4[:4])
+	}
+}
