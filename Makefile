@@ -8,7 +8,7 @@ export WEIR_DEPS_EXTRA ?= nginx caddy chromium prometheus
 # Modules of their own (peer libraries stay out of weir's go.mod).
 NESTED     := bench examples/gin examples/echo
 
-.PHONY: all build release release-check image compose-images demo test-fleet test deps vet lint unit nested promtool-test test-helm tidy bench bench-debt bench-redis bench-overload bench-serve bench-flood bench-sizing bench-lease bench-window bench-replay fuzz same-long fmt clean
+.PHONY: all build release release-check image compose-images demo test-fleet test deps vet lint unit nested promtool-test test-helm tidy bench bench-debt bench-redis bench-overload bench-serve bench-resp bench-flood bench-sizing bench-lease bench-window bench-replay fuzz same-long fmt clean
 
 all: build
 
@@ -64,9 +64,12 @@ vet:
 	$(GO) vet -tags bench ./cmd/weir/
 
 # -tags bench: weir bench's lean gRPC client, left out of the product binary.
+# apicount bounds the exported identifiers of the public packages and of
+# the root package (scripts/apicount).
 lint: deps
 	$(STATICCHECK) ./...
 	$(STATICCHECK) -tags bench ./cmd/weir/
+	$(GO) run ./scripts/apicount -max 560 -max-root 70
 
 unit:
 	$(GO) test -race -count=1 -timeout 14m ./...
@@ -138,6 +141,12 @@ bench-sizing:
 bench-overload:
 	cd bench && $(GO) run ./overload
 	cd bench && $(GO) run ./overload -real
+
+# weir serve's RESP listener: redis-benchmark CL.THROTTLE against a local
+# redis-server's INCR, interleaved, and CPU per decision over RESP against
+# HTTP /v1/check (N, ROUNDS); the table in docs/benchmarks.md.
+bench-resp:
+	./bench/resp/run.sh
 
 # weir serve on Redis under weir bench over gRPC (STORE=memory for no Redis).
 bench-serve:

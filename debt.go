@@ -2,8 +2,6 @@ package weir
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync"
@@ -55,20 +53,6 @@ func (m Mode) String() string {
 	return fmt.Sprintf("mode(%d)", uint8(m))
 }
 
-// ParseMode returns the Mode named s, one of those a caller of weir serve
-// may ask for: take, debit or refund; "" is ModeTake.
-func ParseMode(s string) (Mode, error) {
-	switch s {
-	case "", "take":
-		return ModeTake, nil
-	case "debit":
-		return ModeDebit, nil
-	case "refund":
-		return ModeRefund, nil
-	}
-	return 0, fmt.Errorf("%w: unknown mode %q (want take, debit or refund)", ErrInvalidCost, s)
-}
-
 // AlgorithmMode returns the algorithm.Mode a store decides r with.
 func (r *Request) AlgorithmMode() algorithm.Mode {
 	switch {
@@ -99,7 +83,7 @@ func (r *Request) Check() error {
 // CheckWith is Check under p, r.Limit compiled: a take's cost must be
 // within 0..the most p can admit at once (an at-most take's is capped to
 // it first); a debit's or refund's must be a debt p allows (CheckDebt);
-// a dated refund's Stamp must date it (CheckStamp). A release or reset
+// a dated refund's Stamp must date it (checkStamp). A release or reset
 // has no cost to check.
 func (r *Request) CheckWith(p *algorithm.Params) error {
 	switch r.Mode {
@@ -112,7 +96,7 @@ func (r *Request) CheckWith(p *algorithm.Params) error {
 			return err
 		}
 		if r.Mode == ModeRefund && !r.Stamp.IsZero() {
-			return CheckStamp(r.Stamp, r.N)
+			return checkStamp(r.Stamp, r.N)
 		}
 		return nil
 	case ModeRelease, ModeReset:
@@ -120,10 +104,6 @@ func (r *Request) CheckWith(p *algorithm.Params) error {
 	}
 	return fmt.Errorf("%w: unknown mode %s", ErrUnsupported, r.Mode)
 }
-
-// One reports whether r must be decided alone: every mode but a take
-// (ModeTake, ModeAtMost) must.
-func (r *Request) One() bool { return r.Mode != ModeTake && r.Mode != ModeAtMost }
 
 // ErrSettled: the reservation was already settled.
 var ErrSettled = errors.New("weir: reservation already settled")
@@ -221,15 +201,10 @@ type Stamp struct {
 // IsZero reports whether st dates nothing.
 func (st Stamp) IsZero() bool { return st.At == 0 }
 
-// Taken returns st as the algorithms read it.
-func (st Stamp) Taken() algorithm.Taken {
-	return algorithm.Taken{At: st.At, Cost: st.Estimate, Remaining: st.Remaining}
-}
-
-// CheckStamp returns nil if st can date the settlement of a refund of n
+// checkStamp returns nil if st can date the settlement of a refund of n
 // (at most its estimate), or an error wrapping ErrInvalidCost that names
 // the bad value. Stores call it.
-func CheckStamp(st Stamp, n int64) error {
+func checkStamp(st Stamp, n int64) error {
 	switch {
 	case n > st.Estimate:
 		return fmt.Errorf("%w: a settlement's refund of %d exceeds its take's estimate %d", ErrInvalidCost, n, st.Estimate)
@@ -330,19 +305,8 @@ func (lim *Limiter) SettleStamped(ctx context.Context, key string, l Limit, st S
 	if st.IsZero() || actual >= st.Estimate {
 		return lim.Settle(ctx, key, l, st.Estimate, actual)
 	}
-	if err := CheckStamp(st, st.Estimate-actual); err != nil {
+	if err := checkStamp(st, st.Estimate-actual); err != nil {
 		return Result{}, err
 	}
 	return lim.one(ctx, Request{Key: key, Limit: l, N: st.Estimate - actual, Mode: ModeRefund, Stamp: st})
-}
-
-// ErrTooManyReservations: weir serve holds as many open reservations as
-// it may.
-var ErrTooManyReservations = errors.New("weir: too many open reservations")
-
-// NewReservationID returns a random reservation id: 128 bits, hex.
-func NewReservationID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
 }

@@ -50,25 +50,3 @@ func TestKeyAllocatesOnce(t *testing.T) {
 		t.Errorf("Key allocates %v times, want 1", n)
 	}
 }
-
-func TestShortIdentity(t *testing.T) {
-	long := strings.Repeat("k", 1<<20)
-	short := weir.ShortIdentity(long)
-	if len(short) != 44 || !weir.IsHashedIdentity(short) {
-		t.Fatalf("weir.ShortIdentity of 1 MB: %q", short)
-	}
-	if got, want := weir.KeyOfShort("api", short), weir.Key("api", long); got != want {
-		t.Fatalf("weir.KeyOfShort(api, %s) = %q, want weir.Key's %q", short, got, want)
-	}
-	for _, id := range []string{"192.0.2.1", "~abc", strings.Repeat("x", weir.MaxIdentityLen), "~" + strings.Repeat("A", 43)[:42] + "!"} {
-		if weir.ShortIdentity(id) != id && len(id) <= weir.MaxIdentityLen {
-			t.Fatalf("weir.ShortIdentity(%q) changed a short identity", id)
-		}
-		if weir.IsHashedIdentity(id) {
-			t.Fatalf("weir.IsHashedIdentity(%q)", id)
-		}
-		if weir.KeyOfShort("r", id) != weir.Key("r", id) {
-			t.Fatalf("weir.KeyOfShort(r, %q) = %q, want %q", id, weir.KeyOfShort("r", id), weir.Key("r", id))
-		}
-	}
-}

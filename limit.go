@@ -88,7 +88,8 @@ type Limit struct {
 	// escalating penalty lasts; it is needed with Escalate, and only then.
 	ForgetAfter time.Duration
 
-	// Calendar makes a FixedWindow count calendar days, weeks (from
+	// Calendar (algorithm.CalendarDay, CalendarWeek or CalendarMonth)
+	// makes a FixedWindow count calendar days, weeks (from
 	// Monday) or months: "10000/month" in ParseLimit's syntax. Period is
 	// then the unit's nominal length (24h, 7 days, 31 days; 0 is read as
 	// it), which the RateLimit-Policy header reports, while ResetAfter and
@@ -110,13 +111,6 @@ type Limit struct {
 	// curve. At most a day, in whole steps of 10µs.
 	Warmup time.Duration
 }
-
-// The calendar units of Limit.Calendar.
-const (
-	CalendarDay   = algorithm.CalendarDay
-	CalendarWeek  = algorithm.CalendarWeek
-	CalendarMonth = algorithm.CalendarMonth
-)
 
 // PerSecond returns a limit of rate events per second with algorithm a.
 func PerSecond(a Algorithm, rate int64) Limit {
@@ -339,9 +333,9 @@ func ParseLimit(s string) (Limit, error) {
 	switch periodStr {
 	case "week", "month":
 		// Calendar windows: weeks from Monday, months of their real length.
-		l.Calendar = CalendarWeek
+		l.Calendar = algorithm.CalendarWeek
 		if periodStr == "month" {
-			l.Calendar = CalendarMonth
+			l.Calendar = algorithm.CalendarMonth
 		}
 		l.Rate, l.Period = rate, time.Duration(l.Calendar.Nominal())*time.Microsecond
 	default:

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/algorithm"
 )
 
 func TestParseLimit(t *testing.T) {
@@ -126,8 +127,8 @@ func TestLimitPeriodBound(t *testing.T) {
 
 func TestParseCalendarLimit(t *testing.T) {
 	for in, want := range map[string]weir.Limit{
-		"10000/month": {Rate: 10000, Period: 31 * 24 * time.Hour, Calendar: weir.CalendarMonth},
-		"500/week":    {Rate: 500, Period: 7 * 24 * time.Hour, Calendar: weir.CalendarWeek},
+		"10000/month": {Rate: 10000, Period: 31 * 24 * time.Hour, Calendar: algorithm.CalendarMonth},
+		"500/week":    {Rate: 500, Period: 7 * 24 * time.Hour, Calendar: algorithm.CalendarWeek},
 		"10/day":      {Rate: 10, Period: 24 * time.Hour},
 	} {
 		l, err := weir.ParseLimit(in)

@@ -23,12 +23,11 @@ package weir
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 
 	"github.com/weir-dev/weir/algorithm"
+	"github.com/weir-dev/weir/internal/keys"
 )
 
 // Store keeps limiter state and makes each decision atomically. memstore and
@@ -168,17 +167,10 @@ func (lim *Limiter) AcquireN(ctx context.Context, key string, l Limit, n int64) 
 	if n <= 0 {
 		return nil, Result{}, fmt.Errorf("%w: a lease needs a positive weight, got %d", ErrInvalidCost, n)
 	}
-	id := NewLeaseID()
+	id := keys.NewLeaseID()
 	res, err := lim.one(ctx, Request{Key: key, Limit: l, N: n, Lease: id})
 	if err != nil || !res.Allowed {
 		return nil, res, err
 	}
 	return &Lease{ID: id, Key: key, Limit: l, Weight: n, lim: lim}, res, nil
-}
-
-// NewLeaseID returns a random lease identifier.
-func NewLeaseID() string {
-	var b [12]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
 }

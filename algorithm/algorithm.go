@@ -86,9 +86,9 @@ const (
 	MaxBuckets = 60
 )
 
-// MaxLogSize caps the rate of a sliding log, whose memory is one entry per
+// maxLogSize caps the rate of a sliding log, whose memory is one entry per
 // admitted request.
-const MaxLogSize = 1_000_000
+const maxLogSize = 1_000_000
 
 // Config is a limit as the algorithms see it, with durations in microseconds.
 type Config struct {
@@ -224,7 +224,7 @@ type State struct {
 // reports whether a request of cost 1 would be admitted and changes nothing.
 // The caller must have checked 0 <= n <= p.MaxCost().
 //
-// With mode Debit or Credit it is DebitTake or CreditTake (n up to MaxDebt).
+// With mode Debit or Credit it is debitTake or creditTake (n up to MaxDebt).
 func Take(p *Params, s *State, now, n int64, mode Mode) Decision {
 	if mode >= Debit {
 		return debtOp(p, s, now, n, mode)

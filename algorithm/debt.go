@@ -115,20 +115,20 @@ func subFloored(x, n, a int64) int64 {
 	return x - n*a
 }
 
-// DebitTake consumes n (1 <= n <= MaxDebt) for key state s at now whether
+// debitTake consumes n (1 <= n <= MaxDebt) for key state s at now whether
 // or not it fits. Allowed says whether it fitted (and no penalty box held
 // the key); Granted is n; Remaining, RetryAfter and ResetAfter describe the
 // state afterwards as a peek does: RetryAfter is when a cost of 1 fits
 // again, debt included. A debit that did not fit starts the penalty box of
 // a limit with Block, as a rejection does. p must support it (Debts).
-func DebitTake(p *Params, s *State, now, n int64) Decision {
+func debitTake(p *Params, s *State, now, n int64) Decision {
 	return debtOp(p, s, now, n, Debit)
 }
 
-// CreditTake gives back up to n events (1 <= n <= MaxDebt) consumed
+// creditTake gives back up to n events (1 <= n <= MaxDebt) consumed
 // earlier, never beyond an empty state, and reports the state afterwards
 // as a peek does. Allowed is true. A penalty box is not lifted.
-func CreditTake(p *Params, s *State, now, n int64) Decision {
+func creditTake(p *Params, s *State, now, n int64) Decision {
 	return debtOp(p, s, now, n, Credit)
 }
 
@@ -212,7 +212,7 @@ type Taken struct {
 }
 
 // SettleTake gives back up to n events of a take described by t, as
-// CreditTake does, but never more than the limit cannot have recovered
+// creditTake does, but never more than the limit cannot have recovered
 // since t.At, so that the state is left no fuller than it would be had the
 // take cost n less at t.At, whatever happened in between:
 //

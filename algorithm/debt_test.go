@@ -19,14 +19,14 @@ func TestDebtBounds(t *testing.T) {
 		{Kind: FixedWindow, Rate: 1, Period: 1},
 		{Kind: SlidingWindow, Rate: 1000, Period: 7_000_000},
 		{Kind: SlidingWindow, Rate: 10, Period: 60_000_000, Buckets: 60},
-		{Kind: SlidingLog, Rate: MaxLogSize, Period: 3_600_000_000},
+		{Kind: SlidingLog, Rate: maxLogSize, Period: 3_600_000_000},
 	} {
 		p, err := Compile(c)
 		if err != nil {
 			t.Fatalf("%+v: %v", c, err)
 		}
 		var s State
-		d := DebitTake(&p, &s, now, MaxDebt)
+		d := debitTake(&p, &s, now, MaxDebt)
 		maxWait := MaxPeriod + 3*p.MaxWait
 		fits := MaxDebt <= p.Cap
 		if d.Allowed != fits || d.Granted != MaxDebt || (d.RetryAfter > 0) == fits || d.RetryAfter > maxWait || d.ResetAfter < d.RetryAfter || d.ResetAfter > maxWait {
@@ -38,13 +38,13 @@ func TestDebtBounds(t *testing.T) {
 			}
 		}
 		// Twice more saturates; then a credit of everything empties it.
-		DebitTake(&p, &s, now, MaxDebt)
-		d2 := DebitTake(&p, &s, now, MaxDebt)
+		debitTake(&p, &s, now, MaxDebt)
+		d2 := debitTake(&p, &s, now, MaxDebt)
 		if d2.RetryAfter > maxWait {
 			t.Errorf("%+v: a saturated debt grew: %+v", c, d2)
 		}
 		for range 3 {
-			CreditTake(&p, &s, now, MaxDebt)
+			creditTake(&p, &s, now, MaxDebt)
 		}
 		if d := Take(&p, &s, now, 0, Exact); !d.Allowed || d.Remaining != p.Cap {
 			t.Errorf("%+v: after crediting everything back: %+v", c, d)
@@ -74,7 +74,7 @@ func TestDebtLoweredLimit(t *testing.T) {
 		}
 		debitAt := epoch + c.Period/3
 		var debt State
-		dd := DebitTake(&p, &debt, debitAt, c.Rate*5/2+1) // 2.5 windows' worth and one
+		dd := debitTake(&p, &debt, debitAt, c.Rate*5/2+1) // 2.5 windows' worth and one
 		expires := debitAt + dd.TTL
 		for _, lo := range []int64{c.Rate / 2, c.Rate / 4, 1} {
 			lc := c

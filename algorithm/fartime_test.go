@@ -22,7 +22,7 @@ var farTimes = []int64{
 // is within the range calendar arithmetic is exact in.
 func TestCalendarFarTimes(t *testing.T) {
 	zones := []string{"UTC", "Asia/Shanghai", "America/New_York", "Pacific/Apia", "Australia/Lord_Howe"}
-	for _, unit := range []algorithm.CalendarUnit{weir.CalendarDay, weir.CalendarWeek, weir.CalendarMonth} {
+	for _, unit := range []algorithm.CalendarUnit{algorithm.CalendarDay, algorithm.CalendarWeek, algorithm.CalendarMonth} {
 		for _, loc := range zones {
 			for _, resetAt := range []time.Duration{0, 2 * time.Hour, 23*time.Hour + 59*time.Minute} {
 				l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 3, Calendar: unit, Timezone: loc, ResetAt: resetAt}

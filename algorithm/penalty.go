@@ -20,9 +20,9 @@ const MaxBlockSteps = 8
 // Escalating reports whether p's penalty boxes grow with repeat offences.
 func (p *Params) Escalating() bool { return p.ForgetAfter > 0 }
 
-// BoxLen returns the length, in µs, of the penalty box that the strike-th
+// boxLen returns the length, in µs, of the penalty box that the strike-th
 // rejection of a history earns (strike counts from 1).
-func (p *Params) BoxLen(strike int64) int64 {
+func (p *Params) boxLen(strike int64) int64 {
 	box := p.Block
 	for i := int64(0); i < strike-1 && i < int64(len(p.Escalate)) && p.Escalate[i] != 0; i++ {
 		box = p.Escalate[i]
@@ -56,7 +56,7 @@ func startBox(p *Params, s *State, now int64) int64 {
 		strikes = 0 // the history is forgotten
 	}
 	strikes = min(strikes+1, p.steps())
-	box := p.BoxLen(strikes)
+	box := p.boxLen(strikes)
 	s.BlockedUntil = now + box
 	s.Strikes, s.LastBox = strikes, s.BlockedUntil
 	return box

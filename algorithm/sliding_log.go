@@ -13,7 +13,7 @@ func slidingLog(p *Params, s *State, now, cost int64, mode Mode, apply bool) (gr
 	}
 	// Every event counts: beyond Rate only after a lowered limit or a
 	// debit (debt), which then waits for the oldest to leave.
-	count := s.Log.Events()
+	count := s.Log.events()
 	g := grant(cost, p.Rate-count, mode)
 	if g == 0 {
 		// The (count+cost−Rate)-th oldest event must leave the window.
@@ -78,7 +78,7 @@ func slidingLogCredit(p *Params, s *State, now, n int64) {
 //
 // An entry stores its timestamp and the running count of events up to and
 // including it (end), modulo 2^32: the events a key holds never exceed
-// MaxLogSize, so differences of ends are exact. The i-th oldest event is
+// maxLogSize, so differences of ends are exact. The i-th oldest event is
 // then found by a binary search over the entries.
 type Log struct {
 	ts         []int64  // µs, ascending (a clock that steps back is clamped)
@@ -87,19 +87,19 @@ type Log struct {
 	base       uint32   // running count before the oldest entry
 }
 
-// Len returns the number of entries held (not events; see Events).
+// Len returns the number of entries held (not events; see events).
 func (l *Log) Len() int { return l.size }
 
-// Events returns the number of events held.
-func (l *Log) Events() int64 {
+// events returns the number of events held.
+func (l *Log) events() int64 {
 	if l.size == 0 {
 		return 0
 	}
 	return int64(l.end[l.idx(l.size-1)] - l.base)
 }
 
-// Cap returns the number of entries the buffer can hold without growing.
-func (l *Log) Cap() int { return len(l.ts) }
+// capacity returns the number of entries the buffer can hold without growing.
+func (l *Log) capacity() int { return len(l.ts) }
 
 func (l *Log) idx(i int) int {
 	j := l.head + i
@@ -185,7 +185,7 @@ func (l *Log) push(t, g, limit int64) {
 		t = max(t, l.ts[last]) // keep the log ascending if the clock stepped back
 		if l.ts[last] == t {
 			l.end[last] += uint32(g)
-			l.dropOldest(l.Events() - min(l.Events(), limit))
+			l.dropOldest(l.events() - min(l.events(), limit))
 			return
 		}
 	}
@@ -201,7 +201,7 @@ func (l *Log) push(t, g, limit int64) {
 	j := l.idx(l.size)
 	l.ts[j], l.end[j] = t, prev+uint32(g)
 	l.size++
-	l.dropOldest(l.Events() - min(l.Events(), limit))
+	l.dropOldest(l.events() - min(l.events(), limit))
 }
 
 func (l *Log) resize(n int) {

@@ -94,15 +94,15 @@ type Feature uint8
 
 // The features.
 const (
-	// FeaturePeek: a cost of 0 reports without consuming.
-	FeaturePeek Feature = 1 << iota
-	// FeatureAtMost: a request may be granted in part (Mode AtMost).
-	FeatureAtMost
-	// FeatureRefund: Refund gives back what an admitted Take granted.
-	FeatureRefund
-	// FeatureShaping: with MaxDelay, admitted requests may be delayed
+	// featurePeek: a cost of 0 reports without consuming.
+	featurePeek Feature = 1 << iota
+	// featureAtMost: a request may be granted in part (Mode AtMost).
+	featureAtMost
+	// featureRefund: Refund gives back what an admitted Take granted.
+	featureRefund
+	// featureShaping: with MaxDelay, admitted requests may be delayed
 	// instead of rejected.
-	FeatureShaping
+	featureShaping
 	// FeatureLeases: an admitted request holds a lease that Release gives
 	// back, or that expires after Period.
 	FeatureLeases
@@ -139,7 +139,7 @@ type Spec struct {
 type decideFunc func(p *Params, s *State, now, cost int64, mode Mode, apply bool) (granted, remaining, retryAfter, resetAfter, delay int64)
 
 // every is what all seven algorithms support.
-const every = FeaturePeek | FeatureAtMost | FeatureRefund
+const every = featurePeek | featureAtMost | featureRefund
 
 // specs is the table, indexed by Kind. It is filled in by init, as its
 // functions' error messages name algorithms through it.
@@ -169,7 +169,7 @@ func init() {
 		},
 		LeakyBucket: {
 			Kind: LeakyBucket, Name: NameLeakyBucket, Takes: FieldBurst | FieldBlock | FieldForgetAfter | FieldMaxDelay | FieldDelayAfter,
-			Supports: every | FeatureShaping | FeatureDebt, Bucket: true,
+			Supports: every | featureShaping | FeatureDebt, Bucket: true,
 			decide: leakyBucket, refund: leakyBucketRefund, compile: compileLeakyBucket, life: leakyBucketLife,
 			debit: leakyBucketDebit, credit: leakyBucketCredit,
 		},
@@ -447,8 +447,8 @@ func Compile(c Config) (Params, error) {
 
 // compileSlidingLog bounds the log's memory.
 func compileSlidingLog(p *Params) error {
-	if p.Rate > MaxLogSize {
-		return fieldError(p.Kind, FieldRate, Invalid, p.Rate, "%s keeps one entry per event; rate %d is over its maximum %d (use %s)", p.Kind, p.Rate, MaxLogSize, SlidingWindow)
+	if p.Rate > maxLogSize {
+		return fieldError(p.Kind, FieldRate, Invalid, p.Rate, "%s keeps one entry per event; rate %d is over its maximum %d (use %s)", p.Kind, p.Rate, maxLogSize, SlidingWindow)
 	}
 	return nil
 }

@@ -23,7 +23,7 @@ func TestNamesWrittenOnce(t *testing.T) {
 	// homonyms are literals that spell a name but mean something else.
 	homonyms := map[string]string{
 		"../cmd/weir/bench.go":         "concurrency", // weir bench --concurrency: concurrent callers
-		"../policy/yaml.go":            "concurrency", // a protect rule's concurrency: (requests in flight)
+		"../policy/config/yaml.go":     "concurrency", // a protect rule's concurrency: (requests in flight)
 		"../protect/config.go":         "concurrency", // the same field's name in its errors
 		"../internal/resp/commands.go": "gcra",        // the RESP command GCRA (Redis's name for it)
 	}

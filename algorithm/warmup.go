@@ -79,7 +79,7 @@ func warmTokens(p *Params, s *State, now int64) (tokens, t0 int64) {
 }
 
 // warmWait returns the µs from now until a bucket holding tokens at now,
-// warming up since t0, holds target (warm_wait).
+// Warming up since t0, holds target (warm_wait).
 func warmWait(p *Params, t0, now, tokens, target int64) int64 {
 	lvl, t := tokens, now
 	for lvl < target {

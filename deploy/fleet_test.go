@@ -214,8 +214,8 @@ func TestImageHoldsOnlyTheBinary(t *testing.T) {
 	if cfg.StopSignal != "SIGTERM" || len(cfg.Healthcheck.Test) == 0 {
 		t.Errorf("stop signal %q, healthcheck %q", cfg.StopSignal, cfg.Healthcheck.Test)
 	}
-	if n := len(info[0].RootFS.Layers); n != 2 {
-		t.Errorf("%d layers; want the 2 COPY layers of FROM scratch", n)
+	if n := len(info[0].RootFS.Layers); n != 3 {
+		t.Errorf("%d layers; want the 2 COPY layers and the ADD of /bin/ratelimit of FROM scratch", n)
 	}
 
 	// Every file of every layer, from docker save's archive.
@@ -245,13 +245,17 @@ func TestImageHoldsOnlyTheBinary(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if ih.Typeflag != tar.TypeDir {
+			switch ih.Typeflag {
+			case tar.TypeDir:
+			case tar.TypeSymlink:
+				files = append(files, fmt.Sprintf("/%s -> %s %d:%d", ih.Name, ih.Linkname, ih.Uid, ih.Gid))
+			default:
 				files = append(files, fmt.Sprintf("/%s %o %d:%d", ih.Name, ih.Mode&0o7777, ih.Uid, ih.Gid))
 			}
 		}
 	}
 	sort.Strings(files)
-	if want := "/etc/group 644 0:0,/etc/passwd 644 0:0,/weir 755 0:0"; strings.Join(files, ",") != want {
+	if want := "/bin/ratelimit -> /weir 0:0,/etc/group 644 0:0,/etc/passwd 644 0:0,/weir 755 0:0"; strings.Join(files, ",") != want {
 		t.Errorf("the image holds %q; want %q", files, want)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/policy/config"
 )
 
 // TestParseBuckets checks buckets: on a sliding_window rule and its
@@ -40,9 +41,9 @@ func TestParseBuckets(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg, err := Parse([]byte(c.doc), "w.yaml")
-			var ce *ConfigError
+			var ce *config.Error
 			if !errors.As(err, &ce) {
-				t.Fatalf("got %+v, %v; want a *ConfigError", cfg, err)
+				t.Fatalf("got %+v, %v; want a *config.Error", cfg, err)
 			}
 			var got []string
 			for _, line := range ce.Lines() {

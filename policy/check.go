@@ -3,7 +3,6 @@ package policy
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/netip"
 	"strconv"
@@ -14,30 +13,9 @@ import (
 	"github.com/weir-dev/weir/algorithm"
 	"github.com/weir-dev/weir/clientip"
 	"github.com/weir-dev/weir/internal/yamlnode"
+	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/protect"
-	"github.com/weir-dev/weir/store/guard"
 	"github.com/weir-dev/weir/store/lease"
-)
-
-// Failure policies: what a rule does while the store is failing.
-const (
-	OnErrorAllow = guard.Allow // admit the request (fail open)
-	OnErrorDeny  = guard.Deny  // reject the request (fail closed)
-	OnErrorLocal = guard.Local // decide with an in-process limiter: the limit divided by instances
-)
-
-// Missing-identity policies: what a rule does with a request that lacks
-// the identity it counts by.
-const (
-	OnMissingSkip  = "skip"   // the rule does not apply to the request
-	OnMissingDeny  = "deny"   // the request is refused with 403
-	OnMissingUseIP = "use_ip" // the request is counted by its client IP
-)
-
-// Store types.
-const (
-	StoreMemory = "memory"
-	StoreRedis  = "redis"
 )
 
 // reporter receives semantic problems: the YAML walker, which knows
@@ -48,14 +26,27 @@ type reporter interface {
 	where(path string) string
 }
 
-// plain collects problems without positions.
-type plain struct{ problems []Problem }
+// plain collects problems without positions, for New.
+type plain struct{ problems []config.Problem }
 
 func (p *plain) addAt(path, msg string) {
-	p.problems = append(p.problems, Problem{Path: path, Message: msg})
+	p.problems = append(p.problems, config.Problem{Path: path, Message: msg})
 }
 func (p *plain) keyAt(path, msg string)   { p.addAt(path, msg) }
 func (p *plain) where(path string) string { return path }
+
+// plain is a config.Reporter too, for config.Check.
+func (p *plain) Add(path, msg string)     { p.addAt(path, msg) }
+func (p *plain) AddKey(path, msg string)  { p.keyAt(path, msg) }
+func (p *plain) Where(path string) string { return p.where(path) }
+
+// positioned adapts Parse's config.Reporter, which places problems at
+// their lines and columns.
+type positioned struct{ rep config.Reporter }
+
+func (p positioned) addAt(path, msg string)   { p.rep.Add(path, msg) }
+func (p positioned) keyAt(path, msg string)   { p.rep.AddKey(path, msg) }
+func (p positioned) where(path string) string { return p.rep.Where(path) }
 
 // compiled is a validated Config in the form Check runs on.
 type compiled struct {
@@ -129,51 +120,15 @@ var ruleNameOK = func(s string) bool {
 
 // check validates cfg, reporting every problem to rep, and compiles it.
 // The result is only usable when nothing was reported.
-func check(cfg *Config, rep reporter) *compiled {
+func check(cfg *config.Config, rep reporter) *compiled {
 	c := &compiled{byName: map[string]*rule{}, instances: max(cfg.Instances, 1)}
-	checkStore(cfg, rep)
-	if cfg.Instances < 0 {
-		rep.addAt("instances", fmt.Sprintf("instances must be at least 1, got %d", cfg.Instances))
-	}
-	if cfg.InstancesFloor < 0 {
-		rep.addAt("instances_floor", fmt.Sprintf("instances_floor must be at least 1, got %d", cfg.InstancesFloor))
-	}
 	if cfg.InstancesAuto {
 		c.auto, c.instances = true, max(cfg.InstancesFloor, 1)
 	}
 	c.nearLimit = checkNearLimit("near_limit", cfg.NearLimit, DefaultNearLimit, rep)
 	c.defaultOnError = cfg.Store.OnError
 	if c.defaultOnError == "" {
-		c.defaultOnError = cfg.OnError
-	}
-	if c.defaultOnError == "" {
-		c.defaultOnError = OnErrorLocal
-	}
-	// server.grpc: off serves no gRPC, as weir serve --grpc off does.
-	for _, s := range []struct {
-		path, v string
-		off     bool // "off" is allowed
-	}{{"server.http", cfg.Server.HTTP, false}, {"server.grpc", cfg.Server.GRPC, true}, {"server.resp.addr", cfg.Server.RESP.Addr, false}} {
-		if s.v == "" || s.off && s.v == GRPCOff {
-			continue
-		}
-		if _, port, err := net.SplitHostPort(s.v); err != nil || !validPort(port) {
-			or := ""
-			if s.off {
-				or = ", or off to serve none"
-			}
-			rep.addAt(s.path, fmt.Sprintf("%s %s must be host:port or :port, such as :8080%s", lastName(s.path), quote(s.v), or))
-		}
-	}
-	if t := cfg.Server.TLS; (t.Cert == "") != (t.Key == "") || (t.ClientCA != "" && t.Cert == "") {
-		at := "server.tls.cert"
-		if t.Cert == "" {
-			at = "server.tls.key"
-			if t.Key == "" {
-				at = "server.tls.client_ca"
-			}
-		}
-		rep.keyAt(at, "server.tls needs cert and key together (and client_ca only with them)")
+		c.defaultOnError = config.OnErrorLocal
 	}
 	prefixes := func(path string, list []string) []netip.Prefix {
 		out := make([]netip.Prefix, 0, len(list))
@@ -192,18 +147,6 @@ func check(cfg *Config, rep reporter) *compiled {
 		c.ipHeader = h
 	} else {
 		rep.addAt("client_ip_header", fmt.Sprintf("client_ip_header %s is not a header name (want auto, X-Forwarded-For, X-Real-IP or the header your proxy sets, such as CF-Connecting-IP)", quote(cfg.ClientIPHeader)))
-	}
-	switch cfg.Server.AuthHeaders {
-	case "", AuthHeadersAuto, AuthHeadersOriginal, AuthHeadersForwarded:
-	default:
-		rep.addAt("server.auth_headers", fmt.Sprintf("auth_headers %s is not a header family (want auto, original for X-Original-URI/Method/Host as nginx sends, or forwarded for X-Forwarded-Uri/Method/Host as Traefik and Caddy send)", quote(cfg.Server.AuthHeaders)))
-	}
-	if d := cfg.Server.EnvoyMaxOverridePeriod; d != 0 && (d < time.Second || d > algorithm.MaxPeriod*time.Microsecond) {
-		shown := d.String()
-		if d%(24*time.Hour) == 0 {
-			shown = fmt.Sprintf("%dd", d/(24*time.Hour))
-		}
-		rep.addAt("server.envoy_max_override_period", fmt.Sprintf("envoy_max_override_period %s is out of range (1s to 3660d, the longest period of a limit)", shown))
 	}
 	c.allowNets = prefixes("allow", cfg.Allow)
 	c.denyNets = prefixes("deny", cfg.Deny)
@@ -238,11 +181,6 @@ func check(cfg *Config, rep reporter) *compiled {
 	return c
 }
 
-func validPort(p string) bool {
-	n, err := strconv.Atoi(p)
-	return err == nil && n >= 0 && n <= 65535
-}
-
 func indexOfPrefix(list []string, p netip.Prefix) int {
 	for i, s := range list {
 		if q, msg := parsePrefix(s); msg == "" && q == p {
@@ -252,87 +190,7 @@ func indexOfPrefix(list []string, p netip.Prefix) int {
 	return 0
 }
 
-func checkStore(cfg *Config, rep reporter) {
-	s := &cfg.Store
-	r := &s.Redis
-	redisSet := len(r.Addrs) > 0 || r.MasterName != ""
-	switch s.Type {
-	case "":
-		if redisSet {
-			s.Type = StoreRedis
-		} else {
-			s.Type = StoreMemory
-		}
-	case StoreMemory:
-		if redisSet {
-			rep.addAt("store.redis", "store.redis is set but store.type is memory; set type: redis or remove store.redis")
-		}
-	case StoreRedis:
-		if len(r.Addrs) == 0 {
-			rep.addAt("store.type", "store.type redis needs store.redis.addrs")
-		}
-	default:
-		rep.addAt("store.type", fmt.Sprintf("unknown store type %s (want memory or redis)", quote(s.Type)))
-	}
-	for i, a := range r.Addrs {
-		host, port, err := net.SplitHostPort(a)
-		if err != nil || host == "" || !validPort(port) || port == "0" {
-			rep.addAt(index("store.redis.addrs", i), fmt.Sprintf("redis address %s must be host:port, such as 127.0.0.1:6379", quote(a)))
-		}
-	}
-	if r.Password != "" && r.PasswordEnv != "" {
-		rep.keyAt("store.redis.password_env", "password and password_env are exclusive; use one")
-	}
-	if (r.TLSCert == "") != (r.TLSKey == "") {
-		at := "store.redis.tls_cert"
-		if r.TLSCert == "" {
-			at = "store.redis.tls_key"
-		}
-		rep.keyAt(at, "tls_cert and tls_key go together: set both or neither")
-	}
-	if r.DB < 0 {
-		rep.addAt("store.redis.db", fmt.Sprintf("db must be at least 0, got %d", r.DB))
-	}
-	if len(r.Addrs) > 1 && r.MasterName == "" && r.DB != 0 {
-		rep.addAt("store.redis.db", fmt.Sprintf("db %d cannot be used with Redis Cluster (several addrs without master_name), which has only db 0", r.DB))
-	}
-	if r.MaxInFlight < 0 {
-		rep.addAt("store.redis.max_in_flight", fmt.Sprintf("max_in_flight must be at least 1, got %d", r.MaxInFlight))
-	}
-	if r.Linger != nil && (*r.Linger < 0 || *r.Linger > MaxLinger) {
-		rep.addAt("store.redis.linger", fmt.Sprintf("linger must be 0 to %v, got %v", MaxLinger, *r.Linger))
-	}
-	if r.MaxBatch < 0 || r.MaxBatch > 1000 {
-		rep.addAt("store.redis.max_batch", fmt.Sprintf("max_batch must be 1 to 1000, got %d", r.MaxBatch))
-	}
-	if msg := checkRedisPrefix(r.Prefix); msg != "" {
-		rep.addAt("store.redis.prefix", msg)
-	}
-	if s.Timeout < 0 {
-		rep.addAt("store.timeout", fmt.Sprintf("timeout must be positive, got %v", s.Timeout))
-	}
-	checkOnError("store.on_error", s.OnError, rep)
-	if s.MaxKeys < 0 {
-		rep.addAt("store.max_keys", fmt.Sprintf("max_keys must be at least 1, got %d", s.MaxKeys))
-	}
-	if s.DenyCacheSize < 0 || s.DenyCacheSize > MaxDenyCacheSize {
-		rep.addAt("store.deny_cache_size", fmt.Sprintf("deny_cache_size must be 1 to %d, got %d", MaxDenyCacheSize, s.DenyCacheSize))
-	}
-	b := s.Breaker
-	if b.Failures < 0 || b.MinRequests < 0 || b.FailureRatio < 0 || b.FailureRatio > 1 || b.Window < 0 || b.Cooldown < 0 {
-		rep.addAt("store.breaker", "breaker settings must not be negative, and failure_ratio must be at most 1")
-	}
-}
-
-func checkOnError(path, v string, rep reporter) {
-	switch v {
-	case "", OnErrorAllow, OnErrorDeny, OnErrorLocal:
-		return
-	}
-	rep.addAt(path, fmt.Sprintf("unknown on_error %s (want allow, deny or local)", quote(v)))
-}
-
-func valueSets(path string, lists []ValueList, rep reporter) []valueSet {
+func valueSets(path string, lists []config.ValueList, rep reporter) []valueSet {
 	var out []valueSet
 	for i, vl := range lists {
 		p := index(path, i)
@@ -367,7 +225,7 @@ func valueSets(path string, lists []ValueList, rep reporter) []valueSet {
 	return out
 }
 
-func checkRule(rc *RuleConfig, rp string, c *compiled, cfg *Config, rep reporter) *rule {
+func checkRule(rc *config.RuleConfig, rp string, c *compiled, cfg *config.Config, rep reporter) *rule {
 	r := &rule{name: rc.Name, shadow: rc.Shadow || cfg.Shadow}
 	ok := checkRuleName(rc.Name, rp, rep)
 	var nlOK bool
@@ -393,7 +251,7 @@ func checkRule(rc *RuleConfig, rp string, c *compiled, cfg *Config, rep reporter
 // checkLease checks the rule's lease against every tier's limit: an
 // algorithm that takes it (the algorithm table's FieldLease), no block,
 // and no more than the rate.
-func (r *rule) checkLease(rc *RuleConfig, rp string, rep reporter) bool {
+func (r *rule) checkLease(rc *config.RuleConfig, rp string, rep reporter) bool {
 	if rc.Lease == 0 {
 		return true
 	}
@@ -448,7 +306,7 @@ func checkRuleName(name, rp string, rep reporter) bool {
 }
 
 // checkMatch compiles the rule's match section: methods, path and host.
-func (r *rule) checkMatch(m MatchConfig, rp string, rep reporter) bool {
+func (r *rule) checkMatch(m config.MatchConfig, rp string, rep reporter) bool {
 	ok := true
 	bad := func(path, msg string) { rep.addAt(path, msg); ok = false }
 	for i, meth := range m.Methods {
@@ -487,7 +345,7 @@ func (r *rule) checkMatch(m MatchConfig, rp string, rep reporter) bool {
 }
 
 // checkIdentities parses the rule's identity list (ip when empty).
-func (r *rule) checkIdentities(rc *RuleConfig, rp string, rep reporter) bool {
+func (r *rule) checkIdentities(rc *config.RuleConfig, rp string, rep reporter) bool {
 	ok := true
 	bad := func(path, msg string) { rep.addAt(path, msg); ok = false }
 	specs := rc.Identity
@@ -516,27 +374,26 @@ func (r *rule) checkIdentities(rc *RuleConfig, rp string, rep reporter) bool {
 
 // checkFailure sets what the rule does when its identity is missing
 // (on_missing) and when the store fails (on_error).
-func (r *rule) checkFailure(rc *RuleConfig, rp string, c *compiled, rep reporter) bool {
+func (r *rule) checkFailure(rc *config.RuleConfig, rp string, c *compiled, rep reporter) bool {
 	ok := true
 	bad := func(path, msg string) { rep.addAt(path, msg); ok = false }
 	r.onMissing = rc.OnMissing
 	switch rc.OnMissing {
 	case "":
-		r.onMissing = OnMissingSkip
-	case OnMissingSkip, OnMissingDeny, OnMissingUseIP:
+		r.onMissing = config.OnMissingSkip
+	case config.OnMissingSkip, config.OnMissingDeny, config.OnMissingUseIP:
 	default:
 		bad(rp+".on_missing", fmt.Sprintf("unknown on_missing %s (want skip, deny or use_ip)", quote(rc.OnMissing)))
 	}
-	checkOnError(rp+".on_error", rc.OnError, rep)
 	r.onError = rc.OnError
 	if r.onError == "" {
 		r.onError = c.defaultOnError
 	}
 	if rc.Shadow {
-		if rc.OnMissing == OnMissingDeny {
+		if rc.OnMissing == config.OnMissingDeny {
 			bad(rp+".on_missing", "on_missing: deny cannot apply to a shadow rule, which never blocks")
 		}
-		if rc.OnError == OnErrorDeny {
+		if rc.OnError == config.OnErrorDeny {
 			bad(rp+".on_error", "on_error: deny cannot apply to a shadow rule, which never blocks")
 		}
 	}
@@ -544,7 +401,7 @@ func (r *rule) checkFailure(rc *RuleConfig, rp string, c *compiled, rep reporter
 }
 
 // checkLimits compiles the rule's limit, or its tiers.
-func (r *rule) checkLimits(rc *RuleConfig, rp string, rep reporter) bool {
+func (r *rule) checkLimits(rc *config.RuleConfig, rp string, rep reporter) bool {
 	ok := true
 	if rc.Tiers == nil {
 		if rc.Limit == "" {
@@ -769,7 +626,7 @@ func (s limitSpec) applyCalendar(path string, l *weir.Limit, rep reporter) bool 
 	}
 	l.Timezone = s.timezone
 	if l.Calendar == 0 && l.Period == 24*time.Hour && (s.timezone != "" || s.resetAt != "") {
-		l.Calendar = weir.CalendarDay
+		l.Calendar = algorithm.CalendarDay
 	}
 	if l.Calendar != 0 && s.algorithm == "" {
 		l.Algorithm = weir.FixedWindow
@@ -825,7 +682,7 @@ func limitMessage(err error) string {
 	return strings.TrimPrefix(err.Error(), "weir: ")
 }
 
-func checkTiers(rp string, rc *RuleConfig, r *rule, rep reporter) bool {
+func checkTiers(rp string, rc *config.RuleConfig, r *rule, rep reporter) bool {
 	tp := rp + ".tiers"
 	ts := rc.Tiers
 	ok := true
@@ -896,22 +753,6 @@ func checkTiers(rp string, rc *RuleConfig, r *rule, rep reporter) bool {
 	return ok
 }
 
-// checkRedisPrefix returns what is wrong with a store.redis.prefix, or "".
-func checkRedisPrefix(p string) string {
-	if len(p) > MaxRedisPrefix {
-		return fmt.Sprintf("prefix %s is %d bytes; the limit is %d", quote(p), len(p), MaxRedisPrefix)
-	}
-	if strings.ContainsAny(p, "{}") {
-		return fmt.Sprintf("prefix %s must not contain a brace: braces set the Redis Cluster hash tag of every key", quote(p))
-	}
-	for _, c := range p {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.ContainsRune("_-.:/", c)) {
-			return fmt.Sprintf("prefix %s may hold only letters, digits and _ - . : /, not %q", quote(p), c)
-		}
-	}
-	return ""
-}
-
 // unknownAlgorithm words the problem of an algorithm name that is none:
 // with the closest name when there is one, else with them all.
 func unknownAlgorithm(name string) string {
@@ -920,3 +761,7 @@ func unknownAlgorithm(name string) string {
 	}
 	return fmt.Sprintf("unknown algorithm %s (want %s)", quote(name), algorithm.JoinNames(algorithm.Names(), "or"))
 }
+
+func index(path string, i int) string { return path + "[" + strconv.Itoa(i) + "]" }
+
+func quote(s string) string { return strconv.Quote(s) }

@@ -9,6 +9,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/weir-dev/weir/policy/config"
+	"github.com/weir-dev/weir/store/guard"
 )
 
 // sketch is the config sketched in DESIGN.md.
@@ -43,16 +46,15 @@ func TestParseSketch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := &Config{
-		Store:          StoreConfig{Type: "memory", Timeout: 50 * time.Millisecond, OnError: "local"},
-		Server:         ServerConfig{HTTP: ":8080", GRPC: ":8081", AdminTokenEnv: "WEIR_ADMIN_TOKEN"},
+	want := &config.Config{
+		Store:          config.StoreConfig{Type: "memory", Timeout: 50 * time.Millisecond, OnError: "local"},
+		Server:         config.ServerConfig{HTTP: ":8080", GRPC: ":8081", AdminTokenEnv: "WEIR_ADMIN_TOKEN"},
 		TrustedProxies: []string{"10.0.0.0/8", "127.0.0.1/32"},
-		OnError:        "local",
-		Rules: []RuleConfig{
-			{Name: "login", Match: MatchConfig{Methods: []string{"POST"}, Path: "/api/login"}, Identity: []string{"ip"},
+		Rules: []config.RuleConfig{
+			{Name: "login", Match: config.MatchConfig{Methods: []string{"POST"}, Path: "/api/login"}, Identity: []string{"ip"},
 				Limit: "5/15m", Algorithm: "sliding_log", Block: 15 * time.Minute},
-			{Name: "api", Match: MatchConfig{Path: "/api/"}, Identity: []string{"header:X-API-Key"},
-				Tiers: &TiersConfig{By: "header:X-Plan", Tiers: []TierConfig{
+			{Name: "api", Match: config.MatchConfig{Path: "/api/"}, Identity: []string{"header:X-API-Key"},
+				Tiers: &config.TiersConfig{By: "header:X-Plan", Tiers: []config.TierConfig{
 					{Name: "default", Limit: "100/m", Algorithm: "gcra", Burst: 20},
 					{Name: "pro", Limit: "5000/m", Algorithm: "gcra", Burst: 500},
 				}}},
@@ -115,7 +117,7 @@ deny:
   - {identity: query:token, values: [revoked1, revoked2]}
 `
 	_, err := Parse([]byte(doc), "all.yaml")
-	var ce *ConfigError
+	var ce *config.Error
 	if !errors.As(err, &ce) || len(ce.Problems) != 1 || ce.Problems[0].Message != `unknown field "x-anchors" in the top level (want one of store, server, trusted_proxies, client_ip_header, headers, shadow, near_limit, instances, instances_floor, rules, protect, system, allow, deny)` {
 		t.Fatalf("got %v", err)
 	}
@@ -124,20 +126,19 @@ deny:
 		t.Fatal(err)
 	}
 	lingerWant := time.Millisecond
-	want := &Config{
-		Store: StoreConfig{Type: "redis", Redis: RedisConfig{Addrs: []string{"10.1.1.1:6379"}, MasterName: "mymaster", Username: "weir", PasswordEnv: "REDIS_PASSWORD", TLS: true, DB: 2, MaxInFlight: 4, MaxBatch: 32, Linger: &lingerWant},
+	want := &config.Config{
+		Store: config.StoreConfig{Type: "redis", Redis: config.RedisConfig{Addrs: []string{"10.1.1.1:6379"}, MasterName: "mymaster", Username: "weir", PasswordEnv: "REDIS_PASSWORD", TLS: true, DB: 2, MaxInFlight: 4, MaxBatch: 32, Linger: &lingerWant},
 			Timeout: 20 * time.Millisecond, OnError: "deny", MaxKeys: 1000,
-			Breaker: BreakerConfig{Failures: 3, FailureRatio: 0.25, MinRequests: 10, Window: 5 * time.Second, Cooldown: 2 * time.Second}},
-		Headers:   HeadersConfig{Legacy: true},
+			Breaker: guard.BreakerConfig{Failures: 3, FailureRatio: 0.25, MinRequests: 10, Window: 5 * time.Second, Cooldown: 2 * time.Second}},
+		Headers:   config.HeadersConfig{Legacy: true},
 		Shadow:    true,
 		NearLimit: "85%",
-		OnError:   "deny",
 		Instances: 4,
-		Rules: []RuleConfig{{Name: "r1", Match: MatchConfig{Methods: []string{"get"}, Host: "*.example.com"}, Identity: []string{"header:X-User"},
+		Rules: []config.RuleConfig{{Name: "r1", Match: config.MatchConfig{Methods: []string{"get"}, Host: "*.example.com"}, Identity: []string{"header:X-User"},
 			OnMissing: "use_ip", Limit: "10/s", Algorithm: "leaky_bucket", MaxDelay: 500 * time.Millisecond, DelayAfter: 2, OnError: "allow", NearLimit: "0.5"}},
 		Allow:       []string{"10.0.0.1"},
-		AllowValues: []ValueList{{Identity: "header:X-API-Key", Values: []string{"internal"}}},
-		DenyValues:  []ValueList{{Identity: "query:token", Values: []string{"revoked1", "revoked2"}}},
+		AllowValues: []config.ValueList{{Identity: "header:X-API-Key", Values: []string{"internal"}}},
+		DenyValues:  []config.ValueList{{Identity: "query:token", Values: []string{"revoked1", "revoked2"}}},
 	}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Fatalf("Parse:\n got %+v\nwant %+v", cfg, want)
@@ -153,15 +154,15 @@ deny:
 func TestParseEmpty(t *testing.T) {
 	for _, doc := range []string{"rules: []\n", "# no rules yet\nrules: []\n"} {
 		cfg, err := Parse([]byte(doc), "e.yaml")
-		if err != nil || len(cfg.Rules) != 0 || cfg.Store.Type != "memory" || cfg.OnError != "local" {
+		if err != nil || len(cfg.Rules) != 0 || cfg.Store.Type != "memory" || cfg.Store.OnError != "local" {
 			t.Fatalf("%q: %+v, %v", doc, cfg, err)
 		}
 	}
 	for _, doc := range []string{"", "  \n\n", "# nothing\n", "---\n", "~\n", "null\n", "# a\n---\n# b\n"} {
 		cfg, err := Parse([]byte(doc), "e.yaml")
-		var ce *ConfigError
+		var ce *config.Error
 		if err == nil || !errors.As(err, &ce) {
-			t.Fatalf("%q: want a ConfigError, got %+v, %v", doc, cfg, err)
+			t.Fatalf("%q: want a config.Error, got %+v, %v", doc, cfg, err)
 		}
 		if msg := err.Error(); !strings.Contains(msg, "e.yaml") || !strings.Contains(msg, "empty") || !strings.Contains(msg, "rules: []") {
 			t.Fatalf("%q: the error does not say why: %v", doc, msg)
@@ -195,7 +196,7 @@ rules:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Rules[1].Match.Path != "/a" || cfg.Rules[1].Tiers.Tiers[1] != (TierConfig{Name: "pro", Limit: "100/m", Algorithm: "token_bucket"}) {
+	if cfg.Rules[1].Match.Path != "/a" || cfg.Rules[1].Tiers.Tiers[1] != (config.TierConfig{Name: "pro", Limit: "100/m", Algorithm: "token_bucket"}) {
 		t.Fatalf("%+v", cfg.Rules[1])
 	}
 }
@@ -373,9 +374,9 @@ func TestParseProblems(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			cfg, err := Parse([]byte(c.doc), "w.yaml")
-			var ce *ConfigError
+			var ce *config.Error
 			if !errors.As(err, &ce) {
-				t.Fatalf("got %+v, %v; want a *ConfigError", cfg, err)
+				t.Fatalf("got %+v, %v; want a *config.Error", cfg, err)
 			}
 			var got []string
 			for _, line := range ce.Lines() {
@@ -394,9 +395,9 @@ func TestParseProblems(t *testing.T) {
 // TestNewValidates checks that a Config built in Go is validated by New,
 // with field paths instead of positions.
 func TestNewValidates(t *testing.T) {
-	cfg := &Config{
+	cfg := &config.Config{
 		Deny: []string{"nope"},
-		Rules: []RuleConfig{
+		Rules: []config.RuleConfig{
 			{Name: "a", Limit: "5/m"},
 			{Name: "a", Limit: "5/m"},
 			{Name: "b", Limit: "5/m", Algorithm: "fixed_window", Burst: 3},
@@ -409,7 +410,7 @@ func TestNewValidates(t *testing.T) {
 	if err == nil || err.Error() != want {
 		t.Fatalf("got\n%v\nwant\n%s", err, want)
 	}
-	if _, err := New(&Config{Store: StoreConfig{Type: "redis", Redis: RedisConfig{Addrs: []string{"a:1"}}}}, nil); err == nil {
+	if _, err := New(&config.Config{Store: config.StoreConfig{Type: "redis", Redis: config.RedisConfig{Addrs: []string{"a:1"}}}}, nil); err == nil {
 		t.Fatal("New accepted a redis config without a store")
 	}
 }

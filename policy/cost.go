@@ -12,6 +12,7 @@ import (
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/algorithm"
 	"github.com/weir-dev/weir/httplimit"
+	"github.com/weir-dev/weir/policy/config"
 )
 
 // costSpec is a rule's cost: a constant, or a request header or query
@@ -33,7 +34,7 @@ const maxCountStatuses = 32
 
 // checkCost reads a rule's cost and count. Debit and refund, which they
 // need, must be defined for every tier's algorithm.
-func (r *rule) checkCost(rc *RuleConfig, rp string, rep reporter) bool {
+func (r *rule) checkCost(rc *config.RuleConfig, rp string, rep reporter) bool {
 	ok := true
 	bad := func(path, msg string) { rep.addAt(path, msg); ok = false }
 	if rc.Cost != "" {
@@ -178,7 +179,7 @@ func (p *Policy) Finish(ctx context.Context, v *Verdict, ch Charges) error {
 			reqs[0].Stamp = rr.Stamp // only what the limit cannot have recovered since the take
 		}
 		var out [1]weir.Result
-		if err := p.guard.Do(ctx, reqs[:], out[:]); err != nil {
+		if err := p.store.Do(ctx, reqs[:], out[:]); err != nil {
 			errs = append(errs, fmt.Errorf("policy: rule %q: settle a %s of %d: %w", rr.Rule, mode, n, err))
 		}
 	}
@@ -201,17 +202,17 @@ func (p *Policy) finishCount(ctx context.Context, v *Verdict, rr *RuleResult, ru
 	reqs := [1]weir.Request{{Key: rr.Key, Limit: rr.Limit, N: rr.Cost, Mode: weir.ModeRefund}}
 	var out [1]weir.Result
 	if rr.Err != nil {
-		if rr.Fallback != OnErrorLocal {
+		if rr.Fallback != config.OnErrorLocal {
 			return nil
 		}
 		// The local store took it: give it back there.
-		_ = p.guard.Fallback(ctx, OnErrorLocal, reqs[:], out[:], p.Instances())
+		_ = p.guard.Fallback(ctx, config.OnErrorLocal, reqs[:], out[:], p.Instances())
 		return nil
 	}
 	if !rr.Stamp.IsZero() {
 		reqs[0].Stamp = rr.Stamp
 	}
-	if err := p.guard.Do(ctx, reqs[:], out[:]); err != nil {
+	if err := p.store.Do(ctx, reqs[:], out[:]); err != nil {
 		return fmt.Errorf("policy: rule %q: give back an uncounted response's %d: %w", rr.Rule, rr.Cost, err)
 	}
 	return nil

@@ -40,7 +40,7 @@ rules:
 // remaining peeks at a rule's key through CheckKeyTier.
 func remaining(t *testing.T, p *policy.Policy, rule, key string) int64 {
 	t.Helper()
-	rr, err := p.CheckKeyTier(context.Background(), rule, "", key, 0)
+	rr, err := p.CheckKey(context.Background(), policy.KeyRequest{Rule: rule, Key: key, N: 0})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,7 +259,7 @@ func TestCostSettlesLate(t *testing.T) {
 	c.Advance(59 * time.Second)
 	h := policy.Middleware(p)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c.Advance(2 * time.Second)
-		if rr, err := p.CheckKeyTier(r.Context(), "rows", "", "k1", 100); err != nil || !rr.Result.Allowed {
+		if rr, err := p.CheckKey(r.Context(), policy.KeyRequest{Rule: "rows", Key: "k1", N: 100}); err != nil || !rr.Result.Allowed {
 			t.Errorf("others in the next window: %+v %v", rr, err)
 		}
 		httplimit.Charge(r, 0)
@@ -319,7 +319,7 @@ func TestCostBesideOtherRulesSettlesLate(t *testing.T) {
 					t.Errorf("the requests rule: %d remaining, want 59 (decided in the batch)", got)
 				}
 				clk.Advance(2 * time.Second)
-				if rr, err := p.CheckKeyTier(r.Context(), "tokens", "", "k1", 10); err != nil || !rr.Result.Allowed {
+				if rr, err := p.CheckKey(r.Context(), policy.KeyRequest{Rule: "tokens", Key: "k1", N: 10}); err != nil || !rr.Result.Allowed {
 					t.Errorf("others in the next window: %+v %v", rr, err)
 				}
 				httplimit.Charge(r, 0)

@@ -225,7 +225,7 @@ func TestCountBurstBoxed(t *testing.T) {
 				t.Fatalf("200 concurrent failing logins: %d reached, answers %v", reached, codes)
 			}
 			clk.Advance(15 * time.Minute) // the window is over; the box is not
-			rr, err := p.CheckKeyTier(t.Context(), "login", "", "127.0.0.1", 0)
+			rr, err := p.CheckKey(t.Context(), policy.KeyRequest{Rule: "login", Key: "127.0.0.1", N: 0})
 			if err != nil || rr.Result.Allowed || rr.Result.BlockedUntil.IsZero() {
 				t.Fatalf("after the burst and its window: %+v %v, want boxed", rr.Result, err)
 			}

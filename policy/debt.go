@@ -11,33 +11,8 @@ import (
 	"github.com/weir-dev/weir/algorithm"
 )
 
-// CheckKeyMode is CheckKeyTier with a mode: weir.ModeTake decides as
-// CheckKeyTier does, weir.ModeDebit always consumes n (the key may go into
-// debt), weir.ModeRefund gives n back (see weir.Limiter.Debit and Refund).
-// A mode the rule's algorithm cannot take is an error wrapping
-// weir.ErrUnsupported that names the mode, the rule and the algorithm, and
-// changes nothing. When the store fails, the rule's on_error applies as
-// for a take (local: the debit or refund goes to the local store).
-func (p *Policy) CheckKeyMode(ctx context.Context, rule, tierName, key string, n int64, mode weir.Mode) (RuleResult, error) {
-	if mode == weir.ModeTake {
-		return p.CheckKeyTier(ctx, rule, tierName, key, n)
-	}
-	return p.checkKeyDebt(ctx, rule, tierName, key, weir.Request{N: n, Mode: mode})
-}
-
-// SettleKey settles a reservation: the take of st.Estimate events that
-// CheckKeyStamped made under the named rule's tier, for the store key key
-// (that take's RuleResult.Key), now that the real cost actual is known. It
-// debits actual − st.Estimate when more was used, refunds st.Estimate −
-// actual when less was, and peeks when they are equal. The refund is dated
-// by st when st.At is set: only what the limit cannot have recovered since
-// the take comes back (weir.Limiter.SettleStamped). The store key, unlike
-// the identity it was made from, is bounded (weir.Key hashes a long
-// identity), so a caller keeping open reservations keeps it rather than
-// the identity. A key that is not one of the rule's is an error, and so
-// is an actual outside 0..algorithm.MaxDebt. When the store fails, the
-// rule's on_error applies as for CheckKeyMode.
-func (p *Policy) SettleKey(ctx context.Context, rule, tierName, key string, st weir.Stamp, actual int64) (RuleResult, error) {
+// settleKey settles a reservation (KeyRequest.Settle).
+func (p *Policy) settleKey(ctx context.Context, rule, tierName, key string, st weir.Stamp, actual int64) (RuleResult, error) {
 	r, err := p.rule(rule)
 	if err != nil {
 		return RuleResult{}, err
@@ -64,13 +39,9 @@ func (p *Policy) SettleKey(ctx context.Context, rule, tierName, key string, st w
 	return p.decideKey(ctx, r, t, rr, q)
 }
 
-// CheckKeyStamped is CheckKeyTier for a reservation: when the store dates
-// its takes (weir.StampStore, through the guard), an admitted take comes
-// back with its Stamp, for SettleKey. A rule with a lease is taken
-// from the store directly, not from this instance's lease, so that its
-// take is dated too. A store that dates nothing and a fallback's answer
-// give a zero Stamp.
-func (p *Policy) CheckKeyStamped(ctx context.Context, rule, tierName, key string, hits int64) (RuleResult, weir.Stamp, error) {
+// checkKeyStamped is checkKeyTier for a reservation (KeyRequest.Reserve):
+// a zero Stamp when the store dates nothing and for a fallback's answer.
+func (p *Policy) checkKeyStamped(ctx context.Context, rule, tierName, key string, hits int64) (RuleResult, weir.Stamp, error) {
 	r, t, rr, err := p.keyResult(rule, tierName, key)
 	if err != nil {
 		return RuleResult{}, weir.Stamp{}, err
@@ -78,7 +49,7 @@ func (p *Policy) CheckKeyStamped(ctx context.Context, rule, tierName, key string
 	start := time.Now()
 	q := [1]weir.Request{{Key: rr.Key, Limit: t.limit, N: hits}}
 	var res [1]weir.Result
-	err = p.guard.Do(ctx, q[:], res[:])
+	err = p.store.Do(ctx, q[:], res[:])
 	lat := time.Since(start)
 	var st weir.Stamp
 	switch {
@@ -117,7 +88,7 @@ func (p *Policy) decideKey(ctx context.Context, r *rule, t *tier, rr RuleResult,
 	reqs := [1]weir.Request{q}
 	var out [1]weir.Result
 	start := time.Now()
-	err := p.guard.Do(ctx, reqs[:], out[:])
+	err := p.store.Do(ctx, reqs[:], out[:])
 	lat := time.Since(start)
 	switch {
 	case err == nil:

@@ -18,7 +18,7 @@
 //  4. A rule with tiers picks its limit by another request attribute, such
 //     as the plan header X-Plan.
 //  5. All enforced rules are decided at once, all or nothing: if one
-//     rejects, none of the others consumes (weir.MultiStore.TakeAll). Shadow
+//     rejects, none of the others consumes (one weir.Store.Do). Shadow
 //     rules are decided separately and never block.
 //  6. The Verdict keeps every rule's own result, for headers and metrics,
 //     and points at the most restrictive one.
@@ -29,8 +29,9 @@
 // deny, or local, an in-process limiter enforcing the limit divided by the
 // number of instances.
 //
-// Parse and LoadFile read weir.yaml and report every problem with its line
-// and column; Watch reloads the file when it changes (and ReloadOnSignal on
+// Parse and LoadFile read weir.yaml into a config.Config (package
+// policy/config holds the file's types) and report every problem with its
+// line and column; Watch reloads the file when it changes (and ReloadOnSignal on
 // SIGHUP), keeping the old rules when the new file is bad. State keys are
 // derived from the rule name and the identity only, so a reload keeps the
 // counters of every rule whose limit did not change.
@@ -43,5 +44,8 @@
 // Holder hands the protect rules on, so the requests in flight stay
 // counted.
 //
+// The engine's files: policy.go (New, the options), pipeline.go (Check),
+// verdict.go (Verdict, RuleResult), ruleinfo.go (Rules), keyrequest.go
+// (CheckKey, Reset), check.go (the rules' checks and compilation).
 // docs/configuration.md is the reference of the file.
 package policy

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 
 	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/store/guard"
 	"github.com/weir-dev/weir/store/memstore"
 )
 
@@ -35,8 +36,8 @@ rules:
 	}
 	// A Guard holds the circuit breaker and the local fallback store; build
 	// it once and pass it to every New so that reloads keep them.
-	guard := policy.NewGuard(memstore.New(), policy.GuardConfig{})
-	p, err := policy.New(cfg, guard)
+	g := guard.New(memstore.New(), guard.Config{})
+	p, err := policy.New(cfg, g)
 	if err != nil {
 		panic(err)
 	}

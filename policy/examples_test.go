@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/weir-dev/weir/policy/config"
 )
 
 // notWeirMarker opts a YAML file under examples/ out of TestExamplesValidate:
@@ -47,7 +49,7 @@ func TestExamplesValidate(t *testing.T) {
 			t.Errorf("%v", err)
 			return nil
 		}
-		cfg.Store.Type, cfg.Store.Redis = StoreMemory, RedisConfig{} // build without Redis
+		cfg.Store.Type, cfg.Store.Redis = config.StoreMemory, config.RedisConfig{} // build without Redis
 		if _, err := New(cfg, nil); err != nil {
 			t.Errorf("%s: New: %v", path, err)
 		}

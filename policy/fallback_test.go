@@ -7,21 +7,23 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/policy/config"
+	"github.com/weir-dev/weir/store/guard"
 )
 
 // openGuard returns a guard over a store that validates requests before it
 // sends them (as redisstore does), with the breaker opened by one failure.
-func openGuard(t *testing.T) (*Guard, *fakeStore, func(time.Duration)) {
+func openGuard(t *testing.T) (*guard.Guard, *fakeStore, func(time.Duration)) {
 	t.Helper()
 	clock := newClock()
 	store := newFakeStore(clock)
 	store.Validate = true
-	g := NewGuard(store, GuardConfig{Breaker: BreakerConfig{Failures: 1, Cooldown: 5 * time.Second}, Now: clock.Now, Logger: slog.New(&countingHandler{})})
+	g := guard.New(store, guard.Config{Breaker: guard.BreakerConfig{Failures: 1, Cooldown: 5 * time.Second}, Now: clock.Now, Logger: slog.New(&countingHandler{})})
 	store.Down.Store(true)
 	if _, err := g.Take(ctx, "k", weir.PerMinute(weir.FixedWindow, 5), 1); !errors.Is(err, errDown) {
 		t.Fatalf("the failing call: %v", err)
 	}
-	if g.State() != BreakerOpen {
+	if g.State() != guard.BreakerOpen {
 		t.Fatalf("after a failure: %v", g.State())
 	}
 	return g, store, clock.Advance
@@ -35,15 +37,15 @@ func TestInvalidRequestDoesNotCloseBreaker(t *testing.T) {
 	l := weir.PerMinute(weir.FixedWindow, 5)
 	bad := []struct {
 		name string
-		call func(g *Guard) error
+		call func(g *guard.Guard) error
 	}{
-		{"Take over the limit", func(g *Guard) error { _, err := g.Take(ctx, "k", l, 6); return err }},
-		{"Take of a negative cost", func(g *Guard) error { _, err := g.Take(ctx, "k", l, -1); return err }},
-		{"Take under an invalid limit", func(g *Guard) error {
+		{"Take over the limit", func(g *guard.Guard) error { _, err := g.Take(ctx, "k", l, 6); return err }},
+		{"Take of a negative cost", func(g *guard.Guard) error { _, err := g.Take(ctx, "k", l, -1); return err }},
+		{"Take under an invalid limit", func(g *guard.Guard) error {
 			_, err := g.Take(ctx, "k", weir.Limit{Algorithm: "nope", Rate: 1, Period: time.Second}, 1)
 			return err
 		}},
-		{"TakeAll over the limit", func(g *Guard) error {
+		{"TakeAll over the limit", func(g *guard.Guard) error {
 			var out [2]weir.Result
 			return g.Do(ctx, []weir.Request{{Key: "a", Limit: l, N: 1}, {Key: "b", Limit: l, N: 9}}, out[:])
 		}},
@@ -61,7 +63,7 @@ func TestInvalidRequestDoesNotCloseBreaker(t *testing.T) {
 			if err := c.call(g); !errors.Is(err, weir.ErrInvalidCost) && !errors.Is(err, weir.ErrInvalidLimit) {
 				t.Fatalf("half-open: %v, want the validation error", err)
 			}
-			if s := g.State(); s != BreakerHalfOpen {
+			if s := g.State(); s != guard.BreakerHalfOpen {
 				t.Fatalf("after an invalid request in half-open: breaker %v, want half_open (the store is still down)", s)
 			}
 			// The next valid call is the probe: it reaches the store,
@@ -69,7 +71,7 @@ func TestInvalidRequestDoesNotCloseBreaker(t *testing.T) {
 			if _, err := g.Take(ctx, "k", l, 1); !errors.Is(err, errDown) {
 				t.Fatalf("the probe: %v, want the store's error", err)
 			}
-			if store.Calls.Load() != calls+1 || g.State() != BreakerOpen {
+			if store.Calls.Load() != calls+1 || g.State() != guard.BreakerOpen {
 				t.Fatalf("probe: %d store calls, breaker %v; want 1 and open", store.Calls.Load()-calls, g.State())
 			}
 			if g.Failures() != 2 {
@@ -92,20 +94,20 @@ rules:
   - {name: r, limit: 3/m}
 `, store, WithClock(clock.Now), WithLogger(slog.New(&countingHandler{})))
 	store.Down.Store(true)
-	if rr, err := p.CheckKey(ctx, "r", "k", 1); err != nil || rr.Fallback != OnErrorLocal {
+	if rr, err := p.CheckKey(ctx, KeyRequest{Rule: "r", Key: "k", N: 1}); err != nil || rr.Fallback != config.OnErrorLocal {
 		t.Fatalf("outage: %+v %v", rr, err)
 	}
 	for _, advance := range []time.Duration{0, 5 * time.Second} {
 		clock.Advance(advance)
-		if _, err := p.CheckKey(ctx, "r", "k", 4); !errors.Is(err, weir.ErrInvalidCost) {
+		if _, err := p.CheckKey(ctx, KeyRequest{Rule: "r", Key: "k", N: 4}); !errors.Is(err, weir.ErrInvalidCost) {
 			t.Fatalf("hits over the limit after %v: %v, want ErrInvalidCost", advance, err)
 		}
-		if s := p.Guard().State(); s == BreakerClosed {
+		if s := p.Guard().State(); s == guard.BreakerClosed {
 			t.Fatalf("hits over the limit after %v closed the breaker over a dead store", advance)
 		}
 	}
 	store.Down.Store(false)
-	if rr, err := p.CheckKey(ctx, "r", "k", 1); err != nil || rr.Err != nil || p.Guard().State() != BreakerClosed {
+	if rr, err := p.CheckKey(ctx, KeyRequest{Rule: "r", Key: "k", N: 1}); err != nil || rr.Err != nil || p.Guard().State() != guard.BreakerClosed {
 		t.Fatalf("the valid probe over a live store: %+v %v, breaker %v", rr, err, p.Guard().State())
 	}
 }
@@ -122,13 +124,13 @@ func TestInconclusiveProbeFreesTheSlot(t *testing.T) {
 		if _, err := g.Take(ctx, "k", l, 1); !errors.Is(err, weir.ErrNotSent) {
 			t.Fatalf("call %d: %v, want ErrNotSent (each call probes)", i, err)
 		}
-		if g.State() != BreakerHalfOpen {
+		if g.State() != guard.BreakerHalfOpen {
 			t.Fatalf("after a probe never sent: %v, want half_open", g.State())
 		}
 	}
 	store.NotSent.Store(false)
 	store.Down.Store(false)
-	if _, err := g.Take(ctx, "k", l, 1); err != nil || g.State() != BreakerClosed {
+	if _, err := g.Take(ctx, "k", l, 1); err != nil || g.State() != guard.BreakerClosed {
 		t.Fatalf("the next probe: %v, breaker %v", err, g.State())
 	}
 	if g.Failures() != 1 {
@@ -141,7 +143,7 @@ func TestInconclusiveProbeFreesTheSlot(t *testing.T) {
 // mode: Allowed, Limit, Remaining, RetryAfter (the rest of the breaker's
 // cooldown), ResetAfter.
 func TestFallbackOneAnswer(t *testing.T) {
-	for _, mode := range []string{OnErrorAllow, OnErrorDeny, OnErrorLocal} {
+	for _, mode := range []string{config.OnErrorAllow, config.OnErrorDeny, config.OnErrorLocal} {
 		t.Run(mode, func(t *testing.T) {
 			clock := newClock()
 			store := newFakeStore(clock)
@@ -152,13 +154,13 @@ rules:
   - {name: r, identity: header:X-Key, limit: 7/m, algorithm: fixed_window}
 `, store, WithClock(clock.Now), WithLogger(slog.New(&countingHandler{})))
 			store.Down.Store(true)
-			p.CheckKey(ctx, "r", "opener", 1) // opens the breaker
-			clock.Advance(4 * time.Second)    // 26s of cooldown left
+			p.CheckKey(ctx, KeyRequest{Rule: "r", Key: "opener", N: 1}) // opens the breaker
+			clock.Advance(4 * time.Second)                              // 26s of cooldown left
 			limit, _ := p.Limit("r", "")
 			g := p.Guard()
 			for i := range 4 {
 				v := p.Check(ctx, req("GET", "/", "X-Key", "a"))
-				ck, err := p.CheckKey(ctx, "r", "b", 1)
+				ck, err := p.CheckKey(ctx, KeyRequest{Rule: "r", Key: "b", N: 1})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -167,7 +169,7 @@ rules:
 					t.Fatal(err)
 				}
 				chk := v.Results[0]
-				if chk.Fallback != mode || ck.Fallback != mode || !errors.Is(chk.Err, ErrCircuitOpen) || !errors.Is(ck.Err, ErrCircuitOpen) {
+				if chk.Fallback != mode || ck.Fallback != mode || !errors.Is(chk.Err, guard.ErrCircuitOpen) || !errors.Is(ck.Err, guard.ErrCircuitOpen) {
 					t.Fatalf("request %d: fallbacks %q %q, errors %v %v", i, chk.Fallback, ck.Fallback, chk.Err, ck.Err)
 				}
 				if chk.Result != ck.Result || ck.Result != fb[0] || v.Allowed != ck.Result.Allowed {
@@ -175,15 +177,15 @@ rules:
 				}
 				r := fb[0]
 				switch mode {
-				case OnErrorAllow:
+				case config.OnErrorAllow:
 					if !r.Allowed || r.Limit != 7 || r.Remaining != 7 || r.Granted != 1 {
 						t.Fatalf("allow: %+v", r)
 					}
-				case OnErrorDeny:
+				case config.OnErrorDeny:
 					if r.Allowed || r.Limit != 7 || r.RetryAfter != 26*time.Second || r.ResetAfter != 26*time.Second {
 						t.Fatalf("deny: %+v, want a retry after the 26s of cooldown left", r)
 					}
-				case OnErrorLocal:
+				case config.OnErrorLocal:
 					// 7/m over 3 instances: 3 each, rounded up.
 					if r.Limit != 3 || r.Allowed != (i < 3) || r.Remaining != int64(max(2-i, 0)) {
 						t.Fatalf("local, request %d: %+v", i, r)
@@ -207,10 +209,10 @@ rules:
   - {name: r, limit: 6/h, algorithm: sliding_log}
 `, store, WithClock(clock.Now), WithLogger(slog.New(&countingHandler{})))
 	store.Down.Store(true)
-	p.CheckKey(ctx, "r", "opener", 1)
+	p.CheckKey(ctx, KeyRequest{Rule: "r", Key: "opener", N: 1})
 	clock.Advance(10 * time.Second)
-	rr, err := p.CheckKey(ctx, "r", "k", 3) // the local share is 2
-	if err != nil || rr.Fallback != OnErrorLocal {
+	rr, err := p.CheckKey(ctx, KeyRequest{Rule: "r", Key: "k", N: 3}) // the local share is 2
+	if err != nil || rr.Fallback != config.OnErrorLocal {
 		t.Fatalf("%+v %v", rr, err)
 	}
 	want := weir.Result{Limit: 2, RetryAfter: 20 * time.Second, ResetAfter: 20 * time.Second}
@@ -219,7 +221,7 @@ rules:
 	}
 	limit, _ := p.Limit("r", "")
 	var out [1]weir.Result
-	if err := p.Guard().Fallback(ctx, OnErrorLocal, []weir.Request{{Key: "x", Limit: limit, N: 3}}, out[:], 3); err != nil || out[0] != want {
+	if err := p.Guard().Fallback(ctx, config.OnErrorLocal, []weir.Request{{Key: "x", Limit: limit, N: 3}}, out[:], 3); err != nil || out[0] != want {
 		t.Fatalf("Fallback: %+v %v, want %+v", out[0], err, want)
 	}
 	if err := p.Guard().Fallback(ctx, "sometimes", []weir.Request{{Key: "x", Limit: limit, N: 1}}, out[:], 3); err == nil {

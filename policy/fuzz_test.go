@@ -7,10 +7,12 @@ import (
 	"log/slog"
 	"net/http/httptest"
 	"testing"
+
+	"github.com/weir-dev/weir/policy/config"
 )
 
 // Any weir.yaml either parses into a Config that New accepts and that
-// decides a request, or gets a *ConfigError; nothing panics.
+// decides a request, or gets a *config.Error; nothing panics.
 func FuzzParseConfig(f *testing.F) {
 	for _, s := range []string{
 		"rules:\n  - name: login\n    match: {methods: [POST], path: /api/login}\n    identity: [ip]\n    limit: 5/15m\n    algorithm: sliding_log\n    block: 15m\n",
@@ -27,13 +29,13 @@ func FuzzParseConfig(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg, err := Parse(data, "fuzz.yaml")
 		if err != nil {
-			var ce *ConfigError
+			var ce *config.Error
 			if !errors.As(err, &ce) {
-				t.Fatalf("Parse error %T %v is not a *ConfigError", err, err)
+				t.Fatalf("Parse error %T %v is not a *config.Error", err, err)
 			}
 			return
 		}
-		if cfg.Store.Type == StoreRedis {
+		if cfg.Store.Type == config.StoreRedis {
 			return // New needs a Redis store; Parse's validation is what is fuzzed
 		}
 		p, err := New(cfg, nil, WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/store/guard"
 )
 
 // TestTimeout: a store that hangs is cut off at the deadline, counts as a
@@ -55,13 +56,13 @@ rules:
 			t.Fatalf("allow: %+v", v.Results[0])
 		}
 	}
-	if p.Guard().State() != BreakerOpen {
+	if p.Guard().State() != guard.BreakerOpen {
 		t.Fatal("the breaker did not open")
 	}
 	calls := store.Calls.Load()
 
 	v := p.Check(ctx, req("GET", "/closed"))
-	if rr := v.Results[0]; v.Allowed || rr.Fallback != "deny" || rr.Result.RetryAfter < time.Second || !errors.Is(rr.Err, ErrCircuitOpen) {
+	if rr := v.Results[0]; v.Allowed || rr.Fallback != "deny" || rr.Result.RetryAfter < time.Second || !errors.Is(rr.Err, guard.ErrCircuitOpen) {
 		t.Fatalf("deny: %+v", v)
 	}
 	// local: 5/h over 2 instances is 3 each (rounded up).
@@ -98,7 +99,7 @@ rules:
 	if !v.Allowed || v.Results[0].Err != nil || v.Results[0].Fallback != "" {
 		t.Fatalf("after recovery: %+v", v.Results[0])
 	}
-	if p.Guard().State() != BreakerClosed {
+	if p.Guard().State() != guard.BreakerClosed {
 		t.Fatal("the breaker did not close")
 	}
 	if v := p.Check(ctx, req("GET", "/open")); v.Allowed {
@@ -116,14 +117,14 @@ rules:
   - {name: l, limit: 6/h, algorithm: sliding_log}
   - {name: d, limit: 6/h, on_error: deny}
 `, store, WithLogger(slog.New(&countingHandler{})))
-	rr, err := p.CheckKey(ctx, "l", "k", 2)
+	rr, err := p.CheckKey(ctx, KeyRequest{Rule: "l", Key: "k", N: 2})
 	if err != nil || !rr.Result.Allowed || rr.Fallback != "local" || rr.Result.Remaining != 0 {
 		t.Fatalf("local: %+v %v", rr, err)
 	}
-	if rr, _ := p.CheckKey(ctx, "l", "k", 1); rr.Result.Allowed {
+	if rr, _ := p.CheckKey(ctx, KeyRequest{Rule: "l", Key: "k", N: 1}); rr.Result.Allowed {
 		t.Fatal("local: over the instance's share")
 	}
-	if rr, _ := p.CheckKey(ctx, "d", "k", 1); rr.Result.Allowed || rr.Fallback != "deny" {
+	if rr, _ := p.CheckKey(ctx, KeyRequest{Rule: "d", Key: "k", N: 1}); rr.Result.Allowed || rr.Fallback != "deny" {
 		t.Fatalf("deny: %+v", rr)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/store/guard"
 )
 
 // TestLeaseConfig: lease is checked against the algorithm table, block and
@@ -89,7 +90,7 @@ rules:
 		t.Errorf("spent %d after one client's 50 requests, want 100 + its 5 admitted", got)
 	}
 	// CheckKey spends from the same lease; Reset forgets it.
-	rr, err := p.CheckKey(ctx, "global", "all", 3)
+	rr, err := p.CheckKey(ctx, KeyRequest{Rule: "global", Key: "all", N: 3})
 	if err != nil || !rr.Result.Allowed {
 		t.Fatalf("CheckKey: %+v %v", rr, err)
 	}
@@ -164,7 +165,7 @@ rules:
 	}
 	// The local fallback divides by the live count.
 	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 100, Period: time.Minute}
-	if got := LocalLimit(l, p.Instances()).Rate; got != 20 {
+	if got := guard.LocalLimit(l, p.Instances()).Rate; got != 20 {
 		t.Errorf("local share %d", got)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/weir-dev/weir/policy/config"
 )
 
 // TestBlockWithConcurrency: a penalty box applies to every algorithm, as
@@ -45,9 +47,9 @@ func TestLimitProblemAtItsKey(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg, err := Parse([]byte(c.doc), "w.yaml")
-			var ce *ConfigError
+			var ce *config.Error
 			if !errors.As(err, &ce) {
-				t.Fatalf("got %+v, %v; want a *ConfigError", cfg, err)
+				t.Fatalf("got %+v, %v; want a *config.Error", cfg, err)
 			}
 			var got []string
 			for _, line := range ce.Lines() {

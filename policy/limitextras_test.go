@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/store/memstore"
 	"github.com/weir-dev/weir/storetest"
 )
@@ -47,13 +48,13 @@ func TestLimitExtrasBadInput(t *testing.T) {
 			if err == nil {
 				_, err = New(cfg, memstore.New())
 			}
-			var ce *ConfigError
+			var ce *config.Error
 			if !errors.As(err, &ce) {
-				t.Fatalf("got %v; want a *ConfigError", err)
+				t.Fatalf("got %v; want a *config.Error", err)
 			}
 			var got []string
 			for _, p := range ce.Problems {
-				got = append(got, p.format("")[len("config:"):])
+				got = append(got, (&config.Error{Problems: []config.Problem{p}}).Error()[len("config:"):])
 			}
 			if !reflect.DeepEqual(got, c.want) {
 				t.Fatalf("problems:\n got %q\nwant %q", got, c.want)
@@ -78,10 +79,10 @@ func TestEscalatingBlockFromYAML(t *testing.T) {
 	ctx := context.Background()
 	offend := func(want time.Duration) {
 		t.Helper()
-		if rr, _ := p.CheckKey(ctx, "login", "alice", 1); !rr.Result.Allowed {
+		if rr, _ := p.CheckKey(ctx, KeyRequest{Rule: "login", Key: "alice", N: 1}); !rr.Result.Allowed {
 			t.Fatalf("the first of a new window: %+v", rr.Result)
 		}
-		rr, err := p.CheckKey(ctx, "login", "alice", 1)
+		rr, err := p.CheckKey(ctx, KeyRequest{Rule: "login", Key: "alice", N: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -120,7 +121,7 @@ func TestCalendarFromYAML(t *testing.T) {
 	}
 	ctx := context.Background()
 	for i, want := range []bool{true, true, false} {
-		rr, err := p.CheckKey(ctx, "quota", "k", 1)
+		rr, err := p.CheckKey(ctx, KeyRequest{Rule: "quota", Key: "k", N: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -129,7 +130,7 @@ func TestCalendarFromYAML(t *testing.T) {
 		}
 	}
 	clock.Advance(time.Hour)
-	if rr, _ := p.CheckKey(ctx, "quota", "k", 1); !rr.Result.Allowed || rr.Result.ResetAfter != 24*time.Hour {
+	if rr, _ := p.CheckKey(ctx, KeyRequest{Rule: "quota", Key: "k", N: 1}); !rr.Result.Allowed || rr.Result.ResetAfter != 24*time.Hour {
 		t.Fatalf("the next day: %+v", rr.Result)
 	}
 }
@@ -150,7 +151,7 @@ func TestReloadKeepsRulesOnLimitExtrasBadInput(t *testing.T) {
   - {name: e, limit: 5/s, algorithm: gcra, warmup: 72h}
 `)
 	err := w.h.Reload()
-	var ce *ConfigError
+	var ce *config.Error
 	if !errors.As(err, &ce) || len(ce.Problems) != 5 {
 		t.Fatalf("reload: %v; want 5 problems", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir/httplimit"
+	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/protect"
 )
 
@@ -237,7 +238,7 @@ func statusesOf(buf []httplimit.Status, v *Verdict) ([]httplimit.Status, int) {
 	limiting := -1
 	for i := range v.Results {
 		rr := &v.Results[i]
-		if rr.Skipped || rr.Denied || (rr.Err != nil && rr.Fallback == OnErrorAllow) {
+		if rr.Skipped || rr.Denied || (rr.Err != nil && rr.Fallback == config.OnErrorAllow) {
 			continue
 		}
 		if i == v.Limiting {

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/store/memstore"
 )
 
@@ -16,7 +17,7 @@ func nearCount(t *testing.T, p *Policy, rule string, n int) []int {
 	t.Helper()
 	var near []int
 	for i := 1; i <= n; i++ {
-		rr, err := p.CheckKey(ctx, rule, "k", 1)
+		rr, err := p.CheckKey(ctx, KeyRequest{Rule: rule, Key: "k", N: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -66,15 +67,15 @@ func TestNearLimitNotPeeksNorSkips(t *testing.T) {
 	p := mustPolicy(t, "rules:\n  - {name: r, identity: header:X-Key, limit: 2/m, algorithm: fixed_window}\n",
 		memstore.New(memstore.WithClock(newClock().Now)))
 	for i := range 2 {
-		if rr, _ := p.CheckKey(ctx, "r", "k", 1); rr.IsNearLimit() != (i == 1) {
+		if rr, _ := p.CheckKey(ctx, KeyRequest{Rule: "r", Key: "k", N: 1}); rr.IsNearLimit() != (i == 1) {
 			t.Fatalf("decision %d: near %v", i+1, rr.IsNearLimit())
 		}
 	}
-	if rr, _ := p.CheckKey(ctx, "r", "k", 0); rr.Result.Remaining != 0 || rr.IsNearLimit() {
+	if rr, _ := p.CheckKey(ctx, KeyRequest{Rule: "r", Key: "k", N: 0}); rr.Result.Remaining != 0 || rr.IsNearLimit() {
 		t.Fatalf("a peek at a full key: %+v, near %v", rr.Result, rr.IsNearLimit())
 	}
 	v := p.Check(ctx, req("GET", "/"))
-	if rr, _ := p.CheckKey(ctx, "r", "k", 1); rr.Result.Allowed || rr.IsNearLimit() {
+	if rr, _ := p.CheckKey(ctx, KeyRequest{Rule: "r", Key: "k", N: 1}); rr.Result.Allowed || rr.IsNearLimit() {
 		t.Fatalf("a rejection: %+v, near %v", rr.Result, rr.IsNearLimit())
 	}
 	if !v.Results[0].Skipped || v.Results[0].IsNearLimit() {
@@ -104,16 +105,16 @@ func TestNearLimitConfigErrors(t *testing.T) {
 		{"rules:\n  - name: r\n    limit: 10/m\n    near_limit: NaN\n", `4:17: near_limit "NaN" must be a share`},
 	} {
 		_, err := Parse([]byte(c.doc), "w.yaml")
-		var ce *ConfigError
+		var ce *config.Error
 		if !errors.As(err, &ce) {
-			t.Fatalf("%q: got %v, want a *ConfigError", c.doc, err)
+			t.Fatalf("%q: got %v, want a *config.Error", c.doc, err)
 		}
 		if !strings.Contains(err.Error(), c.want) {
 			t.Fatalf("%q: got %v, want %s", c.doc, err, c.want)
 		}
 	}
 	// A Config built in Go is checked by New.
-	if _, err := New(&Config{NearLimit: "2", Rules: []RuleConfig{{Name: "r", Limit: "1/s"}}}, nil); err == nil || !strings.Contains(err.Error(), `near_limit "2"`) {
+	if _, err := New(&config.Config{NearLimit: "2", Rules: []config.RuleConfig{{Name: "r", Limit: "1/s"}}}, nil); err == nil || !strings.Contains(err.Error(), `near_limit "2"`) {
 		t.Fatalf("New: %v", err)
 	}
 }

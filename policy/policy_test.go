@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/clientip"
 	"github.com/weir-dev/weir/httplimit"
 	"github.com/weir-dev/weir/store/memstore"
 )
@@ -158,7 +159,7 @@ rules:
 		t.Fatalf("a missing part did not skip: %+v", v)
 	}
 	// CheckKey reaches the same state with RuleResult.Identity.
-	rr, err := p.CheckKey(ctx, "promo", "m%3A1:P1", 0)
+	rr, err := p.CheckKey(ctx, KeyRequest{Rule: "promo", Key: "m%3A1:P1", N: 0})
 	if err != nil || rr.Result.Allowed || rr.Key != weir.Key("promo", "m%3A1:P1") {
 		t.Fatalf("CheckKey peek: %+v, %v", rr, err)
 	}
@@ -198,7 +199,7 @@ func TestClientIP(t *testing.T) {
 		if c.realIP != "" {
 			r.Header.Set("X-Real-IP", c.realIP)
 		}
-		if got := ClientIP(r, c.trusted).String(); got != c.want {
+		if got := clientip.From(r, c.trusted, clientip.Auto).String(); got != c.want {
 			t.Errorf("%s: got %s, want %s", c.name, got, c.want)
 		}
 	}
@@ -243,7 +244,7 @@ rules:
 	if v.Allowed || !v.Denied || !v.Results[0].Denied || !v.Results[1].Skipped || v.Limiting != 0 || store.Calls.Load() != 0 {
 		t.Fatalf("deny: %+v (%d calls)", v, store.Calls.Load())
 	}
-	rr, _ := p.CheckKey(ctx, "other", "192.0.2.1", 0)
+	rr, _ := p.CheckKey(ctx, KeyRequest{Rule: "other", Key: "192.0.2.1", N: 0})
 	if rr.Result.Remaining != 5 {
 		t.Fatalf("a denied request consumed from another rule: %+v", rr.Result)
 	}
@@ -456,7 +457,7 @@ rules:
 		perIP := int64(7) // every weir.Store decides a batch all or nothing (Do)
 		for rule, want := range map[string]int64{"per-ip": perIP, "global": 997} {
 			key := map[string]string{"per-ip": "192.0.2.1", "global": "all"}[rule]
-			rr, err := p.CheckKey(ctx, rule, key, 0)
+			rr, err := p.CheckKey(ctx, KeyRequest{Rule: rule, Key: key, N: 0})
 			if err != nil || rr.Result.Remaining != want {
 				t.Fatalf("multi=%v: %s remaining %d, want %d (%v)", multi, rule, rr.Result.Remaining, want, err)
 			}
@@ -486,18 +487,18 @@ func TestCheckKey(t *testing.T) {
 rules:
   - {name: login, limit: 3/h, algorithm: sliding_log, block: 1h}
 `, nil)
-	if _, err := p.CheckKey(ctx, "nope", "k", 1); !errors.Is(err, ErrUnknownRule) {
+	if _, err := p.CheckKey(ctx, KeyRequest{Rule: "nope", Key: "k", N: 1}); !errors.Is(err, ErrUnknownRule) {
 		t.Fatalf("unknown rule: %v", err)
 	}
-	if _, err := p.CheckKey(ctx, "login", "", 1); err == nil {
+	if _, err := p.CheckKey(ctx, KeyRequest{Rule: "login", Key: "", N: 1}); err == nil {
 		t.Fatal("empty key accepted")
 	}
 	for _, hits := range []int64{-1, 4} {
-		if _, err := p.CheckKey(ctx, "login", "k", hits); !errors.Is(err, weir.ErrInvalidCost) {
+		if _, err := p.CheckKey(ctx, KeyRequest{Rule: "login", Key: "k", N: hits}); !errors.Is(err, weir.ErrInvalidCost) {
 			t.Fatalf("hits %d: %v", hits, err)
 		}
 	}
-	rr, err := p.CheckKey(ctx, "login", "192.0.2.1", 2)
+	rr, err := p.CheckKey(ctx, KeyRequest{Rule: "login", Key: "192.0.2.1", N: 2})
 	if err != nil || !rr.Result.Allowed || rr.Result.Remaining != 1 || rr.Key != weir.Key("login", "192.0.2.1") || rr.Tier != "default" {
 		t.Fatalf("%+v %v", rr, err)
 	}
@@ -505,13 +506,13 @@ rules:
 	if v := p.Check(ctx, req("GET", "/")); !v.Allowed || v.Results[0].Result.Remaining != 0 {
 		t.Fatalf("Check after CheckKey: %+v", v.Results[0])
 	}
-	if rr, _ := p.CheckKey(ctx, "login", "192.0.2.1", 0); rr.Result.Allowed || rr.Result.Remaining != 0 {
+	if rr, _ := p.CheckKey(ctx, KeyRequest{Rule: "login", Key: "192.0.2.1", N: 0}); rr.Result.Allowed || rr.Result.Remaining != 0 {
 		t.Fatalf("peek: %+v", rr.Result)
 	}
 	if err := p.Reset(ctx, "login", "192.0.2.1"); err != nil {
 		t.Fatal(err)
 	}
-	if rr, _ := p.CheckKey(ctx, "login", "192.0.2.1", 0); !rr.Result.Allowed || rr.Result.Remaining != 3 {
+	if rr, _ := p.CheckKey(ctx, KeyRequest{Rule: "login", Key: "192.0.2.1", N: 0}); !rr.Result.Allowed || rr.Result.Remaining != 3 {
 		t.Fatalf("after Reset: %+v", rr.Result)
 	}
 	if err := p.Reset(ctx, "nope", "k"); !errors.Is(err, ErrUnknownRule) {
@@ -578,13 +579,13 @@ rules:
 	if total != 150 {
 		t.Fatalf("%d admitted in all, want exactly the global 150", total)
 	}
-	rr, _ := p.CheckKey(ctx, "global", "all", 0)
+	rr, _ := p.CheckKey(ctx, KeyRequest{Rule: "global", Key: "all", N: 0})
 	if rr.Result.Remaining != 0 {
 		t.Fatalf("global remaining %d", rr.Result.Remaining)
 	}
 	// Per user: remaining = 40 - admitted, exactly.
 	for u := range users {
-		rr, _ := p.CheckKey(ctx, "per-user", users[u], 0)
+		rr, _ := p.CheckKey(ctx, KeyRequest{Rule: "per-user", Key: users[u], N: 0})
 		if got, want := rr.Result.Remaining, 40-admitted[u].Load(); got != want {
 			t.Errorf("user %s: remaining %d, want %d", users[u], got, want)
 		}
@@ -638,7 +639,7 @@ rules:
 		seen = append(seen, tag)
 	}))
 	p.Check(ctx, req("GET", "/"))
-	if _, err := p.CheckKey(ctx, "a", "x", 1); err != nil {
+	if _, err := p.CheckKey(ctx, KeyRequest{Rule: "a", Key: "x", N: 1}); err != nil {
 		t.Fatal(err)
 	}
 	want := []string{"a", "s:shadow", "k:skipped", "a"}
@@ -658,7 +659,7 @@ rules:
   - {name: big, identity: const:x, limit: 100/h, algorithm: sliding_log}
   - {name: small, identity: const:x, limit: 10/h, algorithm: sliding_log}
 `, nil)
-	if _, err := p.CheckKey(ctx, "big", "x", 59); err != nil {
+	if _, err := p.CheckKey(ctx, KeyRequest{Rule: "big", Key: "x", N: 59}); err != nil {
 		t.Fatal(err)
 	}
 	v := p.Check(ctx, req("GET", "/"))

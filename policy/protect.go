@@ -8,52 +8,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/protect"
 )
-
-// ProtectConfig is one entry of protect: overload protection for the
-// requests it matches (package protect). Concurrency or Adaptive sets a
-// concurrency limit, Breaker a circuit breaker; a rule may have both.
-type ProtectConfig struct {
-	// Name identifies the rule in rejections ({"protect": name}), metrics
-	// and the dashboard: letters, digits, '.', '_' and '-'.
-	Name  string
-	Match MatchConfig
-	// Concurrency is a fixed limit of requests in flight; the file's
-	// concurrency: adaptive sets Adaptive instead, a limit learned from
-	// latency between MinConcurrency (default 1) and MaxConcurrency
-	// (default 1000).
-	Concurrency                    int
-	Adaptive                       bool
-	MinConcurrency, MaxConcurrency int
-	// Priority names where a request's priority comes from: "header:NAME",
-	// whose value is critical, normal or sheddable (anything else is
-	// normal). Empty: every request is normal, and none is critical.
-	Priority string
-	// MaxWait is how long a critical request that finds the limit full
-	// waits for the next slot freed; 0: it is shed at once.
-	MaxWait time.Duration
-	// Reserve is the share of the limit only critical requests may use,
-	// such as "20%" or "0.2"; below 100%.
-	Reserve string
-	// Breaker adds a circuit breaker.
-	Breaker *protect.BreakerConfig
-	// Shadow counts and reports what the rule would shed, and sheds
-	// nothing. The top-level shadow makes every protect rule a shadow one.
-	Shadow bool
-}
-
-// SystemConfig is the system section: protection of the whole process,
-// applied to every request before the protect rules.
-type SystemConfig struct {
-	// MaxCPU is the process's CPU use, as a share of GOMAXPROCS such as
-	// "85%", above which requests are admitted only while in flight stays
-	// under the measured throughput × minimum latency (BBR-style). Empty:
-	// off.
-	MaxCPU string
-	// MaxInFlight caps the requests in flight; 0: no cap.
-	MaxInFlight int
-}
 
 // SystemRule is the name the system section's rejections and metrics
 // carry.
@@ -88,7 +45,7 @@ func parseShare(s string) (float64, bool) {
 }
 
 // checkProtect validates the protect and system sections into c.
-func checkProtect(cfg *Config, c *compiled, rep reporter) {
+func checkProtect(cfg *config.Config, c *compiled, rep reporter) {
 	first := map[string]string{}
 	for i := range cfg.Protect {
 		pc := &cfg.Protect[i]
@@ -144,9 +101,9 @@ func checkProtect(cfg *Config, c *compiled, rep reporter) {
 }
 
 // checkSystem validates the system section.
-func checkSystem(cfg *Config, c *compiled, rep reporter) {
+func checkSystem(cfg *config.Config, c *compiled, rep reporter) {
 	s := cfg.System
-	if s == (SystemConfig{}) {
+	if s == (config.SystemConfig{}) {
 		return
 	}
 	sc := protect.Config{Name: SystemRule, Concurrency: s.MaxInFlight, Shadow: cfg.Shadow}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/protect"
 )
 
@@ -37,9 +38,9 @@ func TestParseProtect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []ProtectConfig{
-		{Name: "api", Match: MatchConfig{Path: "/api/"}, Adaptive: true, MaxConcurrency: 1000, Priority: "header:X-Priority", Reserve: "20%"},
-		{Name: "payments", Match: MatchConfig{Path: "/api/pay"}, Breaker: &protect.BreakerConfig{
+	want := []config.ProtectConfig{
+		{Name: "api", Match: config.MatchConfig{Path: "/api/"}, Adaptive: true, MaxConcurrency: 1000, Priority: "header:X-Priority", Reserve: "20%"},
+		{Name: "payments", Match: config.MatchConfig{Path: "/api/pay"}, Breaker: &protect.BreakerConfig{
 			SlowCall: 500 * time.Millisecond, SlowRatio: 0.5, ErrorRatio: 0.5, MinRequests: 20, Window: 10 * time.Second, OpenFor: 10 * time.Second}},
 	}
 	if len(cfg.Protect) != 2 {
@@ -56,7 +57,7 @@ func TestParseProtect(t *testing.T) {
 			t.Errorf("protect[%d] = %+v, want %+v", i, g, w)
 		}
 	}
-	if cfg.System != (SystemConfig{MaxCPU: "85%", MaxInFlight: 2000}) {
+	if cfg.System != (config.SystemConfig{MaxCPU: "85%", MaxInFlight: 2000}) {
 		t.Errorf("system = %+v", cfg.System)
 	}
 	p, err := New(cfg, nil)

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/clientip"
+	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/store/memstore"
 )
 
@@ -47,15 +49,15 @@ func TestClientIPHeader(t *testing.T) {
 		if c.cf != "" {
 			r.Header.Set("CF-Connecting-IP", c.cf)
 		}
-		h, ok := CanonicalIPHeader(c.header)
+		h, ok := clientip.CanonicalHeader(c.header)
 		if !ok {
-			t.Fatalf("%s: CanonicalIPHeader(%q) not ok", c.name, c.header)
+			t.Fatalf("%s: clientip.CanonicalHeader(%q) not ok", c.name, c.header)
 		}
-		if got := ClientIPFrom(r, trusted, h).String(); got != c.want {
+		if got := clientip.From(r, trusted, h).String(); got != c.want {
 			t.Errorf("%s: %s, want %s", c.name, got, c.want)
 		}
 		// The non-canonical spelling reads the same header.
-		if got := ClientIPFrom(r, trusted, c.header).String(); got != c.want {
+		if got := clientip.From(r, trusted, c.header).String(); got != c.want {
 			t.Errorf("%s, header as written: %s, want %s", c.name, got, c.want)
 		}
 	}
@@ -83,8 +85,8 @@ func TestClientIPHeaderPolicy(t *testing.T) {
 func TestClientIPFromAllocs(t *testing.T) {
 	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
 	r := from(req("GET", "/", "X-Forwarded-For", "6.6.6.6, 198.51.100.7", "X-Real-IP", "203.0.113.8", "Cf-Connecting-Ip", "2001:db8::1"), "10.0.0.1:1")
-	for _, h := range []string{ClientIPAuto, ClientIPForwardedFor, "X-Real-Ip", "Cf-Connecting-Ip"} {
-		if n := testing.AllocsPerRun(100, func() { ClientIPFrom(r, trusted, h) }); n != 0 {
+	for _, h := range []string{clientip.Auto, clientip.ForwardedFor, "X-Real-Ip", "Cf-Connecting-Ip"} {
+		if n := testing.AllocsPerRun(100, func() { clientip.From(r, trusted, h) }); n != 0 {
 			t.Errorf("ClientIPFrom with %s: %v allocations, want 0", h, n)
 		}
 	}
@@ -132,11 +134,11 @@ func TestCheckKeyCanonicalIP(t *testing.T) {
 		{"net", "::ffff:198.51.101.7", "198.51.101.200", "198.51.101.0/24"},
 		{"whole", "2001:DB8::1", "2001:db8:0:0::1", "2001:db8::1"},
 	} {
-		rr, err := p.CheckKey(ctx, c.rule, c.first, 1)
+		rr, err := p.CheckKey(ctx, KeyRequest{Rule: c.rule, Key: c.first, N: 1})
 		if err != nil || !rr.Result.Allowed || rr.Identity != c.identity || rr.Key != weir.Key(c.rule, c.identity) {
 			t.Fatalf("%s %q: %+v %v, want allowed as %q", c.rule, c.first, rr, err, c.identity)
 		}
-		rr, err = p.CheckKey(ctx, c.rule, c.second, 1)
+		rr, err = p.CheckKey(ctx, KeyRequest{Rule: c.rule, Key: c.second, N: 1})
 		if err != nil || rr.Result.Allowed {
 			t.Errorf("%s: %q after %q: allowed %v (%v); want one counter", c.rule, c.second, c.first, rr.Result.Allowed, err)
 		}
@@ -147,7 +149,7 @@ func TestCheckKeyCanonicalIP(t *testing.T) {
 		if err := p.Reset(ctx, c.rule, c.second); err != nil {
 			t.Fatal(err)
 		}
-		if rr, _ := p.CheckKey(ctx, c.rule, c.first, 1); !rr.Result.Allowed {
+		if rr, _ := p.CheckKey(ctx, KeyRequest{Rule: c.rule, Key: c.first, N: 1}); !rr.Result.Allowed {
 			t.Errorf("%s: Reset(%q) did not clear %q", c.rule, c.second, c.first)
 		}
 	}
@@ -156,14 +158,14 @@ func TestCheckKeyCanonicalIP(t *testing.T) {
 	if v := p.Check(ctx, r); !v.Allowed {
 		t.Fatal("first request limited")
 	}
-	if rr, _ := p.CheckKey(ctx, "per-ip", "2001:DB8:77:0:ffff::2", 1); rr.Result.Allowed {
+	if rr, _ := p.CheckKey(ctx, KeyRequest{Rule: "per-ip", Key: "2001:DB8:77:0:ffff::2", N: 1}); rr.Result.Allowed {
 		t.Error("CheckKey of another address of the request's /64 is allowed; want the request's counter")
 	}
 	for _, c := range []struct{ rule, key, want string }{
 		{"per-ip", "2001:db8::/32", "/64"},
 		{"net", "198.51.0.0/16", "/24"},
 	} {
-		_, err := p.CheckKey(ctx, c.rule, c.key, 1)
+		_, err := p.CheckKey(ctx, KeyRequest{Rule: c.rule, Key: c.key, N: 1})
 		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), c.key) {
 			t.Errorf("CheckKey(%s, %q): %v, want an error naming %s and the key", c.rule, c.key, err, c.want)
 		}
@@ -177,12 +179,12 @@ func TestCheckKeyCanonicalIP(t *testing.T) {
 	}
 	// A key that is no address is an identity of its own, as before.
 	for _, k := range []string{"not-an-ip", "ip:203.0.113.9", "203.0.113.9:443"} {
-		if rr, err := p.CheckKey(ctx, "per-ip", k, 1); err != nil || rr.Identity != k {
+		if rr, err := p.CheckKey(ctx, KeyRequest{Rule: "per-ip", Key: k, N: 1}); err != nil || rr.Identity != k {
 			t.Errorf("CheckKey(per-ip, %q): %+v %v", k, rr, err)
 		}
 	}
 	// Other identities take the key as it is.
-	if rr, err := p.CheckKey(ctx, "api", "2001:DB8::1", 1); err != nil || rr.Identity != "2001:DB8::1" {
+	if rr, err := p.CheckKey(ctx, KeyRequest{Rule: "api", Key: "2001:DB8::1", N: 1}); err != nil || rr.Identity != "2001:DB8::1" {
 		t.Errorf("api: %+v %v", rr, err)
 	}
 }
@@ -208,7 +210,7 @@ func TestProxySettingsValidation(t *testing.T) {
 			t.Errorf("%q: %v", doc, err)
 		}
 	}
-	if _, err := New(&Config{ClientIPHeader: "a b"}, nil); err == nil || !strings.Contains(err.Error(), `"a b"`) {
+	if _, err := New(&config.Config{ClientIPHeader: "a b"}, nil); err == nil || !strings.Contains(err.Error(), `"a b"`) {
 		t.Errorf("New with a bad ClientIPHeader: %v", err)
 	}
 }

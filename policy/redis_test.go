@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir/internal/redistest"
+	"github.com/weir-dev/weir/store/guard"
 	"github.com/weir-dev/weir/store/redisstore"
 )
 
@@ -54,7 +55,7 @@ func checkAllOrNothing(t *testing.T, p *Policy) {
 		rule, key string
 		want      int64
 	}{{"per-ip", "192.0.2.1", 7}, {"global", "all", 997}, {"log", "192.0.2.1", 17}, {"per-user", "u1", 0}} {
-		rr, err := p.CheckKey(ctx, c.rule, c.key, 0)
+		rr, err := p.CheckKey(ctx, KeyRequest{Rule: c.rule, Key: c.key, N: 0})
 		if err != nil || rr.Err != nil || rr.Result.Remaining != c.want {
 			t.Errorf("%s: remaining %d, want %d (%v %v)", c.rule, rr.Result.Remaining, c.want, err, rr.Err)
 		}
@@ -89,11 +90,11 @@ func TestRedisOutage(t *testing.T) {
 	store := redisStore(t, []string{srv.Addr}, 5*time.Second)
 	var states []string
 	stateCh := make(chan string, 16)
-	guard := NewGuard(store, GuardConfig{
+	g := guard.New(store, guard.Config{
 		Timeout: 5 * time.Second,
-		Breaker: BreakerConfig{Failures: 3, Cooldown: 100 * time.Millisecond},
+		Breaker: guard.BreakerConfig{Failures: 3, Cooldown: 100 * time.Millisecond},
 		Logger:  slog.New(&countingHandler{}),
-		OnStateChange: func(_, to BreakerState) {
+		OnStateChange: func(_, to guard.BreakerState) {
 			select {
 			case stateCh <- to.String():
 			default:
@@ -105,7 +106,7 @@ instances: 2
 rules:
   - {name: api, identity: header:X-User, limit: 10/h, algorithm: fixed_window, on_error: local}
   - {name: open, identity: header:X-User, limit: 1000/h, on_error: allow}
-`, guard)
+`, g)
 	check := func(user string) Verdict { return p.Check(ctx, req("GET", "/", "X-User", user)) }
 
 	for i := 0; i < 4; i++ {
@@ -123,8 +124,8 @@ rules:
 			t.Fatalf("during the outage, request %d: %+v", i+1, v.Results)
 		}
 	}
-	if guard.State() != BreakerOpen {
-		t.Fatalf("breaker %v after 3 failures", guard.State())
+	if g.State() != guard.BreakerOpen {
+		t.Fatalf("breaker %v after 3 failures", g.State())
 	}
 	// While open, calls fail fast without touching Redis; the local
 	// limiter enforces 10/h over 2 instances = 5, of which 3 are used.
@@ -135,7 +136,7 @@ rules:
 		if rr.Fallback != "local" || rr.Result.Limit != 5 {
 			t.Fatalf("fallback: %+v", rr)
 		}
-		if !errors.Is(rr.Err, ErrCircuitOpen) && !errors.Is(rr.Err, context.DeadlineExceeded) {
+		if !errors.Is(rr.Err, guard.ErrCircuitOpen) && !errors.Is(rr.Err, context.DeadlineExceeded) {
 			// A half-open probe may have reached the dead server; otherwise
 			// the breaker answered.
 			t.Logf("request %d: %v", i, rr.Err)
@@ -155,8 +156,8 @@ rules:
 		v = check("u1")
 		return v.Results[0].Fallback == "" && v.Results[0].Err == nil
 	})
-	if guard.State() != BreakerClosed {
-		t.Fatalf("breaker %v after recovery", guard.State())
+	if g.State() != guard.BreakerClosed {
+		t.Fatalf("breaker %v after recovery", g.State())
 	}
 	// The server restarted empty (no persistence): u1 starts over.
 	if v.Results[0].Result.Remaining != 9 {

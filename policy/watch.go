@@ -19,6 +19,7 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 
+	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/store/guard"
 	"github.com/weir-dev/weir/store/memstore"
 )
@@ -31,7 +32,7 @@ type Holder struct {
 	p atomic.Pointer[Policy]
 
 	path   string
-	build  func(*Config) (*Policy, error)
+	build  func(*config.Config) (*Policy, error)
 	onSwap func(old, new *Policy, err error)
 	log    *slog.Logger
 
@@ -152,7 +153,7 @@ func WatchMaxWait(d time.Duration) WatchOption { return func(o *watchOptions) { 
 //
 // The first load's failure is Watch's error. For SIGHUP, see
 // ReloadOnSignal.
-func Watch(ctx context.Context, path string, build func(*Config) (*Policy, error), onSwap func(old, new *Policy, err error), opts ...WatchOption) (*Holder, error) {
+func Watch(ctx context.Context, path string, build func(*config.Config) (*Policy, error), onSwap func(old, new *Policy, err error), opts ...WatchOption) (*Holder, error) {
 	o := watchOptions{log: slog.Default(), debounce: 100 * time.Millisecond}
 	for _, f := range opts {
 		f(&o)
@@ -193,10 +194,10 @@ func Watch(ctx context.Context, path string, build func(*Config) (*Policy, error
 
 // memoryBuild is Watch's build when it is given none: New over one memstore
 // for every reload, so that counters survive them.
-func memoryBuild(log *slog.Logger) func(*Config) (*Policy, error) {
+func memoryBuild(log *slog.Logger) func(*config.Config) (*Policy, error) {
 	var g *guard.Guard
-	return func(c *Config) (*Policy, error) {
-		if c.Store.Type == StoreRedis {
+	return func(c *config.Config) (*Policy, error) {
+		if c.Store.Type == config.StoreRedis {
 			return nil, errors.New("policy: Watch needs a build function that supplies the Redis store")
 		}
 		if g == nil {
@@ -394,7 +395,8 @@ func (h *Holder) reload(force bool) error {
 	}
 	p, err := h.compile(data)
 	if err != nil {
-		if !force && isEmptyConfig(err) {
+		var ce *config.Error
+		if !force && errors.As(err, &ce) && ce.Empty() {
 			return nil // comments only: as above
 		}
 		h.lastSum = sum
@@ -409,7 +411,7 @@ func (h *Holder) reload(force bool) error {
 // reject logs and counts a failed reload. h.mu must be held.
 func (h *Holder) reject(err error) error {
 	h.failed.Add(1)
-	var ce *ConfigError
+	var ce *config.Error
 	if errors.As(err, &ce) {
 		h.log.Error("weir: config rejected; the old rules stay in force", "file", h.path, "problems", len(ce.Problems))
 		for _, line := range ce.Lines() {

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weir-dev/weir/policy/config"
+	"github.com/weir-dev/weir/store/guard"
 	"github.com/weir-dev/weir/store/memstore"
 )
 
@@ -26,7 +28,7 @@ const (
 // watched starts Watch on path with a shared guard and records swaps.
 type watched struct {
 	h     *Holder
-	guard *Guard
+	guard *guard.Guard
 	mu    sync.Mutex
 	swaps []error // nil for a success
 	logs  *countingHandler
@@ -48,11 +50,11 @@ func (w *watched) swapCount() (ok, failed int) {
 func startWatch(t *testing.T, path string, opts ...WatchOption) *watched {
 	t.Helper()
 	w := &watched{logs: &countingHandler{}}
-	w.guard = NewGuard(memstore.New(), GuardConfig{})
+	w.guard = guard.New(memstore.New(), guard.Config{})
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	opts = append([]WatchOption{WatchLogger(slog.New(w.logs)), WatchDebounce(20 * time.Millisecond)}, opts...)
-	h, err := Watch(ctx, path, func(c *Config) (*Policy, error) { return New(c, w.guard) },
+	h, err := Watch(ctx, path, func(c *config.Config) (*Policy, error) { return New(c, w.guard) },
 		func(old, new *Policy, err error) {
 			if old == nil || (err == nil) == (new == nil) {
 				t.Errorf("onSwap(%p, %p, %v)", old, new, err)
@@ -214,7 +216,7 @@ func TestWatchBadFile(t *testing.T) {
 		t.Fatalf("%d failed swaps reported", failed)
 	}
 	w.mu.Lock()
-	var ce *ConfigError
+	var ce *config.Error
 	if !errors.As(w.swaps[0], &ce) || len(ce.Problems) != 2 {
 		t.Fatalf("onSwap error: %v", w.swaps[0])
 	}
@@ -279,7 +281,7 @@ func TestWatchFirstLoadFails(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "weir.yaml")
 	write(t, path, confBad)
-	var ce *ConfigError
+	var ce *config.Error
 	if _, err := Watch(context.Background(), path, nil, nil); !errors.As(err, &ce) {
 		t.Fatalf("got %v", err)
 	}

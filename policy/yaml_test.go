@@ -4,6 +4,8 @@ import (
 	"errors"
 	"reflect"
 	"testing"
+
+	"github.com/weir-dev/weir/policy/config"
 )
 
 // TestParseYAMLProblems: problems that internal/yamlnode finds in the YAML
@@ -31,13 +33,13 @@ func TestParseYAMLProblems(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg, err := Parse([]byte(c.doc), "w.yaml")
-			var ce *ConfigError
+			var ce *config.Error
 			if !errors.As(err, &ce) {
-				t.Fatalf("got %+v, %v; want a *ConfigError", cfg, err)
+				t.Fatalf("got %+v, %v; want a *config.Error", cfg, err)
 			}
 			var got []string
 			for _, p := range ce.Problems {
-				got = append(got, p.format("")[len("config:"):])
+				got = append(got, (&config.Error{Problems: []config.Problem{p}}).Error()[len("config:"):])
 			}
 			if !reflect.DeepEqual(got, c.want) {
 				t.Fatalf("problems:\n got %q\nwant %q", got, c.want)

@@ -8,6 +8,8 @@ command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need_apt+=(redis-tools)
 # redis-py drives weir serve's Redis-protocol listener (internal/resp tests).
 /usr/bin/python3 -c 'import redis' >/dev/null 2>&1 || need_apt+=(python3-redis)
+# node-redis 4 (Debian's node-redis) drives it too, under node.
+[ -d /usr/share/nodejs/redis ] || [ -d /usr/share/nodejs/@redis/client ] || need_apt+=(node-redis)
 # The example clients (examples/clients) run under python3, node and curl.
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
 command -v node >/dev/null 2>&1 || need_apt+=(nodejs)

@@ -19,6 +19,13 @@ rm -rf "$ctx/dist"
 cp deploy/image/Dockerfile deploy/image/passwd deploy/image/group "$ctx/"
 chmod 0755 "$ctx/weir"
 chmod 0644 "$ctx/passwd" "$ctx/group"
+# /bin/ratelimit -> /weir: run under envoyproxy/ratelimit's name (as Envoy
+# Gateway's Deployment does), weir serves in its stead (docs/envoy.md). A
+# tar, because ADD keeps the symbolic link that COPY would follow.
+mkdir -p "$ctx/links/bin"
+ln -s /weir "$ctx/links/bin/ratelimit"
+tar --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$ctx/links" -cf "$ctx/ratelimit.tar" bin
+rm -rf "$ctx/links"
 
 # The version the binary reports (weir version's first line), made a valid tag.
 version=$("$GO" version -m "$ctx/weir" | awk '$1 == "mod" { print $3; exit }')

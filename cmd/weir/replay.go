@@ -14,6 +14,7 @@ import (
 
 	"github.com/weir-dev/weir/internal/replay"
 	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 )
 
 func init() {
@@ -75,7 +76,7 @@ func parseShare(s string) (float64, error) {
 
 func runReplay(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("weir replay", replayUsage, stderr)
-	config := fs.String("config", "", "the weir.yaml to replay (required)")
+	configPath := fs.String("config", "", "the weir.yaml to replay (required)")
 	format := fs.String("format", replay.FormatAuto, "the log format: auto, nginx, envoy, caddy or jsonl")
 	asJSON := fs.Bool("json", false, "print one JSON object (docs/replay.md has the schema)")
 	htmlOut := fs.String("html", "", "also write a self-contained HTML report to this file")
@@ -101,7 +102,7 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	switch {
-	case *config == "":
+	case *configPath == "":
 		return fail("--config is required")
 	case len(logs) == 0:
 		return fail("name at least one log (- for stdin)")
@@ -115,7 +116,7 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	if set["target"] && *suggest == "" {
 		return fail("--target goes with --suggest RULE")
 	}
-	cfg, err := policy.LoadFile(*config)
+	cfg, err := policy.LoadFile(*configPath)
 	if err != nil {
 		return fail("%v", err)
 	}
@@ -134,7 +135,7 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 		}
 		return runSuggest(ctx, logs, cfg, *suggest, share, opts, *asJSON, stdout, stderr)
 	}
-	cfgs := []*policy.Config{cfg}
+	cfgs := []*config.Config{cfg}
 	if *compare != "" {
 		other, err := policy.LoadFile(*compare)
 		if err != nil {
@@ -152,7 +153,7 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 		return fail("%v", err)
 	}
 	if *htmlOut != "" {
-		if err := writeHTMLFile(*htmlOut, reps[0], filepath.Base(*config)); err != nil {
+		if err := writeHTMLFile(*htmlOut, reps[0], filepath.Base(*configPath)); err != nil {
 			return fail("--html: %v", err)
 		}
 	}
@@ -160,7 +161,7 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	case *compare != "" && *asJSON:
 		return printJSON(stdout, stderr, replay.Compare(reps[0], reps[1]))
 	case *compare != "":
-		replay.WriteCompareText(stdout, replay.Compare(reps[0], reps[1]), *config, *compare)
+		replay.WriteCompareText(stdout, replay.Compare(reps[0], reps[1]), *configPath, *compare)
 	case *asJSON:
 		return printJSON(stdout, stderr, reps[0])
 	default:
@@ -169,7 +170,7 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-func runSuggest(ctx context.Context, logs []string, cfg *policy.Config, rule string, share float64, opts replay.Options, asJSON bool, stdout, stderr io.Writer) int {
+func runSuggest(ctx context.Context, logs []string, cfg *config.Config, rule string, share float64, opts replay.Options, asJSON bool, stdout, stderr io.Writer) int {
 	// Every pass reads the logs again: stdin is kept in a file first.
 	for i, l := range logs {
 		if l != "-" {

@@ -44,6 +44,7 @@ type serveFlags struct {
 	pprof                                  string
 	shutdownTimeout, shutdownDelay         time.Duration
 	refuseRoot                             bool
+	compatFlags                                            // envoyxds.go
 	envoy                                  envoyServeFlags // serve_envoy.go
 }
 
@@ -69,6 +70,7 @@ func newServeFlagSet(stderr io.Writer) (*flag.FlagSet, *serveFlags) {
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", server.DefaultShutdownTimeout, "on SIGTERM or SIGINT, how long the whole shutdown may take (the delay, then letting in-flight requests finish)")
 	fs.DurationVar(&f.shutdownDelay, "shutdown-delay", server.DefaultShutdownDelay, "on SIGTERM or SIGINT, how long to keep serving while unready (/readyz 503, gRPC health NOT_SERVING) before closing the listeners, so that load balancers stop sending first; 0 closes at once")
 	fs.BoolVar(&f.refuseRoot, "refuse-root", false, "exit with an error instead of serving when the effective user is root (uid 0); the container image sets it")
+	addCompatFlags(fs, &f.compatFlags)
 	addEnvoyFlags(fs, &f.envoy)
 	// Every flag's help names its environment variable.
 	fs.VisitAll(func(fl *flag.Flag) { fl.Usage += " [$" + envName(fl.Name) + "]" })
@@ -169,6 +171,12 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, lookup 
 	}
 	opts := serverOptions(f, log, lookup)
 	otelsetup.LogErrors(log) // exporter errors, through slog and rate-limited
+	copts, err := compatOptions(&f.compatFlags, f.envoyConfig)
+	if err != nil {
+		failure(stderr, log, jsonLog, errText(err))
+		return 2
+	}
+	opts = append(opts, copts...)
 	tracing, shutdownTracing, err := otelsetup.FromEnv(ctx, lookup)
 	if err != nil {
 		return fail(errText(err))
@@ -197,6 +205,13 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, lookup 
 		}
 		defer ps.Close()
 	}
+	stopCompat, err := startCompat(ctx, &f.compatFlags, srv, log)
+	if err != nil {
+		srv.Close()
+		fmt.Fprintln(stderr, "weir serve:", errText(err))
+		return 1
+	}
+	defer stopCompat()
 	hl, gl, err := listen(srv)
 	if err != nil {
 		srv.Close()
@@ -249,6 +264,12 @@ var geteuid = os.Geteuid
 // returns nil flags and the exit code.
 func parseServeArgs(args []string, stdout, stderr io.Writer, lookup func(string) (string, bool)) (*serveFlags, *slog.Logger, int) {
 	fs, f := newServeFlagSet(stderr)
+	if peerRole(args, lookup) { // peerenv.go
+		var ok bool
+		if args, ok = peerArgs(fs, args, lookup, stderr); !ok {
+			return nil, nil, 1
+		}
+	}
 	if code, ok := parseFlags(fs, args, stdout); !ok {
 		return nil, nil, code
 	}
@@ -357,7 +378,7 @@ func announce(stdout io.Writer, log *slog.Logger, jsonLog bool, srv *server.Serv
 	}
 	scheme := "http"
 	tlsOn, mutual := srv.TLS()
-	if tlsOn {
+	if tlsOn && !srv.TLSOnGRPCOnly() {
 		scheme = "https"
 	}
 	dashboard := scheme + "://" + displayAddr(hl.Addr().String(), true)

@@ -13,6 +13,7 @@ import (
 	"github.com/weir-dev/weir/internal/server"
 	"github.com/weir-dev/weir/internal/yamlnode"
 	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 )
 
 func init() {
@@ -49,7 +50,7 @@ func runValidate(args []string, stdout, stderr io.Writer) int {
 			}
 		}
 		if err != nil {
-			var ce *policy.ConfigError
+			var ce *config.Error
 			if errors.As(err, &ce) {
 				for _, line := range ce.Lines() {
 					fmt.Fprintln(stderr, line)
@@ -83,10 +84,10 @@ func runValidate(args []string, stdout, stderr io.Writer) int {
 	return status
 }
 
-// locate gives the problems of a *policy.ConfigError whose path is
+// locate gives the problems of a *config.Error whose path is
 // rules[N].FIELD the line and column of that field in data.
 func locate(data []byte, err error) {
-	ce, ok := err.(*policy.ConfigError)
+	ce, ok := err.(*config.Error)
 	if !ok {
 		return
 	}

@@ -168,7 +168,7 @@ func (g *testGateway) chatAuth(ctx context.Context, auth string, body string) *h
 // remaining peeks at key's tokens.
 func (g *testGateway) remaining(key string) int64 {
 	g.t.Helper()
-	rr, err := g.p.CheckKeyTier(context.Background(), "llm-tokens", "", keyID(key), 0)
+	rr, err := g.p.CheckKey(context.Background(), policy.KeyRequest{Rule: "llm-tokens", Key: keyID(key), N: 0})
 	if err != nil {
 		g.t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 )
 
 // benchLog is an nginx combined log of n lines over a day, from 50k
@@ -58,7 +59,7 @@ func BenchmarkReplayNginx(b *testing.B) {
 		b.Run(fmt.Sprintf("deciders=%d", parts), func(b *testing.B) {
 			b.SetBytes(int64(len(log)))
 			for i := 0; i < b.N; i++ {
-				reps, err := Run(context.Background(), []Input{{Name: "log", R: bytes.NewReader(log)}}, []*policy.Config{cfg}, Options{parts: parts})
+				reps, err := Run(context.Background(), []Input{{Name: "log", R: bytes.NewReader(log)}}, []*config.Config{cfg}, Options{parts: parts})
 				if err != nil || reps[0].Lines != 200_000 {
 					b.Fatal(err)
 				}

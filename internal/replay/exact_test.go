@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/store/memstore"
 )
 
@@ -154,7 +155,7 @@ func replayDecisions(t *testing.T, log []byte, o Options) (statuses []int, decis
 		}
 		decisions = append(decisions, ds)
 	}
-	reps, err := Run(context.Background(), []Input{{Name: "log", R: bytes.NewReader(log)}}, []*policy.Config{cfg}, o)
+	reps, err := Run(context.Background(), []Input{{Name: "log", R: bytes.NewReader(log)}}, []*config.Config{cfg}, o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/weir-dev/weir/internal/replay"
 	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 )
 
 // Replay three requests of an nginx log through a rule of 2 a minute.
@@ -21,7 +22,7 @@ rules:
 		panic(err)
 	}
 	log := strings.Repeat(`203.0.113.7 - - [23/Nov/2026:09:00:01 +0000] "GET / HTTP/1.1" 200 512 "-" "curl/8.5.0"`+"\n", 3)
-	reps, err := replay.Run(context.Background(), []replay.Input{{Name: "access.log", R: strings.NewReader(log)}}, []*policy.Config{cfg}, replay.Options{})
+	reps, err := replay.Run(context.Background(), []replay.Input{{Name: "access.log", R: strings.NewReader(log)}}, []*config.Config{cfg}, replay.Options{})
 	if err != nil {
 		panic(err)
 	}

@@ -11,19 +11,20 @@ import (
 	"testing"
 
 	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 )
 
 // run replays log under the YAML config and returns the report and each
 // line's Record as decided.
-func run(t *testing.T, config, log string, o Options) (*Report, []Record) {
+func run(t *testing.T, yamlText, log string, o Options) (*Report, []Record) {
 	t.Helper()
-	cfg, err := policy.Parse([]byte(config), "t.yaml")
+	cfg, err := policy.Parse([]byte(yamlText), "t.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var recs []Record
 	o.observe = func(r *Record, _ int, _ *policy.Verdict) { recs = append(recs, *r) }
-	reps, err := Run(context.Background(), []Input{{Name: "t.log", R: strings.NewReader(log)}}, []*policy.Config{cfg}, o)
+	reps, err := Run(context.Background(), []Input{{Name: "t.log", R: strings.NewReader(log)}}, []*config.Config{cfg}, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +141,7 @@ func TestSkippedAndGzip(t *testing.T) {
 	zw.Write([]byte(b.String()))
 	zw.Close()
 	cfg, _ := policy.Parse([]byte(twoPerMinute), "t.yaml")
-	reps, err := Run(context.Background(), []Input{{Name: "a.log.gz", R: &gz}}, []*policy.Config{cfg}, Options{})
+	reps, err := Run(context.Background(), []Input{{Name: "a.log.gz", R: &gz}}, []*config.Config{cfg}, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

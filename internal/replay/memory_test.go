@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 )
 
 // genReader reads lines made on the fly: line(i) for i from 0 to n-1, each
@@ -61,7 +62,7 @@ func TestLongIdentitiesShortened(t *testing.T) {
 		return fmt.Sprintf(`198.51.100.1 - - [23/Nov/2026:09:00:%02d +0000] "GET / HTTP/1.1" 200 1 "-" "%s"`, i%60, id(i/2))
 	}}
 	before := heapInUse()
-	reps, err := Run(context.Background(), []Input{{Name: "long.log", R: in}}, []*policy.Config{cfg}, Options{})
+	reps, err := Run(context.Background(), []Input{{Name: "long.log", R: in}}, []*config.Config{cfg}, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +104,7 @@ func TestReorderBoundedInBytes(t *testing.T) {
 					atFirst = int64(heapInUse()) - int64(before)
 				}
 			}}
-			reps, err := Run(context.Background(), []Input{{Name: "long.log", R: in}}, []*policy.Config{cfg}, o)
+			reps, err := Run(context.Background(), []Input{{Name: "long.log", R: in}}, []*config.Config{cfg}, o)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/weir-dev/weir/clientip"
 	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 )
 
 // Deciding in parallel. When every rule of every config counts by the
@@ -37,7 +38,7 @@ type partitioner struct {
 
 // newPartitioner returns a partitioner for the prepared configs, or nil
 // when they must be decided on one goroutine.
-func newPartitioner(runs []*policy.Config, want int) *partitioner {
+func newPartitioner(runs []*config.Config, want int) *partitioner {
 	if want == 0 {
 		want = min(runtime.GOMAXPROCS(0), maxParts)
 	}
@@ -78,7 +79,7 @@ func newPartitioner(runs []*policy.Config, want int) *partitioner {
 
 // ruleIPBits returns the coarsest grouping by which the rule's keys hold
 // the client address, or ok false when a key can lack it.
-func ruleIPBits(rc *policy.RuleConfig) (bits4, bits6 int, ok bool) {
+func ruleIPBits(rc *config.RuleConfig) (bits4, bits6 int, ok bool) {
 	ids := rc.Identity
 	if len(ids) == 0 {
 		ids = []string{"ip"}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 )
 
 // Every rule here counts by the client address (grouped, or with other
@@ -60,7 +61,7 @@ func TestPartitionedSameAsSequential(t *testing.T) {
 	}
 	var reps [2]*Report
 	for i, parts := range []int{1, 2} {
-		e, err := runEngine(context.Background(), []Input{{Name: "p.log", R: bytes.NewReader(log.Bytes())}}, []*policy.Config{cfg}, Options{parts: parts})
+		e, err := runEngine(context.Background(), []Input{{Name: "p.log", R: bytes.NewReader(log.Bytes())}}, []*config.Config{cfg}, Options{parts: parts})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -95,11 +96,11 @@ func TestPartitionNeedsTheAddress(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := newPartitioner([]*policy.Config{cfg}, 2) != nil; got != want {
+		if got := newPartitioner([]*config.Config{cfg}, 2) != nil; got != want {
 			t.Errorf("%s: partitioned %v, want %v", spec, got, want)
 		}
 	}
-	p := newPartitioner([]*policy.Config{mustParse(t, "rules:\n  - name: a\n    limit: 1/m\n    identity: [ip/24/48]\n  - name: b\n    limit: 1/m\n    identity: [ip/16]\n")}, 2)
+	p := newPartitioner([]*config.Config{mustParse(t, "rules:\n  - name: a\n    limit: 1/m\n    identity: [ip/24/48]\n  - name: b\n    limit: 1/m\n    identity: [ip/16]\n")}, 2)
 	if p.bits4 != 16 || p.bits6 != 48 {
 		t.Fatalf("grouping /%d /%d, want the coarsest: /16 and /48", p.bits4, p.bits6)
 	}
@@ -109,7 +110,7 @@ func TestPartitionNeedsTheAddress(t *testing.T) {
 	}
 }
 
-func mustParse(t *testing.T, s string) *policy.Config {
+func mustParse(t *testing.T, s string) *config.Config {
 	t.Helper()
 	c, err := policy.Parse([]byte(s), "t.yaml")
 	if err != nil {

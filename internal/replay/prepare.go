@@ -6,7 +6,8 @@ import (
 	"strings"
 
 	"github.com/weir-dev/weir/algorithm"
-	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/clientip"
+	"github.com/weir-dev/weir/policy/config"
 )
 
 // NotEvaluated is a rule (or an allow or deny entry) that the replay left
@@ -21,9 +22,9 @@ type NotEvaluated struct {
 // prepare returns the config the replay runs: cfg on the memory store,
 // without the rules and list entries the log cannot evaluate, which it
 // reports. It never changes cfg.
-func prepare(cfg *policy.Config, f *recorded) (*policy.Config, []NotEvaluated, []string) {
+func prepare(cfg *config.Config, f *recorded) (*config.Config, []NotEvaluated, []string) {
 	out := *cfg
-	out.Store = policy.StoreConfig{Type: policy.StoreMemory, MaxKeys: cfg.Store.MaxKeys, OnError: cfg.Store.OnError}
+	out.Store = config.StoreConfig{Type: config.StoreMemory, MaxKeys: cfg.Store.MaxKeys, OnError: cfg.Store.OnError}
 	out.Rules = nil
 	var skipped []NotEvaluated
 	var notes []string
@@ -48,8 +49,8 @@ func prepare(cfg *policy.Config, f *recorded) (*policy.Config, []NotEvaluated, [
 		}
 		out.Rules = append(out.Rules, r)
 	}
-	lists := func(name string, vl []policy.ValueList) []policy.ValueList {
-		var keep []policy.ValueList
+	lists := func(name string, vl []config.ValueList) []config.ValueList {
+		var keep []config.ValueList
 		for i, v := range vl {
 			if why := identityNeeds(v.Identity, f); why != "" {
 				skipped = append(skipped, NotEvaluated{Rule: fmt.Sprintf("%s[%d]", name, i), Reason: why})
@@ -66,7 +67,7 @@ func prepare(cfg *policy.Config, f *recorded) (*policy.Config, []NotEvaluated, [
 	}
 	if len(cfg.TrustedProxies) > 0 {
 		h := cfg.ClientIPHeader
-		if h == "" || strings.EqualFold(h, policy.ClientIPAuto) {
+		if h == "" || strings.EqualFold(h, clientip.Auto) {
 			if !f.header("X-Forwarded-For") || !f.header("X-Real-Ip") {
 				notes = append(notes, "trusted_proxies is set and the log lacks X-Forwarded-For or X-Real-IP: a request from a trusted proxy is counted by what the log records of them")
 			}
@@ -78,7 +79,7 @@ func prepare(cfg *policy.Config, f *recorded) (*policy.Config, []NotEvaluated, [
 }
 
 // ruleNeeds returns why the log cannot evaluate the rule, or "".
-func ruleNeeds(rc *policy.RuleConfig, f *recorded) string {
+func ruleNeeds(rc *config.RuleConfig, f *recorded) string {
 	switch {
 	case rc.Match.Host != "" && !f.host:
 		return "match.host: the log does not record the request's Host"
@@ -96,7 +97,7 @@ func ruleNeeds(rc *policy.RuleConfig, f *recorded) string {
 			return "identity " + why
 		}
 	}
-	if rc.OnMissing == policy.OnMissingUseIP && !f.ip {
+	if rc.OnMissing == config.OnMissingUseIP && !f.ip {
 		return "on_missing use_ip: the log does not record the client address"
 	}
 	conc := rc.Algorithm == algorithm.NameConcurrency

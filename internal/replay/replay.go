@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/store/memstore"
 )
 
@@ -178,7 +179,7 @@ type sim struct {
 
 // newSim builds a sim for run, a prepared config, on a memory store of
 // maxKeys keys, counting into t.
-func newSim(run *policy.Config, maxKeys int, t *tally) (*sim, error) {
+func newSim(run *config.Config, maxKeys int, t *tally) (*sim, error) {
 	s := &sim{t: t}
 	clock := func() time.Time { return time.UnixMicro(s.now.Load()) }
 	store := memstore.New(memstore.WithClock(clock), memstore.WithMaxKeys(maxKeys))
@@ -230,7 +231,7 @@ type reqBuilder struct {
 
 // Run replays the inputs through every config, reading them once, and
 // returns one report per config.
-func Run(ctx context.Context, ins []Input, cfgs []*policy.Config, o Options) ([]*Report, error) {
+func Run(ctx context.Context, ins []Input, cfgs []*config.Config, o Options) ([]*Report, error) {
 	e, err := runEngine(ctx, ins, cfgs, o)
 	if err != nil {
 		return nil, err
@@ -243,13 +244,13 @@ func Run(ctx context.Context, ins []Input, cfgs []*policy.Config, o Options) ([]
 }
 
 // runEngine opens the inputs, builds the workers and runs.
-func runEngine(ctx context.Context, ins []Input, cfgs []*policy.Config, o Options) (*engine, error) {
+func runEngine(ctx context.Context, ins []Input, cfgs []*config.Config, o Options) (*engine, error) {
 	opened, f, err := open(ins, &o)
 	if err != nil {
 		return nil, err
 	}
 	e := &engine{o: o, ins: opened, f: f}
-	var runs []*policy.Config
+	var runs []*config.Config
 	var maxKeys []int
 	for _, c := range cfgs {
 		run, skipped, notes := prepare(c, &f.fields)

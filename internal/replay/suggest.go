@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"github.com/weir-dev/weir"
-	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 )
 
 // Suggestion is the answer of `weir replay --suggest RULE --target T`.
@@ -42,8 +42,8 @@ type Opener func() (ins []Input, close func(), err error)
 // side by side: powers of two first, then evenly spaced rates between the
 // largest rate that failed and the smallest that passed, until they are
 // adjacent.
-func Suggest(ctx context.Context, open Opener, cfg *policy.Config, rule string, target float64, o Options) (*Suggestion, error) {
-	var rc *policy.RuleConfig
+func Suggest(ctx context.Context, open Opener, cfg *config.Config, rule string, target float64, o Options) (*Suggestion, error) {
+	var rc *config.RuleConfig
 	for i := range cfg.Rules {
 		if cfg.Rules[i].Name == rule {
 			rc = &cfg.Rules[i]
@@ -101,7 +101,7 @@ func Suggest(ctx context.Context, open Opener, cfg *policy.Config, rule string, 
 		if err != nil {
 			return nil, err
 		}
-		reps, err := Run(ctx, ins, []*policy.Config{&c}, o)
+		reps, err := Run(ctx, ins, []*config.Config{&c}, o)
 		closeFn()
 		if err != nil {
 			return nil, err
@@ -157,7 +157,7 @@ func between(lo, hi int64, k int64) []int64 {
 }
 
 // rateErr returns why limit is not a valid limit for the rule's algorithm.
-func rateErr(rc *policy.RuleConfig, limit string) error {
+func rateErr(rc *config.RuleConfig, limit string) error {
 	l, err := weir.ParseLimit(limit)
 	if err != nil {
 		return err
@@ -173,4 +173,4 @@ func rateErr(rc *policy.RuleConfig, limit string) error {
 	return l.Validate()
 }
 
-func validRate(rc *policy.RuleConfig, limit string) bool { return rateErr(rc, limit) == nil }
+func validRate(rc *config.RuleConfig, limit string) bool { return rateErr(rc, limit) == nil }

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/store/memstore"
 )
 
@@ -65,7 +66,7 @@ func TestSuggest(t *testing.T) {
 func TestCompare(t *testing.T) {
 	base, _ := policy.Parse([]byte(windowConfig("10/m")), "a.yaml")
 	other, _ := policy.Parse([]byte(windowConfig("30/m")), "b.yaml")
-	reps, err := Run(context.Background(), []Input{{Name: "stair.log", R: strings.NewReader(stairLog())}}, []*policy.Config{base, other}, Options{})
+	reps, err := Run(context.Background(), []Input{{Name: "stair.log", R: strings.NewReader(stairLog())}}, []*config.Config{base, other}, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +130,7 @@ func TestMemoryBound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := runEngine(context.Background(), []Input{{Name: "big.log", R: strings.NewReader(b.String())}}, []*policy.Config{cfg}, Options{parts: 2})
+	e, err := runEngine(context.Background(), []Input{{Name: "big.log", R: strings.NewReader(b.String())}}, []*config.Config{cfg}, Options{parts: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,8 +8,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/internal/keys"
 	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 )
 
 // Report is what a replay found for one config: the JSON object `weir
@@ -111,7 +112,7 @@ type ruleTally struct {
 	limitedIDs             idSet
 }
 
-func newTally(cfg *policy.Config, maxKeys int) *tally {
+func newTally(cfg *config.Config, maxKeys int) *tally {
 	t := &tally{byName: map[string]*ruleTally{}, minutes: map[int64]*Minute{}}
 	seed := maphash.MakeSeed()
 	for _, rc := range cfg.Rules {
@@ -161,7 +162,7 @@ func (t *tally) add(now int64, v *policy.Verdict) {
 				id = "(no identity: on_missing deny)"
 			}
 			// Kept as weir serve keeps a long identity: "~" and its hash.
-			rt.limitedIDs.add(weir.ShortIdentity(id), 1)
+			rt.limitedIDs.add(keys.ShortIdentity(id), 1)
 		}
 	}
 	if m != nil {
@@ -249,7 +250,7 @@ func nonNil[T any](s []T) []T {
 // idSet counts distinct identities exactly up to a bound, and estimates
 // beyond it (HyperLogLog), so that a log of any length takes bounded
 // memory. With counts (limited identities) it keeps each identity's name
-// (a long one as weir.ShortIdentity gives it, which the caller passes)
+// (a long one as keys.ShortIdentity gives it, which the caller passes)
 // and count; without (every identity seen) only a 64-bit hash of it,
 // which is faster and smaller (a collision among 2^16 identities has odds
 // of about 1 in 10^10).

@@ -8,6 +8,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 )
 
 // terminalSafe fails when out holds a byte or character a terminal would
@@ -50,7 +51,7 @@ func TestTextReportQuotesControlCharacters(t *testing.T) {
 	}
 	name := "a\x1b[8m.log"
 	ins := []Input{{Name: name, R: strings.NewReader(log.String())}, {Name: "b.log", R: strings.NewReader(log.String())}}
-	reps, err := Run(context.Background(), ins, []*policy.Config{cfg, cfg}, Options{})
+	reps, err := Run(context.Background(), ins, []*config.Config{cfg, cfg}, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +95,7 @@ func TestShareCountsEnforcedLimitsOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reps, err := Run(context.Background(), []Input{{Name: "a.log", R: strings.NewReader(log.String())}}, []*policy.Config{cfg}, Options{})
+	reps, err := Run(context.Background(), []Input{{Name: "a.log", R: strings.NewReader(log.String())}}, []*config.Config{cfg}, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,8 @@ const Version = "7.2.0"
 // pipeline runs at once.
 func isDecision(name []byte) bool {
 	return bytes.EqualFold(name, []byte("cl.throttle")) || bytes.EqualFold(name, []byte("gcra")) ||
-		bytes.EqualFold(name, []byte("weir.check"))
+		bytes.EqualFold(name, []byte("weir.check")) || bytes.EqualFold(name, []byte("weir.reserve")) ||
+		bytes.EqualFold(name, []byte("weir.settle"))
 }
 
 // command answers a command that is not a decision, or any command before
@@ -71,10 +72,24 @@ func (c *conn) command(args [][]byte, b []byte) ([]byte, bool) {
 		}
 		return appendArray(b, 0), false
 	case "CONFIG":
-		// redis-benchmark asks for "save" and "appendonly": weir keeps
-		// no such settings.
+		// redis-benchmark asks for "save" and "appendonly" (and warns
+		// when they are missing): weir persists nothing. Any other
+		// setting is absent, as Redis answers an unknown one.
 		if len(args) >= 2 && strings.EqualFold(string(args[1]), "GET") {
-			return appendMap(b, 0, c.proto), false
+			var pairs [][2]string
+			for _, a := range args[2:] {
+				switch {
+				case strings.EqualFold(string(a), "save"):
+					pairs = append(pairs, [2]string{"save", ""})
+				case strings.EqualFold(string(a), "appendonly"):
+					pairs = append(pairs, [2]string{"appendonly", "no"})
+				}
+			}
+			b = appendMap(b, len(pairs), c.proto)
+			for _, p := range pairs {
+				b = appendBulk(appendBulk(b, p[0]), p[1])
+			}
+			return b, false
 		}
 	}
 	if isDecision(args[0]) {
@@ -85,7 +100,7 @@ func (c *conn) command(args [][]byte, b []byte) ([]byte, bool) {
 
 // commandNames are the commands the listener answers.
 var commandNames = []string{"auth", "hello", "quit", "ping", "echo", "select", "client", "command", "config",
-	"cl.throttle", "gcra", "weir.check"}
+	"cl.throttle", "gcra", "weir.check", "weir.reserve", "weir.settle"}
 
 func arity(b []byte, name string) []byte {
 	return appendError(b, "ERR wrong number of arguments for '"+name+"' command")
@@ -105,7 +120,7 @@ func unknown(b []byte, args [][]byte) []byte {
 		m.WriteString(printable(a, 64))
 		m.WriteString("'")
 	}
-	m.WriteString(" (weir answers PING, AUTH, HELLO, CLIENT, SELECT 0, COMMAND, QUIT, CL.THROTTLE, GCRA and WEIR.CHECK)")
+	m.WriteString(" (weir answers PING, AUTH, HELLO, CLIENT, SELECT 0, COMMAND, QUIT, CL.THROTTLE, GCRA, WEIR.CHECK, WEIR.RESERVE and WEIR.SETTLE)")
 	return appendError(b, m.String())
 }
 
@@ -236,6 +251,10 @@ func (c *conn) decide(args [][]byte, b []byte) []byte {
 			return appendError(b, err.Error())
 		}
 		return c.throttle(ctx, "gcra", q, b)
+	case "weir.reserve":
+		return c.reserve(ctx, args, b)
+	case "weir.settle":
+		return c.settle(ctx, args, b)
 	}
 	if len(args) < 3 || len(args) > 4 {
 		return arity(b, "weir.check")
@@ -257,6 +276,75 @@ func (c *conn) decide(args [][]byte, b []byte) []byte {
 		limited, retry = 1, ceilMS(res.RetryAfter)
 	}
 	return appendInts(b, limited, res.Limit, max(res.Remaining, 0), retry, ceilMS(res.ResetAfter))
+}
+
+// maxReservationID bounds the id WEIR.SETTLE takes, as /v1/settle does.
+const maxReservationID = 64
+
+// reserve answers WEIR.RESERVE rule key estimate [TIER tier].
+func (c *conn) reserve(ctx context.Context, args [][]byte, b []byte) []byte {
+	if len(args) != 4 && len(args) != 6 {
+		return arity(b, "weir.reserve")
+	}
+	est, err := intArg(args[3], "estimate", 1, math.MaxInt64/2)
+	if err != nil {
+		return appendError(b, err.Error())
+	}
+	tier := ""
+	if len(args) == 6 {
+		if !strings.EqualFold(string(args[4]), "TIER") {
+			return appendError(b, "ERR syntax error: '"+printable(args[4], 64)+"' where TIER was expected")
+		}
+		if tier = string(args[5]); tier == "" {
+			return appendError(b, "ERR TIER is empty; name a tier of the rule")
+		}
+	}
+	res, err := c.s.b.Reserve(ctx, string(args[1]), tier, string(args[2]), est)
+	if err != nil {
+		return appendError(b, errorText(err))
+	}
+	b = c.decision(b, res.CheckResult, 2)
+	b = appendBulk(b, "reservation")
+	b = appendBulk(b, res.Reservation)
+	b = appendBulk(b, "expires_in_ms")
+	return appendInt(b, ceilMS(res.ExpiresIn))
+}
+
+// settle answers WEIR.SETTLE reservation actual.
+func (c *conn) settle(ctx context.Context, args [][]byte, b []byte) []byte {
+	if len(args) != 3 {
+		return arity(b, "weir.settle")
+	}
+	if len(args[1]) == 0 || len(args[1]) > maxReservationID {
+		return appendError(b, "ERR reservation '"+printable(args[1], maxReservationID)+"' is not an id WEIR.RESERVE answers (1 to 64 bytes)")
+	}
+	actual, err := intArg(args[2], "actual", 0, math.MaxInt64/2)
+	if err != nil {
+		return appendError(b, err.Error())
+	}
+	res, err := c.s.b.Settle(ctx, string(args[1]), actual)
+	if err != nil {
+		return appendError(b, errorText(err))
+	}
+	return c.decision(b, res, 0)
+}
+
+// decision appends a decision as a map (RESP3) or a flat array of names
+// and values (RESP2), with room for extra more pairs after it.
+func (c *conn) decision(b []byte, r CheckResult, extra int) []byte {
+	allowed, retry := int64(1), int64(0)
+	if !r.Allowed {
+		allowed, retry = 0, ceilMS(r.RetryAfter)
+	}
+	b = appendMap(b, 5+extra, c.proto)
+	for _, f := range [...]struct {
+		name string
+		v    int64
+	}{{"allowed", allowed}, {"limit", r.Limit}, {"remaining", max(r.Remaining, 0)}, {"retry_after_ms", retry}, {"reset_after_ms", ceilMS(r.ResetAfter)}} {
+		b = appendBulk(b, f.name)
+		b = appendInt(b, f.v)
+	}
+	return b
 }
 
 // errorText makes a backend error a RESP error: ERR and its text, unless

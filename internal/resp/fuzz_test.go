@@ -20,6 +20,8 @@ func FuzzReadCommand(f *testing.F) {
 		"HELLO 3 AUTH default x SETNAME n\r\nCLIENT GETNAME\r\n",
 		"*-1\r\n*0\r\n*1\r\n$-1\r\n",
 		"*3\r\n$3\r\nSET\r\n$99999999999\r\n",
+		"WEIR.RESERVE api k 2\r\nWEIR.SETTLE r1 1\r\nWEIR.SETTLE r1 1\r\n",
+		"HELLO 3\r\n*6\r\n$12\r\nWEIR.RESERVE\r\n$3\r\napi\r\n$1\r\nk\r\n$1\r\n1\r\n$4\r\nTIER\r\n$4\r\ngold\r\n",
 	} {
 		f.Add([]byte(s))
 	}

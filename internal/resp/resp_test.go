@@ -24,6 +24,32 @@ import (
 type memBackend struct {
 	st    *memstore.Store
 	takes atomic.Int64
+	resv  sync.Map // reservation id: its estimate
+	ids   atomic.Int64
+}
+
+// Reserve takes estimate under "api" and keeps a reservation when
+// admitted; tier "gold" is the only tier.
+func (b *memBackend) Reserve(ctx context.Context, rule, tier, key string, estimate int64) (ReserveResult, error) {
+	if tier != "" && tier != "gold" {
+		return ReserveResult{}, fmt.Errorf("rule %q has no tier %q", rule, tier)
+	}
+	res, err := b.Check(ctx, rule, key, estimate)
+	if err != nil || !res.Allowed {
+		return ReserveResult{CheckResult: res}, err
+	}
+	id := fmt.Sprintf("r%d", b.ids.Add(1))
+	b.resv.Store(id, estimate)
+	return ReserveResult{CheckResult: res, Reservation: id, ExpiresIn: time.Minute}, nil
+}
+
+// Settle answers the estimate less actual as remaining, once.
+func (b *memBackend) Settle(ctx context.Context, id string, actual int64) (CheckResult, error) {
+	est, ok := b.resv.LoadAndDelete(id)
+	if !ok {
+		return CheckResult{}, fmt.Errorf("reservation %q is unknown, expired or already settled", id)
+	}
+	return CheckResult{Allowed: true, Limit: 3, Remaining: est.(int64) - actual}, nil
 }
 
 func (b *memBackend) Take(ctx context.Context, command, key string, l weir.Limit, n int64) (weir.Result, error) {
@@ -194,6 +220,58 @@ func TestCheck(t *testing.T) {
 	}
 	if _, err := do(t, c, "WEIR.CHECK", "api", "u1", "-1"); err == nil {
 		t.Error("negative hits accepted")
+	}
+}
+
+// TestReserveSettle checks WEIR.RESERVE's and WEIR.SETTLE's replies, a
+// flat array of names and values in RESP2 and a map in RESP3, and their
+// refusals of bad arguments, each naming the bad value.
+func TestReserveSettle(t *testing.T) {
+	addr, _ := start(t, Config{})
+	// RESP2: a flat array; the refusal keeps no reservation.
+	out := raw(t, addr, "WEIR.RESERVE api u1 2\r\nWEIR.RESERVE api u1 2 TIER gold\r\n")
+	want := "*14\r\n$7\r\nallowed\r\n:1\r\n$5\r\nlimit\r\n:3\r\n$9\r\nremaining\r\n:1\r\n$14\r\nretry_after_ms\r\n:0\r\n"
+	if !strings.HasPrefix(out, want) || !strings.Contains(out, "$11\r\nreservation\r\n$2\r\nr1\r\n$13\r\nexpires_in_ms\r\n:60000\r\n") ||
+		!strings.Contains(out, "$7\r\nallowed\r\n:0\r\n") || !strings.Contains(out, "$11\r\nreservation\r\n$0\r\n\r\n") {
+		t.Errorf("RESP2 replies:\n%q", out)
+	}
+	// RESP3 (rueidis): a map; settled once.
+	c := rueidisClient(t, addr, "")
+	ctx := context.Background()
+	r, err := c.Do(ctx, c.B().Arbitrary("WEIR.RESERVE").Args("api", "u3", "3").Build()).AsMap()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rid, al := r["reservation"], r["allowed"]
+	id, _ := rid.ToString()
+	if a, _ := al.AsInt64(); a != 1 || id == "" {
+		t.Fatalf("RESP3 reserve: %v", r)
+	}
+	got, err := c.Do(ctx, c.B().Arbitrary("WEIR.SETTLE").Args(id, "1").Build()).AsIntMap()
+	if err != nil || got["remaining"] != 2 || got["allowed"] != 1 || len(got) != 5 {
+		t.Errorf("settle: %v %v", got, err)
+	}
+	if _, err := c.Do(ctx, c.B().Arbitrary("WEIR.SETTLE").Args(id, "1").Build()).AsIntMap(); err == nil || !strings.Contains(err.Error(), "already settled") {
+		t.Errorf("settled twice: %v", err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"WEIR.RESERVE", "api", "u4"}, "wrong number of arguments for 'weir.reserve'"},
+		{[]string{"WEIR.RESERVE", "api", "u4", "0"}, "estimate is out of range"},
+		{[]string{"WEIR.RESERVE", "api", "u4", "x"}, "estimate is not an integer"},
+		{[]string{"WEIR.RESERVE", "api", "u4", "1", "TEAR", "gold"}, "'TEAR' where TIER was expected"},
+		{[]string{"WEIR.RESERVE", "api", "u4", "1", "TIER", "lead"}, `no tier "lead"`},
+		{[]string{"WEIR.RESERVE", "nope", "u4", "1"}, `no rule is named "nope"`},
+		{[]string{"WEIR.SETTLE", id}, "wrong number of arguments for 'weir.settle'"},
+		{[]string{"WEIR.SETTLE", id, "-1"}, "actual is out of range"},
+		{[]string{"WEIR.SETTLE", strings.Repeat("z", 65), "1"}, "is not an id WEIR.RESERVE answers"},
+	} {
+		err := c.Do(ctx, c.B().Arbitrary(tc.args[0]).Args(tc.args[1:]...).Build()).Error()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want an error with %q", tc.args, err, tc.want)
+		}
 	}
 }
 

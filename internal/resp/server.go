@@ -4,6 +4,8 @@
 //	CL.THROTTLE key max_burst count_per_period period [quantity]   redis-cell's command
 //	GCRA key max_burst tokens_per_period period [TOKENS n]         the GCRA command of Redis
 //	WEIR.CHECK rule key [hits]                                     a rule of weir.yaml
+//	WEIR.RESERVE rule key estimate [TIER tier]                     POST /v1/reserve
+//	WEIR.SETTLE reservation actual                                 POST /v1/settle
 //
 // with the commands client libraries send when they connect (PING, AUTH,
 // HELLO, CLIENT, SELECT 0, COMMAND, QUIT). The decisions are made by a
@@ -43,6 +45,21 @@ type Backend interface {
 	// Check decides hits for key under the named rule, as weir serve's
 	// POST /v1/check does. An error's text is sent to the client.
 	Check(ctx context.Context, rule, key string, hits int64) (CheckResult, error)
+	// Reserve takes estimate for key under the named rule (tier "" for
+	// its default) and, when admitted, keeps a reservation to settle, as
+	// weir serve's POST /v1/reserve does.
+	Reserve(ctx context.Context, rule, tier, key string, estimate int64) (ReserveResult, error)
+	// Settle charges the difference between reservation id's estimate and
+	// actual, once, as POST /v1/settle does.
+	Settle(ctx context.Context, id string, actual int64) (CheckResult, error)
+}
+
+// ReserveResult is a reservation's decision, for WEIR.RESERVE:
+// Reservation is the id to settle, "" when refused.
+type ReserveResult struct {
+	CheckResult
+	Reservation string
+	ExpiresIn   time.Duration
 }
 
 // CheckResult is a rule's decision, for WEIR.CHECK.

@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/internal/keys"
 	"github.com/weir-dev/weir/policy"
 )
 
@@ -87,7 +87,7 @@ func (s *Server) handleStateGet(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// key may be a long identity's listed form, "~" and its hash.
-	res, err := s.guard.Take(r.Context(), weir.KeyOfShort(rule, key), l, 0)
+	res, err := s.stack.Take(r.Context(), keys.KeyOfShort(rule, key), l, 0)
 	if err != nil {
 		s.writeRuleError(w, p, rule, err)
 		return

@@ -378,7 +378,7 @@ func TestTopEndpoint(t *testing.T) {
 
 // slowStore makes every decision take d, ignoring cancellation.
 type slowStore struct {
-	*memstore.Store
+	weir.Store
 	d       time.Duration
 	started chan struct{}
 	once    sync.Once

@@ -9,7 +9,8 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir/internal/server/envoyrls"
-	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
+	"github.com/weir-dev/weir/store/guard"
 )
 
 func TestCheckDecides(t *testing.T) {
@@ -304,7 +305,7 @@ func TestRedisURLKeepsTuning(t *testing.T) {
 	if len(r.Addrs) != 1 || r.Addrs[0] != "h:7" || r.DB != 2 || r.Username != "u" || r.MaxInFlight != 3 || r.MaxBatch != 9 {
 		t.Fatalf("after --redis: %v", r)
 	}
-	if rc, _ := redisConfig(cfg.Store); rc.MaxInFlight != 3 || rc.MaxBatch != 9 || rc.Timeout != policy.DefaultTimeout || rc.Prefix != "blue" || rc.Linger != policy.DefaultLinger {
+	if rc, _ := redisConfig(cfg.Store); rc.MaxInFlight != 3 || rc.MaxBatch != 9 || rc.Timeout != guard.DefaultTimeout || rc.Prefix != "blue" || rc.Linger != config.DefaultLinger {
 		t.Fatalf("store config: in flight %d, batch %d, timeout %v, prefix %q, linger %v", rc.MaxInFlight, rc.MaxBatch, rc.Timeout, rc.Prefix, rc.Linger)
 	}
 	for yaml, want := range map[string]time.Duration{"0s": 0, "0": 0, "3ms": 3 * time.Millisecond} {

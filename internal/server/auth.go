@@ -9,7 +9,7 @@ import (
 
 	"github.com/weir-dev/weir/clientip"
 	"github.com/weir-dev/weir/httplimit"
-	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/weirotel"
 )
 
@@ -118,8 +118,8 @@ type authFamily struct {
 }
 
 var (
-	familyOriginal  = authFamily{"X-Original-URI", "X-Original-Method", "X-Original-Host", policy.AuthHeadersOriginal, "nginx"}
-	familyForwarded = authFamily{"X-Forwarded-Uri", "X-Forwarded-Method", "X-Forwarded-Host", policy.AuthHeadersForwarded, "Traefik, Caddy"}
+	familyOriginal  = authFamily{"X-Original-URI", "X-Original-Method", "X-Original-Host", config.AuthHeadersOriginal, "nginx"}
+	familyForwarded = authFamily{"X-Forwarded-Uri", "X-Forwarded-Method", "X-Forwarded-Host", config.AuthHeadersForwarded, "Traefik, Caddy"}
 )
 
 // originalRequest rebuilds the request a proxy is asking about from the
@@ -129,13 +129,13 @@ var (
 // the method or the host is refused, since a client can send the family
 // its proxy does not set, and the proxy passes it on.
 //
-// fam is the family read: policy.AuthHeadersOriginal or
-// policy.AuthHeadersForwarded.
+// fam is the family read: config.AuthHeadersOriginal or
+// config.AuthHeadersForwarded.
 func originalRequest(r *http.Request, setting string) (orig *http.Request, fam string, err error) {
 	f, other := familyOriginal, familyForwarded
 	switch setting {
-	case policy.AuthHeadersOriginal:
-	case policy.AuthHeadersForwarded:
+	case config.AuthHeadersOriginal:
+	case config.AuthHeadersForwarded:
 		f, other = familyForwarded, familyOriginal
 	default:
 		if firstHeader(r, f.uri) == "" && firstHeader(r, other.uri) != "" {
@@ -144,7 +144,7 @@ func originalRequest(r *http.Request, setting string) (orig *http.Request, fam s
 	}
 	uri := firstHeader(r, f.uri)
 	if uri == "" {
-		if setting == policy.AuthHeadersOriginal || setting == policy.AuthHeadersForwarded {
+		if setting == config.AuthHeadersOriginal || setting == config.AuthHeadersForwarded {
 			return nil, "", &headerError{"the auth request lacks " + f.uri + ", which server.auth_headers: " + setting +
 				" says the proxy (" + f.senders + ") sends; weir cannot tell which request to decide"}
 		}
@@ -168,7 +168,7 @@ func originalRequest(r *http.Request, setting string) (orig *http.Request, fam s
 	if host == "" {
 		host = r.Host
 	}
-	if setting != policy.AuthHeadersOriginal && setting != policy.AuthHeadersForwarded {
+	if setting != config.AuthHeadersOriginal && setting != config.AuthHeadersForwarded {
 		for _, c := range []struct {
 			name, other, value string
 			fold               bool
@@ -205,11 +205,11 @@ func originalRequest(r *http.Request, setting string) (orig *http.Request, fam s
 // headers may come from either kind of proxy (nginx passes a client's
 // X-Forwarded-* on, and writes X-Real-IP): its X-Real-IP and
 // X-Forwarded-For must then name the same client, or it is refused.
-func dropClientRealIP(r, orig *http.Request, cfg *policy.Config) error {
+func dropClientRealIP(r, orig *http.Request, cfg *config.Config) error {
 	switch cfg.Server.AuthHeaders {
-	case policy.AuthHeadersOriginal:
+	case config.AuthHeadersOriginal:
 		return nil
-	case policy.AuthHeadersForwarded:
+	case config.AuthHeadersForwarded:
 	default:
 		if firstHeader(r, familyForwarded.uri) == "" {
 			return nil
@@ -232,7 +232,7 @@ func dropClientRealIP(r, orig *http.Request, cfg *policy.Config) error {
 }
 
 // trustedPrefixes parses the trusted_proxies of a validated config.
-func trustedPrefixes(cfg *policy.Config) []netip.Prefix {
+func trustedPrefixes(cfg *config.Config) []netip.Prefix {
 	out := make([]netip.Prefix, 0, len(cfg.TrustedProxies))
 	for _, s := range cfg.TrustedProxies {
 		s = strings.TrimSpace(s)

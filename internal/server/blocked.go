@@ -11,7 +11,7 @@ import (
 
 	"github.com/redis/rueidis"
 
-	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/internal/keys"
 )
 
 // BlockedEntry is one identity held in a rule's penalty box.
@@ -38,8 +38,8 @@ func (k blockKey) member() string { return k.rule + "\x00" + k.identity }
 // is dropped, never waited for. Expired entries are trimmed on every write
 // batch and every read.
 //
-// An identity longer than weir.MaxIdentityLen is kept in the form
-// weir.ShortIdentity gives it ("~" and its SHA-256, 44 bytes), which the
+// An identity longer than keys.MaxIdentityLen is kept in the form
+// keys.ShortIdentity gives it ("~" and its SHA-256, 44 bytes), which the
 // admin calls accept, so that no entry is larger than a rule name and 64
 // bytes. Both sets are bounded: the map holds at most max entries and the
 // ZSET at most rmax, each dropping the entries that expire soonest.
@@ -77,7 +77,7 @@ func newBlockedIndex(rdb rueidis.Client, key string, log *slog.Logger, now func(
 // blocks: the Redis write, if any, is queued.
 func (b *blockedIndex) record(rule, identity string, until time.Time) {
 	ms := until.UnixMilli()
-	identity = weir.ShortIdentity(identity)
+	identity = keys.ShortIdentity(identity)
 	k := blockKey{rule, identity}
 	b.mu.Lock()
 	if b.m[k] == ms {
@@ -247,9 +247,9 @@ func sortBlocked(es []BlockedEntry) {
 }
 
 // remove forgets rule's entry for identity, here and in Redis. identity
-// may be the identity or the form weir.ShortIdentity gives it.
+// may be the identity or the form keys.ShortIdentity gives it.
 func (b *blockedIndex) remove(ctx context.Context, rule, identity string) error {
-	k := blockKey{rule, weir.ShortIdentity(identity)}
+	k := blockKey{rule, keys.ShortIdentity(identity)}
 	b.mu.Lock()
 	delete(b.m, k)
 	b.mu.Unlock()

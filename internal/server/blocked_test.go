@@ -10,8 +10,9 @@ import (
 
 	"github.com/redis/rueidis"
 
-	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/internal/keys"
 	"github.com/weir-dev/weir/internal/redistest"
+	"github.com/weir-dev/weir/policy"
 )
 
 // blockConfig has a rule that counts by a header (any length) and blocks.
@@ -31,10 +32,10 @@ rules:
 func TestBlockedLongIdentityShortForm(t *testing.T) {
 	s, ts := newTestServer(t, WithConfig(mustParse(t, blockConfig)), WithAdminToken(token))
 	long := strings.Repeat("A", 1<<20)
-	short := weir.ShortIdentity(long)
+	short := keys.ShortIdentity(long)
 	ctx := context.Background()
 	for range 3 {
-		if _, err := s.Policy().CheckKey(ctx, "keys", long, 1); err != nil {
+		if _, err := s.Policy().CheckKey(ctx, policy.KeyRequest{Rule: "keys", Key: long, N: 1}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -44,7 +45,7 @@ func TestBlockedLongIdentityShortForm(t *testing.T) {
 	}
 	s.blocked.mu.Lock()
 	for k := range s.blocked.m {
-		if len(k.identity) > weir.MaxIdentityLen {
+		if len(k.identity) > keys.MaxIdentityLen {
 			t.Errorf("the index keeps an identity of %d bytes", len(k.identity))
 		}
 	}
@@ -64,17 +65,17 @@ func TestBlockedLongIdentityShortForm(t *testing.T) {
 	if _, b := call(t, "GET", ts.URL+"/v1/blocked", "", bearer(token)...); strings.Contains(string(b), short) {
 		t.Fatalf("still listed after DELETE: %s", b)
 	}
-	if rr, err := s.Policy().CheckKey(ctx, "keys", long, 1); err != nil || !rr.Result.Allowed {
+	if rr, err := s.Policy().CheckKey(ctx, policy.KeyRequest{Rule: "keys", Key: long, N: 1}); err != nil || !rr.Result.Allowed {
 		t.Fatalf("the long identity after DELETE /v1/blocked: %+v %v; want its state reset", rr.Result, err)
 	}
 	// DELETE /v1/state by the short form resets it too.
 	for range 3 {
-		s.Policy().CheckKey(ctx, "keys", long, 1)
+		s.Policy().CheckKey(ctx, policy.KeyRequest{Rule: "keys", Key: long, N: 1})
 	}
 	if resp, b := call(t, "DELETE", ts.URL+"/v1/state"+q, "", bearer(token)...); resp.StatusCode != 200 {
 		t.Fatalf("DELETE /v1/state: %d %s", resp.StatusCode, b)
 	}
-	if rr, _ := s.Policy().CheckKey(ctx, "keys", long, 1); !rr.Result.Allowed {
+	if rr, _ := s.Policy().CheckKey(ctx, policy.KeyRequest{Rule: "keys", Key: long, N: 1}); !rr.Result.Allowed {
 		t.Fatalf("the long identity after DELETE /v1/state by its short form: %+v", rr.Result)
 	}
 }

@@ -172,13 +172,13 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, codeBadRequest, `field "hits" is %d; it must be 0 (peek) or more`, hits)
 		return
 	}
-	mode, err := weir.ParseMode(req.Mode)
+	mode, err := parseMode(req.Mode)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, codeBadRequest, `field "mode" is %q; want "take", "debit" or "refund"`, req.Mode)
 		return
 	}
 	p := s.holder.Load()
-	rr, err := p.CheckKeyMode(r.Context(), req.Rule, req.Tier, req.Key, hits, mode)
+	rr, err := p.CheckKey(r.Context(), policy.KeyRequest{Rule: req.Rule, Tier: req.Tier, Key: req.Key, N: hits, Mode: mode})
 	if err != nil {
 		s.writeRuleError(w, p, req.Rule, err)
 		return
@@ -219,19 +219,20 @@ func formatter(p *policy.Policy) httplimit.HeaderFormatter {
 // as invalid included, whatever else the error wraps), 503 for a store
 // failure.
 func (s *Server) writeRuleError(w http.ResponseWriter, p *policy.Policy, rule string, err error) {
-	if errors.Is(err, policy.ErrUnknownRule) {
-		writeError(w, http.StatusNotFound, codeUnknownRule, "no rule is named %q; the rules in force are: %s", rule, ruleNames(p))
-		return
+	ruleError(p, rule, err).write(w)
+}
+
+// ruleError is the answer writeRuleError writes for err.
+func ruleError(p *policy.Policy, rule string, err error) *bodyError {
+	switch {
+	case errors.Is(err, policy.ErrUnknownRule):
+		return &bodyError{http.StatusNotFound, codeUnknownRule, fmt.Sprintf("no rule is named %q; the rules in force are: %s", rule, ruleNames(p))}
+	case errors.Is(err, weir.ErrInvalidCost) || errors.Is(err, weir.ErrInvalidLimit):
+		return &bodyError{http.StatusBadRequest, codeBadRequest, err.Error()}
+	case errors.Is(err, weir.ErrStore):
+		return &bodyError{http.StatusServiceUnavailable, codeStore, fmt.Sprintf("the store failed: %v", err)}
 	}
-	if errors.Is(err, weir.ErrInvalidCost) || errors.Is(err, weir.ErrInvalidLimit) {
-		writeError(w, http.StatusBadRequest, codeBadRequest, "%v", err)
-		return
-	}
-	if errors.Is(err, weir.ErrStore) {
-		writeError(w, http.StatusServiceUnavailable, codeStore, "the store failed: %v", err)
-		return
-	}
-	writeError(w, http.StatusBadRequest, codeBadRequest, "%v", err)
+	return &bodyError{http.StatusBadRequest, codeBadRequest, err.Error()}
 }
 
 // ruleNames lists the rules in force for an error message.
@@ -249,4 +250,18 @@ func ruleNames(p *policy.Policy) string {
 		names = append(names, r.Name)
 	}
 	return strings.Join(names, ", ")
+}
+
+// parseMode returns the weir.Mode named s, one of those a caller of weir serve
+// may ask for: take, debit or refund; "" is weir.ModeTake.
+func parseMode(s string) (weir.Mode, error) {
+	switch s {
+	case "", "take":
+		return weir.ModeTake, nil
+	case "debit":
+		return weir.ModeDebit, nil
+	case "refund":
+		return weir.ModeRefund, nil
+	}
+	return 0, fmt.Errorf("%w: unknown mode %q (want take, debit or refund)", weir.ErrInvalidCost, s)
 }

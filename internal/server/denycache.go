@@ -2,38 +2,12 @@ package server
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/weir-dev/weir"
-	"github.com/weir-dev/weir/policy"
 	"github.com/weir-dev/weir/store/denycache"
-	"github.com/weir-dev/weir/store/redisstore"
 )
-
-// openDenyCache puts the exact deny cache (store.deny_cache, on by
-// default) in front of a Redis store, with invalidations on the
-// deployment's channel "<prefix>:denycache", and returns the store the
-// guard decides with: the cache, or the store itself (memory, or the cache
-// turned off).
-func (s *Server) openDenyCache(cfg *policy.Config) (weir.Store, error) {
-	rs, ok := s.store.(*redisstore.Store)
-	if !ok || !cfg.Store.DenyCacheOn() {
-		return s.store, nil
-	}
-	bus := denycache.NewRedisBus(rs.Client(), denycache.RedisBusConfig{Channel: s.keys.denyCache, Logger: s.log})
-	d, err := denycache.New(rs, denycache.Config{Size: cfg.Store.DenyCacheSize, Bus: bus, Logger: s.log, Timeout: rs.Timeout(), OnRefund: rs.OnRefund})
-	if err != nil {
-		return nil, fmt.Errorf("server: store.deny_cache: %w", err)
-	}
-	s.deny = d
-	prev := s.owned
-	s.owned = func() { d.Close(); prev() }
-	s.metrics.reg.MustRegister(denyCacheCollector{d})
-	return d, nil
-}
 
 // flushDenyCache drops every cached denial here and, through the bus, on
 // every instance: a rule change may make limits share a key's state.

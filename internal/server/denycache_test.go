@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/internal/redistest"
 )
 
@@ -18,6 +19,9 @@ func TestDenyCacheServe(t *testing.T) {
 	b, baseB := newRedisServer(t, r.Addr, "b")
 	if a.deny == nil || b.deny == nil {
 		t.Fatal("no deny cache on a Redis store (on by default)")
+	}
+	if a.stack != weir.Store(a.deny) || a.holder.Load().Guard() != a.guard {
+		t.Fatal("the deny cache is not in front of the guard: decisions must enter at the cache, fall back through the guard")
 	}
 	eventually(t, time.Minute, "both caches live", func() bool { return a.deny.Live() && b.deny.Live() })
 	allowed := 0

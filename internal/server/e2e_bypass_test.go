@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 )
 
 // attackerIP is the loopback address the attacking client connects from:
@@ -121,7 +121,7 @@ func startCaddy(t *testing.T, f *weirFleet, app string, pairs ...string) string 
 }
 
 // defaults puts the settings a config without them gets.
-func defaults(cfg *policy.Config) {
+func defaults(cfg *config.Config) {
 	cfg.Server.AuthHeaders = ""
 	cfg.ClientIPHeader = ""
 }
@@ -259,7 +259,7 @@ func noneAfter3(t *testing.T, what string, got []int) {
 func TestCaddyBypassAgreeingFamilies(t *testing.T) {
 	requireBinary(t, "caddy")
 	app := startApp(t)
-	f := startWeirFleet(t, "caddy", defaults, func(cfg *policy.Config) { cfg.Allow = []string{"192.0.2.9"} })
+	f := startWeirFleet(t, "caddy", defaults, func(cfg *config.Config) { cfg.Allow = []string{"192.0.2.9"} })
 	base := startCaddy(t, f, app,
 		"\t\theader_up -X-Original-URI\n\t\theader_up -X-Original-Method\n\t\theader_up -X-Original-Host\n\t\theader_up -X-Real-IP\n", "")
 	host := strings.TrimPrefix(base, "http://")

@@ -27,6 +27,7 @@ import (
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/internal/redistest"
 	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 )
 
 // requireBinary finds a program, looking in the sbin directories too,
@@ -143,7 +144,7 @@ type weirFleet struct {
 	limit weir.Limit // the per-ip rule's
 }
 
-func startWeirFleet(t *testing.T, example string, tweak ...func(*policy.Config)) *weirFleet {
+func startWeirFleet(t *testing.T, example string, tweak ...func(*config.Config)) *weirFleet {
 	t.Helper()
 	r := redistest.Standalone(t)
 	cfg, err := policy.LoadFile(filepath.Join("..", "..", "examples", example, "weir.yaml"))

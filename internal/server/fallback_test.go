@@ -11,6 +11,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/store/guard"
 	"github.com/weir-dev/weir/storetest"
 )
@@ -40,7 +41,7 @@ func withClock(now func() time.Time) Option { return func(o *options) { o.now = 
 // the breaker's cooldown) and ResetAfter, the local limit divided the one
 // way; and a request the local share can never admit is refused alike.
 func TestFallbackSameOnEveryPath(t *testing.T) {
-	for _, mode := range []string{policy.OnErrorAllow, policy.OnErrorDeny, policy.OnErrorLocal} {
+	for _, mode := range []string{config.OnErrorAllow, config.OnErrorDeny, config.OnErrorLocal} {
 		t.Run(mode, func(t *testing.T) {
 			clk := storetest.NewClock(storetest.Epoch)
 			cfg := mustParse(t, `
@@ -51,8 +52,8 @@ rules:
 `)
 			s, _ := newTestServer(t, WithConfig(cfg), WithStore(downStore{}), withClock(clk.Now))
 			p := s.Policy()
-			p.CheckKey(ctx(), "r", "opener", 1) // opens the breaker
-			clk.Advance(4 * time.Second)        // 26s of cooldown left
+			p.CheckKey(ctx(), policy.KeyRequest{Rule: "r", Key: "opener", N: 1}) // opens the breaker
+			clk.Advance(4 * time.Second)                                         // 26s of cooldown left
 			limit, _ := p.Limit("r", "")
 			envoy := func(key string, n int64) (weir.Result, string) {
 				t.Helper()
@@ -67,7 +68,7 @@ rules:
 				r := httptest.NewRequest("GET", "/", nil)
 				r.Header.Set("X-Key", "a")
 				v := p.Check(ctx(), r)
-				ck, err := p.CheckKey(ctx(), "r", "b", 1)
+				ck, err := p.CheckKey(ctx(), policy.KeyRequest{Rule: "r", Key: "b", N: 1})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -80,26 +81,26 @@ rules:
 					t.Fatalf("request %d: Check %+v\nCheckKey %+v\nEnvoy %+v\nthey differ", i, chk.Result, ck.Result, ev)
 				}
 				switch mode {
-				case policy.OnErrorAllow:
+				case config.OnErrorAllow:
 					if !ev.Allowed || ev.Limit != 7 || ev.Remaining != 7 {
 						t.Fatalf("allow: %+v", ev)
 					}
-				case policy.OnErrorDeny:
+				case config.OnErrorDeny:
 					if ev.Allowed || ev.RetryAfter != 26*time.Second || ev.ResetAfter != 26*time.Second {
 						t.Fatalf("deny: %+v, want a retry after the 26s of cooldown left", ev)
 					}
-				case policy.OnErrorLocal:
+				case config.OnErrorLocal:
 					if ev.Limit != 3 || ev.Allowed != (i < 3) {
 						t.Fatalf("local, request %d: %+v, want 7/m over 3 instances = 3", i, ev)
 					}
 				}
 			}
-			if mode != policy.OnErrorLocal {
+			if mode != config.OnErrorLocal {
 				return
 			}
 			// 3 hits fit the whole limit (7) but never the local share (3 is
 			// fine, 4 is not).
-			ck, err := p.CheckKey(ctx(), "r", "big", 4)
+			ck, err := p.CheckKey(ctx(), policy.KeyRequest{Rule: "r", Key: "big", N: 4})
 			if err != nil {
 				t.Fatal(err)
 			}

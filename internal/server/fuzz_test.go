@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/weir-dev/weir/clientip"
-	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 )
 
 // fuzzServer is one Server for a whole fuzz run: building one per input
@@ -140,8 +140,8 @@ func FuzzAuthClientIP(f *testing.F) {
 	} {
 		f.Add(s.setting, s.peer, s.uri, s.method, s.host, s.fwdURI, s.fwdMethod, s.fwdHost, s.xff, s.real)
 	}
-	var cfgs []*policy.Config
-	for _, setting := range []string{"", policy.AuthHeadersOriginal, policy.AuthHeadersForwarded} {
+	var cfgs []*config.Config
+	for _, setting := range []string{"", config.AuthHeadersOriginal, config.AuthHeadersForwarded} {
 		cfgs = append(cfgs, mustParse(f, "trusted_proxies: [10.0.0.0/8]\nserver: {auth_headers: "+strconv.Quote(setting)+"}\nrules: []\n"))
 	}
 	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
@@ -177,7 +177,7 @@ func FuzzAuthClientIP(f *testing.F) {
 		}
 		got := clientip.From(orig, trusted, clientip.Auto)
 		switch {
-		case auto && fwd || cfg.Server.AuthHeaders == policy.AuthHeadersForwarded:
+		case auto && fwd || cfg.Server.AuthHeaders == config.AuthHeadersForwarded:
 			if want := without("X-Real-Ip"); got != want {
 				t.Fatalf("client %v, want %v, the client without X-Real-IP, for %q", got, want, r.Header)
 			}

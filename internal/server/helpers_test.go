@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 )
 
 // testConfig is the rule set most tests run.
@@ -45,7 +46,7 @@ rules:
       pro: { limit: 10/m, algorithm: gcra }
 `
 
-func mustParse(t testing.TB, yaml string) *policy.Config {
+func mustParse(t testing.TB, yaml string) *config.Config {
 	t.Helper()
 	cfg, err := policy.Parse([]byte(yaml), "test.yaml")
 	if err != nil {

@@ -9,8 +9,10 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/internal/keys"
 	"github.com/weir-dev/weir/internal/server/envoyrls"
 	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/weirotel"
 )
 
@@ -126,7 +128,7 @@ func (s *Server) count(rule, result string, outcome int, fallback string, near b
 // and a bounded share of the store's connections.
 const maxEnvoyInFlight = 8
 
-// envoyDecider runs the Envoy service's store calls through the guard
+// envoyDecider runs the Envoy service's store calls through the stack
 // (deadline and circuit breaker) and, when the store fails, answers with
 // the guard's fallback under the config's global on_error, as /v1/check
 // and /v1/auth do, and says so in fallback.
@@ -143,7 +145,7 @@ func (s *Server) envoyDecider(ctx context.Context, reqs []weir.Request, res []we
 	}
 	decide := func(i int) {
 		start := time.Now()
-		errs[i] = s.guard.Do(ctx, reqs[i:i+1], res[i:i+1])
+		errs[i] = s.stack.Do(ctx, reqs[i:i+1], res[i:i+1])
 		lats[i] = time.Since(start)
 	}
 	if workers := min(len(reqs), maxEnvoyInFlight); workers <= 1 {
@@ -164,7 +166,7 @@ func (s *Server) envoyDecider(ctx context.Context, reqs []weir.Request, res []we
 		work()
 		wg.Wait()
 	}
-	var cfg *policy.Config
+	var cfg *config.Config
 	for i := range reqs {
 		err := errs[i]
 		s.metrics.store(lats[i], storeFailed(ctx, err))
@@ -191,14 +193,11 @@ func (s *Server) envoyDecider(ctx context.Context, reqs []weir.Request, res []we
 
 // envoyOnError is the fallback of the Envoy service: the config's global
 // on_error (store.on_error), local by default.
-func envoyOnError(cfg *policy.Config) string {
+func envoyOnError(cfg *config.Config) string {
 	if cfg.Store.OnError != "" {
 		return cfg.Store.OnError
 	}
-	if cfg.OnError != "" {
-		return cfg.OnError
-	}
-	return policy.OnErrorLocal
+	return config.OnErrorLocal
 }
 
 // envoyObserve counts the Envoy service's decisions. Its rule label is the
@@ -241,7 +240,7 @@ type topSet struct {
 func newTopSet(k int) *topSet { return &topSet{k: k, m: make(map[string]*TopK)} }
 
 func (t *topSet) add(rule, identity string) {
-	identity = weir.ShortIdentity(identity) // at most 64 bytes, or "~" and a hash
+	identity = keys.ShortIdentity(identity) // at most 64 bytes, or "~" and a hash
 	t.mu.RLock()
 	tk := t.m[rule]
 	t.mu.RUnlock()

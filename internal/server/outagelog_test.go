@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir/internal/redistest"
+	"github.com/weir-dev/weir/policy"
 	"github.com/weir-dev/weir/storetest"
 )
 
@@ -58,7 +59,7 @@ rules:
 	const outage = 10 * time.Minute
 	for start := clk.Now(); clk.Now().Sub(start) <= outage; clk.Advance(time.Second) {
 		for range 3 { // the probe, then two calls the open breaker refuses
-			if _, err := p.CheckKey(ctx(), "r", "someone", 1); err != nil {
+			if _, err := p.CheckKey(ctx(), policy.KeyRequest{Rule: "r", Key: "someone", N: 1}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -145,7 +146,7 @@ rules:
 			case <-time.After(20 * time.Millisecond):
 			}
 			key := "k" + strconv.Itoa(i%50)
-			_, _ = p.CheckKey(ctx(), "login", key, 1)
+			_, _ = p.CheckKey(ctx(), policy.KeyRequest{Rule: "login", Key: key, N: 1})
 		}
 	}()
 	defer func() { close(stop); <-done }()

@@ -201,7 +201,7 @@ func TestRedisStoreOfTheCaller(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rs.Close()
-	s, err := New(WithConfig(mustParse(t, testConfig+"store:\n  timeout: 2s\n")), WithStore(rs), WithInstanceID("a"),
+	s, err := New(WithConfig(mustParse(t, testConfig+"store:\n  timeout: 2s\n")), WithRedisStore(rs), WithInstanceID("a"),
 		WithAdminToken(token), WithLogger(quietLogger()), withFastLoops())
 	if err != nil {
 		t.Fatal(err)

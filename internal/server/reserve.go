@@ -2,11 +2,16 @@ package server
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"sync"
 	"time"
+
+	"github.com/redis/rueidis"
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/algorithm"
@@ -38,7 +43,7 @@ type settleRequest struct {
 // writes it. It keeps only what the settlement needs, bounded whatever
 // the request held: the rule's name, the tier applied (a configured name,
 // not the request's), and the store key (policy.RuleResult.Key, in which
-// an identity over weir.MaxIdentityLen bytes is a hash), never the
+// an identity over keys.MaxIdentityLen bytes is a hash), never the
 // identity itself. At and Remaining date the take (weir.Stamp, by the
 // store's clock) so that the settlement refunds only what the limit
 // cannot have recovered since; a record without them (written by an older
@@ -113,26 +118,6 @@ func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 	return true
 }
 
-// reservationStore keeps the reservations of POST /v1/reserve and
-// /v1/settle: small records under random ids, each with a TTL, each read
-// at most once. openStore sets it from the store it opens or is given:
-// memstore.Store keeps them in a bounded map, redisstore.Store under
-// <prefix>:r:<id> with SET PX and GETDEL; another store keeps none.
-type reservationStore interface {
-	// PutReservation stores rec under id for ttl. It fails with
-	// weir.ErrTooManyReservations when the store holds its maximum.
-	PutReservation(ctx context.Context, id string, rec []byte, ttl time.Duration) error
-	// TakeReservation returns id's record and deletes it, atomically; ok
-	// is false for an unknown, expired or already taken id.
-	TakeReservation(ctx context.Context, id string) (rec []byte, ok bool, err error)
-}
-
-// reservations returns the store of weir serve's reservations, if it
-// keeps any.
-func (s *Server) reservations() (reservationStore, bool) {
-	return s.resv, s.resv != nil
-}
-
 // handleReserve serves POST /v1/reserve: it takes the estimate as
 // /v1/check does and, when admitted, keeps a reservation to settle.
 func (s *Server) handleReserve(w http.ResponseWriter, r *http.Request) {
@@ -157,48 +142,65 @@ func (s *Server) handleReserve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := s.holder.Load()
-	rs, ok := s.reservations()
-	if !ok {
-		writeError(w, http.StatusNotImplemented, codeBadRequest, "this store keeps no reservations")
+	rr, id, err := s.reserve(r.Context(), p, req.Rule, req.Tier, req.Key, *req.Estimate)
+	switch {
+	case errors.Is(err, errTooManyReservations):
+		writeError(w, http.StatusServiceUnavailable, codeStore, "%v; settle some first", err)
 		return
-	}
-	if err := p.SupportsDebt(req.Rule, req.Tier); err != nil {
-		s.writeRuleError(w, p, req.Rule, err)
-		return
-	}
-	rr, st, err := p.CheckKeyStamped(r.Context(), req.Rule, req.Tier, req.Key, *req.Estimate)
-	if err != nil {
+	case err != nil:
 		s.writeRuleError(w, p, req.Rule, err)
 		return
 	}
 	out := reserveDecision{Decision: decisionOf(rr.Rule, rr.Result, rr.Shadow)}
 	out.Tier, out.Fallback = rr.Tier, rr.Fallback
-	// Only what the store took can be settled: a rejection, a shadow
-	// rule's rejection or a fallback's answer keeps no reservation.
-	if rr.Err == nil && rr.Result.Allowed {
-		id := weir.NewReservationID()
-		rec, _ := json.Marshal(reservationRecord{Rule: rr.Rule, Tier: rr.Tier, StoreKey: rr.Key, Estimate: *req.Estimate, At: st.At, Remaining: st.Remaining})
-		if err := rs.PutReservation(r.Context(), id, rec, ReservationTTL); err != nil {
-			s.undoReserve(p, req, rr)
-			if errors.Is(err, weir.ErrTooManyReservations) {
-				writeError(w, http.StatusServiceUnavailable, codeStore, "%v; settle some first", err)
-				return
-			}
-			writeError(w, http.StatusServiceUnavailable, codeStore, "the store failed: %v", err)
-			return
-		}
+	if id != "" {
 		out.Reservation, out.ExpiresInMS = id, ReservationTTL.Milliseconds()
 	}
 	httplimit.WriteHeaders(w.Header(), []httplimit.Status{{Rule: rr.Rule, Limit: rr.Limit, Result: rr.Result, Shadow: rr.Shadow}}, 0, formatter(p))
 	writeJSON(w, decisionStatus(&out.Decision), out)
 }
 
+// reserve takes estimate (1 or more) for key under p's rule and tier, as
+// /v1/check does, and when the store admits it keeps a reservation of
+// ReservationTTL: its id is returned, "" when nothing was taken (a
+// rejection, a shadow rule's rejection, a fallback's answer). A rule
+// error (unknown rule, a rule without debt, a bad cost) is returned as
+// policy gives it; a reservation that cannot be kept is refunded and
+// its error returned: errTooManyReservations, or one wrapping
+// weir.ErrStore. POST /v1/reserve and WEIR.RESERVE call it.
+func (s *Server) reserve(ctx context.Context, p *policy.Policy, rule, tier, key string, estimate int64) (policy.RuleResult, string, error) {
+	if estimate < 1 {
+		// Free to make, yet kept for its TTL: it could fill the map.
+		return policy.RuleResult{}, "", fmt.Errorf("%w: a reservation's estimate is %d; it must be 1 or more", weir.ErrInvalidCost, estimate)
+	}
+	if err := p.SupportsDebt(rule, tier); err != nil {
+		return policy.RuleResult{}, "", err
+	}
+	rr, err := p.CheckKey(ctx, policy.KeyRequest{Rule: rule, Tier: tier, Key: key, N: estimate, Reserve: true})
+	st := rr.Stamp
+	if err != nil {
+		return policy.RuleResult{}, "", err
+	}
+	// Only what the store took can be settled: a rejection, a shadow
+	// rule's rejection or a fallback's answer keeps no reservation.
+	if rr.Err != nil || !rr.Result.Allowed {
+		return rr, "", nil
+	}
+	id := newReservationID()
+	rec, _ := json.Marshal(reservationRecord{Rule: rr.Rule, Tier: rr.Tier, StoreKey: rr.Key, Estimate: estimate, At: st.At, Remaining: st.Remaining})
+	if err := s.resv.put(ctx, id, rec, ReservationTTL); err != nil {
+		s.undoReserve(p, rule, tier, rr.Identity, estimate)
+		return rr, "", err
+	}
+	return rr, id, nil
+}
+
 // undoReserve refunds an estimate taken for a reservation that could not
 // be kept, so a failure to store it charges nothing.
-func (s *Server) undoReserve(p *policy.Policy, req reserveRequest, rr policy.RuleResult) {
+func (s *Server) undoReserve(p *policy.Policy, rule, tier, identity string, estimate int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, _ = p.CheckKeyMode(ctx, req.Rule, req.Tier, rr.Identity, *req.Estimate, weir.ModeRefund)
+	_, _ = p.CheckKey(ctx, policy.KeyRequest{Rule: rule, Tier: tier, Key: identity, N: estimate, Mode: weir.ModeRefund})
 }
 
 // handleSettle serves POST /v1/settle: it charges the difference between
@@ -209,7 +211,7 @@ func (s *Server) handleSettle(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	switch {
-	case req.Reservation == "" || len(req.Reservation) > 64:
+	case req.Reservation == "" || len(req.Reservation) > maxReservationID:
 		writeError(w, http.StatusBadRequest, codeBadRequest, `field "reservation" is required: the id POST /v1/reserve answered`)
 		return
 	case req.Actual == nil:
@@ -220,48 +222,206 @@ func (s *Server) handleSettle(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := s.holder.Load()
-	rs, ok := s.reservations()
-	if !ok {
-		writeError(w, http.StatusNotImplemented, codeBadRequest, "this store keeps no reservations")
+	rule, rr, err := s.settle(r.Context(), p, req.Reservation, *req.Actual)
+	var kept *keptError
+	switch {
+	case errors.Is(err, errUnknownReservation):
+		writeError(w, http.StatusNotFound, codeUnknownReservation, "reservation %q is unknown, expired or already settled", req.Reservation)
+		return
+	case errors.As(err, &kept):
+		writeError(w, http.StatusServiceUnavailable, codeStore, "%v", kept)
+		return
+	case err != nil:
+		s.writeRuleError(w, p, rule, err)
 		return
 	}
-	rec, found, err := rs.TakeReservation(r.Context(), req.Reservation)
+	d := decisionOf(rr.Rule, rr.Result, rr.Shadow)
+	d.Tier, d.Fallback = rr.Tier, rr.Fallback
+	httplimit.WriteHeaders(w.Header(), []httplimit.Status{{Rule: rr.Rule, Limit: rr.Limit, Result: rr.Result, Shadow: rr.Shadow}}, 0, formatter(p))
+	writeJSON(w, http.StatusOK, d)
+}
+
+// errUnknownReservation: settle was given an unknown, expired or already
+// settled reservation.
+var errUnknownReservation = errors.New("unknown, expired or already settled reservation")
+
+// keptError: the store never saw the settlement, so the reservation is
+// kept for a retry.
+type keptError struct{ err error }
+
+func (e *keptError) Error() string {
+	return "the store failed before the settlement was made; the reservation is kept, retry: " + e.err.Error()
+}
+
+func (e *keptError) Unwrap() error { return e.err }
+
+// settle charges the difference between reservation id's estimate and
+// actual (0..algorithm.MaxDebt), once, under p, and returns the
+// reservation's rule and the settlement's result. Its errors: one
+// wrapping weir.ErrInvalidCost for an actual outside that range;
+// errUnknownReservation; a *keptError when the store never saw the
+// settlement (the reservation is kept, so a retry settles it); one
+// wrapping weir.ErrStore when the reservation could not be read; a rule
+// error (the rule changed under the reservation: it is kept). POST
+// /v1/settle and WEIR.SETTLE call it.
+func (s *Server) settle(ctx context.Context, p *policy.Policy, id string, actual int64) (string, policy.RuleResult, error) {
+	if actual < 0 || actual > algorithm.MaxDebt {
+		return "", policy.RuleResult{}, fmt.Errorf("%w: a settlement's actual cost is %d; it must be 0 to %d", weir.ErrInvalidCost, actual, int64(algorithm.MaxDebt))
+	}
+	if id == "" || len(id) > maxReservationID {
+		return "", policy.RuleResult{}, fmt.Errorf("reservation %.80q: %w", id, errUnknownReservation)
+	}
+	rec, found, err := s.resv.take(ctx, id)
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, codeStore, "the store failed: %v", err)
-		return
+		return "", policy.RuleResult{}, err
 	}
 	var res reservationRecord
 	if !found || json.Unmarshal(rec, &res) != nil {
-		writeError(w, http.StatusNotFound, codeUnknownReservation, "reservation %q is unknown, expired or already settled", req.Reservation)
-		return
+		return "", policy.RuleResult{}, fmt.Errorf("reservation %q: %w", id, errUnknownReservation)
 	}
-	n := *req.Actual - res.Estimate // what the settlement debits, or refunds
+	n := actual - res.Estimate // what the settlement debits, or refunds
 	if n < 0 {
 		n = -n
 	}
 	var rr policy.RuleResult
 	sk, err := res.storeKey(p)
 	if err == nil {
-		rr, err = p.SettleKey(r.Context(), res.Rule, res.Tier, sk, res.stamp(), *req.Actual)
+		rr, err = p.CheckKey(ctx, policy.KeyRequest{Rule: res.Rule, Tier: res.Tier, Key: sk, Stamp: res.stamp(), N: actual, Settle: true})
 	}
 	if err != nil {
 		// The rule changed under the reservation (a reload): keep it, so
 		// that nothing changed.
-		_ = rs.PutReservation(r.Context(), req.Reservation, rec, ReservationTTL)
-		s.writeRuleError(w, p, res.Rule, err)
-		return
+		_ = s.resv.put(ctx, id, rec, ReservationTTL)
+		return res.Rule, policy.RuleResult{}, err
 	}
 	if n > 0 && rr.Err != nil && (errors.Is(rr.Err, weir.ErrNotSent) || errors.Is(rr.Err, guard.ErrCircuitOpen)) {
 		// The store never saw the settlement: keep the reservation so
 		// that a retry settles it there. (One that may have reached the
 		// store is not kept: a retry could charge it twice.)
-		if perr := rs.PutReservation(context.WithoutCancel(r.Context()), req.Reservation, rec, ReservationTTL); perr == nil {
-			writeError(w, http.StatusServiceUnavailable, codeStore, "the store failed before the settlement was made; the reservation is kept, retry: %v", rr.Err)
-			return
+		if perr := s.resv.put(context.WithoutCancel(ctx), id, rec, ReservationTTL); perr == nil {
+			return res.Rule, rr, &keptError{rr.Err}
 		}
 	}
-	d := decisionOf(rr.Rule, rr.Result, rr.Shadow)
-	d.Tier, d.Fallback = rr.Tier, rr.Fallback
-	httplimit.WriteHeaders(w.Header(), []httplimit.Status{{Rule: rr.Rule, Limit: rr.Limit, Result: rr.Result, Shadow: rr.Shadow}}, 0, formatter(p))
-	writeJSON(w, http.StatusOK, d)
+	return res.Rule, rr, nil
+}
+
+// errTooManyReservations: the in-memory reservations hold
+// maxReservations open ones, none of them expired.
+var errTooManyReservations = fmt.Errorf("too many open reservations (%d)", maxReservations)
+
+// maxReservations bounds the open reservations kept in memory (a store in
+// memory, or a store of the caller's). A reservation the map cannot hold
+// is refused, never made room for by forgetting an open one.
+const maxReservations = 1 << 16
+
+// maxReservationID bounds the reservation ids settle looks up (its own
+// are 32 hex digits).
+const maxReservationID = 64
+
+// newReservationID returns a random reservation id: 128 bits, hex.
+func newReservationID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// reservations keeps the open reservations of POST /v1/reserve: small
+// records under random ids, each with a TTL, each taken at most once.
+// openStore picks where: in Redis beside the limiter state when the store
+// is Redis, so that any instance settles what another reserved; in a
+// bounded map otherwise.
+type reservations interface {
+	// put keeps rec under id for ttl. The map fails with
+	// errTooManyReservations when it is full; Redis with an error
+	// wrapping weir.ErrStore.
+	put(ctx context.Context, id string, rec []byte, ttl time.Duration) error
+	// take returns id's record and deletes it, atomically; ok is false for
+	// an unknown, expired or already taken id.
+	take(ctx context.Context, id string) (rec []byte, ok bool, err error)
+}
+
+// memReservations keeps reservations in a map of at most max entries. A
+// full map first drops its expired reservations; if none expired it
+// refuses the new one (errTooManyReservations).
+type memReservations struct {
+	now func() time.Time
+	max int
+
+	mu sync.Mutex
+	m  map[string]memReservation
+}
+
+type memReservation struct {
+	rec     []byte
+	expires time.Time
+}
+
+func newMemReservations(now func() time.Time, max int) *memReservations {
+	return &memReservations{now: now, max: max, m: map[string]memReservation{}}
+}
+
+func (r *memReservations) put(_ context.Context, id string, rec []byte, ttl time.Duration) error {
+	now := r.now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.m[id]; !ok && len(r.m) >= r.max {
+		for k, v := range r.m {
+			if !now.Before(v.expires) {
+				delete(r.m, k)
+			}
+		}
+		if len(r.m) >= r.max {
+			return errTooManyReservations
+		}
+	}
+	r.m[id] = memReservation{rec: append([]byte(nil), rec...), expires: now.Add(ttl)}
+	return nil
+}
+
+func (r *memReservations) take(_ context.Context, id string) ([]byte, bool, error) {
+	now := r.now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	v, ok := r.m[id]
+	if !ok {
+		return nil, false, nil
+	}
+	delete(r.m, id)
+	if !now.Before(v.expires) {
+		return nil, false, nil
+	}
+	return v.rec, true, nil
+}
+
+// redisReservations keeps each reservation in Redis under prefix+id (the
+// deployment's "<prefix>:r:<id>", where earlier versions kept them) with
+// SET PX, and takes it with GETDEL (Redis 6.2), so that one is read once
+// however many instances race for it. Each call has the store's timeout.
+type redisReservations struct {
+	c       rueidis.Client
+	prefix  string
+	timeout time.Duration
+}
+
+func (r redisReservations) put(ctx context.Context, id string, rec []byte, ttl time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	cmd := r.c.B().Set().Key(r.prefix + id).Value(rueidis.BinaryString(rec)).PxMilliseconds(max(ttl.Milliseconds(), 1)).Build()
+	if err := r.c.Do(ctx, cmd).Error(); err != nil {
+		return fmt.Errorf("%w: keeping a reservation: %w", weir.ErrStore, err)
+	}
+	return nil
+}
+
+func (r redisReservations) take(ctx context.Context, id string) ([]byte, bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	v, err := r.c.Do(ctx, r.c.B().Getdel().Key(r.prefix+id).Build()).AsBytes()
+	switch {
+	case rueidis.IsRedisNil(err):
+		return nil, false, nil
+	case err != nil:
+		return nil, false, fmt.Errorf("%w: reading a reservation: %w", weir.ErrStore, err)
+	}
+	return v, true, nil
 }

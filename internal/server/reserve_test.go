@@ -128,9 +128,9 @@ func debtService(t *testing.T, base string) {
 }
 
 // notSentStore is a memstore whose debits and refunds fail before they
-// are sent while fail is set; its reservations work.
+// are sent while fail is set.
 type notSentStore struct {
-	*memstore.Store
+	weir.Store
 	fail atomic.Bool
 }
 
@@ -176,7 +176,7 @@ func TestSettleKeptWhenNotSent(t *testing.T) {
 func TestSettleLate(t *testing.T) {
 	clock := storetest.NewClock(storetest.Epoch)
 	ms := memstore.New(memstore.WithClock(clock.Now))
-	_, ts := newTestServer(t, WithStore(ms), WithConfig(mustParse(t, `
+	srv, ts := newTestServer(t, WithStore(ms), WithConfig(mustParse(t, `
 rules:
   - name: tpm
     limit: 10/m
@@ -201,7 +201,7 @@ rules:
 	}
 	// An old record, without "at": the refund goes into the state as it is.
 	rec := []byte(`{"rule":"tpm","key":"k","estimate":10}`)
-	if err := ms.PutReservation(context.Background(), "old", rec, time.Minute); err != nil {
+	if err := srv.resv.put(context.Background(), "old", rec, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if code, d, b := post(t, ts.URL+"/v1/settle", `{"reservation":"old","actual":4}`); code != 200 || remaining(d) != 6 {
@@ -254,22 +254,21 @@ rules:
 // 63 KB (nearly as much as a body holds) is a record of a few hundred
 // bytes, and it settles the state of that identity.
 func TestReservationRecordBounded(t *testing.T) {
-	ms := memstore.New()
-	_, ts := newTestServer(t, WithStore(ms), WithConfig(mustParse(t, debtRules)))
+	srv, ts := newTestServer(t, WithConfig(mustParse(t, debtRules)))
 	key := strings.Repeat("k", 64<<10-1200)
 	_, d, b := post(t, ts.URL+"/v1/reserve", `{"rule":"tokens","key":"`+key+`","estimate":40,"tier":"`+strings.Repeat("t", 1000)+`"}`) // the tier names none of the rule
 	id, _ := d["reservation"].(string)
 	if id == "" {
 		t.Fatalf("reserve: %.200s", b)
 	}
-	rec, ok, err := ms.TakeReservation(context.Background(), id)
+	rec, ok, err := srv.resv.take(context.Background(), id)
 	if err != nil || !ok {
 		t.Fatalf("the record: %v %v", ok, err)
 	}
 	if len(rec) > 256 {
 		t.Fatalf("an open reservation for a %d-byte identity keeps %d bytes, want at most 256: %.300s", len(key), len(rec), rec)
 	}
-	if err := ms.PutReservation(context.Background(), id, rec, time.Minute); err != nil {
+	if err := srv.resv.put(context.Background(), id, rec, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if code, d, b := post(t, ts.URL+"/v1/settle", `{"reservation":"`+id+`","actual":25}`); code != 200 || d["remaining"].(float64) != 75 {

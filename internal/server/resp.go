@@ -8,8 +8,10 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/algorithm"
 	"github.com/weir-dev/weir/internal/resp"
 	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 )
 
 // respNamespace is the rule part of the store keys of CL.THROTTLE and
@@ -33,7 +35,7 @@ func (s *Server) RESPAddr() string {
 	if s.o.respAddr != nil {
 		a = *s.o.respAddr
 	}
-	if a == policy.GRPCOff {
+	if a == config.GRPCOff {
 		return ""
 	}
 	return a
@@ -103,7 +105,7 @@ type respBackend struct{ s *Server }
 func (b respBackend) Take(ctx context.Context, command, key string, l weir.Limit, n int64) (weir.Result, error) {
 	s := b.s
 	start := time.Now()
-	res, err := s.guard.Take(ctx, weir.Key(respNamespace, key), l, n)
+	res, err := s.stack.Take(ctx, weir.Key(respNamespace, key), l, n)
 	lat := time.Since(start)
 	switch {
 	case err != nil:
@@ -114,6 +116,7 @@ func (b respBackend) Take(ctx context.Context, command, key string, l weir.Limit
 		s.count(command, resultAllowed, outAllowed, "", false, s.now(), lat, false)
 	default:
 		s.count(command, resultLimited, outLimited, "", false, s.now(), lat, false)
+		s.tops.add(command, key) // the hot keys of /v1/top and the dashboard
 	}
 	return res, err
 }
@@ -121,24 +124,56 @@ func (b respBackend) Take(ctx context.Context, command, key string, l weir.Limit
 // Check implements resp.Backend.
 func (b respBackend) Check(ctx context.Context, rule, key string, hits int64) (resp.CheckResult, error) {
 	p := b.s.holder.Load()
-	rr, err := p.CheckKeyMode(ctx, rule, "", key, hits, weir.ModeTake)
+	rr, err := p.CheckKey(ctx, policy.KeyRequest{Rule: rule, Key: key, N: hits})
 	if err != nil {
-		switch {
-		case errors.Is(err, policy.ErrUnknownRule):
-			return resp.CheckResult{}, fmt.Errorf("no rule is named %q; the rules in force are: %s", rule, ruleNames(p))
-		case errors.Is(err, weir.ErrInvalidCost), errors.Is(err, weir.ErrInvalidLimit):
-			return resp.CheckResult{}, err
-		case errors.Is(err, weir.ErrStore):
-			return resp.CheckResult{}, fmt.Errorf("the store failed: %w", err)
-		}
-		return resp.CheckResult{}, err
+		return resp.CheckResult{}, ruleError(p, rule, err)
 	}
-	d := decisionOf(rr.Rule, rr.Result, rr.Shadow)
+	return checkResult(decisionOf(rr.Rule, rr.Result, rr.Shadow)), nil
+}
+
+// Reserve implements resp.Backend with POST /v1/reserve's decision.
+func (b respBackend) Reserve(ctx context.Context, rule, tier, key string, estimate int64) (resp.ReserveResult, error) {
+	p := b.s.holder.Load()
+	rr, id, err := b.s.reserve(ctx, p, rule, tier, key, estimate)
+	switch {
+	case errors.Is(err, errTooManyReservations):
+		return resp.ReserveResult{}, fmt.Errorf("%v; settle some first", err)
+	case err != nil:
+		return resp.ReserveResult{}, ruleError(p, rule, err)
+	}
+	out := resp.ReserveResult{CheckResult: checkResult(decisionOf(rr.Rule, rr.Result, rr.Shadow))}
+	if id != "" {
+		out.Reservation, out.ExpiresIn = id, ReservationTTL
+	}
+	return out, nil
+}
+
+// Settle implements resp.Backend with POST /v1/settle's decision.
+func (b respBackend) Settle(ctx context.Context, id string, actual int64) (resp.CheckResult, error) {
+	if actual < 0 || actual > algorithm.MaxDebt {
+		return resp.CheckResult{}, fmt.Errorf("actual is %d; it must be 0 to %d", actual, int64(algorithm.MaxDebt))
+	}
+	p := b.s.holder.Load()
+	rule, rr, err := b.s.settle(ctx, p, id, actual)
+	var kept *keptError
+	switch {
+	case errors.Is(err, errUnknownReservation):
+		return resp.CheckResult{}, fmt.Errorf("reservation %q is unknown, expired or already settled", id)
+	case errors.As(err, &kept):
+		return resp.CheckResult{}, kept
+	case err != nil:
+		return resp.CheckResult{}, ruleError(p, rule, err)
+	}
+	return checkResult(decisionOf(rr.Rule, rr.Result, rr.Shadow)), nil
+}
+
+// checkResult is d for the RESP replies.
+func checkResult(d Decision) resp.CheckResult {
 	return resp.CheckResult{
 		Allowed:    d.Allowed,
 		Limit:      d.Limit,
 		Remaining:  d.Remaining,
 		RetryAfter: time.Duration(d.RetryAfterMS) * time.Millisecond,
 		ResetAfter: time.Duration(d.ResetAfterMS) * time.Millisecond,
-	}, nil
+	}
 }

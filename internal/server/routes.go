@@ -87,6 +87,8 @@ func (s *Server) routes() http.Handler {
 	for _, rt := range s.routeTable() {
 		mux.Handle(rt.Pattern, rt.Handler)
 	}
+	// envoyproxy/ratelimit's health check, for its probes; off the API reference.
+	mux.HandleFunc("/healthcheck", s.handleHealthcheck)
 	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, codeNotFound, "no endpoint %s; see GET /v1/rules, POST /v1/check, GET /v1/auth", r.URL.Path)
 	})

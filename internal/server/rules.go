@@ -17,6 +17,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 )
 
 // maxRulesBody is the largest rule set PUT /v1/rules accepts.
@@ -48,7 +49,7 @@ type ruleSync struct {
 
 	mu      sync.Mutex
 	raw     []byte          // the YAML; nil when the config's rules are in force
-	cfg     *policy.Config  // raw, parsed
+	cfg     *config.Config  // raw, parsed
 	present map[string]bool // raw's top-level sections
 	version string          // the last version seen in Redis ("": none)
 }
@@ -89,7 +90,7 @@ func splitStoredRules(v []byte) (version string, raw []byte) {
 }
 
 // parseReplacement parses and validates a rule-set replacement.
-func parseReplacement(data []byte) (*policy.Config, map[string]bool, error) {
+func parseReplacement(data []byte) (*config.Config, map[string]bool, error) {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
 		return nil, nil, fmt.Errorf("the body is not YAML: %w", err)
@@ -125,14 +126,14 @@ func parseReplacement(data []byte) (*policy.Config, map[string]bool, error) {
 
 // overlay returns base with the replacement's sections, or base itself
 // when there is no replacement.
-func (rs *ruleSync) overlay(base *policy.Config) (*policy.Config, error) {
+func (rs *ruleSync) overlay(base *config.Config) (*config.Config, error) {
 	rs.mu.Lock()
 	ov, present := rs.cfg, rs.present
 	rs.mu.Unlock()
 	return overlayOn(base, ov, present), nil
 }
 
-func overlayOn(base, ov *policy.Config, present map[string]bool) *policy.Config {
+func overlayOn(base, ov *config.Config, present map[string]bool) *config.Config {
 	if ov == nil {
 		return base
 	}
@@ -162,7 +163,7 @@ func overlayOn(base, ov *policy.Config, present map[string]bool) *policy.Config 
 	return &eff
 }
 
-func (rs *ruleSync) set(raw []byte, cfg *policy.Config, present map[string]bool) {
+func (rs *ruleSync) set(raw []byte, cfg *config.Config, present map[string]bool) {
 	rs.mu.Lock()
 	rs.raw, rs.cfg, rs.present = raw, cfg, present
 	rs.mu.Unlock()
@@ -287,7 +288,7 @@ func (rs *ruleSync) poll(ctx context.Context) error {
 		rs.mu.Unlock()
 		return nil
 	}
-	var cfg *policy.Config
+	var cfg *config.Config
 	var present map[string]bool
 	if raw != nil {
 		if cfg, present, err = parseReplacement(raw); err != nil {
@@ -415,7 +416,7 @@ func (s *Server) publishRules(ctx context.Context, raw []byte) (string, error) {
 
 // applyRules puts a run-time rule set (nil: the config's own) in force on
 // this instance, under the holder's lock.
-func (s *Server) applyRules(raw []byte, cfg *policy.Config, present map[string]bool, version string) (*policy.Policy, error) {
+func (s *Server) applyRules(raw []byte, cfg *config.Config, present map[string]bool, version string) (*policy.Policy, error) {
 	rs := s.rules
 	return s.update(func() error {
 		rs.mu.Lock()
@@ -430,7 +431,7 @@ func (s *Server) applyRules(raw []byte, cfg *policy.Config, present map[string]b
 
 // writeRulesError answers 400 with every problem of a rule set.
 func writeRulesError(w http.ResponseWriter, err error) {
-	var ce *policy.ConfigError
+	var ce *config.Error
 	problems := []string{err.Error()}
 	if errors.As(err, &ce) {
 		problems = ce.Lines()

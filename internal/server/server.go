@@ -62,9 +62,11 @@ import (
 	"github.com/weir-dev/weir/internal/server/envoyrls"
 	"github.com/weir-dev/weir/internal/tlsfiles"
 	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/store/denycache"
 	"github.com/weir-dev/weir/store/guard"
 	"github.com/weir-dev/weir/store/lease"
+	"github.com/weir-dev/weir/store/redisstore"
 	"github.com/weir-dev/weir/weirotel"
 )
 
@@ -91,12 +93,15 @@ const DefaultShutdownDelay = 5 * time.Second
 type Option func(*options)
 
 type options struct {
-	cfg             *policy.Config
+	cfg             *config.Config
 	cfgPath         string
 	store           weir.Store
+	redis           *redisstore.Store
 	redisURL        string
 	envoyCfg        *envoyrls.Config
 	envoyDir        string
+	envoyAwait      bool // /healthcheck fails until SetEnvoyConfig (envoyhealth.go)
+	tlsGRPCOnly     bool // WithTLSOnGRPCOnly (envoyhealth.go)
 	envoySettings   EnvoySettings
 	log             *slog.Logger
 	adminToken      *string
@@ -108,7 +113,7 @@ type options struct {
 	grpcAddr        *string
 	respAddr        *string
 	respToken       *string
-	tls             *policy.ServerTLSConfig
+	tls             *config.ServerTLSConfig
 	tracing         *weirotel.Tracing
 	shutdownTimeout time.Duration
 	shutdownDelay   time.Duration
@@ -124,7 +129,7 @@ type options struct {
 // Without WithConfig or WithConfigFile the server runs DemoConfig, unless
 // an Envoy config is given (WithEnvoyConfig, WithEnvoyConfigDir): then it
 // runs no rules of its own.
-func WithConfig(cfg *policy.Config) Option { return func(o *options) { o.cfg = cfg } }
+func WithConfig(cfg *config.Config) Option { return func(o *options) { o.cfg = cfg } }
 
 // WithConfigFile loads weir.yaml from path and reloads it whenever it
 // changes (and on Reload); a bad new file is rejected and logged, and the
@@ -134,12 +139,21 @@ func WithConfig(cfg *policy.Config) Option { return func(o *options) { o.cfg = c
 func WithConfigFile(path string) Option { return func(o *options) { o.cfgPath = path } }
 
 // WithStore makes the server keep limiter state in store instead of the
-// one the config's store section describes. The server does not close it.
-// If store is a *redisstore.Store, the server sends its own keys (stored
-// rules, fleet view, penalty-box index) over the store's client
-// (redisstore.Store.Client), named after the config's store.redis.prefix:
-// give it the prefix of the store's Config.
-func WithStore(store weir.Store) Option { return func(o *options) { o.store = store } }
+// one the config's store section describes. The server does not close it,
+// and takes it as it is: no deny cache in front (it may not be shared),
+// the guard's deadline on every call, reservations in memory. A Redis
+// store goes through WithRedisStore.
+func WithStore(store weir.Store) Option { return func(o *options) { o.store, o.redis = store, nil } }
+
+// WithRedisStore makes the server keep limiter state in rs instead of the
+// store the config's store section describes, as the Redis store it
+// would have opened: the server does not close it, and sends its own keys
+// (stored rules, fleet view, penalty-box index, reservations) over rs's
+// client (redisstore.Store.Client), named after the config's
+// store.redis.prefix: give it the prefix of rs's Config.
+func WithRedisStore(rs *redisstore.Store) Option {
+	return func(o *options) { o.store, o.redis = nil, rs }
+}
 
 // WithRedisURL makes the server keep its state in Redis at url (the syntax
 // of redisstore.ParseURL), overriding the config's store section.
@@ -246,19 +260,20 @@ type Server struct {
 	id      string
 	version string
 
-	base   atomic.Pointer[policy.Config] // the config file's (or WithConfig's) content
-	guard  *guard.Guard
+	base   atomic.Pointer[config.Config] // the config file's (or WithConfig's) content
 	holder *policy.Holder
-	store  weir.Store
-	deny   *denycache.Store // the deny cache in front of a Redis store; nil without
-	owned  func()           // closes what New opened
-	info   atomic.Pointer[storeInfo]
-	rdb    rueidis.Client   // nil without Redis
-	resv   reservationStore // nil if the store keeps no reservations
-	// storeTimeout is the Redis store's own deadline per call (0 for
-	// another store): the guard then adds none of its own.
-	storeTimeout time.Duration
-	keys         redisKeys // the names of the service's own keys in Redis
+	// The store stack (composeStore): every decision enters at stack.
+	stack weir.Store        // deny cache → guard → tracing → store
+	deny  *denycache.Store  // the deny cache in front of a Redis store; nil without
+	guard *guard.Guard      // deadline, circuit breaker, on_error fallback
+	store weir.Store        // the store at the bottom: redis, memory or the caller's
+	redis *redisstore.Store // the store when it is Redis; nil otherwise
+	mem   bool              // the store is the memstore openStore opened
+	owned func()            // closes what New opened
+	info  atomic.Pointer[storeInfo]
+	rdb   rueidis.Client // the Redis store's client; nil without Redis
+	resv  reservations   // POST /v1/reserve's open reservations
+	keys  redisKeys      // the names of the service's own keys in Redis
 
 	envoy      *envoyrls.Service
 	envoyDir   string
@@ -282,6 +297,7 @@ type Server struct {
 	healthy      atomic.Bool
 	lastStoreErr atomic.Int64 // UnixNano of the last probe the store failed; 0 if none
 	draining     atomic.Bool  // shutting down: /readyz answers 503
+	envoyLoaded  atomic.Bool  // SetEnvoyConfig has given a config (envoyhealth.go)
 	lastFallbk   atomic.Pointer[fallbackSeen]
 
 	handler http.Handler
@@ -392,7 +408,7 @@ func (s *Server) init() error {
 
 // config returns the config the server starts with: the caller's (copied), the
 // file's, or the demo, with --redis applied.
-func (o *options) config() (*policy.Config, error) {
+func (o *options) config() (*config.Config, error) {
 	cfg := o.cfg
 	if cfg != nil {
 		c := *cfg // New adjusts the store section; the caller's copy stays as it is
@@ -426,7 +442,7 @@ func (o *options) config() (*policy.Config, error) {
 
 // initAdminToken reads the admin token (option, else the environment variable
 // the option or the config names) and sets up the admin authenticator.
-func (s *Server) initAdminToken(cfg *policy.Config) {
+func (s *Server) initAdminToken(cfg *config.Config) {
 	o := &s.o
 	s.adminEnv = cfg.Server.AdminTokenEnv
 	if o.adminTokenEnv != "" {
@@ -454,7 +470,7 @@ func (s *Server) initAdminToken(cfg *policy.Config) {
 
 // initPolicy builds the first policy and, with a config file, watches it. A
 // replacement stored in Redis wins over the file's rules.
-func (s *Server) initPolicy(cfg *policy.Config) error {
+func (s *Server) initPolicy(cfg *config.Config) error {
 	o := &s.o
 	if err := s.rules.loadInitial(s.bgCtx); err != nil {
 		s.log.Warn("weir: could not read the rules stored in Redis; using the config's", "err", err)
@@ -468,7 +484,7 @@ func (s *Server) initPolicy(cfg *policy.Config) error {
 		return nil
 	}
 	first := true
-	h, err := policy.Watch(s.bgCtx, o.cfgPath, func(fileCfg *policy.Config) (*policy.Policy, error) {
+	h, err := policy.Watch(s.bgCtx, o.cfgPath, func(fileCfg *config.Config) (*policy.Policy, error) {
 		if first && o.cfg != nil {
 			first = false
 			return s.build(cfg) // the caller's adjusted copy of the file
@@ -510,7 +526,7 @@ func (s *Server) initEnvoy() error {
 	if maxOverride == 0 {
 		maxOverride = defaultEnvoyMaxOverride
 	}
-	s.envoy = envoyrls.New(ecfg, s.guard, append(s.envoyServiceOptions(), envoyrls.WithFallbackDecider(s.envoyDecider),
+	s.envoy = envoyrls.New(ecfg, s.stack, append(s.envoyServiceOptions(), envoyrls.WithFallbackDecider(s.envoyDecider),
 		envoyrls.WithObserver(s.envoyObserve), envoyrls.WithMaxOverridePeriod(maxOverride))...)
 	s.registerEnvoyMetrics()
 	if s.envoyDir != "" {
@@ -564,7 +580,7 @@ func (s *Server) goBackground(f func(context.Context)) {
 
 // build compiles a config into a policy over the server's guard, with the
 // rules replaced by the run-time replacement if there is one.
-func (s *Server) build(cfg *policy.Config) (*policy.Policy, error) {
+func (s *Server) build(cfg *config.Config) (*policy.Policy, error) {
 	eff, err := s.rules.overlay(cfg)
 	if err != nil {
 		return nil, err
@@ -572,7 +588,7 @@ func (s *Server) build(cfg *policy.Config) (*policy.Policy, error) {
 	if err := CheckConfig(eff, s.o.cfgPath); err != nil {
 		return nil, err
 	}
-	return policy.New(eff, s.guard, policy.WithObserver(s.observe), policy.WithLogger(s.log),
+	return policy.New(eff, s.stack, policy.WithGuard(s.guard), policy.WithObserver(s.observe), policy.WithLogger(s.log),
 		policy.WithLeases(s.leases), policy.WithInstances(s.fleet.count))
 }
 
@@ -708,7 +724,7 @@ func (s *Server) GRPCAddr() string {
 	default:
 		a = DefaultGRPCAddr
 	}
-	if a == policy.GRPCOff {
+	if a == config.GRPCOff {
 		return ""
 	}
 	return a
@@ -759,7 +775,7 @@ func (s *Server) Serve(ctx context.Context, hl, gl net.Listener) error {
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
-	if s.tls != nil {
+	if s.tls != nil && !s.o.tlsGRPCOnly {
 		hs.TLSConfig = s.httpTLS()
 	}
 	var gs *grpc.Server
@@ -784,7 +800,7 @@ func (s *Server) Serve(ctx context.Context, hl, gl net.Listener) error {
 	errc := make(chan error, 2)
 	go func() {
 		serve := hs.Serve
-		if s.tls != nil {
+		if s.tls != nil && !s.o.tlsGRPCOnly {
 			serve = func(l net.Listener) error { return hs.ServeTLS(l, "", "") }
 		}
 		if err := serve(hl); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -936,28 +952,43 @@ func breakerValue(st guard.BreakerState) float64 {
 }
 
 // composeStore builds the stack every decision of weir serve goes
-// through, in one place: the guard (deadline, circuit breaker, on_error
-// fallback), asking the deny cache first (guard.Config.Answer), over the
-// tracing wrapper, over the deny cache (Redis only), over the store. Each
-// piece is a weir.Store of two methods; what one needs of another (the
-// store's own deadline, its refund notifications, the cache's answers) is
-// passed here, never discovered.
-func (s *Server) composeStore(cfg *policy.Config) error {
-	decider, err := s.openDenyCache(cfg)
-	if err != nil {
-		return err
-	}
+// through, in this one place, cheapest answer first:
+//
+//	deny cache (Redis only) → guard → tracing → store
+//
+// The deny cache answers certain denials from memory, so they never reach
+// the guard's breaker nor cost a span; a miss goes through the guard
+// (deadline, circuit breaker) and the tracing wrapper to the store. On a
+// store error the policy's on_error fallback decides through the guard
+// (policy.WithGuard). Each piece is a weir.Store of two methods; what one
+// needs of another (the store's own deadline, its refund notifications)
+// is passed here from the concrete store openStore kept, never
+// discovered.
+func (s *Server) composeStore(cfg *config.Config) error {
 	gc := guard.Config{
-		Timeout: cfg.Store.Timeout,
-		Breaker: cfg.Store.Breaker,
-		Logger:  s.log,
-		Now:     s.now,
-		// The Redis store's own deadline (openStore).
-		StoreTimeout: s.storeTimeout,
+		Timeout:    cfg.Store.Timeout,
+		Breaker:    cfg.Store.Breaker,
+		Logger:     s.log,
+		Now:        s.now,
+		NoDeadline: s.mem, // memstore never waits
 	}
-	if s.deny != nil {
-		gc.Answer = s.deny.Await
+	if s.redis != nil {
+		gc.StoreTimeout = s.redis.Timeout() // its own deadline per call
 	}
-	s.guard = guard.New(s.o.tracing.Store(decider), gc)
+	s.guard = guard.New(s.o.tracing.Store(s.store), gc)
+	s.stack = s.guard
+	if s.redis == nil || !cfg.Store.DenyCacheOn() {
+		return nil
+	}
+	rs := s.redis
+	bus := denycache.NewRedisBus(rs.Client(), denycache.RedisBusConfig{Channel: s.keys.denyCache, Logger: s.log})
+	d, err := denycache.New(s.guard, denycache.Config{Size: cfg.Store.DenyCacheSize, Bus: bus, Logger: s.log, Timeout: rs.Timeout(), OnRefund: rs.OnRefund})
+	if err != nil {
+		return fmt.Errorf("server: store.deny_cache: %w", err)
+	}
+	s.deny, s.stack = d, d
+	prev := s.owned
+	s.owned = func() { d.Close(); prev() }
+	s.metrics.reg.MustRegister(denyCacheCollector{d})
 	return nil
 }

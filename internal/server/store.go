@@ -11,7 +11,8 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/internal/tlsfiles"
-	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
+	"github.com/weir-dev/weir/store/guard"
 	"github.com/weir-dev/weir/store/memstore"
 	"github.com/weir-dev/weir/store/redisstore"
 )
@@ -28,6 +29,7 @@ type redisKeys struct {
 	rules        string // the YAML PUT /v1/rules stored, after a line with its version
 	rulesVersion string // the version of the stored rules (random); instances poll it
 	denyCache    string // the deny cache's pub/sub channel (not a key)
+	reservation  string // + reservation id: an open reservation of POST /v1/reserve
 }
 
 // keysFor returns the service's key names under prefix ("" is
@@ -43,6 +45,7 @@ func keysFor(prefix string) redisKeys {
 		rules:        prefix + ":config:rules",
 		rulesVersion: prefix + ":config:rules:version",
 		denyCache:    prefix + ":denycache",
+		reservation:  prefix + ":r:",
 	}
 }
 
@@ -55,7 +58,7 @@ type storeInfo struct {
 }
 
 func (i storeInfo) String() string {
-	if i.Type != policy.StoreRedis {
+	if i.Type != config.StoreRedis {
 		return i.Type
 	}
 	d := i.Type + " " + i.Topology + " " + strings.Join(i.Nodes, ",")
@@ -66,13 +69,13 @@ func (i storeInfo) String() string {
 }
 
 // applyRedisURL points cfg's store at the Redis that url names.
-func applyRedisURL(cfg *policy.Config, url string) error {
+func applyRedisURL(cfg *config.Config, url string) error {
 	rc, err := redisstore.ParseURL(url)
 	if err != nil {
 		return fmt.Errorf("server: --redis: %s", redactURL(err.Error(), url))
 	}
-	cfg.Store.Type = policy.StoreRedis
-	cfg.Store.Redis = policy.RedisConfig{
+	cfg.Store.Type = config.StoreRedis
+	cfg.Store.Redis = config.RedisConfig{
 		Addrs:      rc.Addrs,
 		MasterName: rc.MasterName,
 		Username:   rc.Username,
@@ -115,7 +118,7 @@ func redactURL(msg, rawURL string) string {
 
 // redisConfig converts the config's store section for redisstore; its
 // error names a TLS file that cannot be read.
-func redisConfig(sc policy.StoreConfig) (redisstore.Config, error) {
+func redisConfig(sc config.StoreConfig) (redisstore.Config, error) {
 	r := sc.Redis
 	rc := redisstore.Config{
 		Addrs:       r.Addrs,
@@ -130,7 +133,7 @@ func redisConfig(sc policy.StoreConfig) (redisstore.Config, error) {
 		Prefix:      r.Prefix,
 	}
 	if rc.Timeout <= 0 {
-		rc.Timeout = policy.DefaultTimeout // the guard's, so that the store keeps it
+		rc.Timeout = guard.DefaultTimeout // the guard's, so that the store keeps it
 	}
 	if r.TLSOn() {
 		src, err := tlsfiles.New(r.TLSCert, r.TLSKey, r.TLSCA)
@@ -142,35 +145,30 @@ func redisConfig(sc policy.StoreConfig) (redisstore.Config, error) {
 	return rc, nil
 }
 
-// openStore sets s.store, s.resv, s.storeTimeout, s.rdb and s.info from the options and cfg. A
-// Redis store of the caller's (WithStore) lends the service its client, as
-// one the server opens does: the service's own keys share its connections.
-func (s *Server) openStore(cfg *policy.Config) error {
-	if s.o.store != nil {
-		s.store = s.o.store
-		switch st := s.store.(type) {
-		case *memstore.Store:
-			s.resv = st
-			s.setInfo(storeInfo{Type: policy.StoreMemory, Topology: "memory"})
-		case *redisstore.Store:
-			s.rdb, s.resv, s.storeTimeout = st.Client(), st, st.Timeout()
-			s.setInfo(s.redisInfo(cfg.Store.Redis))
-		default:
-			// A store of the caller's: reservations in a bounded map in
-			// memory.
-			s.resv = memstore.New()
-			s.setInfo(storeInfo{Type: fmt.Sprintf("%T", s.store), Topology: "custom"})
-		}
+// openStore opens the store the options or cfg name and keeps it in
+// s.store, with what the stack and the service need of it: for Redis the
+// concrete store (s.redis) and its client (s.rdb), over which the
+// service's own keys and the reservations go; for memory s.mem. A store
+// of the caller's (WithStore) keeps its reservations in a bounded map, as
+// memory does.
+func (s *Server) openStore(cfg *config.Config) error {
+	switch {
+	case s.o.redis != nil:
+		s.useRedis(s.o.redis, cfg)
 		return nil
-	}
-	if cfg.Store.Type != policy.StoreRedis {
+	case s.o.store != nil:
+		s.store = s.o.store
+		s.resv = newMemReservations(s.now, maxReservations)
+		s.setInfo(storeInfo{Type: fmt.Sprintf("%T", s.store), Topology: "custom"})
+		return nil
+	case cfg.Store.Type != config.StoreRedis:
 		var mo []memstore.Option
 		if cfg.Store.MaxKeys > 0 {
 			mo = append(mo, memstore.WithMaxKeys(cfg.Store.MaxKeys))
 		}
-		ms := memstore.New(mo...)
-		s.store, s.resv = ms, ms
-		s.setInfo(storeInfo{Type: policy.StoreMemory, Topology: "memory"})
+		s.store, s.mem = memstore.New(mo...), true
+		s.resv = newMemReservations(s.now, maxReservations)
+		s.setInfo(storeInfo{Type: config.StoreMemory, Topology: "memory"})
 		return nil
 	}
 	rc, err := redisConfig(cfg.Store)
@@ -191,20 +189,25 @@ func (s *Server) openStore(cfg *policy.Config) error {
 		s.log.Warn("weir: Redis unreachable at start; serving anyway, on_error decides until it answers",
 			"redis", strings.Join(rc.Addrs, ","))
 	}
-	s.store, s.resv, s.storeTimeout = rs, rs, rs.Timeout()
-	// The service's own keys (rules, fleet, penalty-box index) go over the
-	// store's client, which follows its connection.
-	s.rdb = rs.Client()
 	s.owned = func() { rs.Close() }
-	s.setInfo(s.redisInfo(cfg.Store.Redis))
+	s.useRedis(rs, cfg)
 	return nil
+}
+
+// useRedis makes rs the store. The service's own keys (rules, fleet,
+// penalty-box index, reservations) go over its client, which follows its
+// connection.
+func (s *Server) useRedis(rs *redisstore.Store, cfg *config.Config) {
+	s.store, s.redis, s.rdb = rs, rs, rs.Client()
+	s.resv = redisReservations{c: s.rdb, prefix: s.keys.reservation, timeout: rs.Timeout()}
+	s.setInfo(s.redisInfo(cfg.Store.Redis))
 }
 
 // redisInfo describes a Redis store: its nodes as the config names them,
 // or as the client knows them on a cluster, under Sentinel, or when the
 // config names none (a store of the caller's).
-func redisInfo(r policy.RedisConfig, c rueidis.Client) storeInfo {
-	info := storeInfo{Type: policy.StoreRedis, Topology: "standalone", Nodes: append([]string(nil), r.Addrs...)}
+func redisInfo(r config.RedisConfig, c rueidis.Client) storeInfo {
+	info := storeInfo{Type: config.StoreRedis, Topology: "standalone", Nodes: append([]string(nil), r.Addrs...)}
 	switch {
 	case r.MasterName != "":
 		info.Topology = "sentinel"
@@ -226,10 +229,10 @@ func redisInfo(r policy.RedisConfig, c rueidis.Client) storeInfo {
 
 // redisInfo describes the Redis store now: its nodes (which change on a
 // cluster or after a failover) and how it runs its scripts.
-func (s *Server) redisInfo(r policy.RedisConfig) storeInfo {
+func (s *Server) redisInfo(r config.RedisConfig) storeInfo {
 	info := redisInfo(r, s.rdb)
-	if rs, ok := s.store.(*redisstore.Store); ok {
-		info.Scripting = rs.Scripting()
+	if s.redis != nil {
+		info.Scripting = s.redis.Scripting()
 	}
 	return info
 }
@@ -262,7 +265,7 @@ func (s *Server) probeLoop(ctx context.Context) {
 			return
 		case <-t.C:
 			s.probe(ctx)
-			if i := s.storeInfo(); i.Type == policy.StoreRedis {
+			if i := s.storeInfo(); i.Type == config.StoreRedis {
 				s.setInfo(s.redisInfo(s.base.Load().Store.Redis))
 			}
 		}

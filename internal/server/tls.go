@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	"github.com/weir-dev/weir/internal/tlsfiles"
-	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 )
 
 // WithTLS makes the HTTP and gRPC listeners speak TLS only, with the
@@ -15,12 +15,12 @@ import (
 // certificate is served from the next handshake on, without a restart. It
 // overrides the config's server.tls.
 func WithTLS(certFile, keyFile, clientCA string) Option {
-	return func(o *options) { o.tls = &policy.ServerTLSConfig{Cert: certFile, Key: keyFile, ClientCA: clientCA} }
+	return func(o *options) { o.tls = &config.ServerTLSConfig{Cert: certFile, Key: keyFile, ClientCA: clientCA} }
 }
 
 // initTLS reads the listeners' certificate, if WithTLS or server.tls
 // names one.
-func (s *Server) initTLS(cfg *policy.Config) error {
+func (s *Server) initTLS(cfg *config.Config) error {
 	t := cfg.Server.TLS
 	if s.o.tls != nil {
 		t = *s.o.tls

@@ -20,6 +20,7 @@ import (
 	"github.com/weir-dev/weir/internal/certtest"
 	"github.com/weir-dev/weir/internal/redistest"
 	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/store/redisstore"
 )
 
@@ -219,11 +220,11 @@ func TestTLSConfigErrors(t *testing.T) {
 
 // redisTLSConfig is testConfig on a Redis over TLS with the test PKI's
 // CA and client certificate.
-func redisTLSConfig(t *testing.T, pki *certtest.Files, store string) *policy.Config {
+func redisTLSConfig(t *testing.T, pki *certtest.Files, store string) *config.Config {
 	t.Helper()
 	cfg := mustParse(t, testConfig)
-	cfg.Store.Type = policy.StoreRedis
-	cfg.Store.Redis = policy.RedisConfig{TLSCA: pki.CA, TLSCert: pki.ClientCert, TLSKey: pki.ClientKey}
+	cfg.Store.Type = config.StoreRedis
+	cfg.Store.Redis = config.RedisConfig{TLSCA: pki.CA, TLSCert: pki.ClientCert, TLSKey: pki.ClientKey}
 	switch store {
 	case "standalone":
 		r := redistest.StandaloneTLS(t, redistest.TLS{CA: pki.CA, Cert: pki.Cert, Key: pki.Key, AuthClients: true, Client: pki.ClientConfig(true)})
@@ -263,9 +264,9 @@ func TestRedisTLS(t *testing.T) {
 			}
 			// Without the client certificate, or trusting another CA, the
 			// store cannot connect: the settings are what made it work.
-			for name, mod := range map[string]func(r *policy.RedisConfig){
-				"no client certificate": func(r *policy.RedisConfig) { r.TLSCert, r.TLSKey = "", "" },
-				"another CA":            func(r *policy.RedisConfig) { r.TLSCA = certtest.New(t).CA },
+			for name, mod := range map[string]func(r *config.RedisConfig){
+				"no client certificate": func(r *config.RedisConfig) { r.TLSCert, r.TLSKey = "", "" },
+				"another CA":            func(r *config.RedisConfig) { r.TLSCA = certtest.New(t).CA },
 			} {
 				sc := cfg.Store
 				mod(&sc.Redis)

@@ -18,7 +18,7 @@ import (
 	"github.com/weir-dev/weir/internal/otelsetup"
 	"github.com/weir-dev/weir/internal/otlptest"
 	"github.com/weir-dev/weir/internal/redistest"
-	"github.com/weir-dev/weir/policy"
+	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/store/redisstore"
 	"github.com/weir-dev/weir/weirotel"
 )
@@ -76,7 +76,7 @@ func TestTracingOTLP(t *testing.T) {
 			os.WriteFile(filepath.Join(dir, "rl.yaml"), []byte("domain: rl\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1}\n"), 0o644)
 			cfg := mustParse(t, testConfig)
 			if run.store == "redis" {
-				cfg.Store.Type = policy.StoreRedis
+				cfg.Store.Type = config.StoreRedis
 				cfg.Store.Redis.Addrs = []string{redistest.Standalone(t).Addr}
 			}
 			s, err := New(WithConfig(cfg), WithEnvoyConfigDir(dir), WithLogger(quietLogger()), WithAdminToken(""), WithTracing(tr))

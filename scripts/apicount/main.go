@@ -104,19 +104,23 @@ func count(root string) (map[string]int, error) {
 				return filepath.SkipDir // another module
 			}
 		}
-		pkgs, err := parser.ParseDir(fset, path, func(fi fs.FileInfo) bool {
-			return !strings.HasSuffix(fi.Name(), "_test.go")
-		}, parser.SkipObjectResolution)
+		entries, err := os.ReadDir(path)
 		if err != nil {
 			return err
 		}
-		for name, pkg := range pkgs {
-			if name == "main" {
+		for _, e := range entries {
+			name := e.Name()
+			if e.IsDir() || !strings.HasSuffix(name, ".go") || strings.HasSuffix(name, "_test.go") {
 				continue
 			}
-			for _, f := range pkg.Files {
-				counts[rel] += exported(f)
+			f, err := parser.ParseFile(fset, filepath.Join(path, name), nil, parser.SkipObjectResolution)
+			if err != nil {
+				return err
 			}
+			if f.Name.Name == "main" {
+				continue
+			}
+			counts[rel] += exported(f)
 		}
 		return nil
 	})

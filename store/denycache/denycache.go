@@ -202,7 +202,7 @@ func (s *Store) Take(ctx context.Context, key string, l weir.Limit, n int64) (we
 	if r, ok := s.t.lookup(&lc, key, l, n, s.t.now()); ok {
 		return r, nil
 	}
-	f, r, ok, err := s.join(ctx, &lc, key, l, n, true)
+	f, r, ok, err := s.join(ctx, &lc, key, l, n)
 	if ok || err != nil {
 		return r, err
 	}
@@ -257,7 +257,7 @@ func (s *Store) Do(ctx context.Context, reqs []weir.Request, results []weir.Resu
 		results[0] = r
 		return nil
 	}
-	f, r, ok, err := s.join(ctx, &lc, rq.Key, rq.Limit, n, true)
+	f, r, ok, err := s.join(ctx, &lc, rq.Key, rq.Limit, n)
 	if ok || err != nil {
 		results[0] = r
 		return err
@@ -295,15 +295,14 @@ const MaxHerd = 1024
 // to the store. (A leader's own denial that lapsed meanwhile is a new entry,
 // with flights of its own.)
 // A request the entry would not have answered, or one for a key without an
-// entry, goes to the store at once. Without lead, a request that would
-// lead returns at once instead (Await).
+// entry, goes to the store at once.
 //
 // Exact: a waiter is answered only by lookup, at a moment after the
 // leader's answer came back, so after Redis decided it; the kept denial
 // lapses at the leader's send time plus RetryAfter, never later than in
 // Redis; an invalidation while the leader was out leaves no entry (insert's
 // epoch), so the waiters go to the store. No lock is held while waiting.
-func (s *Store) join(ctx context.Context, lc *loc, key string, l weir.Limit, n int64, mayLead bool) (lead *flight, r weir.Result, ok bool, err error) {
+func (s *Store) join(ctx context.Context, lc *loc, key string, l weir.Limit, n int64) (lead *flight, r weir.Result, ok bool, err error) {
 	// The caller's lookup missed: look again only after a wait, or when an
 	// entry was kept since.
 	var ended *flight // an ended flight met once: its answer may have just been kept
@@ -332,9 +331,6 @@ func (s *Store) join(ctx context.Context, lc *loc, key string, l weir.Limit, n i
 		// next request leads a second, whose denial, if any, answers the
 		// rest. After the second, everyone goes to the store.
 		f := e.flight.Load()
-		if (f == nil || f.ended() && f.gen == 1) && !mayLead {
-			return nil, weir.Result{}, false, nil
-		}
 		if f == nil || f.ended() && f.gen == 1 {
 			nf := &flight{done: make(chan struct{}), gen: 1}
 			if f != nil {
@@ -402,51 +398,6 @@ func (s *Store) refunded(ctx context.Context, key string) {
 	if err := s.Invalidate(ctx, key); err != nil {
 		s.log.Warn("weir: deny cache: publishing the invalidation after a Cluster batch's refund failed; other instances may answer the old denial until it lapses", "err", err)
 	}
-}
-
-// Answer returns the cached denial that answers req, if there is one,
-// without asking the wrapped store (as guard.Config.Answer: the guard asks first, so
-// that answers from memory never count for its circuit breaker). A miss is
-// not counted here: the Take or TakeAll that follows counts it.
-func (s *Store) Answer(req *weir.Request) (weir.Result, bool) {
-	n, ok := s.askable(req)
-	if !ok {
-		return weir.Result{}, false
-	}
-	lc := s.t.locate(req.Key)
-	return s.t.lookup(&lc, req.Key, req.Limit, n, s.t.now())
-}
-
-// askable reports whether a cached denial could answer req, and the cost
-// it must cover (1 for an AtMost request: any denial of its key denies it).
-func (s *Store) askable(req *weir.Request) (int64, bool) {
-	if req.N < 1 || req.One() || !cacheable(req.Limit) || !s.live.Load() {
-		return 0, false
-	}
-	if req.Mode == weir.ModeAtMost {
-		return 1, true
-	}
-	return req.N, true
-}
-
-// Await is Answer, and more: if req's key has a lapsed denial that would
-// have answered req and a request for it is on its way to the store, Await
-// waits for that request's answer (until ctx ends) and answers req with
-// the denial it kept, if it kept one (guard.Config.Answer). It never sends
-// anything itself: the guard asks it before it calls the store, so that an
-// answer that waited for another request's does not count for its circuit
-// breaker either. A miss is not counted here.
-func (s *Store) Await(ctx context.Context, req *weir.Request) (weir.Result, bool) {
-	n, ok := s.askable(req)
-	if !ok {
-		return weir.Result{}, false
-	}
-	lc := s.t.locate(req.Key)
-	if r, ok := s.t.lookup(&lc, req.Key, req.Limit, n, s.t.now()); ok {
-		return r, true
-	}
-	_, r, ok, _ := s.join(ctx, &lc, req.Key, req.Limit, n, false)
-	return r, ok
 }
 
 // Invalidate drops key's entries (under every limit) here and on every

@@ -353,9 +353,6 @@ func TestDebtPassesThrough(t *testing.T) {
 	if s.Stats().Entries != 1 {
 		t.Fatal("the denial was not kept")
 	}
-	if _, ok := s.Answer(&weir.Request{Key: "a", Limit: fw, N: 1, Mode: weir.ModeDebit}); ok {
-		t.Fatal("a debit was answered from memory")
-	}
 	out := make([]weir.Result, 1)
 	if err := s.Do(ctx, []weir.Request{{Key: "a", Limit: fw, N: 2, Mode: weir.ModeDebit}}, out); err != nil {
 		t.Fatal(err)

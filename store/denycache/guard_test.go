@@ -27,56 +27,54 @@ func (f *failing) Take(ctx context.Context, key string, l weir.Limit, n int64) (
 	return f.Store.Take(ctx, key, l, n)
 }
 
-// TestGuardBreakerSeesThroughHits: behind a guard, answers from the cache
-// do not count as store successes, so a flood answered from memory cannot
-// keep the breaker closed while every real call fails; and they are still
-// given while it is open.
+// TestGuardBreakerSeesThroughHits: in front of a guard (weir serve's
+// order: deny cache, guard, store), answers from the cache never reach the
+// guard, so a flood answered from memory cannot keep the breaker closed
+// while every real call fails; and they are still given while it is open.
 func TestGuardBreakerSeesThroughHits(t *testing.T) {
-	t.Run("direct", func(t *testing.T) { guardBreakerSeesThroughHits(t, func(s weir.Store) weir.Store { return s }) })
-	// A wrapper outside the cache (weir serve's tracing is one): the
-	// guard finds the cache through Unwrap.
-	t.Run("wrapped", func(t *testing.T) {
-		guardBreakerSeesThroughHits(t, func(s weir.Store) weir.Store { return unwrapper{s} })
-	})
-}
-
-// unwrapper wraps a store and offers Unwrap, as weirotel's does.
-type unwrapper struct{ weir.Store }
-
-func (u unwrapper) Unwrap() weir.Store { return u.Store }
-
-func guardBreakerSeesThroughHits(t *testing.T, wrap func(weir.Store) weir.Store) {
 	clock := storetest.NewClock(storetest.Epoch)
 	inner := &failing{Store: memstore.New(memstore.WithClock(clock.Now))}
-	c, err := New(inner, Config{Clock: clock.Now})
+	g := guard.New(inner, guard.Config{Timeout: time.Second, Now: clock.Now,
+		Breaker: guard.BreakerConfig{Failures: 5, FailureRatio: 2, Cooldown: time.Hour}})
+	c, err := New(g, Config{Clock: clock.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := guard.New(wrap(c), guard.Config{Timeout: time.Second, Now: clock.Now, Answer: c.Await,
-		Breaker: guard.BreakerConfig{Failures: 5, FailureRatio: 2, Cooldown: time.Hour}})
 	for range 4 {
-		mustTake(t, g, "abuser", fw, 1) // the 4th is denied and cached
+		mustTake(t, c, "abuser", fw, 1) // the 4th is denied and cached
 	}
 	inner.down.Store(true)
 	for i := range 5 {
 		for range 10 {
-			if r := mustTake(t, g, "abuser", fw, 1); r.Allowed {
+			if r := mustTake(t, c, "abuser", fw, 1); r.Allowed {
 				t.Fatal("admitted")
 			}
 		}
-		if _, err := g.Take(ctx, fmt.Sprint("other", i), fw, 1); err == nil {
+		if _, err := c.Take(ctx, fmt.Sprint("other", i), fw, 1); err == nil {
 			t.Fatal("a failing store answered")
 		}
 	}
 	if st := g.State(); st != guard.BreakerOpen {
 		t.Fatalf("breaker %v after 5 failures among 50 cached answers, want open", st)
 	}
-	if r, err := g.Take(ctx, "abuser", fw, 1); err != nil || r.Allowed {
+	if r, err := c.Take(ctx, "abuser", fw, 1); err != nil || r.Allowed {
 		t.Fatalf("with the breaker open, a certain denial: %+v %v", r, err)
 	}
 	if st := c.Stats(); st.Hits != 51 || st.Misses != 9 {
 		t.Fatalf("hits %d misses %d, want 51 and 9 (4 + 5 failures: no miss counted twice)", st.Hits, st.Misses)
 	}
+}
+
+// guardSlot is a store that passes every call to the guard it holds, so
+// that a test can give the cache in front a fresh guard.
+type guardSlot struct{ g atomic.Pointer[guard.Guard] }
+
+func (s *guardSlot) Take(ctx context.Context, key string, l weir.Limit, n int64) (weir.Result, error) {
+	return s.g.Load().Take(ctx, key, l, n)
+}
+
+func (s *guardSlot) Do(ctx context.Context, reqs []weir.Request, res []weir.Result) error {
+	return s.g.Load().Do(ctx, reqs, res)
 }
 
 // failingGate is a herdGate whose store fails every call while down is set.
@@ -94,38 +92,43 @@ func (f *failingGate) Take(ctx context.Context, key string, l weir.Limit, n int6
 
 // TestGuardBreakerSeesThroughHerd: behind a guard, the requests of a herd
 // at a lapsed denial that are answered by their leader's denial do not
-// count as store successes either (the guard asks Await first): one
+// count as store successes either (they never reach the guard): one
 // success and four failures open a breaker of failure ratio 0.5, however
 // large the herd was.
 func TestGuardBreakerSeesThroughHerd(t *testing.T) {
 	clock := storetest.NewClock(storetest.Epoch)
 	ms := memstore.New(memstore.WithClock(clock.Now))
 	gate := &failingGate{herdGate: &herdGate{Store: ms}}
-	c, err := New(gate, Config{Clock: clock.Now})
+	newGuard := func() *guard.Guard {
+		return guard.New(gate, guard.Config{Timeout: time.Second, Now: clock.Now,
+			Breaker: guard.BreakerConfig{Failures: 100, FailureRatio: 0.5, MinRequests: 4, Window: time.Hour, Cooldown: time.Hour}})
+	}
+	slot := &guardSlot{}
+	g := newGuard()
+	slot.g.Store(g)
+	c, err := New(slot, Config{Clock: clock.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
 	gate.cache.Store(c)
-	g := guard.New(c, guard.Config{Timeout: time.Second, Now: clock.Now, Answer: c.Await,
-		Breaker: guard.BreakerConfig{Failures: 100, FailureRatio: 0.5, MinRequests: 4, Window: time.Hour, Cooldown: time.Hour}})
 	tb := weir.Limit{Algorithm: weir.TokenBucket, Rate: 10, Period: time.Second, Burst: 2}
 	for range 2 {
-		mustTake(t, g, "k", tb, 1)
+		mustTake(t, c, "k", tb, 1)
 	}
-	den := mustTake(t, g, "k", tb, 1)
+	den := mustTake(t, c, "k", tb, 1)
 	clock.Advance(den.RetryAfter)
 	mustTake(t, ms, "k", tb, 1) // another instance takes the token back
 	// A new window of the breaker's counts: the calls above are in it, so
 	// start from a breaker that has seen only what follows.
-	g = guard.New(c, guard.Config{Timeout: time.Second, Now: clock.Now, Answer: c.Await,
-		Breaker: guard.BreakerConfig{Failures: 100, FailureRatio: 0.5, MinRequests: 4, Window: time.Hour, Cooldown: time.Hour}})
+	g = newGuard()
+	slot.g.Store(g)
 	const k = 16
 	gate.want.Store(k - 1)
 	h0 := c.Stats().Herd
 	var wg sync.WaitGroup
 	for range k {
 		wg.Go(func() {
-			if r, err := g.Take(ctx, "k", tb, 1); err != nil || r.Allowed {
+			if r, err := c.Take(ctx, "k", tb, 1); err != nil || r.Allowed {
 				t.Errorf("a herd member: %+v %v", r, err)
 			}
 		})
@@ -137,7 +140,7 @@ func TestGuardBreakerSeesThroughHerd(t *testing.T) {
 	}
 	gate.down.Store(true)
 	for i := range 4 {
-		if _, err := g.Take(ctx, fmt.Sprint("other", i), tb, 1); err == nil {
+		if _, err := c.Take(ctx, fmt.Sprint("other", i), tb, 1); err == nil {
 			t.Fatal("a failing store answered")
 		}
 	}

@@ -110,13 +110,10 @@ type Config struct {
 	// Timeout, the guard sets no deadline of its own, which would only
 	// cost a timer per call.
 	StoreTimeout time.Duration
-	// Answer, if set, answers a request from memory when its decision is
-	// certain without the store (denycache.Store.Await: a cached denial,
-	// or one that another request is bringing back). The guard asks it
-	// first: such an answer neither counts for the circuit breaker (a
-	// flood answered from memory would otherwise hide a failing store
-	// from it) nor waits for it to close.
-	Answer func(ctx context.Context, req *weir.Request) (weir.Result, bool)
+	// NoDeadline says that the store never waits (memstore): the guard
+	// sets no deadline of its own. Whoever composes the stack knows the
+	// store and says so here; the guard does not look.
+	NoDeadline bool
 }
 
 // DefaultTimeout is the deadline of a store call when store.timeout is not set.
@@ -142,7 +139,6 @@ const DefaultTimeout = 50 * time.Millisecond
 // fallback counters.
 type Guard struct {
 	store      weir.Store
-	answer     func(ctx context.Context, req *weir.Request) (weir.Result, bool) // Config.Answer
 	local      *memstore.Store
 	timeout    time.Duration
 	noDeadline bool // the store ignores contexts (memstore) or has its own deadline: skip the timer
@@ -225,10 +221,10 @@ type transitionEvent struct {
 	counts   outageCounts // an ended outage's
 }
 
-// New wraps store. A nil store gets a fresh memstore.
+// New wraps store. A nil store gets a fresh memstore (and no deadline).
 func New(store weir.Store, cfg Config) *Guard {
 	if store == nil {
-		store = memstore.New()
+		store, cfg.NoDeadline = memstore.New(), true
 	}
 	g := &Guard{
 		store:    store,
@@ -238,7 +234,6 @@ func New(store weir.Store, cfg Config) *Guard {
 		logEvery: cfg.LogInterval,
 		onState:  cfg.OnStateChange,
 		now:      cfg.Now,
-		answer:   cfg.Answer,
 	}
 	if g.timeout <= 0 {
 		g.timeout = DefaultTimeout
@@ -257,8 +252,9 @@ func New(store weir.Store, cfg Config) *Guard {
 		maxKeys = 1 << 16
 	}
 	g.local = memstore.New(memstore.WithMaxKeys(maxKeys), memstore.WithShards(16), memstore.WithClock(g.now))
-	// memstore ignores contexts: a deadline would only cost a timer.
-	_, g.noDeadline = store.(*memstore.Store)
+	// A store that never waits, or that ends every call by its own
+	// deadline: a deadline here would only cost a timer.
+	g.noDeadline = cfg.NoDeadline
 	if cfg.StoreTimeout > 0 && cfg.StoreTimeout <= g.timeout {
 		// The store ends every call by its own timeout: a timer per call
 		// here would only cost (about 2 µs and 500 bytes a call).
@@ -567,19 +563,13 @@ func invalid(reqs []weir.Request) error {
 // closed reports whether the breaker is closed.
 func (g *Guard) closed() bool { return BreakerState(g.state.Load()) == BreakerClosed }
 
-// Take implements weir.Store.
+// Take implements weir.Store. While the breaker is not closed, the
+// request is checked first (an invalid one gets its own error).
 func (g *Guard) Take(ctx context.Context, key string, l weir.Limit, n int64) (weir.Result, error) {
-	if g.answer != nil || !g.closed() {
+	if !g.closed() {
 		req := weir.Request{Key: key, Limit: l, N: n}
-		if g.answer != nil {
-			if r, ok := g.answer(ctx, &req); ok {
-				return r, nil
-			}
-		}
-		if !g.closed() {
-			if err := req.Check(); err != nil {
-				return weir.Result{}, err
-			}
+		if err := req.Check(); err != nil {
+			return weir.Result{}, err
 		}
 	}
 	var res weir.Result
@@ -591,22 +581,13 @@ func (g *Guard) Take(ctx context.Context, key string, l weir.Limit, n int64) (we
 	return res, err
 }
 
-// Do implements weir.Store. A request of one that Config.Answer answers
-// never reaches the breaker; otherwise the requests are checked (while the
-// breaker is not closed) and go to the store through it. A reset also
+// Do implements weir.Store: the requests are checked (while the breaker
+// is not closed) and go to the store through the breaker. A reset also
 // resets the local fallback state.
 func (g *Guard) Do(ctx context.Context, reqs []weir.Request, results []weir.Result) error {
-	if len(reqs) == 1 && len(results) >= 1 {
-		switch r := &reqs[0]; {
-		case r.Mode == weir.ModeReset:
-			var local [1]weir.Result
-			_ = g.local.Do(ctx, reqs, local[:])
-		case g.answer != nil:
-			if res, ok := g.answer(ctx, r); ok {
-				results[0] = res
-				return nil
-			}
-		}
+	if len(reqs) == 1 && len(results) >= 1 && reqs[0].Mode == weir.ModeReset {
+		var local [1]weir.Result
+		_ = g.local.Do(ctx, reqs, local[:])
 	}
 	if !g.closed() {
 		if err := invalid(reqs); err != nil {

@@ -34,7 +34,7 @@ func (s *Store) Do(ctx context.Context, reqs []weir.Request, results []weir.Resu
 		results[0], err = s.settle(r)
 		return err
 	}
-	err = s.take(r.Key, &r.Limit, r.N, r.AlgorithmMode(), r.Lease, r.Mode == weir.ModeTake && r.Lease == "", &results[0])
+	err = s.take(r, &r.Limit, r.Mode == weir.ModeTake && r.Lease == "", &results[0])
 	if err != nil {
 		results[0] = weir.Result{}
 	}
@@ -45,7 +45,7 @@ func (s *Store) Do(ctx context.Context, reqs []weir.Request, results []weir.Resu
 // the admitted ones.
 func (s *Store) takeBatch(reqs []weir.Request, results []weir.Result) error {
 	for i := range reqs {
-		if reqs[i].One() {
+		if one(&reqs[i]) {
 			return fmt.Errorf("%w: a %s decides one request at a time, not a batch of %d", weir.ErrUnsupported, reqs[i].Mode, len(reqs))
 		}
 	}
@@ -259,3 +259,7 @@ func (s *Store) decideBatch(reqs []weir.Request, items []batchItem, results []we
 		}
 	}
 }
+
+// one reports whether r must be decided alone: every mode but a take
+// (weir.ModeTake, weir.ModeAtMost) must.
+func one(r *weir.Request) bool { return r.Mode != weir.ModeTake && r.Mode != weir.ModeAtMost }

@@ -45,8 +45,6 @@ type Store struct {
 	limitsMu sync.Mutex
 	limits   map[weir.Limit]*compiled
 
-	resv reservations // weir serve's open reservations (reservations.go)
-
 	// last is the limit compiled most recently: a new key under the
 	// same limit as the previous one finds it without the lock.
 	last atomic.Pointer[compiled]
@@ -285,14 +283,19 @@ func keep(sl *slot, st *algorithm.State) {
 
 // Take implements weir.Store.
 func (s *Store) Take(ctx context.Context, key string, l weir.Limit, n int64) (r weir.Result, err error) {
-	err = s.take(key, &l, n, algorithm.Exact, "", false, &r)
+	req := weir.Request{Key: key, N: n} // its limit is l: not copied
+	err = s.take(&req, &l, false, &r)
 	return r, err
 }
 
-// take decides into r, the caller's Result, so that the Result is built
-// where it is returned instead of being copied out through each frame.
-// With date, an admitted take of n > 0 in full gets its time (Result.At).
-func (s *Store) take(key string, l *weir.Limit, n int64, mode algorithm.Mode, lease string, date bool, r *weir.Result) error {
+// take decides req (a take, at-most take, debit or undated refund) under
+// l (req.Limit, or Take's own) into r, the caller's Result, so that the
+// Result is built where it is returned instead of being copied out
+// through each frame. req is checked by Request.CheckWith once l is
+// compiled. With date, an admitted take of n > 0 in full gets its time
+// (Result.At).
+func (s *Store) take(req *weir.Request, l *weir.Limit, date bool, r *weir.Result) error {
+	key, n, mode := req.Key, req.N, req.AlgorithmMode()
 	si, tag := s.hashIndex(key)
 	s.prefetchSlot(uint64(si), tag)
 	sh := &s.shards[si]
@@ -306,19 +309,11 @@ func (s *Store) take(key string, l *weir.Limit, n int64, mode algorithm.Mode, le
 	if err != nil {
 		return err
 	}
-	maxCost := c.params.MaxCost()
-	if mode >= algorithm.Debit {
-		// A debit or refund may pass the limit (debt.go).
-		if err := weir.CheckDebt(key, n, &c.params, mode); err != nil {
-			return err
-		}
-		maxCost = algorithm.MaxDebt
+	if err := req.CheckWith(&c.params); err != nil {
+		return err
 	}
 	if mode == algorithm.AtMost {
-		n = min(n, maxCost) // a partial grant may ask for more than fits
-	}
-	if n < 0 || n > maxCost {
-		return weir.CheckCost(key, n, maxCost)
+		n = min(n, c.params.MaxCost()) // a partial grant may ask for more than fits
 	}
 	var d algorithm.Decision
 	if i >= 0 && c.plain && mode < algorithm.Debit && sh.slots[i].x == nil {
@@ -338,8 +333,8 @@ func (s *Store) take(key string, l *weir.Limit, n int64, mode algorithm.Mode, le
 	}
 	st := sh.open(i, c, &sh.scratch)
 	algorithm.TakeTo(&c.params, st, now, n, mode, &d)
-	if d.Granted > 0 && lease != "" {
-		algorithm.SetLeaseID(st, lease)
+	if d.Granted > 0 && req.Lease != "" {
+		algorithm.SetLeaseID(st, req.Lease)
 	}
 	if i >= 0 {
 		sl := &sh.slots[i]

@@ -44,7 +44,7 @@ func (s *Store) dated(key string, l *weir.Limit, n int64, mode algorithm.Mode, t
 
 // settle decides a request that refunds with a Stamp.
 func (s *Store) settle(r *weir.Request) (weir.Result, error) {
-	t := r.Stamp.Taken()
+	t := algorithm.Taken{At: r.Stamp.At, Cost: r.Stamp.Estimate, Remaining: r.Stamp.Remaining}
 	res, _, err := s.dated(r.Key, &r.Limit, r.N, algorithm.Settle, &t)
 	return res, err
 }

@@ -35,11 +35,11 @@ func TestCalendarSameAsMemstore(t *testing.T) {
 		limit weir.Limit
 		step  time.Duration // the typical advance
 	}{
-		{"month end UTC", at("2030-01-31T16:00:00Z"), weir.Limit{Rate: 15, Calendar: weir.CalendarMonth}, 15 * time.Minute},
-		{"month end Shanghai reset 02:00", at("2030-04-30T10:00:00Z"), weir.Limit{Rate: 15, Calendar: weir.CalendarMonth, Timezone: "Asia/Shanghai", ResetAt: 2 * time.Hour}, 15 * time.Minute},
-		{"spring forward New York", at("2030-03-09T20:00:00Z"), weir.Limit{Rate: 15, Calendar: weir.CalendarDay, Timezone: "America/New_York"}, 20 * time.Minute},
-		{"fall back New York reset 01:30", at("2030-11-02T20:00:00Z"), weir.Limit{Rate: 15, Calendar: weir.CalendarDay, Timezone: "America/New_York", ResetAt: 90 * time.Minute}, 20 * time.Minute},
-		{"week Berlin over DST", at("2030-03-28T00:00:00Z"), weir.Limit{Rate: 25, Calendar: weir.CalendarWeek, Timezone: "Europe/Berlin"}, 2 * time.Hour},
+		{"month end UTC", at("2030-01-31T16:00:00Z"), weir.Limit{Rate: 15, Calendar: algorithm.CalendarMonth}, 15 * time.Minute},
+		{"month end Shanghai reset 02:00", at("2030-04-30T10:00:00Z"), weir.Limit{Rate: 15, Calendar: algorithm.CalendarMonth, Timezone: "Asia/Shanghai", ResetAt: 2 * time.Hour}, 15 * time.Minute},
+		{"spring forward New York", at("2030-03-09T20:00:00Z"), weir.Limit{Rate: 15, Calendar: algorithm.CalendarDay, Timezone: "America/New_York"}, 20 * time.Minute},
+		{"fall back New York reset 01:30", at("2030-11-02T20:00:00Z"), weir.Limit{Rate: 15, Calendar: algorithm.CalendarDay, Timezone: "America/New_York", ResetAt: 90 * time.Minute}, 20 * time.Minute},
+		{"week Berlin over DST", at("2030-03-28T00:00:00Z"), weir.Limit{Rate: 25, Calendar: algorithm.CalendarWeek, Timezone: "Europe/Berlin"}, 2 * time.Hour},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			l := c.limit
@@ -106,7 +106,7 @@ func TestCalendarReadsRedisClock(t *testing.T) {
 	srv := redistest.Standalone(t)
 	ctx := context.Background()
 	rs := newTestStore(t, Config{Addrs: []string{srv.Addr}, Prefix: "calclock"}) // Redis TIME
-	day := weir.Limit{Algorithm: weir.FixedWindow, Rate: 5, Calendar: weir.CalendarDay, Timezone: "UTC"}
+	day := weir.Limit{Algorithm: weir.FixedWindow, Rate: 5, Calendar: algorithm.CalendarDay, Timezone: "UTC"}
 	rs.boundsClock = func() time.Time { return time.Now().Add(-25 * time.Hour) }
 	before := time.Now()
 	r, err := rs.Take(ctx, "k", day, 1)

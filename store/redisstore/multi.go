@@ -58,16 +58,7 @@ func (s *Store) Do(ctx context.Context, reqs []weir.Request, results []weir.Resu
 			results[0] = weir.Result{}
 			return s.reset(ctx, r.Key, r.Limit)
 		}
-		mode, lease := modeOf(r), r.Lease
-		if mode == algorithm.Settle {
-			// A settlement's refund: the take it settles rides in the
-			// member-id argument (take.lua).
-			if err := weir.CheckStamp(r.Stamp, r.N); err != nil {
-				return err
-			}
-			lease = takenArg(r.Stamp)
-		}
-		d, now, err := s.take(ctx, r.Key, r.Limit, r.N, mode, lease)
+		d, now, err := s.take(ctx, r)
 		if err != nil {
 			return err
 		}
@@ -109,7 +100,7 @@ func (s *Store) batchItems(reqs []weir.Request) ([]item, error) {
 	items := make([]item, len(reqs))
 	for i := range reqs {
 		r := &reqs[i]
-		if r.One() {
+		if one(r) {
 			return nil, fmt.Errorf("%w: a %s decides one request at a time, not a batch of %d", weir.ErrUnsupported, r.Mode, len(reqs))
 		}
 		c, err := s.compile(r.Limit)
@@ -335,3 +326,7 @@ func batchError(what string, items []item, idx []int, err error) error {
 	}
 	return fmt.Errorf("%w: batch %s on %s: %w", weir.ErrStore, what, b.String(), err)
 }
+
+// one reports whether r must be decided alone: every mode but a take
+// (weir.ModeTake, weir.ModeAtMost) must.
+func one(r *weir.Request) bool { return r.Mode != weir.ModeTake && r.Mode != weir.ModeAtMost }

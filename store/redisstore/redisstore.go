@@ -492,41 +492,38 @@ func takenArg(st weir.Stamp) string {
 
 // Take implements weir.Store.
 func (s *Store) Take(ctx context.Context, key string, l weir.Limit, n int64) (weir.Result, error) {
-	d, _, err := s.take(ctx, key, l, n, algorithm.Exact, "")
+	req := weir.Request{Key: key, Limit: l, N: n}
+	d, _, err := s.take(ctx, &req)
 	if err != nil {
 		return weir.Result{}, err
 	}
 	return weir.ResultOf(d), nil
 }
 
-// take runs the per-algorithm script and returns its decision and the µs
-// time it decided at.
-func (s *Store) take(ctx context.Context, key string, l weir.Limit, n int64, mode algorithm.Mode, lease string) (algorithm.Decision, int64, error) {
-	c, err := s.compile(l)
+// take runs the per-algorithm script for req (a take, at-most take,
+// debit or refund), checked by Request.CheckWith once its limit is
+// compiled, and returns its decision and the µs time it decided at.
+func (s *Store) take(ctx context.Context, req *weir.Request) (algorithm.Decision, int64, error) {
+	key, n, mode := req.Key, req.N, req.AlgorithmMode()
+	c, err := s.compile(req.Limit)
 	if err != nil {
 		return algorithm.Decision{}, 0, err
 	}
-	if !s.conn.connected.Load() {
-		return algorithm.Decision{}, 0, fmt.Errorf("%w: take %d from %s under %s %v: %w", weir.ErrStore, n, keyRef(key), c.algo, l, s.notConnectedError())
+	if err := req.CheckWith(&c.p); err != nil {
+		return algorithm.Decision{}, 0, err
 	}
-	maxCost := c.maxCost
-	if mode >= algorithm.Debit {
-		// A debit or refund may pass the limit (algorithm/debt.go).
-		if err := weir.CheckDebt(key, n, &c.p, mode); err != nil {
-			return algorithm.Decision{}, 0, err
-		}
-		maxCost = algorithm.MaxDebt
+	if !s.conn.connected.Load() {
+		return algorithm.Decision{}, 0, fmt.Errorf("%w: take %d from %s under %s %v: %w", weir.ErrStore, n, keyRef(key), c.algo, req.Limit, s.notConnectedError())
 	}
 	if mode == algorithm.AtMost {
 		n = min(n, c.maxCost) // a partial grant may ask for more than fits
 	}
-	if err := weir.CheckCost(key, n, maxCost); err != nil {
-		return algorithm.Decision{}, 0, err
-	}
 	k := s.names(key, c.algo)
-	id := s.memberID(c, n, lease)
+	id := s.memberID(c, n, req.Lease)
 	if mode == algorithm.Settle {
-		id = lease // the take settled (takenArg), not a member
+		// A settlement's refund: the take it settles rides in the
+		// member-id argument (take.lua), not a member.
+		id = takenArg(req.Stamp)
 	}
 	q := s.coalesce
 	if s.nodes != nil && s.functions.Load() {
@@ -539,7 +536,7 @@ func (s *Store) take(ctx context.Context, key string, l weir.Limit, n int64, mod
 		vals, err = s.takeAlone(ctx, c, [2]string{k.state, k.block}, n, mode, id)
 	}
 	if err != nil {
-		return algorithm.Decision{}, 0, fmt.Errorf("%w: take %d from %s under %s %v: %w", weir.ErrStore, n, keyRef(key), c.algo, l, err)
+		return algorithm.Decision{}, 0, fmt.Errorf("%w: take %d from %s under %s %v: %w", weir.ErrStore, n, keyRef(key), c.algo, req.Limit, err)
 	}
 	return decodeDecision(vals[:]), vals[8], nil
 }

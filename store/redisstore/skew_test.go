@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
-	"github.com/weir-dev/weir/algorithm"
 	"github.com/weir-dev/weir/internal/redistest"
 )
 
@@ -93,7 +92,7 @@ func TestClockSkew(t *testing.T) {
 func agree(t *testing.T, ctx context.Context, a, b *Store, key string, l weir.Limit, want bool) {
 	t.Helper()
 	for {
-		d, _, err := a.take(ctx, key, l, 1, algorithm.Exact, "")
+		d, _, err := a.take(ctx, &weir.Request{Key: key, Limit: l, N: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -103,11 +102,11 @@ func agree(t *testing.T, ctx context.Context, a, b *Store, key string, l weir.Li
 	}
 	for i := range 5 {
 		for _, pair := range [][2]*Store{{a, b}, {b, a}} {
-			da, nowA, err := pair[0].take(ctx, key, l, 1, algorithm.Exact, "")
+			da, nowA, err := pair[0].take(ctx, &weir.Request{Key: key, Limit: l, N: 1})
 			if err != nil {
 				t.Fatal(err)
 			}
-			db, nowB, err := pair[1].take(ctx, key, l, 1, algorithm.Exact, "")
+			db, nowB, err := pair[1].take(ctx, &weir.Request{Key: key, Limit: l, N: 1})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,4 +1,4 @@
-package policy
+package config
 
 import (
 	"errors"
@@ -132,12 +132,6 @@ func (w *walker) where(path string) string {
 // every path (first load, file watch, SIGHUP, Reload) rather than taken for
 // an empty rule set.
 const emptyConfig = "the file is empty (or holds only comments or null); a config caught mid-write would drop every rule, so an empty rule set must be written out: rules: []"
-
-// isEmptyConfig reports whether err is Parse's refusal of an empty file.
-func isEmptyConfig(err error) bool {
-	var ce *ConfigError
-	return errors.As(err, &ce) && len(ce.Problems) == 1 && ce.Problems[0].Message == emptyConfig
-}
 
 // document parses data and decodes its one document; nil when there is
 // nothing to decode.

@@ -1,4 +1,7 @@
-package policy
+// Package config is weir.yaml's schema: the Config types, their YAML
+// decoding (Parse) and the checks of the store and server sections
+// (Check). Package policy checks the rules and runs them.
+package config
 
 import (
 	"fmt"
@@ -9,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/weir-dev/weir/protect"
 	"github.com/weir-dev/weir/store/guard"
 )
 
@@ -36,10 +40,6 @@ type Config struct {
 	// "off" or 0 turns it off. Empty means DefaultNearLimit. A rule's own
 	// near_limit overrides it.
 	NearLimit string
-	// OnError is the global failure policy, "allow", "deny" or "local". The
-	// file sets it as store.on_error; Parse copies it here, defaulting to
-	// "local". New reads Store.OnError first, then OnError.
-	OnError string
 	// Instances is how many weir instances (or application replicas) share
 	// the store; the local fallback enforces each limit divided by it,
 	// rounded up. 0 means 1.
@@ -81,7 +81,7 @@ type StoreConfig struct {
 	// Timeout is the deadline of every store call (default 50ms).
 	Timeout time.Duration
 	// OnError is the default failure policy of every rule: "allow",
-	// "deny" or "local" (the default).
+	// "deny" or "local" (the default, which Check fills in).
 	OnError string
 	// Breaker tunes the circuit breaker around the store.
 	Breaker guard.BreakerConfig
@@ -92,16 +92,12 @@ type StoreConfig struct {
 	// store.deny_cache. See package store/denycache.
 	DenyCache *bool
 	// DenyCacheSize bounds the deny cache's entries (default
-	// DefaultDenyCacheSize): store.deny_cache_size.
+	// denycache.DefaultSize, 100,000): store.deny_cache_size.
 	DenyCacheSize int
 }
 
-// DefaultDenyCacheSize is store.deny_cache_size when unset (the same as
-// denycache.DefaultSize).
-const DefaultDenyCacheSize = 100_000
-
-// MaxDenyCacheSize bounds store.deny_cache_size (denycache.MaxSize).
-const MaxDenyCacheSize = 100_000_000
+// maxDenyCacheSize bounds store.deny_cache_size (denycache.MaxSize).
+const maxDenyCacheSize = 100_000_000
 
 // DenyCacheOn reports whether the deny cache is on: unless deny_cache is
 // false.
@@ -171,8 +167,8 @@ func (r RedisConfig) LingerValue() time.Duration {
 // registry (Config.InstancesAuto).
 const InstancesAuto = "auto"
 
-// MaxRedisPrefix is the longest store.redis.prefix.
-const MaxRedisPrefix = 64
+// maxRedisPrefix is the longest store.redis.prefix.
+const maxRedisPrefix = 64
 
 // PasswordValue returns Password, or the value of the environment variable
 // PasswordEnv names.
@@ -200,7 +196,7 @@ func (r RedisConfig) String() string {
 }
 
 // GoString is String, so that %#v does not leak the password either.
-func (r RedisConfig) GoString() string { return "policy.RedisConfig" + r.String() }
+func (r RedisConfig) GoString() string { return "config.RedisConfig" + r.String() }
 
 // LogValue implements slog.LogValuer with the password redacted.
 func (r RedisConfig) LogValue() slog.Value {
@@ -431,15 +427,15 @@ type Problem struct {
 	Message string
 }
 
-// ConfigError lists every problem found in a config.
-type ConfigError struct {
+// Error lists every problem found in a config.
+type Error struct {
 	File     string
 	Problems []Problem
 }
 
 // Error renders one problem per line as "file:line:col: message", the
 // form editors and CI annotate.
-func (e *ConfigError) Error() string {
+func (e *Error) Error() string {
 	var b strings.Builder
 	for i, p := range e.Problems {
 		if i > 0 {
@@ -466,7 +462,7 @@ func (p Problem) format(file string) string {
 }
 
 // Lines returns Error's lines, one per problem.
-func (e *ConfigError) Lines() []string {
+func (e *Error) Lines() []string {
 	out := make([]string, len(e.Problems))
 	for i, p := range e.Problems {
 		out[i] = p.format(e.File)
@@ -483,33 +479,74 @@ func sortProblems(ps []Problem) {
 	})
 }
 
-// LoadFile reads and parses the config file at path.
-func LoadFile(path string) (*Config, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	return Parse(data, path)
+// Empty reports whether e is the refusal of an empty file (Parse).
+func (e *Error) Empty() bool {
+	return len(e.Problems) == 1 && e.Problems[0].Message == emptyConfig
 }
 
-// Parse parses and validates a weir.yaml held in data; filename is used in
-// error messages. On failure the error is a *ConfigError that lists every
-// problem found, each with its line and column.
-func Parse(data []byte, filename string) (*Config, error) {
+// Parse decodes a weir.yaml held in data and checks it (Check), then runs
+// each of checks on it; filename is used in error messages. On failure
+// the error is an *Error that lists every problem found, each with its
+// line and column. policy.Parse and policy.LoadFile add the rules
+// engine's checks: use them to load a file.
+func Parse(data []byte, filename string, checks ...func(*Config, Reporter)) (*Config, error) {
 	w := newWalker()
 	cfg := w.document(data)
 	if cfg != nil {
-		check(cfg, w)
+		Check(cfg, w)
+		for _, c := range checks {
+			c(cfg, w)
+		}
 	}
 	if len(w.problems) > 0 {
 		sortProblems(w.problems)
-		return nil, &ConfigError{File: filename, Problems: w.problems}
-	}
-	cfg.OnError = cfg.Store.OnError
-	if cfg.OnError == "" {
-		cfg.OnError = OnErrorLocal
+		return nil, &Error{File: filename, Problems: w.problems}
 	}
 	return cfg, nil
 }
 
 func quote(s string) string { return strconv.Quote(s) }
+
+// ProtectConfig is one entry of protect: overload protection for the
+// requests it matches (package protect). Concurrency or Adaptive sets a
+// concurrency limit, Breaker a circuit breaker; a rule may have both.
+type ProtectConfig struct {
+	// Name identifies the rule in rejections ({"protect": name}), metrics
+	// and the dashboard: letters, digits, '.', '_' and '-'.
+	Name  string
+	Match MatchConfig
+	// Concurrency is a fixed limit of requests in flight; the file's
+	// concurrency: adaptive sets Adaptive instead, a limit learned from
+	// latency between MinConcurrency (default 1) and MaxConcurrency
+	// (default 1000).
+	Concurrency                    int
+	Adaptive                       bool
+	MinConcurrency, MaxConcurrency int
+	// Priority names where a request's priority comes from: "header:NAME",
+	// whose value is critical, normal or sheddable (anything else is
+	// normal). Empty: every request is normal, and none is critical.
+	Priority string
+	// MaxWait is how long a critical request that finds the limit full
+	// waits for the next slot freed; 0: it is shed at once.
+	MaxWait time.Duration
+	// Reserve is the share of the limit only critical requests may use,
+	// such as "20%" or "0.2"; below 100%.
+	Reserve string
+	// Breaker adds a circuit breaker.
+	Breaker *protect.BreakerConfig
+	// Shadow counts and reports what the rule would shed, and sheds
+	// nothing. The top-level shadow makes every protect rule a shadow one.
+	Shadow bool
+}
+
+// SystemConfig is the system section: protection of the whole process,
+// applied to every request before the protect rules.
+type SystemConfig struct {
+	// MaxCPU is the process's CPU use, as a share of GOMAXPROCS such as
+	// "85%", above which requests are admitted only while in flight stays
+	// under the measured throughput × minimum latency (BBR-style). Empty:
+	// off.
+	MaxCPU string
+	// MaxInFlight caps the requests in flight; 0: no cap.
+	MaxInFlight int
+}

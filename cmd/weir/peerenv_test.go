@@ -1,0 +1,349 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/weir-dev/weir/internal/certtest"
+	"github.com/weir-dev/weir/internal/envoyxds/xdstest"
+	"github.com/weir-dev/weir/internal/redistest"
+	"github.com/weir-dev/weir/store/redisstore"
+)
+
+func envLookup(env map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+}
+
+func egEnv() map[string]string {
+	m := map[string]string{}
+	for _, kv := range xdstest.EnvoyGatewayEnv {
+		m[kv[0]] = kv[1]
+	}
+	return m
+}
+
+func hasServeFlag(name string) bool {
+	fs, _ := newServeFlagSet(io.Discard)
+	return fs.Lookup(name) != nil
+}
+
+func TestAsPeerUnderTheRatelimitName(t *testing.T) {
+	got := asPeer([]string{"/bin/ratelimit"})
+	if strings.Join(got, " ") != "serve --envoy-compat" {
+		t.Fatalf("as /bin/ratelimit: %q", got)
+	}
+	if got := asPeer([]string{"/weir", "check", "x"}); strings.Join(got, " ") != "check x" {
+		t.Fatalf("as /weir: %q", got)
+	}
+	if !peerRole([]string{"--envoy-compat"}, envLookup(nil)) || !peerRole(nil, envLookup(map[string]string{"WEIR_ENVOY_COMPAT": "true"})) ||
+		peerRole([]string{"--", "--envoy-compat"}, envLookup(nil)) || peerRole(nil, envLookup(nil)) {
+		t.Fatal("peerRole")
+	}
+}
+
+// TestPeerEnvEnvoyGateway translates exactly the environment of Envoy
+// Gateway's Deployment.
+func TestPeerEnvEnvoyGateway(t *testing.T) {
+	args, notes, err := translatePeerEnv(envLookup(egEnv()), hasServeFlag)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"--http=0.0.0.0:8080", "--grpc=0.0.0.0:8081",
+		"--tls-cert=/certs/tls.crt", "--tls-key=/certs/tls.key", "--tls-grpc-only=true",
+		"--log-level=info", "--log-format=text",
+		"--envoy-xds=envoy-gateway:18001", "--envoy-xds-node=envoy-ratelimit",
+		"--envoy-xds-tls=true", "--envoy-xds-cert=/certs/tls.crt", "--envoy-xds-key=/certs/tls.key", "--envoy-xds-ca=/certs/ca.crt",
+		"--envoy-xds-retry-min=10s", "--envoy-xds-retry-max=1m0s",
+		"--metrics-addr=:19001", "--metrics-path=/metrics",
+		"--redis=redis://redis.redis.svc:6379",
+	}
+	have := map[string]bool{}
+	for _, a := range args {
+		have[a] = true
+	}
+	for _, w := range want {
+		if !have[w] && !(w == "--envoy-xds-retry-max=1m0s" && have["--envoy-xds-retry-max=60s"]) {
+			t.Errorf("no %s in %q", w, args)
+		}
+	}
+	if have["--envoy-await-config=true"] {
+		t.Error("FORCE_START_WITHOUT_INITIAL_CONFIG=true yet --envoy-await-config")
+	}
+	for _, a := range args {
+		if strings.HasPrefix(a, "--tls-client-ca") {
+			t.Errorf("%s: the peer reads no GRPC_SERVER_TLS_CA_CERT, so it requires no client certificate", a)
+		}
+	}
+	joined := strings.Join(notes, "\n")
+	for _, n := range []string{"GRPC_SERVER_TLS_CA_CERT", "PROMETHEUS_MAPPER_YAML", "RUNTIME_IGNOREDOTFILES", "RUNTIME_WATCH_ROOT"} {
+		if !strings.Contains(joined, n+":") {
+			t.Errorf("no start-up notice for %s in:\n%s", n, joined)
+		}
+	}
+	// And weir serve takes them all.
+	env := egEnv()
+	_, _, code := parseServeArgs([]string{"--envoy-compat"}, io.Discard, io.Discard, envLookup(env))
+	if code != 0 {
+		var b strings.Builder
+		parseServeArgs([]string{"--envoy-compat"}, &b, &b, envLookup(env))
+		t.Fatalf("parseServeArgs: exit %d: %s", code, b.String())
+	}
+}
+
+func TestPeerEnvRedis(t *testing.T) {
+	for _, c := range []struct{ env, want string }{
+		{"REDIS_URL=r:6379", "--redis=redis://r:6379"},
+		{"REDIS_URL=r:6379 REDIS_AUTH=s3cr@t", "--redis=redis://:s3cr%40t@r:6379"},
+		{"REDIS_URL=r:6379 REDIS_AUTH=bob:pw REDIS_TLS=true", "--redis=rediss://bob:pw@r:6379"},
+		{"REDIS_URL=mymaster,s1:26379,s2:26379 REDIS_TYPE=SENTINEL", "--redis=redis+sentinel://s1:26379,s2:26379/mymaster"},
+		{"REDIS_URL=n1:7000,n2:7000 REDIS_TYPE=cluster", "--redis=n1:7000,n2:7000"},
+	} {
+		env := map[string]string{"REDIS_SOCKET_TYPE": "tcp", "USE_STATSD": "false"}
+		for _, kv := range strings.Fields(c.env) {
+			k, v, _ := strings.Cut(kv, "=")
+			env[k] = v
+		}
+		args, _, err := translatePeerEnv(envLookup(env), hasServeFlag)
+		if err != nil {
+			t.Errorf("%s: %v", c.env, err)
+			continue
+		}
+		found := false
+		for _, a := range args {
+			found = found || a == c.want
+		}
+		if !found {
+			t.Errorf("%s: want %s in %q", c.env, c.want, args)
+		}
+		// And weir's URL parser reads it back: the password unescaped.
+		rc, err := redisstore.ParseURL(strings.TrimPrefix(c.want, "--redis="))
+		if err != nil {
+			t.Errorf("%s: %v", c.want, err)
+		} else if strings.Contains(c.env, "REDIS_AUTH=s3cr@t") && rc.Password != "s3cr@t" {
+			t.Errorf("%s: password %q", c.want, rc.Password)
+		}
+	}
+}
+
+// TestPeerEnvRefuses: a variable that would change decisions and that
+// weir cannot honour stops it, named.
+func TestPeerEnvRefuses(t *testing.T) {
+	base := map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "r:6379", "USE_STATSD": "false"}
+	cases := map[string]string{
+		"USE_STATSD=true":                              "USE_STATSD",
+		"REDIS_SOCKET_TYPE=unix":                       "REDIS_SOCKET_TYPE",
+		"REDIS_URL=/var/run/redis.sock":                "REDIS_URL",
+		"REDIS_TYPE=RING":                              "REDIS_TYPE",
+		"BACKEND_TYPE=memcache":                        "BACKEND_TYPE",
+		"CONFIG_TYPE=GRPC_XDS_DELTA":                   "CONFIG_TYPE",
+		"GRPC_CLIENT_TLS_SAN=envoy":                    "GRPC_CLIENT_TLS_SAN",
+		"GRPC_UDS=/run/rl.sock":                        "GRPC_UDS",
+		"CACHE_KEY_PREFIX=rl_":                         "CACHE_KEY_PREFIX",
+		"REDIS_TLS_CLIENT_CERT=/c.pem":                 "REDIS_TLS_CLIENT_CERT",
+		"REDIS_SENTINEL_AUTH=pw":                       "REDIS_SENTINEL_AUTH",
+		"LOG_LEVEL=loud":                               "LOG_LEVEL",
+		"GRPC_SERVER_USE_TLS=yes":                      "GRPC_SERVER_USE_TLS",
+		"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true": "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+		"LIMIT_REMAINING_HEADER=X-Left":                "LIMIT_REMAINING_HEADER",
+	}
+	// The flags other parts of weir add: refused while this weir lacks them.
+	for v, flag := range map[string]string{"SHADOW_MODE": "envoy-shadow-mode", "QUOTA_MODE": "envoy-quota-mode",
+		"RESPONSE_DYNAMIC_METADATA": "envoy-dynamic-metadata", "MERGE_DOMAIN_CONFIG": "envoy-merge-domains",
+		"LIMIT_RESPONSE_HEADERS_ENABLED": "envoy-response-headers"} {
+		if hasServeFlag(flag) {
+			env := map[string]string{v: "true"}
+			for k, x := range base {
+				env[k] = x
+			}
+			args, _, err := translatePeerEnv(envLookup(env), hasServeFlag)
+			if err != nil || !strings.Contains(strings.Join(args, " "), "--"+flag+"=true") {
+				t.Errorf("%s=true: %v %q, want --%s=true", v, err, args, flag)
+			}
+			continue
+		}
+		cases[v+"=true"] = v
+	}
+	for set, name := range cases {
+		env := map[string]string{}
+		for k, v := range base {
+			env[k] = v
+		}
+		k, v, _ := strings.Cut(set, "=")
+		env[k] = v
+		_, _, err := translatePeerEnv(envLookup(env), hasServeFlag)
+		if err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s: err %v, want one naming %s", set, err, name)
+		}
+	}
+	// false (the default) is no change: accepted.
+	env := map[string]string{"SHADOW_MODE": "false", "USE_DOG_STATSD": "false"}
+	for k, v := range base {
+		env[k] = v
+	}
+	if _, _, err := translatePeerEnv(envLookup(env), hasServeFlag); err != nil {
+		t.Errorf("defaults spelled out: %v", err)
+	}
+	// Unset Redis: the peer's default is a Unix socket.
+	if _, _, err := translatePeerEnv(envLookup(map[string]string{"USE_STATSD": "false"}), hasServeFlag); err == nil || !strings.Contains(err.Error(), "REDIS_URL") {
+		t.Errorf("no Redis: %v", err)
+	}
+}
+
+func TestPeerEnvRuntimeDirectory(t *testing.T) {
+	env := map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "r:6379", "USE_STATSD": "false",
+		"RUNTIME_ROOT": "/srv/runtime_data/current", "RUNTIME_SUBDIRECTORY": "ratelimit"}
+	args, _, err := translatePeerEnv(envLookup(env), hasServeFlag)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(strings.Join(args, " "), "--envoy-config=/srv/runtime_data/current/ratelimit/config") {
+		t.Fatalf("%q", args)
+	}
+}
+
+// TestPeerEnvDocumented: docs/envoy.md's table names every variable.
+func TestPeerEnvDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/envoy.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range peerVars {
+		if !strings.Contains(string(doc), "`"+p.name+"`") {
+			t.Errorf("docs/envoy.md does not document %s", p.name)
+		}
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func portOf(addr string) string { _, p, _ := net.SplitHostPort(addr); return p }
+
+// TestServeAsEnvoyGatewayRatelimit runs weir serve as /bin/ratelimit with
+// Envoy Gateway's environment (addresses and certificate paths replaced
+// for a test), a real Redis and a real xDS management server over mutual
+// TLS: it is healthy, loads the config over xDS and decides exactly.
+func TestServeAsEnvoyGatewayRatelimit(t *testing.T) {
+	rds := redistest.Standalone(t)
+	pki := certtest.New(t)
+	pair, err := tls.LoadX509KeyPair(pki.Cert, pki.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, force := range []bool{true, false} {
+		t.Run("FORCE_START_WITHOUT_INITIAL_CONFIG="+strconv.FormatBool(force), func(t *testing.T) {
+			// As Envoy Gateway's: client certificates required. No
+			// snapshot yet.
+			xds := xdstest.Start(t, "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{pair}, ClientCAs: pki.Pool(),
+				ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12}, "envoy-ratelimit")
+			env := egEnv()
+			httpAddr, grpcAddr, metricsAddr := freeAddr(t), freeAddr(t), freeAddr(t)
+			for k, v := range map[string]string{
+				"HOST": "127.0.0.1", "PORT": portOf(httpAddr), "GRPC_HOST": "127.0.0.1", "GRPC_PORT": portOf(grpcAddr),
+				"PROMETHEUS_ADDR":            metricsAddr,
+				"CONFIG_GRPC_XDS_SERVER_URL": "localhost:" + portOf(xds.Addr),
+				"GRPC_SERVER_TLS_CERT":       pki.Cert, "GRPC_SERVER_TLS_KEY": pki.Key, "GRPC_SERVER_TLS_CA_CERT": pki.CA,
+				"CONFIG_GRPC_XDS_CLIENT_TLS_CERT": pki.Cert, "CONFIG_GRPC_XDS_CLIENT_TLS_KEY": pki.Key,
+				"CONFIG_GRPC_XDS_SERVER_TLS_CACERT":   pki.CA,
+				"REDIS_URL":                           rds.Addr,
+				"FORCE_START_WITHOUT_INITIAL_CONFIG":  strconv.FormatBool(force),
+				"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL": "50ms", "XDS_CLIENT_BACKOFF_MAX_INTERVAL": "200ms",
+			} {
+				env[k] = v
+			}
+			domain := "gw-" + strconv.FormatBool(force)
+			base, _, _ := startServe(t, env, asPeer([]string{"/bin/ratelimit"})[1:]...)
+			if base != "http://"+httpAddr {
+				t.Fatalf("HTTP on %s, want plaintext on %s", base, httpAddr)
+			}
+			// Before any config: healthy only when forced.
+			want, wantBody := 200, "OK"
+			if !force {
+				want, wantBody = 500, ""
+			}
+			if code, body := getHealth(t, base); code != want || body != wantBody {
+				t.Fatalf("/healthcheck before the first config: %d %q, want %d %q", code, body, want, wantBody)
+			}
+			xds.Set("1", xdstest.Limit("route-a", domain, "path", "/a", 3, rlsconfv3.RateLimitUnit_HOUR))
+			xds.WaitRequest("ACK of version 1", xdstest.ACK("1"))
+			if code, body := getHealth(t, base); code != 200 || body != "OK" {
+				t.Fatalf("/healthcheck with a config: %d %q", code, body)
+			}
+
+			// Envoy's call, over TLS without a client certificate (the
+			// peer requires none under this environment).
+			conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(credentials.NewTLS(pki.ClientConfig(false))))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			cl := rlspb.NewRateLimitServiceClient(conn)
+			var mu sync.Mutex
+			ok := 0
+			var wg sync.WaitGroup
+			for range 20 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					resp, err := cl.ShouldRateLimit(context.Background(), &rlspb.RateLimitRequest{Domain: domain,
+						Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "path", Value: "/a"}}}}})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if resp.GetOverallCode() == rlspb.RateLimitResponse_OK {
+						mu.Lock()
+						ok++
+						mu.Unlock()
+					}
+				}()
+			}
+			wg.Wait()
+			if ok != 3 {
+				t.Fatalf("3/hour over xDS admitted %d of 20 concurrent calls", ok)
+			}
+			resp, err := http.Get("http://" + metricsAddr + "/metrics")
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 || !strings.Contains(string(body), "weir_") {
+				t.Fatalf("PROMETHEUS_ADDR /metrics: %d %.200s", resp.StatusCode, body)
+			}
+		})
+	}
+}
+
+func getHealth(t *testing.T, base string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(base + "/healthcheck")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}

@@ -1,0 +1,6 @@
+// Command tool is under cmd/: not counted.
+package main
+
+func Exported() {}
+
+func main() {}

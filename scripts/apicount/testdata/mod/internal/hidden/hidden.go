@@ -1,0 +1,4 @@
+// Package hidden is internal: not counted.
+package hidden
+
+func Hidden() {}

@@ -1,0 +1,4 @@
+package mod
+
+// Test files are not counted.
+func Exported() {}
