@@ -37,18 +37,18 @@ func (r *Result) Stamp(estimate int64) Stamp {
 	return Stamp{At: r.At, Estimate: estimate, Remaining: r.Remaining}
 }
 
-// ResultOf converts an algorithm decision into a Result. Stores call it.
-func ResultOf(d algorithm.Decision) Result {
+// ResultOf converts an algorithm step's Outcome into a Result. Stores call it.
+func ResultOf(d algorithm.Outcome) Result {
 	var r Result
-	r.SetDecision(&d)
+	r.SetOutcome(&d)
 	return r
 }
 
-// SetDecision sets every field of r to the Result of d, as ResultOf does,
+// SetOutcome sets every field of r to the Result of d, as ResultOf does,
 // in place: a store whose caller's Result is at hand (a named result, a
 // slot of a batch's results) fills it without copying a Result through
 // its frames.
-func (r *Result) SetDecision(d *algorithm.Decision) {
+func (r *Result) SetOutcome(d *algorithm.Outcome) {
 	r.Allowed = d.Allowed
 	r.Limit = d.Limit
 	r.Remaining = d.Remaining

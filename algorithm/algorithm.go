@@ -172,8 +172,9 @@ const (
 	AtMost
 )
 
-// Decision is the outcome of one Take, in microseconds.
-type Decision struct {
+// Outcome is the result of one step of an algorithm (Take, Check, TakeTo),
+// in microseconds: what the store turns into a weir.Result.
+type Outcome struct {
 	Allowed      bool
 	Granted      int64 // events admitted: n, up to n with AtMost, 0 when rejected or peeking
 	Limit        int64
@@ -225,7 +226,7 @@ type State struct {
 // The caller must have checked 0 <= n <= p.MaxCost().
 //
 // With mode Debit or Credit it is debitTake or creditTake (n up to MaxDebt).
-func Take(p *Params, s *State, now, n int64, mode Mode) Decision {
+func Take(p *Params, s *State, now, n int64, mode Mode) Outcome {
 	if mode >= Debit {
 		return debtOp(p, s, now, n, mode)
 	}
@@ -235,23 +236,23 @@ func Take(p *Params, s *State, now, n int64, mode Mode) Decision {
 // Check decides like Take but consumes nothing and starts no penalty box.
 // Stores use it for the first phase of an all-or-nothing batch. Granted and
 // Remaining describe the state as it is, before any consumption.
-func Check(p *Params, s *State, now, n int64, mode Mode) Decision {
+func Check(p *Params, s *State, now, n int64, mode Mode) Outcome {
 	return take(p, s, now, n, mode, false)
 }
 
-func take(p *Params, s *State, now, n int64, mode Mode, commit bool) Decision {
-	var d Decision
+func take(p *Params, s *State, now, n int64, mode Mode, commit bool) Outcome {
+	var d Outcome
 	takeTo(p, s, now, n, mode, commit, &d)
 	return d
 }
 
-// TakeTo is Take writing its Decision to *d (every field of it) instead of
-// returning it. A Decision is too large to come back in registers: each
+// TakeTo is Take writing its Outcome to *d (every field of it) instead of
+// returning it. An Outcome is too large to come back in registers: each
 // frame a returned one passes through copies it, and right after its
 // fields were written one by one such a copy stalls the CPU (a 16-byte
 // load over two 8-byte stores is not forwarded). memstore, whose
-// single-key decision this dominated, decides into a Decision of its own.
-func TakeTo(p *Params, s *State, now, n int64, mode Mode, d *Decision) {
+// single-key decision this dominated, decides into an Outcome of its own.
+func TakeTo(p *Params, s *State, now, n int64, mode Mode, d *Outcome) {
 	if mode >= Debit {
 		*d = debtOp(p, s, now, n, mode)
 		return
@@ -259,7 +260,7 @@ func TakeTo(p *Params, s *State, now, n int64, mode Mode, d *Decision) {
 	takeTo(p, s, now, n, mode, true, d)
 }
 
-func takeTo(p *Params, s *State, now, n int64, mode Mode, commit bool, d *Decision) {
+func takeTo(p *Params, s *State, now, n int64, mode Mode, commit bool, d *Outcome) {
 	peek := n == 0
 	cost := n
 	if peek {
@@ -276,7 +277,7 @@ func takeTo(p *Params, s *State, now, n int64, mode Mode, commit bool, d *Decisi
 		left := s.BlockedUntil - now
 		if p.BoxOutlasts() {
 			// The box's end is later than anything the frozen state needs.
-			*d = Decision{Limit: p.Cap, RetryAfter: left, ResetAfter: left, BlockedUntil: s.BlockedUntil, TTL: max(left, life(p, s, now), historyLife(p, s, now))}
+			*d = Outcome{Limit: p.Cap, RetryAfter: left, ResetAfter: left, BlockedUntil: s.BlockedUntil, TTL: max(left, life(p, s, now), historyLife(p, s, now))}
 			return
 		}
 		*d = decide(p, s, now, cost, mode, false)
@@ -344,7 +345,7 @@ func grant(cost, avail int64, mode Mode) int64 {
 
 // decide runs p's algorithm from the table: it decides a request of cost
 // at now against s, and when apply, consumes what it grants.
-func decide(p *Params, s *State, now, cost int64, mode Mode, apply bool) Decision {
+func decide(p *Params, s *State, now, cost int64, mode Mode, apply bool) Outcome {
 	f := specs[p.Kind].decide
 	if p.Warmup > 0 {
 		f = warmBucket
@@ -352,9 +353,9 @@ func decide(p *Params, s *State, now, cost int64, mode Mode, apply bool) Decisio
 	return decision(p, f, s, now, cost, mode, apply)
 }
 
-// decision returns what the table's function f decides as a Decision.
-func decision(p *Params, f decideFunc, s *State, now, cost int64, mode Mode, apply bool) Decision {
-	d := Decision{Limit: p.Cap}
+// decision returns what the table's function f decides as an Outcome.
+func decision(p *Params, f decideFunc, s *State, now, cost int64, mode Mode, apply bool) Outcome {
+	d := Outcome{Limit: p.Cap}
 	d.Granted, d.Remaining, d.RetryAfter, d.ResetAfter, d.Delay = f(p, s, now, cost, mode, apply)
 	d.Allowed = d.Granted > 0
 	return d

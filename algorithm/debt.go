@@ -121,23 +121,23 @@ func subFloored(x, n, a int64) int64 {
 // state afterwards as a peek does: RetryAfter is when a cost of 1 fits
 // again, debt included. A debit that did not fit starts the penalty box of
 // a limit with Block, as a rejection does. p must support it (Debts).
-func debitTake(p *Params, s *State, now, n int64) Decision {
+func debitTake(p *Params, s *State, now, n int64) Outcome {
 	return debtOp(p, s, now, n, Debit)
 }
 
 // creditTake gives back up to n events (1 <= n <= MaxDebt) consumed
 // earlier, never beyond an empty state, and reports the state afterwards
 // as a peek does. Allowed is true. A penalty box is not lifted.
-func creditTake(p *Params, s *State, now, n int64) Decision {
+func creditTake(p *Params, s *State, now, n int64) Outcome {
 	return debtOp(p, s, now, n, Credit)
 }
 
-func debtOp(p *Params, s *State, now, n int64, mode Mode) Decision {
+func debtOp(p *Params, s *State, now, n int64, mode Mode) Outcome {
 	return debtOpTaken(p, s, now, n, mode, nil)
 }
 
 // debtOpTaken is debtOp; with mode Settle and t, a settlement's refund.
-func debtOpTaken(p *Params, s *State, now, n int64, mode Mode, t *Taken) Decision {
+func debtOpTaken(p *Params, s *State, now, n int64, mode Mode, t *Taken) Outcome {
 	if n == 0 {
 		return take(p, s, now, 0, Exact, true) // a peek
 	}
@@ -208,7 +208,7 @@ const Settle Mode = 4
 type Taken struct {
 	At        int64 // µs since the Unix epoch, by the store's clock
 	Cost      int64 // the cost taken (the reservation's estimate)
-	Remaining int64 // Decision.Remaining right after the take
+	Remaining int64 // Outcome.Remaining right after the take
 }
 
 // SettleTake gives back up to n events of a take described by t, as
@@ -230,7 +230,7 @@ type Taken struct {
 //     now = At and nothing in between that is at least Cost·A: exact.
 //
 // Allowed is true; the reply describes the state afterwards as a peek does.
-func SettleTake(p *Params, s *State, now, n int64, t Taken) Decision {
+func SettleTake(p *Params, s *State, now, n int64, t Taken) Outcome {
 	return debtOpTaken(p, s, now, n, Settle, &t)
 }
 

@@ -83,7 +83,7 @@ func TestDebtLoweredLimit(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			peek := func(s State, now int64) Decision {
+			peek := func(s State, now int64) Outcome {
 				d := Take(&q, &s, now, 0, Exact)
 				d.TTL = 0
 				return d

@@ -14,7 +14,7 @@ import (
 // weighted Log must decide exactly as it does.
 type eventLog struct{ ts []int64 }
 
-func (e *eventLog) take(p *algorithm.Params, now, n int64, mode algorithm.Mode) algorithm.Decision {
+func (e *eventLog) take(p *algorithm.Params, now, n int64, mode algorithm.Mode) algorithm.Outcome {
 	cost := n
 	if n == 0 {
 		cost, mode = 1, algorithm.Exact
@@ -22,7 +22,7 @@ func (e *eventLog) take(p *algorithm.Params, now, n int64, mode algorithm.Mode) 
 	for len(e.ts) > 0 && e.ts[0]+p.Period <= now {
 		e.ts = e.ts[1:]
 	}
-	d := algorithm.Decision{Limit: p.Cap}
+	d := algorithm.Outcome{Limit: p.Cap}
 	count := min(int64(len(e.ts)), p.Rate)
 	g := int64(0)
 	switch {

@@ -132,9 +132,9 @@ type Spec struct {
 
 // decideFunc is an algorithm's decision (the Lua's ALG.<name>.decide): it
 // decides a request of cost at now against s and, if apply, consumes what
-// it grants. It returns a Decision's Granted, Remaining, RetryAfter,
+// it grants. It returns an Outcome's Granted, Remaining, RetryAfter,
 // ResetAfter and Delay: five integers come back in registers, where a
-// Decision would be copied through memory (see TakeTo). The Decision's
+// Outcome would be copied through memory (see TakeTo). The Outcome's
 // Limit is Cap; take sets the rest.
 type decideFunc func(p *Params, s *State, now, cost int64, mode Mode, apply bool) (granted, remaining, retryAfter, resetAfter, delay int64)
 

@@ -13,9 +13,9 @@ import (
 // TestTakeToSameAsTake runs random workloads (every algorithm, with
 // penalty boxes, escalation, warm-up, shaping, buckets, peeks, partial
 // grants, debits and credits) on two states in lockstep, one through Take
-// and one through TakeTo into a Decision that holds junk from before, and
-// requires the same Decision and the same State after every operation:
-// TakeTo writes every field of the Decision.
+// and one through TakeTo into an Outcome that holds junk from before, and
+// requires the same Outcome and the same State after every operation:
+// TakeTo writes every field of the Outcome.
 func TestTakeToSameAsTake(t *testing.T) {
 	var limits []weir.Limit
 	for _, a := range weir.Algorithms() {
@@ -34,7 +34,7 @@ func TestTakeToSameAsTake(t *testing.T) {
 		weir.Limit{Algorithm: weir.LeakyBucket, Rate: 5, Period: time.Second, Burst: 6, MaxDelay: time.Second, DelayAfter: 2},
 		weir.Limit{Algorithm: weir.SlidingWindow, Rate: 5, Period: time.Second, Buckets: 4},
 	)
-	junk := algorithm.Decision{Allowed: true, Granted: -1, Limit: -2, Remaining: -3, RetryAfter: -4, ResetAfter: -5, Delay: -6, BlockedUntil: -7, TTL: -8}
+	junk := algorithm.Outcome{Allowed: true, Granted: -1, Limit: -2, Remaining: -3, RetryAfter: -4, ResetAfter: -5, Delay: -6, BlockedUntil: -7, TTL: -8}
 	for _, l := range limits {
 		p, err := l.Compile()
 		if err != nil {

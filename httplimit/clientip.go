@@ -8,12 +8,6 @@ import (
 	"github.com/weir-dev/weir/clientip"
 )
 
-// DefaultIPv6Bits is the prefix length by which KeyByIP groups IPv6
-// clients, as policy's ip identity does (clientip.DefaultIPv6Bits): one
-// host usually owns a whole /64, and could otherwise take a new key for
-// every request. IPv4 clients are keyed whole. KeyByIPPrefix changes both.
-const DefaultIPv6Bits = clientip.DefaultIPv6Bits
-
 // ipKeyer finds the client-IP key of a request: the client IP as
 // clientip.From finds it, grouped by prefix, so that New and policy rules
 // with identity ip agree on who a client is.
@@ -24,7 +18,7 @@ type ipKeyer struct {
 }
 
 func defaultIPKeyer() ipKeyer {
-	return ipKeyer{header: clientip.Auto, bits4: 32, bits6: DefaultIPv6Bits}
+	return ipKeyer{header: clientip.Auto, bits4: 32, bits6: clientip.DefaultIPv6Bits}
 }
 
 // key is the key KeyByIP gives r. A request whose RemoteAddr holds no

@@ -73,9 +73,9 @@ const (
 	FailClosed
 )
 
-// Decision is what the middleware reports to an observer for each rule it
+// Observation is what the middleware reports to an observer for each rule it
 // applied to a request (see WithObserver).
-type Decision struct {
+type Observation struct {
 	// Request is the request decided.
 	Request *http.Request
 	// Rule is the rule's name; empty for allow- and deny-list decisions.
@@ -116,7 +116,7 @@ type config struct {
 	formatter   HeaderFormatter
 	legacy      *bool
 	onRejected  func(http.ResponseWriter, *http.Request, Rejection)
-	observer    func(Decision)
+	observer    func(Observation)
 	tracer      Tracer
 	errorPolicy ErrorPolicy
 	sleep       func(context.Context, time.Duration) error
@@ -135,7 +135,7 @@ func WithKey(fn func(*http.Request) (string, error)) Option {
 }
 
 // KeyByIP keys requests by client IP address, as clientip.From finds
-// it, an IPv6 client by its /64 (DefaultIPv6Bits) and an IPv4 client
+// it, an IPv6 client by its /64 (clientip.DefaultIPv6Bits) and an IPv4 client
 // whole; KeyByIPPrefix sets other prefixes. The address is the peer's
 // (RemoteAddr) unless the peer is one of the trusted proxies; then the
 // forwarding headers are read as WithClientIPHeader says, by default
@@ -145,7 +145,7 @@ func WithKey(fn func(*http.Request) (string, error)) Option {
 // untrusted peer are ignored, so a client cannot pick its own key. Without
 // trusted prefixes this is the default key.
 func KeyByIP(trusted ...netip.Prefix) Option {
-	return KeyByIPPrefix(32, DefaultIPv6Bits, trusted...)
+	return KeyByIPPrefix(32, clientip.DefaultIPv6Bits, trusted...)
 }
 
 // KeyByIPPrefix is KeyByIP with clients grouped by prefix: IPv4 clients by
@@ -208,7 +208,7 @@ func OnRejected(fn func(w http.ResponseWriter, r *http.Request, rej Rejection)) 
 // request (rule, key, allowed, shadow, latency, error), for metrics and
 // logs. fn runs on the request's goroutine before the handler, so it must
 // be quick.
-func WithObserver(fn func(Decision)) Option { return func(c *config) { c.observer = fn } }
+func WithObserver(fn func(Observation)) Option { return func(c *config) { c.observer = fn } }
 
 // A Tracer traces the rate-limit decisions of each request. Package
 // weirotel implements one with OpenTelemetry (a span per request's check,
@@ -221,7 +221,7 @@ func WithObserver(fn func(Decision)) Option { return func(c *config) { c.observe
 // the last decision, with the request's decisions in order (none when the
 // request was not limited at all). The handler gets the original request.
 type Tracer interface {
-	StartCheck(r *http.Request) (ctx context.Context, end func([]Decision))
+	StartCheck(r *http.Request) (ctx context.Context, end func([]Observation))
 }
 
 // WithTracer traces every request's decisions with t.
@@ -332,7 +332,7 @@ func (s *single) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // serve is ServeHTTP with the context the decision runs under and, when
 // tracing, the function that ends the check's trace.
-func (s *single) serve(w http.ResponseWriter, r *http.Request, ctx context.Context, end func([]Decision)) {
+func (s *single) serve(w http.ResponseWriter, r *http.Request, ctx context.Context, end func([]Observation)) {
 	c := s.c
 	var id, key string
 	var err error
@@ -348,9 +348,9 @@ func (s *single) serve(w http.ResponseWriter, r *http.Request, ctx context.Conte
 				s.next.ServeHTTP(w, r)
 				return
 			}
-			d := Decision{Request: r, Rule: c.name, Err: err}
+			d := Observation{Request: r, Rule: c.name, Err: err}
 			if end != nil {
-				end([]Decision{d})
+				end([]Observation{d})
 			}
 			c.observe(d)
 			c.reject(w, r, Rejection{Status: http.StatusBadRequest, Rule: c.name, Err: err})
@@ -369,7 +369,7 @@ func (s *single) serve(w http.ResponseWriter, r *http.Request, ctx context.Conte
 	n := int64(1)
 	if c.cost != nil {
 		if n, err = c.cost(r); err != nil {
-			c.observe(Decision{Request: r, Rule: c.name, Key: id, Err: err})
+			c.observe(Observation{Request: r, Rule: c.name, Key: id, Err: err})
 			c.reject(w, r, Rejection{Status: http.StatusBadRequest, Rule: c.name, Err: err})
 			return
 		}
@@ -389,12 +389,12 @@ func (s *single) serve(w http.ResponseWriter, r *http.Request, ctx context.Conte
 	default:
 		res, err = s.lim.AllowN(ctx, key, s.limit, n)
 	}
-	d := Decision{Request: r, Rule: c.name, Key: id, Allowed: err == nil && res.Allowed, Shadow: c.shadow, Result: res, Err: err}
+	d := Observation{Request: r, Rule: c.name, Key: id, Allowed: err == nil && res.Allowed, Shadow: c.shadow, Result: res, Err: err}
 	if c.observer != nil || end != nil {
 		d.Latency = time.Since(start)
 	}
 	if end != nil {
-		end([]Decision{d})
+		end([]Observation{d})
 	}
 	if c.observer != nil {
 		c.observer(d)
@@ -446,14 +446,14 @@ func (s *single) serveMetered(w http.ResponseWriter, r *http.Request, key string
 				_, err = s.lim.Settle(ctx, key, s.limit, n, actual)
 			}
 			if err != nil {
-				s.c.observe(Decision{Request: r, Rule: s.c.name, Err: err})
+				s.c.observe(Observation{Request: r, Rule: s.c.name, Err: err})
 			}
 		}
 	}()
 	s.next.ServeHTTP(w, r)
 }
 
-func (c *config) observe(d Decision) {
+func (c *config) observe(d Observation) {
 	if c.observer != nil {
 		c.observer(d)
 	}

@@ -196,23 +196,6 @@ func TestNewHTMLNegotiation(t *testing.T) {
 	}
 }
 
-func TestPrefersHTML(t *testing.T) {
-	for accept, want := range map[string]bool{
-		"text/html":                               true,
-		"text/html, application/json":             false,
-		"application/json;q=0.5, text/html":       true,
-		"*/*":                                     false,
-		"application/xhtml+xml,*/*;q=0.8":         true,
-		"text/html;q=0.1, */*;q=0.2":              false,
-		"garbage;;;, text/html":                   true,
-		"application/problem+json, text/html;q=1": false,
-	} {
-		if got := prefersHTML([]string{accept}); got != want {
-			t.Errorf("prefersHTML(%q) = %v, want %v", accept, got, want)
-		}
-	}
-}
-
 // failingStore fails every call.
 type failingStore struct{}
 
@@ -225,8 +208,8 @@ func (failingStore) Do(context.Context, []weir.Request, []weir.Result) error { r
 
 func TestNewStoreErrors(t *testing.T) {
 	lim := weir.NewLimiter(failingStore{})
-	var got []Decision
-	obs := WithObserver(func(d Decision) { got = append(got, d) })
+	var got []Observation
+	obs := WithObserver(func(d Observation) { got = append(got, d) })
 	w := do(New(lim, login, obs)(hello), "192.0.2.1:1")
 	if w.Code != 200 || w.Body.String() != "hello" {
 		t.Errorf("fail open: %d %q", w.Code, w.Body)
@@ -257,9 +240,9 @@ func TestNewKeyFunc(t *testing.T) {
 			return u, nil
 		}
 	})
-	var got []Decision
+	var got []Observation
 	h := New(newLimiter(c), weir.Limit{Algorithm: weir.FixedWindow, Rate: 1, Period: time.Minute}, key,
-		WithObserver(func(d Decision) { got = append(got, d) }))(hello)
+		WithObserver(func(d Observation) { got = append(got, d) }))(hello)
 	if w := do(h, "192.0.2.1:1", "X-User", "ann"); w.Code != 200 {
 		t.Errorf("ann: %d", w.Code)
 	}
@@ -288,9 +271,9 @@ func TestNewKeyFunc(t *testing.T) {
 
 func TestNewShadow(t *testing.T) {
 	c := newClock()
-	var got []Decision
+	var got []Observation
 	h := New(newLimiter(c), weir.Limit{Algorithm: weir.FixedWindow, Rate: 1, Period: time.Minute},
-		WithShadow(true), WithObserver(func(d Decision) { got = append(got, d) }))(hello)
+		WithShadow(true), WithObserver(func(d Observation) { got = append(got, d) }))(hello)
 	do(h, "192.0.2.1:1")
 	w := do(h, "192.0.2.1:1")
 	if w.Code != 200 || w.Body.String() != "hello" {

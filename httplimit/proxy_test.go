@@ -27,7 +27,7 @@ func TestIPv6RotationGrouped(t *testing.T) {
 		{"KeyByIPPrefix(32, 128)", []Option{KeyByIPPrefix(32, 128)}, 20},
 	} {
 		var keys []string
-		h := New(weir.NewLimiter(memstore.New()), one, append(c.opts, WithObserver(func(d Decision) { keys = append(keys, d.Key) }))...)(hello)
+		h := New(weir.NewLimiter(memstore.New()), one, append(c.opts, WithObserver(func(d Observation) { keys = append(keys, d.Key) }))...)(hello)
 		allowed := 0
 		for i := range 20 {
 			if w := do(h, fmt.Sprintf("[2001:db8:aa:bb:%x::1]:443", i+1)); w.Code == 200 {
@@ -43,7 +43,7 @@ func TestIPv6RotationGrouped(t *testing.T) {
 	}
 	// IPv4 by /24, and its key.
 	var key string
-	h := New(weir.NewLimiter(memstore.New()), one, KeyByIPPrefix(24, 48), WithObserver(func(d Decision) { key = d.Key }))(hello)
+	h := New(weir.NewLimiter(memstore.New()), one, KeyByIPPrefix(24, 48), WithObserver(func(d Observation) { key = d.Key }))(hello)
 	do(h, "198.51.100.7:1")
 	if w := do(h, "198.51.100.8:1"); w.Code != 429 || key != "198.51.100.0/24" {
 		t.Errorf("/24: %d, key %q", w.Code, key)

@@ -42,12 +42,12 @@ func (r *Responder) Reject(w http.ResponseWriter, req *http.Request, rej Rejecti
 func (r *Responder) Observing() bool { return r.c.observer != nil }
 
 // Observe reports d to WithObserver's observer, if any.
-func (r *Responder) Observe(d Decision) { r.c.observe(d) }
+func (r *Responder) Observe(d Observation) { r.c.observe(d) }
 
 // StartTrace starts the trace of a request's check with WithTracer's
 // Tracer: the decisions run under ctx, and end gets them afterwards. It
 // returns nil for end (and the request's context) without a Tracer.
-func (r *Responder) StartTrace(req *http.Request) (ctx context.Context, end func([]Decision)) {
+func (r *Responder) StartTrace(req *http.Request) (ctx context.Context, end func([]Observation)) {
 	if r.c.tracer == nil {
 		return req.Context(), nil
 	}

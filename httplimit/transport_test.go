@@ -57,7 +57,7 @@ func TestTransportNeverOverrunsWeirMiddleware(t *testing.T) {
 	at := time.Date(2030, 1, 1, 10, 1, 0, 0, time.UTC)
 	lim := weir.NewLimiter(memstore.New(memstore.WithClock(func() time.Time { return at })))
 	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 10, Period: time.Hour}
-	h := New(lim, l, WithName("api"), WithObserver(func(d Decision) {
+	h := New(lim, l, WithName("api"), WithObserver(func(d Observation) {
 		if d.Allowed {
 			admitted.Add(1)
 		} else {

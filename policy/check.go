@@ -15,7 +15,7 @@ import (
 	"github.com/weir-dev/weir/internal/yamlnode"
 	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/protect"
-	"github.com/weir-dev/weir/store/lease"
+	"github.com/weir-dev/weir/store/localbudget"
 )
 
 // reporter receives semantic problems: the YAML walker, which knows
@@ -248,22 +248,30 @@ func checkRule(rc *config.RuleConfig, rp string, c *compiled, cfg *config.Config
 	return r
 }
 
-// checkLease checks the rule's lease against every tier's limit: an
+// checkLease checks the rule's local budget against every tier's limit: an
 // algorithm that takes it (the algorithm table's FieldLease), no block,
 // and no more than the rate.
 func (r *rule) checkLease(rc *config.RuleConfig, rp string, rep reporter) bool {
-	if rc.Lease == 0 {
+	if rc.LocalBudget == 0 {
 		return true
 	}
-	at := rp + ".lease"
-	if rc.Lease < 0 {
-		rep.addAt(at, fmt.Sprintf("lease must be at least 1 (or 0 for none), got %d", rc.Lease))
+	// Messages name the key as written: local_budget, or lease, its
+	// former name.
+	key, noun := rc.LocalBudgetKey(), "a local budget"
+	if key == "" {
+		key = "local_budget"
+	} else if key == "lease" {
+		noun = "a lease"
+	}
+	at := rp + "." + key
+	if rc.LocalBudget < 0 {
+		rep.addAt(at, fmt.Sprintf("%s must be at least 1 (or 0 for none), got %d", key, rc.LocalBudget))
 		return false
 	}
 	if rc.Cost != "" || rc.Count != nil {
-		// A leased unit is one request; a cost or a count settles with
-		// debits and refunds in the store, which a lease does not hold.
-		rep.addAt(at, fmt.Sprintf("lease %d and cost or count do not combine: a lease spends one unit per request", rc.Lease))
+		// A unit of a local budget is one request; a cost or a count settles
+		// with debits and refunds in the store, which a budget does not hold.
+		rep.addAt(at, fmt.Sprintf("%s %d and cost or count do not combine: %s spends one unit per request", key, rc.LocalBudget, noun))
 		return false
 	}
 	for _, t := range r.tiers {
@@ -273,19 +281,19 @@ func (r *rule) checkLease(rc *config.RuleConfig, rp string, rep reporter) bool {
 			of = " of tier " + quote(t.name)
 		}
 		switch {
-		case !lease.Supports(l.Algorithm):
-			rep.addAt(at, fmt.Sprintf("lease %d: a lease applies only to %s, not %s%s (a bucket refills with time, so a unit spent later than it was taken could add to a later burst)",
-				rc.Lease, algorithm.JoinNames(algorithm.Taking(algorithm.FieldLease), "and"), l.Algorithm, of))
+		case !localbudget.Supports(l.Algorithm):
+			rep.addAt(at, fmt.Sprintf("%s %d: %s applies only to %s, not %s%s (a bucket refills with time, so a unit spent later than it was taken could add to a later burst)",
+				key, rc.LocalBudget, noun, algorithm.JoinNames(algorithm.Taking(algorithm.FieldLease), "and"), l.Algorithm, of))
 		case l.Block != 0:
-			rep.addAt(at, fmt.Sprintf("lease %d and block %v%s do not combine: units leased before a rejection would still be spent while the penalty box holds the key", rc.Lease, l.Block, of))
-		case rc.Lease > l.Rate:
-			rep.addAt(at, fmt.Sprintf("lease %d is over the limit's rate %d%s; a lease takes part of the limit", rc.Lease, l.Rate, of))
+			rep.addAt(at, fmt.Sprintf("%s %d and block %v%s do not combine: units taken before a rejection would still be spent while the penalty box holds the key", key, rc.LocalBudget, l.Block, of))
+		case rc.LocalBudget > l.Rate:
+			rep.addAt(at, fmt.Sprintf("%s %d is over the limit's rate %d%s; %s takes part of the limit", key, rc.LocalBudget, l.Rate, of, noun))
 		default:
 			continue
 		}
 		return false
 	}
-	r.lease = rc.Lease
+	r.lease = rc.LocalBudget
 	return true
 }
 

@@ -32,16 +32,9 @@ type identity struct {
 	kind   idKind
 	arg    string // header name (canonical), cookie or query name, const value
 	bits4  int    // ip: IPv4 prefix length (32 = the whole address)
-	bits6  int    // ip: IPv6 prefix length (128 = the whole address; DefaultIPv6Bits unless set)
+	bits6  int    // ip: IPv6 prefix length (128 = the whole address; clientip.DefaultIPv6Bits unless set)
 	hasArg bool
 }
-
-// DefaultIPv6Bits is the prefix length by which the ip identity groups
-// IPv6 clients unless the rule says otherwise (ip/128 counts every address
-// apart): one host is usually given a whole /64, so counting each /128 would
-// let it take a new identity for every request. IPv4 clients are counted
-// whole (/32).
-const DefaultIPv6Bits = clientip.DefaultIPv6Bits
 
 // identityHelp lists the identity forms for error messages.
 // identityKinds are the identities' kinds, what comes before ':'.
@@ -81,7 +74,7 @@ func parseIdentity(s string) (identity, error) {
 	}
 	switch {
 	case kind == "ip" || strings.HasPrefix(kind, "ip/"):
-		id.kind, id.bits4, id.bits6 = idIP, 32, DefaultIPv6Bits
+		id.kind, id.bits4, id.bits6 = idIP, 32, clientip.DefaultIPv6Bits
 		if err := noArg(); err != nil {
 			return id, err
 		}
@@ -263,7 +256,7 @@ func useIPKey(rule string, a netip.Addr) (id, key string, ok bool) {
 		return "", "", false
 	}
 	var buf [64]byte
-	id = string(clientip.AppendGroup(append(buf[:0], "ip:"...), a, 32, DefaultIPv6Bits))
+	id = string(clientip.AppendGroup(append(buf[:0], "ip:"...), a, 32, clientip.DefaultIPv6Bits))
 	return id, weir.Key(rule, "", id[len("ip:"):]), true
 }
 

@@ -8,9 +8,10 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/clientip"
 	"github.com/weir-dev/weir/internal/keys"
 	"github.com/weir-dev/weir/policy/config"
-	"github.com/weir-dev/weir/store/lease"
+	"github.com/weir-dev/weir/store/localbudget"
 )
 
 // KeyRequest is a decision for an identity a caller names rather than
@@ -105,7 +106,7 @@ func (p *Policy) checkKeyTier(ctx context.Context, rule, tierName, key string, h
 	start := time.Now()
 	var res weir.Result
 	if r.lease > 0 {
-		res, err = p.leases.Take(ctx, p.store, rr.Key, t.limit, hits, lease.Size(r.lease, t.limit, p.Instances()))
+		res, err = p.leases.Take(ctx, p.store, rr.Key, t.limit, hits, localbudget.Size(r.lease, t.limit, p.Instances()))
 	} else {
 		res, err = p.store.Take(ctx, rr.Key, t.limit, hits)
 	}
@@ -187,7 +188,7 @@ func (p *Policy) Reset(ctx context.Context, rule, key string) error {
 	// (so that no header value can reach it). Clear that state too; at
 	// worst this also resets a literal identity spelled the same.
 	if addr, ok := strings.CutPrefix(key, "ip:"); ok && r.onMissing == config.OnMissingUseIP {
-		if id, ok, err := canonicalIP(addr, 32, DefaultIPv6Bits); ok && err == nil {
+		if id, ok, err := canonicalIP(addr, 32, clientip.DefaultIPv6Bits); ok && err == nil {
 			storeKeys = append(storeKeys, weir.Key(r.name, "", id))
 		}
 	}

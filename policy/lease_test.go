@@ -47,8 +47,29 @@ rules:
 		t.Errorf("tiers: %v", err)
 	}
 	p := mustPolicy(t, "rules:\n  - {name: a, limit: 100/m, algorithm: sliding_window, lease: 10}\n", nil)
-	if p.Rules()[0].Lease != 10 {
-		t.Errorf("RuleInfo.Lease = %d", p.Rules()[0].Lease)
+	if p.Rules()[0].LocalBudget != 10 {
+		t.Errorf("RuleInfo.LocalBudget = %d", p.Rules()[0].LocalBudget)
+	}
+}
+
+// TestLocalBudgetKey: local_budget is the key; lease, its former name,
+// still works, and a rule giving both is told to keep local_budget.
+// Messages name the key as written.
+func TestLocalBudgetKey(t *testing.T) {
+	p := mustPolicy(t, "rules:\n  - {name: a, limit: 100/m, algorithm: fixed_window, local_budget: 10}\n", nil)
+	if p.Rules()[0].LocalBudget != 10 {
+		t.Errorf("RuleInfo.LocalBudget = %d, want 10", p.Rules()[0].LocalBudget)
+	}
+	for _, c := range []struct{ rule, want string }{
+		{"{name: a, limit: 10/s, local_budget: 5}", "lease.yaml:2:42: local_budget 5: a local budget applies only to fixed_window and sliding_window, not gcra"},
+		{"{name: a, limit: 10/s, algorithm: fixed_window, local_budget: 11}", "local_budget 11 is over the limit's rate 10; a local budget takes part of the limit"},
+		{"{name: a, limit: 10/s, algorithm: fixed_window, local_budget: 5, lease: 5}", "lease is the former name of local_budget; give local_budget alone"},
+		{"{name: a, limit: 10/s, algorithm: fixed_window, lease: 5, local_budget: 5}", "lease is the former name of local_budget"},
+	} {
+		_, err := Parse([]byte("rules:\n  - "+c.rule+"\n"), "lease.yaml")
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want %q", c.rule, err, c.want)
+		}
 	}
 }
 
@@ -85,7 +106,7 @@ rules:
 	for range 50 {
 		p.Check(ctx, from(req("GET", "/"), "198.51.100.7:1"))
 	}
-	s := p.Leases().Stats()
+	s := p.LocalBudgets().Stats()
 	if got := s.Spent; got != 105 {
 		t.Errorf("spent %d after one client's 50 requests, want 100 + its 5 admitted", got)
 	}
@@ -97,7 +118,7 @@ rules:
 	if err := p.Reset(ctx, "global", "all"); err != nil {
 		t.Fatal(err)
 	}
-	if s := p.Leases().Stats(); s.Entries != 0 {
+	if s := p.LocalBudgets().Stats(); s.Entries != 0 {
 		t.Errorf("after Reset: %+v", s)
 	}
 }
@@ -151,7 +172,7 @@ rules:
 	}
 	// 100 / 5 = 20 per lease: the first call takes 20.
 	p.Check(ctx, req("GET", "/"))
-	if s := p.Leases().Stats(); s.Taken != 20 {
+	if s := p.LocalBudgets().Stats(); s.Taken != 20 {
 		t.Errorf("lease under 5 instances took %d, want 20", s.Taken)
 	}
 	if q := mustPolicy(t, doc, nil); q.Instances() != 2 {
@@ -215,7 +236,7 @@ rules:
 	}
 	// 5 admitted requests spent 5 of global's units; the 25 the tenant
 	// refused gave theirs back.
-	if s := p.Leases().Stats(); s.Spent != 10 {
+	if s := p.LocalBudgets().Stats(); s.Spent != 10 {
 		t.Errorf("spent %d units, want 10 (5 from each rule)", s.Spent)
 	}
 }

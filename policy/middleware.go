@@ -253,18 +253,18 @@ func statusesOf(buf []httplimit.Status, v *Verdict) ([]httplimit.Status, int) {
 }
 
 // decisionsOf is the verdict as the observer and the tracer see it: one
-// Decision per rule, or one for an allow- or deny-listed request.
-func decisionsOf(r *http.Request, v *Verdict, latency time.Duration) []httplimit.Decision {
+// Observation per rule, or one for an allow- or deny-listed request.
+func decisionsOf(r *http.Request, v *Verdict, latency time.Duration) []httplimit.Observation {
 	if len(v.Results) == 0 && (v.AllowListed || v.Denied) {
-		return []httplimit.Decision{{Request: r, Allowed: v.Allowed, AllowListed: v.AllowListed, DenyListed: v.Denied, Latency: latency}}
+		return []httplimit.Observation{{Request: r, Allowed: v.Allowed, AllowListed: v.AllowListed, DenyListed: v.Denied, Latency: latency}}
 	}
-	ds := make([]httplimit.Decision, 0, len(v.Results))
+	ds := make([]httplimit.Observation, 0, len(v.Results))
 	for i := range v.Results {
 		rr := &v.Results[i]
 		if rr.Skipped {
 			continue
 		}
-		ds = append(ds, httplimit.Decision{
+		ds = append(ds, httplimit.Observation{
 			Request: r, Rule: rr.Rule, Tier: rr.Tier, Key: rr.Identity,
 			Allowed: rr.Result.Allowed && !rr.Denied, Shadow: rr.Shadow,
 			Result: rr.Result, Latency: latency, Err: rr.Err, Fallback: rr.Fallback,

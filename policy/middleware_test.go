@@ -74,8 +74,8 @@ deny: [203.0.113.0/24]
 
 func TestMiddlewareMultiRule(t *testing.T) {
 	c := newClock()
-	var decisions []httplimit.Decision
-	h := policy.Middleware(newPolicy(t, c, multiYAML), httplimit.WithObserver(func(d httplimit.Decision) { decisions = append(decisions, d) }))(hello)
+	var decisions []httplimit.Observation
+	h := policy.Middleware(newPolicy(t, c, multiYAML), httplimit.WithObserver(func(d httplimit.Observation) { decisions = append(decisions, d) }))(hello)
 	login := func() *httptest.ResponseRecorder {
 		return send(h, http.MethodPost, "/api/login", "192.0.2.1:1", "X-API-Key", "k1")
 	}
@@ -143,8 +143,8 @@ func TestMiddlewareMultiRule(t *testing.T) {
 
 func TestMiddlewareLists(t *testing.T) {
 	c := newClock()
-	var decisions []httplimit.Decision
-	h := policy.Middleware(newPolicy(t, c, multiYAML), httplimit.WithObserver(func(d httplimit.Decision) { decisions = append(decisions, d) }))(hello)
+	var decisions []httplimit.Observation
+	h := policy.Middleware(newPolicy(t, c, multiYAML), httplimit.WithObserver(func(d httplimit.Observation) { decisions = append(decisions, d) }))(hello)
 
 	w := send(h, http.MethodPost, "/api/login", "203.0.113.5:1", "Accept", "application/json")
 	if w.Code != http.StatusForbidden {
@@ -291,8 +291,8 @@ rules:
     limit: 10/m
     on_error: allow
 `
-	var decisions []httplimit.Decision
-	h := policy.Middleware(newPolicyOn(t, failingStore{}, yaml), httplimit.WithObserver(func(d httplimit.Decision) { decisions = append(decisions, d) }))(hello)
+	var decisions []httplimit.Observation
+	h := policy.Middleware(newPolicyOn(t, failingStore{}, yaml), httplimit.WithObserver(func(d httplimit.Observation) { decisions = append(decisions, d) }))(hello)
 	w := send(h, http.MethodGet, "/strict", "192.0.2.1:1")
 	if w.Code != http.StatusServiceUnavailable {
 		t.Fatalf("on_error deny: %d", w.Code)

@@ -15,7 +15,7 @@ import (
 	"github.com/weir-dev/weir/internal/keys"
 	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/store/guard"
-	"github.com/weir-dev/weir/store/lease"
+	"github.com/weir-dev/weir/store/localbudget"
 )
 
 // match reports whether r applies to req, whose path as ServeMux sees it
@@ -353,7 +353,7 @@ func (p *Policy) decide(ctx context.Context, res []RuleResult, idx []int, verdic
 // leased rule's rejection the others only peek, and when the others reject
 // the leased rules give their units back to their leases.
 func (p *Policy) decideLeased(ctx context.Context, res []RuleResult, leased, rest []int, verdict *Verdict) {
-	var tBuf [maxScratch]lease.Ticket
+	var tBuf [maxScratch]localbudget.Ticket
 	tickets := tBuf[:0]
 	rejected := false
 	for _, j := range leased {
@@ -362,7 +362,7 @@ func (p *Policy) decideLeased(ctx context.Context, res []RuleResult, leased, res
 			continue
 		}
 		r := p.c.byName[res[j].Rule]
-		size := lease.Size(r.lease, res[j].Limit, p.Instances())
+		size := localbudget.Size(r.lease, res[j].Limit, p.Instances())
 		out, tk, err := p.leases.TakeTicket(ctx, p.store, res[j].Key, res[j].Limit, 1, size)
 		if err != nil {
 			p.fallback(ctx, res, []int{j}, err, verdict)

@@ -11,7 +11,7 @@ import (
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/store/guard"
-	"github.com/weir-dev/weir/store/lease"
+	"github.com/weir-dev/weir/store/localbudget"
 	"github.com/weir-dev/weir/store/memstore"
 )
 
@@ -29,7 +29,7 @@ type Policy struct {
 	log      *slog.Logger
 	now      func() time.Time
 	infos    []RuleInfo
-	leases   *lease.Table
+	leases   *localbudget.Table
 	fleet    func() int // instances: auto's live count; nil: the floor
 	// prot is the protect rules in force; Holder swaps it for one that
 	// keeps the previous policy's rules (see inherit).
@@ -45,14 +45,15 @@ type options struct {
 	now      func() time.Time
 	guard    guard.Config
 	g        *guard.Guard
-	leases   *lease.Table
+	leases   *localbudget.Table
 	fleet    func() int
 }
 
-// WithLeases sets the table of leased budgets (rules with lease: N). Share
-// one across reloads, as weir serve does, so that leases held and their
-// counters survive a reload; without it New makes a table of its own.
-func WithLeases(t *lease.Table) Option { return func(o *options) { o.leases = t } }
+// WithLocalBudgets sets the table of local budgets (rules with
+// local_budget: N). Share one across reloads, as weir serve does, so that
+// the budgets held and their counters survive a reload; without it New
+// makes a table of its own.
+func WithLocalBudgets(t *localbudget.Table) Option { return func(o *options) { o.leases = t } }
 
 // WithInstances sets where instances: auto reads the fleet's size: f
 // returns how many instances are up now (weir serve counts its fleet
@@ -162,7 +163,7 @@ func New(cfg *config.Config, store weir.Store, opts ...Option) (*Policy, error) 
 	}
 	p := &Policy{cfg: cfg, c: c, guard: g, store: store, observer: o.observer, log: o.log, now: o.now, leases: o.leases, fleet: o.fleet}
 	if p.leases == nil {
-		p.leases = lease.New(lease.Config{Now: o.now})
+		p.leases = localbudget.New(localbudget.Config{Now: o.now})
 	}
 	p.prot.Store(set)
 	for _, r := range c.rules {
@@ -181,8 +182,8 @@ func (p *Policy) Instances() int {
 	return p.c.instances
 }
 
-// Leases returns the table of leased budgets the policy spends from.
-func (p *Policy) Leases() *lease.Table { return p.leases }
+// LocalBudgets returns the table of local budgets the policy spends from.
+func (p *Policy) LocalBudgets() *localbudget.Table { return p.leases }
 
 // Config returns the config the policy was built from. It must not be
 // modified.

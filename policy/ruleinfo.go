@@ -23,11 +23,12 @@ type RuleInfo struct {
 	// NearLimit is the rule's near_limit share (0.8 for 80%), 0 when off.
 	NearLimit float64 `json:"near_limit"`
 	OnError   string  `json:"on_error"`
-	// Lease is the rule's lease: units an instance takes from the store
-	// at once and spends locally; 0 for none.
-	Lease  int64      `json:"lease,omitempty"`
-	TierBy string     `json:"tier_by,omitempty"`
-	Tiers  []TierInfo `json:"tiers,omitempty"`
+	// LocalBudget is the rule's local_budget: units an instance takes
+	// from the store at once and spends locally; 0 for none. Its JSON
+	// name is still "lease".
+	LocalBudget int64      `json:"lease,omitempty"`
+	TierBy      string     `json:"tier_by,omitempty"`
+	Tiers       []TierInfo `json:"tiers,omitempty"`
 	// Blocks lists an escalating penalty's boxes (block: [1m, 10m, 1h]),
 	// ForgetAfter its history; Timezone and ResetAt place a calendar
 	// limit's windows; Warmup is a bucket's cold start. All are the
@@ -92,14 +93,14 @@ func durString(d time.Duration) string {
 
 func ruleInfo(rc *config.RuleConfig, r *rule, path string) RuleInfo {
 	info := RuleInfo{
-		Name:      r.name,
-		Match:     MatchInfo{Path: rc.Match.Path, Host: rc.Match.Host},
-		OnMissing: r.onMissing,
-		Shadow:    r.shadow,
-		NearLimit: r.nearLimit,
-		OnError:   r.onError,
-		Lease:     r.lease,
-		path:      path,
+		Name:        r.name,
+		Match:       MatchInfo{Path: rc.Match.Path, Host: rc.Match.Host},
+		OnMissing:   r.onMissing,
+		Shadow:      r.shadow,
+		NearLimit:   r.nearLimit,
+		OnError:     r.onError,
+		LocalBudget: r.lease,
+		path:        path,
 	}
 	for _, m := range rc.Match.Methods {
 		info.Match.Methods = append(info.Match.Methods, strings.ToUpper(strings.TrimSpace(m)))

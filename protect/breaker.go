@@ -2,7 +2,8 @@ package protect
 
 import "time"
 
-// State is a circuit breaker's state.
+// State is a circuit breaker's state: a protect rule's, and store/guard's
+// (guard.BreakerState is this type).
 type State int8
 
 // The breaker states.

@@ -2,7 +2,6 @@ package protect
 
 import (
 	"bufio"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,24 +12,8 @@ import (
 	"time"
 )
 
-// ProblemContentType is the media type of a rejection's body.
-const ProblemContentType = "application/problem+json"
-
-// Problem is the body of a 503 from a protect rule: an RFC 9457 problem
-// whose error is "overloaded" or "circuit_open" and whose protect member
-// names the rule.
-type Problem struct {
-	Type         string `json:"type"`
-	Title        string `json:"title"`
-	Status       int    `json:"status"`
-	Detail       string `json:"detail"`
-	Error        string `json:"error"`
-	Protect      string `json:"protect"`
-	RetryAfterMS int64  `json:"retry_after_ms"`
-}
-
 // WriteRejection answers a request that rej turned away: 503, Retry-After
-// in whole seconds (at least 1) and the Problem body.
+// in whole seconds (at least 1) and the Problem body, as JSON.
 func WriteRejection(w http.ResponseWriter, rej *Rejection) {
 	retry := max(rej.RetryAfter, time.Second)
 	secs := int64((retry + time.Second - 1) / time.Second)
@@ -38,12 +21,8 @@ func WriteRejection(w http.ResponseWriter, rej *Rejection) {
 	if rej.Reason == ReasonCircuitOpen {
 		detail = "A circuit breaker is open: the service is failing; retry later."
 	}
-	h := w.Header()
-	h.Set("Content-Type", ProblemContentType)
-	h.Set("Retry-After", strconv.FormatInt(secs, 10))
-	h.Set("Cache-Control", "no-store")
-	w.WriteHeader(http.StatusServiceUnavailable)
-	_ = json.NewEncoder(w).Encode(Problem{
+	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+	WriteProblem(w, nil, Problem{
 		Type: "about:blank", Title: http.StatusText(http.StatusServiceUnavailable),
 		Status: http.StatusServiceUnavailable, Detail: detail,
 		Error: rej.Reason, Protect: rej.Rule, RetryAfterMS: retry.Milliseconds(),

@@ -118,9 +118,9 @@ func (t *Tracing) Middleware() httplimit.Tracer { return middlewareTracer{t} }
 
 type middlewareTracer struct{ t *Tracing }
 
-func (m middlewareTracer) StartCheck(r *http.Request) (context.Context, func([]httplimit.Decision)) {
+func (m middlewareTracer) StartCheck(r *http.Request) (context.Context, func([]httplimit.Observation)) {
 	ctx, c := m.t.StartCheck(r.Context(), "weir.check", propagation.HeaderCarrier(r.Header))
-	return ctx, func(ds []httplimit.Decision) {
+	return ctx, func(ds []httplimit.Observation) {
 		for _, d := range ds {
 			if d.DenyListed {
 				c.Denied()

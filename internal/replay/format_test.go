@@ -347,7 +347,7 @@ rules:
 		t.Fatalf("hot: %+v", hot)
 	}
 	notes := strings.Join(rep.Notes, "\n")
-	if !strings.Contains(notes, "lease 10 is not replayed") || !strings.Contains(notes, "failed_logins: count") {
+	if !strings.Contains(notes, "local_budget 10 is not replayed") || !strings.Contains(notes, "failed_logins: count") {
 		t.Fatalf("notes: %s", notes)
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"strings"
 
 	"github.com/weir-dev/weir/clientip"
-	"github.com/weir-dev/weir/policy"
 	"github.com/weir-dev/weir/policy/config"
 )
 
@@ -88,7 +87,7 @@ func ruleIPBits(rc *config.RuleConfig) (bits4, bits6 int, ok bool) {
 		if b4, b6, isIP := ipBits(id); isIP {
 			// on_missing: use_ip only applies when the identity, which
 			// holds the address, is missing: the address is the key.
-			return min(b4, 32), min(b6, policy.DefaultIPv6Bits, 128), true
+			return min(b4, 32), min(b6, clientip.DefaultIPv6Bits, 128), true
 		}
 	}
 	return 0, 0, false
@@ -100,7 +99,7 @@ func ipBits(spec string) (bits4, bits6 int, ok bool) {
 	if spec != "ip" && !strings.HasPrefix(spec, "ip/") {
 		return 0, 0, false
 	}
-	bits4, bits6 = 32, policy.DefaultIPv6Bits
+	bits4, bits6 = 32, clientip.DefaultIPv6Bits
 	rest, has := strings.CutPrefix(spec, "ip/")
 	if !has {
 		return bits4, bits6, true

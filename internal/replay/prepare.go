@@ -35,11 +35,11 @@ func prepare(cfg *config.Config, f *recorded) (*config.Config, []NotEvaluated, [
 			continue
 		}
 		r := *rc
-		if r.Lease > 0 {
-			// One simulated instance: a lease would only hold units back
+		if r.LocalBudget > 0 {
+			// One simulated instance: a local budget would only hold units back
 			// at each window's end, which the fleet would not.
-			notes = append(notes, fmt.Sprintf("rule %s: lease %d is not replayed; decisions are made as without a lease (what a fleet admits at most)", r.Name, r.Lease))
-			r.Lease = 0
+			notes = append(notes, fmt.Sprintf("rule %s: local_budget %d is not replayed; decisions are made as without a local budget (what a fleet admits at most)", r.Name, r.LocalBudget))
+			r.LocalBudget = 0
 		}
 		if r.Cost != "" {
 			notes = append(notes, fmt.Sprintf("rule %s: cost %s is charged at its estimate; the real cost a handler settles with httplimit.Charge is not in the log", r.Name, r.Cost))

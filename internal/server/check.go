@@ -29,8 +29,8 @@ type checkRequest struct {
 	Mode string `json:"mode"`
 }
 
-// Decision is the answer of POST /v1/check and GET /v1/state.
-type Decision struct {
+// CheckAnswer is the answer of POST /v1/check and GET /v1/state.
+type CheckAnswer struct {
 	Rule    string `json:"rule"`
 	Allowed bool   `json:"allowed"`
 	// Limit is the quota: the rule's Rate, or Burst for bucket algorithms.
@@ -70,7 +70,7 @@ const codeRateLimited = "rate_limited"
 // decisionStatus is the status of a decision's answer: 200 when allowed,
 // 429 when refused, in which case d gets the error code and a detail. The
 // JSON body stays authoritative: it says allowed true or false either way.
-func decisionStatus(d *Decision) int {
+func decisionStatus(d *CheckAnswer) int {
 	if d.Allowed {
 		return http.StatusOK
 	}
@@ -84,8 +84,8 @@ func decisionStatus(d *Decision) int {
 }
 
 // decisionOf renders a store result.
-func decisionOf(rule string, res weir.Result, shadow bool) Decision {
-	d := Decision{
+func decisionOf(rule string, res weir.Result, shadow bool) CheckAnswer {
+	d := CheckAnswer{
 		Rule:         rule,
 		Allowed:      res.Allowed || shadow,
 		Limit:        res.Limit,

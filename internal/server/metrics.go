@@ -11,7 +11,7 @@ import (
 
 	"github.com/weir-dev/weir/internal/buildinfo"
 	"github.com/weir-dev/weir/protect"
-	"github.com/weir-dev/weir/store/lease"
+	"github.com/weir-dev/weir/store/localbudget"
 )
 
 // Values of the result label of weir_decisions_total.
@@ -117,7 +117,7 @@ func revisionLabel(in buildinfo.Info) string {
 
 // leases registers the leased budgets' metrics, read from t when scraped,
 // and the instance count in use. The labels are fixed sets.
-func (m *metrics) leases(t *lease.Table, instances func() int) {
+func (m *metrics) leases(t *localbudget.Table, instances func() int) {
 	calls := func(empty bool) func() float64 {
 		return func() float64 {
 			st := t.Stats()
@@ -127,7 +127,7 @@ func (m *metrics) leases(t *lease.Table, instances func() int) {
 			return float64(st.Calls - st.Empty)
 		}
 	}
-	units := func(get func(lease.Stats) int64) func() float64 {
+	units := func(get func(localbudget.Stats) int64) func() float64 {
 		return func() float64 { return float64(get(t.Stats())) }
 	}
 	const callsHelp = "Store calls that asked for a lease (rules with lease: N), by result: granted (units debited) or empty (nothing left; the refusal is remembered until the store's retry time)."
@@ -135,9 +135,9 @@ func (m *metrics) leases(t *lease.Table, instances func() int) {
 	m.reg.MustRegister(
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "weir_lease_calls_total", Help: callsHelp, ConstLabels: prometheus.Labels{"result": "granted"}}, calls(false)),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "weir_lease_calls_total", Help: callsHelp, ConstLabels: prometheus.Labels{"result": "empty"}}, calls(true)),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "weir_lease_units_total", Help: unitsHelp, ConstLabels: prometheus.Labels{"event": "taken"}}, units(func(s lease.Stats) int64 { return s.Taken })),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "weir_lease_units_total", Help: unitsHelp, ConstLabels: prometheus.Labels{"event": "spent"}}, units(func(s lease.Stats) int64 { return s.Spent })),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "weir_lease_units_total", Help: unitsHelp, ConstLabels: prometheus.Labels{"event": "lapsed"}}, units(func(s lease.Stats) int64 { return s.Lapsed })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "weir_lease_units_total", Help: unitsHelp, ConstLabels: prometheus.Labels{"event": "taken"}}, units(func(s localbudget.Stats) int64 { return s.Taken })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "weir_lease_units_total", Help: unitsHelp, ConstLabels: prometheus.Labels{"event": "spent"}}, units(func(s localbudget.Stats) int64 { return s.Spent })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "weir_lease_units_total", Help: unitsHelp, ConstLabels: prometheus.Labels{"event": "lapsed"}}, units(func(s localbudget.Stats) int64 { return s.Lapsed })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "weir_lease_keys", Help: "Keys this instance holds a lease or a remembered refusal for (at most 10,000; beyond, keys are decided without a lease)."}, func() float64 { return float64(t.Stats().Entries) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "weir_instances", Help: "The instance count on_error: local and leases divide by: instances, or with instances: auto the fleet registry's live count, at least instances_floor."}, func() float64 { return float64(instances()) }),
 	)

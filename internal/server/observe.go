@@ -204,7 +204,7 @@ func envoyOnError(cfg *config.Config) string {
 // descriptor path from the config ("domain.key_value.key"), never a value
 // from the request. Envoy rules are near their limit by the config's global
 // near_limit.
-func (s *Server) envoyObserve(ctx context.Context, d envoyrls.Decision) {
+func (s *Server) envoyObserve(ctx context.Context, d envoyrls.Observation) {
 	if s.o.tracing != nil && d.Outcome != envoyrls.NoLimit {
 		weirotel.CheckFrom(ctx).Decision(d.Rule, "", d.Outcome != envoyrls.Limited,
 			d.Outcome == envoyrls.ShadowLimited, d.Fallback, d.Err)

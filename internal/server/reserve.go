@@ -88,7 +88,7 @@ func (rec *reservationRecord) storeKey(p *policy.Policy) (string, error) {
 // reserveDecision is the answer of POST /v1/reserve: the decision and,
 // when admitted, the reservation's id (empty when rejected).
 type reserveDecision struct {
-	Decision
+	CheckAnswer
 	Reservation string `json:"reservation"`
 	// ExpiresInMS is how long the reservation can be settled.
 	ExpiresInMS int64 `json:"expires_in_ms,omitempty"`
@@ -151,13 +151,13 @@ func (s *Server) handleReserve(w http.ResponseWriter, r *http.Request) {
 		s.writeRuleError(w, p, req.Rule, err)
 		return
 	}
-	out := reserveDecision{Decision: decisionOf(rr.Rule, rr.Result, rr.Shadow)}
+	out := reserveDecision{CheckAnswer: decisionOf(rr.Rule, rr.Result, rr.Shadow)}
 	out.Tier, out.Fallback = rr.Tier, rr.Fallback
 	if id != "" {
 		out.Reservation, out.ExpiresInMS = id, ReservationTTL.Milliseconds()
 	}
 	httplimit.WriteHeaders(w.Header(), []httplimit.Status{{Rule: rr.Rule, Limit: rr.Limit, Result: rr.Result, Shadow: rr.Shadow}}, 0, formatter(p))
-	writeJSON(w, decisionStatus(&out.Decision), out)
+	writeJSON(w, decisionStatus(&out.CheckAnswer), out)
 }
 
 // reserve takes estimate (1 or more) for key under p's rule and tier, as

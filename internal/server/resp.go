@@ -168,7 +168,7 @@ func (b respBackend) Settle(ctx context.Context, id string, actual int64) (resp.
 }
 
 // checkResult is d for the RESP replies.
-func checkResult(d Decision) resp.CheckResult {
+func checkResult(d CheckAnswer) resp.CheckResult {
 	return resp.CheckResult{
 		Allowed:    d.Allowed,
 		Limit:      d.Limit,

@@ -65,7 +65,7 @@ import (
 	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/store/denycache"
 	"github.com/weir-dev/weir/store/guard"
-	"github.com/weir-dev/weir/store/lease"
+	"github.com/weir-dev/weir/store/localbudget"
 	"github.com/weir-dev/weir/store/redisstore"
 	"github.com/weir-dev/weir/weirotel"
 )
@@ -291,7 +291,7 @@ type Server struct {
 	tops    *topSet
 	blocked *blockedIndex
 	fleet   *fleet
-	leases  *lease.Table // leased budgets (lease: N), shared by every policy
+	leases  *localbudget.Table // local budgets (local_budget: N), shared by every policy
 	rules   *ruleSync
 
 	healthy      atomic.Bool
@@ -383,7 +383,7 @@ func (s *Server) init() error {
 	s.tops = newTopSet(topK)
 	s.blocked = newBlockedIndex(s.rdb, s.keys.blocked, s.log, s.now)
 	s.fleet = newFleet(s)
-	s.leases = lease.New(lease.Config{Now: s.now})
+	s.leases = localbudget.New(localbudget.Config{Now: s.now})
 	s.metrics.leases(s.leases, s.instances)
 	s.rules = newRuleSync(s)
 
@@ -589,7 +589,7 @@ func (s *Server) build(cfg *config.Config) (*policy.Policy, error) {
 		return nil, err
 	}
 	return policy.New(eff, s.stack, policy.WithGuard(s.guard), policy.WithObserver(s.observe), policy.WithLogger(s.log),
-		policy.WithLeases(s.leases), policy.WithInstances(s.fleet.count))
+		policy.WithLocalBudgets(s.leases), policy.WithInstances(s.fleet.count))
 }
 
 // instances is the instance count the policy in force divides by (0

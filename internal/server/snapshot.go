@@ -65,15 +65,15 @@ type SnapshotStore struct {
 	// Instances is the instance count on_error: local and leases divide
 	// by (instances, or the fleet's live count under instances: auto).
 	Instances int `json:"instances"`
-	// Leases sums this instance's leased units since it started.
+	// Leases sums this instance's local-budget units since it started.
 	Leases SnapshotLeases `json:"leases"`
 	// DenyCache is the deny cache in front of a Redis store; absent
 	// without one.
 	DenyCache *SnapshotDenyCache `json:"deny_cache,omitempty"`
 }
 
-// SnapshotLeases is this instance's leased budgets (rules with lease: N):
-// units debited in the store, admitted from leases and lapsed unspent,
+// SnapshotLeases is this instance's local budgets (rules with local_budget: N):
+// units debited in the store, admitted from the budgets and lapsed unspent,
 // the store calls that took them, and the keys held now.
 type SnapshotLeases struct {
 	Taken  int64 `json:"taken"`
@@ -250,7 +250,7 @@ func policyRule(ri policy.RuleInfo) SnapshotRule {
 		// NearLimitRatio is the rule's near_limit.
 		NearLimitRatio: ri.NearLimit,
 		Tiers:          []SnapshotTier{},
-		Lease:          ri.Lease,
+		Lease:          ri.LocalBudget,
 	}
 	if sr.Identity == "" {
 		sr.Identity = "ip"

@@ -353,12 +353,17 @@ type RuleConfig struct {
 	NearLimit string
 	// OnError overrides the global failure policy for this rule.
 	OnError string
-	// Lease lets an instance take up to this many units of the limit at
-	// once from the store and spend them locally (package store/lease):
-	// one store call per Lease decisions on a hot key. Only fixed_window
-	// and sliding_window accept it, without block; 0 (the default) is
-	// off. docs/algorithms.md states what it costs in under-admission.
-	Lease int64
+	// LocalBudget (local_budget: N) lets an instance take up to this many
+	// units of the limit at once from the store and spend them locally
+	// (package store/localbudget): one store call per LocalBudget
+	// decisions on a hot key. Only fixed_window and sliding_window accept
+	// it, without block; 0 (the default) is off. docs/algorithms.md states
+	// what it costs in under-admission. lease: N, its former name, still
+	// works.
+	LocalBudget int64
+	// budgetKey is the key LocalBudget was written with: "local_budget",
+	// or "lease", the former name; validation messages use it.
+	budgetKey string
 	// Cost is what one request costs (the estimate it takes before the
 	// handler runs): "header:NAME" or "query:NAME" (a whole number the
 	// request carries, 0 up to the most the limit can admit at once; absent
@@ -370,6 +375,10 @@ type RuleConfig struct {
 	// debited after it when its status is listed.
 	Count *CountConfig
 }
+
+// LocalBudgetKey is the key LocalBudget was written with: "local_budget",
+// "lease" (its former name), or "" for a Config built in Go.
+func (r *RuleConfig) LocalBudgetKey() string { return r.budgetKey }
 
 // CountConfig says which responses a rule counts (count: in weir.yaml).
 type CountConfig struct {

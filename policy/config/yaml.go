@@ -524,10 +524,22 @@ func (w *walker) rule(path string, n *yaml.Node, r *RuleConfig) {
 		{"shadow", func(p string, v *yaml.Node) { r.Shadow = w.boolean(p, v) }},
 		{"near_limit", func(p string, v *yaml.Node) { r.NearLimit = w.str(p, v) }},
 		{"on_error", func(p string, v *yaml.Node) { r.OnError = w.str(p, v) }},
-		{"lease", func(p string, v *yaml.Node) { r.Lease = w.integer(p, v, 1) }},
+		{"local_budget", func(p string, v *yaml.Node) { w.localBudget(p, v, r, "local_budget") }},
+		{"lease", func(p string, v *yaml.Node) { w.localBudget(p, v, r, "lease") }},
 		{"cost", func(p string, v *yaml.Node) { r.Cost = w.scalar(p, v) }},
 		{"count", func(p string, v *yaml.Node) { r.Count = w.count(p, v) }},
 	}, nil)
+}
+
+// localBudget decodes a rule's local_budget, or lease, its former name
+// (a lease is a concurrency slot now), which still works; a rule giving
+// both is told which to keep.
+func (w *walker) localBudget(p string, v *yaml.Node, r *RuleConfig, key string) {
+	if r.budgetKey != "" {
+		w.add(v, p, "lease is the former name of local_budget; give local_budget alone")
+		return
+	}
+	r.LocalBudget, r.budgetKey = w.integer(p, v, 1), key
 }
 
 // scalar decodes any scalar (a string or a number) as written.

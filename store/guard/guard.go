@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/protect"
 	"github.com/weir-dev/weir/store/memstore"
 )
 
@@ -22,29 +23,18 @@ import (
 // breaker is open. It wraps weir.ErrStore.
 var ErrCircuitOpen = fmt.Errorf("%w: circuit breaker open", weir.ErrStore)
 
-// BreakerState is the state of a Guard's circuit breaker.
-type BreakerState int32
+// BreakerState is the state of a Guard's circuit breaker. It is
+// protect.State, the one breaker state type, whose String gives the
+// names metrics use: "closed", "open" or "half_open".
+type BreakerState = protect.State
 
 // The breaker's states: closed lets every call through; open fails every
 // call at once; half-open lets one probe through to test the store.
 const (
-	BreakerClosed BreakerState = iota
-	BreakerOpen
-	BreakerHalfOpen
+	BreakerClosed   = protect.Closed
+	BreakerOpen     = protect.Open
+	BreakerHalfOpen = protect.HalfOpen
 )
-
-// String returns "closed", "open" or "half_open", the names metrics use.
-func (s BreakerState) String() string {
-	switch s {
-	case BreakerClosed:
-		return "closed"
-	case BreakerOpen:
-		return "open"
-	case BreakerHalfOpen:
-		return "half_open"
-	}
-	return fmt.Sprintf("BreakerState(%d)", int32(s))
-}
 
 // BreakerConfig tunes the circuit breaker. Zero fields take the defaults.
 type BreakerConfig struct {

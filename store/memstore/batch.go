@@ -223,7 +223,7 @@ func (s *Store) decideBatch(reqs []weir.Request, items []batchItem, results []we
 	}
 	for i, r := range reqs {
 		it := &items[i]
-		var d algorithm.Decision
+		var d algorithm.Outcome
 		save := true
 		switch {
 		case all:

@@ -110,7 +110,7 @@ func TestPlainKeepsPacked(t *testing.T) {
 					st = algorithm.State{} // left the packed form: start again
 					continue
 				}
-				var d algorithm.Decision
+				var d algorithm.Outcome
 				if rng.IntN(4) == 0 {
 					d = algorithm.Check(p, &st, now, n, algorithm.Mode(rng.IntN(2)))
 				} else {

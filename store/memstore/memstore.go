@@ -315,7 +315,7 @@ func (s *Store) take(req *weir.Request, l *weir.Limit, date bool, r *weir.Result
 	if mode == algorithm.AtMost {
 		n = min(n, c.params.MaxCost()) // a partial grant may ask for more than fits
 	}
-	var d algorithm.Decision
+	var d algorithm.Outcome
 	if i >= 0 && c.plain && mode < algorithm.Debit && sh.slots[i].x == nil {
 		// The common case: a packed state under a limit whose decisions
 		// keep it packed. Its integers go back to the slot without pack's
@@ -325,7 +325,7 @@ func (s *Store) take(req *weir.Request, l *weir.Limit, date bool, r *weir.Result
 		algorithm.TakeTo(&c.params, &sh.scratch, now, n, mode, &d)
 		storePacked(c.lay, &sh.scratch, &sl.v)
 		sl.expires = now + d.TTL
-		r.SetDecision(&d)
+		r.SetOutcome(&d)
 		if date && d.Allowed && n > 0 && d.Granted == n {
 			r.At = now
 		}
@@ -343,7 +343,7 @@ func (s *Store) take(req *weir.Request, l *weir.Limit, date bool, r *weir.Result
 	} else {
 		s.add(sh, key, tag, c, st, now, d.TTL, false)
 	}
-	r.SetDecision(&d)
+	r.SetOutcome(&d)
 	if date && d.Allowed && n > 0 && d.Granted == n {
 		r.At = now
 	}

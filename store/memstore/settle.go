@@ -26,7 +26,7 @@ func (s *Store) dated(key string, l *weir.Limit, n int64, mode algorithm.Mode, t
 	}
 	now := s.micros()
 	st := sh.open(i, c, &sh.scratch)
-	var d algorithm.Decision
+	var d algorithm.Outcome
 	if mode == algorithm.Settle && t != nil && n > 0 {
 		d = algorithm.SettleTake(&c.params, st, now, n, *t)
 	} else {

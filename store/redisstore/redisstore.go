@@ -503,17 +503,17 @@ func (s *Store) Take(ctx context.Context, key string, l weir.Limit, n int64) (we
 // take runs the per-algorithm script for req (a take, at-most take,
 // debit or refund), checked by Request.CheckWith once its limit is
 // compiled, and returns its decision and the µs time it decided at.
-func (s *Store) take(ctx context.Context, req *weir.Request) (algorithm.Decision, int64, error) {
+func (s *Store) take(ctx context.Context, req *weir.Request) (algorithm.Outcome, int64, error) {
 	key, n, mode := req.Key, req.N, req.AlgorithmMode()
 	c, err := s.compile(req.Limit)
 	if err != nil {
-		return algorithm.Decision{}, 0, err
+		return algorithm.Outcome{}, 0, err
 	}
 	if err := req.CheckWith(&c.p); err != nil {
-		return algorithm.Decision{}, 0, err
+		return algorithm.Outcome{}, 0, err
 	}
 	if !s.conn.connected.Load() {
-		return algorithm.Decision{}, 0, fmt.Errorf("%w: take %d from %s under %s %v: %w", weir.ErrStore, n, keyRef(key), c.algo, req.Limit, s.notConnectedError())
+		return algorithm.Outcome{}, 0, fmt.Errorf("%w: take %d from %s under %s %v: %w", weir.ErrStore, n, keyRef(key), c.algo, req.Limit, s.notConnectedError())
 	}
 	if mode == algorithm.AtMost {
 		n = min(n, c.maxCost) // a partial grant may ask for more than fits
@@ -536,7 +536,7 @@ func (s *Store) take(ctx context.Context, req *weir.Request) (algorithm.Decision
 		vals, err = s.takeAlone(ctx, c, [2]string{k.state, k.block}, n, mode, id)
 	}
 	if err != nil {
-		return algorithm.Decision{}, 0, fmt.Errorf("%w: take %d from %s under %s %v: %w", weir.ErrStore, n, keyRef(key), c.algo, req.Limit, err)
+		return algorithm.Outcome{}, 0, fmt.Errorf("%w: take %d from %s under %s %v: %w", weir.ErrStore, n, keyRef(key), c.algo, req.Limit, err)
 	}
 	return decodeDecision(vals[:]), vals[8], nil
 }
@@ -557,8 +557,8 @@ func (s *Store) takeAlone(ctx context.Context, c *compiled, keys [2]string, n in
 }
 
 // decodeDecision reads the eight values that the scripts' put() writes.
-func decodeDecision(v []int64) algorithm.Decision {
-	return algorithm.Decision{
+func decodeDecision(v []int64) algorithm.Outcome {
+	return algorithm.Outcome{
 		Allowed:      v[0] == 1,
 		Granted:      v[1],
 		Limit:        v[2],

@@ -13,7 +13,7 @@ import (
 // store decided, with none.
 func TestFallbackDeciderReported(t *testing.T) {
 	var mu sync.Mutex
-	seen := map[int]Decision{} // by descriptor
+	seen := map[int]Observation{} // by descriptor
 	var h *harness
 	h = start(t, integrationConfig(t),
 		WithFallbackDecider(func(ctx context.Context, reqs []weir.Request, res []weir.Result, fallback []string) error {
@@ -30,7 +30,7 @@ func TestFallbackDeciderReported(t *testing.T) {
 			}
 			return nil
 		}),
-		WithObserver(func(_ context.Context, d Decision) {
+		WithObserver(func(_ context.Context, d Observation) {
 			mu.Lock()
 			seen[d.Descriptor] = d
 			mu.Unlock()

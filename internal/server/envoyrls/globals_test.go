@@ -32,7 +32,7 @@ descriptors:
 // observer and counter see each shadowed call, exactly, under concurrency.
 func TestGlobalShadowMode(t *testing.T) {
 	var limited atomic.Int64
-	h := start(t, mustParse(t, globalsYAML), WithShadowMode(true), WithObserver(func(_ context.Context, d Decision) {
+	h := start(t, mustParse(t, globalsYAML), WithShadowMode(true), WithObserver(func(_ context.Context, d Observation) {
 		if d.Outcome == Limited {
 			limited.Add(1)
 		}

@@ -106,12 +106,12 @@ func TestOverrideKeyedApart(t *testing.T) {
 }
 
 // TestOverrideRuleBounded: whatever entries an override carries, its
-// Decision.Rule is one fixed label per configured domain, never built
+// Observation.Rule is one fixed label per configured domain, never built
 // from the request: metrics labels and dashboard rows stay bounded.
 func TestOverrideRuleBounded(t *testing.T) {
 	var mu sync.Mutex
 	rules := map[string]int{}
-	h := start(t, integrationConfig(t), WithObserver(func(_ context.Context, d Decision) {
+	h := start(t, integrationConfig(t), WithObserver(func(_ context.Context, d Observation) {
 		mu.Lock()
 		rules[d.Rule]++
 		mu.Unlock()
@@ -225,8 +225,8 @@ func TestCallBounds(t *testing.T) {
 // store failure: Unavailable, 503.)
 func TestInvalidOverrideIsBadRequest(t *testing.T) {
 	var mu sync.Mutex
-	var seen []Decision
-	h := start(t, integrationConfig(t), WithObserver(func(_ context.Context, d Decision) {
+	var seen []Observation
+	h := start(t, integrationConfig(t), WithObserver(func(_ context.Context, d Observation) {
 		mu.Lock()
 		seen = append(seen, d)
 		mu.Unlock()

@@ -69,7 +69,7 @@ type Decider func(ctx context.Context, reqs []weir.Request, res []weir.Result) e
 // while the store fails, and says which: it sets fallback[i] (as long as
 // reqs, all "" on entry) to the fallback's name, such as "allow", "deny"
 // or "local", for each request it did not get from the store. Observers
-// see it in Decision.Fallback.
+// see it in Observation.Fallback.
 type FallbackDecider func(ctx context.Context, reqs []weir.Request, res []weir.Result, fallback []string) error
 
 // Outcome is what happened to one descriptor of a call.
@@ -104,8 +104,8 @@ func (o Outcome) String() string {
 	return fmt.Sprintf("Outcome(%d)", int(o))
 }
 
-// A Decision reports one descriptor of a call to an Observer.
-type Decision struct {
+// An Observation reports one descriptor of a call to an Observer.
+type Observation struct {
 	// Domain is the request's domain. It may be one the configuration does
 	// not know (Outcome NoLimit, Rule empty): label metrics by Rule, which
 	// names a configured rule, rather than by Domain alone.
@@ -133,7 +133,7 @@ type Decision struct {
 // An Observer is told about every descriptor of every call, after the
 // decision and before the response is sent. It must be quick and safe for
 // concurrent use.
-type Observer func(ctx context.Context, d Decision)
+type Observer func(ctx context.Context, d Observation)
 
 // Option configures a Service.
 type Option func(*Service)
@@ -149,7 +149,7 @@ func WithDecider(d Decider) Option {
 }
 
 // WithFallbackDecider is WithDecider for a Decider that reports the
-// requests its fallback answered, in Decision.Fallback.
+// requests its fallback answered, in Observation.Fallback.
 func WithFallbackDecider(d FallbackDecider) Option { return func(s *Service) { s.decide = d } }
 
 // WithObserver reports every decision to o, for metrics.
@@ -454,7 +454,7 @@ func (s *Service) observeFailed(ctx context.Context, domain string, items []item
 	}
 	for i, it := range items {
 		if it.req >= 0 {
-			s.observe(ctx, Decision{Domain: domain, Descriptor: i, Rule: it.rule.path, Name: it.rule.name, Hits: it.hits, Outcome: Failed, Err: err})
+			s.observe(ctx, Observation{Domain: domain, Descriptor: i, Rule: it.rule.path, Name: it.rule.name, Hits: it.hits, Outcome: Failed, Err: err})
 		}
 	}
 }
@@ -504,10 +504,10 @@ func (s *Service) respond(ctx context.Context, req *rlspb.RateLimitRequest, item
 }
 
 // descriptorStatus is the status of the i-th descriptor of a call, and
-// the Decision that reports it.
-func (s *Service) descriptorStatus(domain string, i int, it *item, results []weir.Result, fallback []string) (*rlspb.RateLimitResponse_DescriptorStatus, Decision) {
+// the Observation that reports it.
+func (s *Service) descriptorStatus(domain string, i int, it *item, results []weir.Result, fallback []string) (*rlspb.RateLimitResponse_DescriptorStatus, Observation) {
 	st := &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK}
-	d := Decision{Domain: domain, Descriptor: i, Hits: it.hits}
+	d := Observation{Domain: domain, Descriptor: i, Hits: it.hits}
 	r := it.rule
 	switch {
 	case r == nil:

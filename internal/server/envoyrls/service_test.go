@@ -307,8 +307,8 @@ descriptors:
 
 func TestUpstreamExample(t *testing.T) {
 	var mu sync.Mutex
-	var seen []Decision
-	h := start(t, mustParse(t, exampleYAML), WithObserver(func(_ context.Context, d Decision) {
+	var seen []Observation
+	h := start(t, mustParse(t, exampleYAML), WithObserver(func(_ context.Context, d Observation) {
 		mu.Lock()
 		seen = append(seen, d)
 		mu.Unlock()
@@ -337,7 +337,7 @@ func TestUpstreamExample(t *testing.T) {
 
 	mu.Lock()
 	defer mu.Unlock()
-	var shadow []Decision
+	var shadow []Observation
 	for _, d := range seen {
 		if d.Outcome == ShadowLimited {
 			shadow = append(shadow, d)
@@ -691,7 +691,7 @@ func TestDeciderAndObserver(t *testing.T) {
 			}
 			return StoreDecider(h.store)(ctx, reqs, res)
 		}),
-		WithObserver(func(_ context.Context, d Decision) {
+		WithObserver(func(_ context.Context, d Observation) {
 			if d.Outcome == Failed {
 				if !errors.Is(d.Err, storeDown) || d.Rule != "another.key2" {
 					t.Errorf("failed decision %+v", d)

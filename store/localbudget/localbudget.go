@@ -1,25 +1,25 @@
-// Package lease spends a hot key's budget locally: an instance takes up to
-// N units at once from the shared store (one call, debited there before
+// Package localbudget spends a hot key's limit locally: an instance takes
+// a local budget of up to N units at once from the shared store (one call, debited there before
 // any is spent) and admits requests from them in memory, so a key that
 // every instance hits costs the store one call per N decisions instead of
-// one per decision. weir.yaml's `lease: N` on a rule turns it on; package
+// one per decision. weir.yaml's `local_budget: N` on a rule turns it on; package
 // policy calls Table.Take for such rules.
 //
 // The fleet never admits more than the limit: every unit spent was
 // debited in the store first, and a unit is only spent inside the window
 // (or sliding-window bucket) it was debited in, where spending it later
 // counts exactly as spending it at once would have. That is why only
-// fixed_window and sliding_window accept leases (algorithm.FieldLease):
+// fixed_window and sliding_window accept local budgets (algorithm.FieldLease):
 // a bucket refills with time, so an event spent later than its unit was
 // taken could add to a later burst.
 //
 // The price is under-admission: units an instance holds but does not spend
 // are lost to the others until they lapse. Each instance holds at most one
-// lease of at most N units per key, so at most instances × N units are
+// budget of at most N units per key, so at most instances × N units are
 // held back at any time; they lapse, unspent, when the window or bucket
 // they were taken in ends. docs/algorithms.md states the contract and
-// what Result reports for a leased rule.
-package lease
+// what Result reports for a rule with a local budget.
+package localbudget
 
 import (
 	"context"
@@ -31,23 +31,23 @@ import (
 	"github.com/weir-dev/weir/algorithm"
 )
 
-// DefaultMaxEntries bounds a Table by default: the keys it holds a lease
+// DefaultMaxEntries bounds a Table by default: the keys it holds a budget
 // or a remembered denial for at once.
 const DefaultMaxEntries = 10_000
 
 // Config configures a Table.
 type Config struct {
 	// MaxEntries bounds the keys (key and limit pairs) held at once
-	// (DefaultMaxEntries if 0). When the table is full of live leases,
-	// a new key is decided by the store directly, without a lease.
+	// (DefaultMaxEntries if 0). When the table is full of live budgets,
+	// a new key is decided by the store directly, without a budget.
 	MaxEntries int
-	// Now is the clock (time.Now if nil), for tests. Lease lifetimes are
+	// Now is the clock (time.Now if nil), for tests. Budget lifetimes are
 	// measured on it from when each call to the store was sent.
 	Now func() time.Time
 }
 
-// Table holds the leases of one instance. It is safe for concurrent use;
-// share one across policy reloads so that leases and counters survive.
+// Table holds the budgets of one instance. It is safe for concurrent use;
+// share one across policy reloads so that budgets and counters survive.
 type Table struct {
 	now        func() time.Time
 	maxEntries int
@@ -64,7 +64,7 @@ type entryKey struct {
 	limit weir.Limit
 }
 
-// entry is one key's lease. Its fields are guarded by mu.
+// entry is one key's budget. Its fields are guarded by mu.
 type entry struct {
 	mu      sync.Mutex
 	units   int64     // unspent units
@@ -92,7 +92,7 @@ func New(cfg Config) *Table {
 	return &Table{now: cfg.Now, maxEntries: cfg.MaxEntries, entries: map[entryKey]*entry{}}
 }
 
-// Supports reports whether algorithm a accepts a lease (the algorithm
+// Supports reports whether algorithm a accepts a budget (the algorithm
 // table's FieldLease).
 func Supports(a weir.Algorithm) bool {
 	k, ok := algorithm.ParseKind(string(a))
@@ -103,9 +103,9 @@ func Supports(a weir.Algorithm) bool {
 	return s.Takes&algorithm.FieldLease != 0
 }
 
-// Size is the lease an instance takes for a rule with lease n under l when
+// Size is the budget an instance takes for a rule with local_budget n under l when
 // instances share it: n, but never more than l.Rate / instances (at least
-// 1), so that the leases of the whole fleet together never hold more than
+// 1), so that the budgets of the whole fleet together never hold more than
 // the limit.
 func Size(n int64, l weir.Limit, instances int) int64 {
 	if instances < 1 {
@@ -115,15 +115,15 @@ func Size(n int64, l weir.Limit, instances int) int64 {
 }
 
 // Take decides a request of cost n on key under l, spending from this
-// instance's lease and taking a new lease of size units from st when the
-// lease cannot cover n. n == 0 peeks at the store. A store error is
+// instance's budget and taking a new budget of size units from st when the
+// budget cannot cover n. n == 0 peeks at the store. A store error is
 // returned as it is (the caller's on_error applies); nothing was spent.
 func (t *Table) Take(ctx context.Context, st weir.Store, key string, l weir.Limit, n, size int64) (weir.Result, error) {
 	r, _, err := t.TakeTicket(ctx, st, key, l, n, size)
 	return r, err
 }
 
-// A Ticket stands for the units of one admission from a lease, so that a
+// A Ticket stands for the units of one admission from a budget, so that a
 // caller whose request is refused by another limit can Give them back.
 // The zero Ticket (a decision the store made directly) gives nothing.
 type Ticket struct {
@@ -133,7 +133,7 @@ type Ticket struct {
 }
 
 // TakeTicket is Take, with a Ticket for the units it admitted from the
-// lease.
+// budget.
 func (t *Table) TakeTicket(ctx context.Context, st weir.Store, key string, l weir.Limit, n, size int64) (weir.Result, Ticket, error) {
 	if n <= 0 || n > l.Rate || size < 1 || !Supports(l.Algorithm) {
 		r, err := st.Take(ctx, key, l, n) // peeks, invalid costs and limits: the store answers
@@ -152,8 +152,8 @@ func (t *Table) TakeTicket(ctx context.Context, st weir.Store, key string, l wei
 	return r, Ticket{e: e, n: n, expires: exp}, nil
 }
 
-// Give returns the units of tk to the lease they came from, unless their
-// window has ended (they lapse) or the lease now holds units that last
+// Give returns the units of tk to the budget they came from, unless their
+// window has ended (they lapse) or the budget now holds units that last
 // longer (they lapse too: a unit is only ever spent in its own window).
 func (t *Table) Give(tk Ticket) {
 	e := tk.e
@@ -171,7 +171,7 @@ func (t *Table) Give(tk Ticket) {
 	case e.units == 0:
 		e.units, e.expires = tk.n, tk.expires
 	case !e.expires.After(tk.expires):
-		e.units += tk.n // the lease's units end no later than these
+		e.units += tk.n // the budget's units end no later than these
 	default:
 		t.lapsed.Add(tk.n)
 	}
@@ -209,7 +209,7 @@ func (t *Table) take(ctx context.Context, st weir.Store, e *entry, key string, l
 			return r, time.Time{}, e, nil
 		}
 		if ch := e.wait; ch != nil {
-			// Another caller is taking a lease for this key: wait for it.
+			// Another caller is taking a budget for this key: wait for it.
 			e.mu.Unlock()
 			select {
 			case <-ch:
@@ -316,7 +316,7 @@ func (t *Table) lapse(e *entry, now time.Time) {
 	}
 }
 
-// result is an admission of n from the lease. e.mu is held.
+// result is an admission of n from the budget. e.mu is held.
 func (e *entry) result(now time.Time, n int64) weir.Result {
 	return weir.Result{Allowed: true, Granted: n, Limit: e.limit, Remaining: e.remote + e.units, ResetAfter: max(e.resetAt.Sub(now), 0)}
 }
@@ -370,7 +370,7 @@ func (t *Table) sweep(now time.Time) {
 	}
 }
 
-// Forget drops this instance's lease and remembered denial for key under
+// Forget drops this instance's budget and remembered denial for key under
 // l, after a reset: its unspent units lapse at once.
 func (t *Table) Forget(key string, l weir.Limit) {
 	t.mu.Lock()
@@ -388,12 +388,12 @@ func (t *Table) Forget(key string, l weir.Limit) {
 
 // Stats are a Table's counters since it was made.
 type Stats struct {
-	Calls    int64 // calls to the store that asked for a lease
+	Calls    int64 // calls to the store that asked for a budget
 	Empty    int64 // of them, those that found nothing left
 	Taken    int64 // units debited in the store by those calls
-	Spent    int64 // units admitted from leases
+	Spent    int64 // units admitted from budgets
 	Lapsed   int64 // units that lapsed unspent (window ended, or a reset)
-	Bypassed int64 // decisions sent to the store without a lease (table full)
+	Bypassed int64 // decisions sent to the store without a budget (table full)
 	Entries  int   // keys held now
 }
 

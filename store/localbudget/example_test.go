@@ -1,4 +1,4 @@
-package lease_test
+package localbudget_test
 
 import (
 	"context"
@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
-	"github.com/weir-dev/weir/store/lease"
+	"github.com/weir-dev/weir/store/localbudget"
 	"github.com/weir-dev/weir/store/memstore"
 )
 
@@ -15,9 +15,9 @@ import (
 // locally, so the store sees one call per 100 decisions.
 func ExampleTable_Take() {
 	store := memstore.New() // redisstore.New(...) in a fleet
-	leases := lease.New(lease.Config{})
+	leases := localbudget.New(localbudget.Config{})
 	global := weir.Limit{Algorithm: weir.FixedWindow, Rate: 1000, Period: time.Minute}
-	size := lease.Size(100, global, 4) // 100: under 1000 / 4 instances
+	size := localbudget.Size(100, global, 4) // 100: under 1000 / 4 instances
 	ctx := context.Background()
 	for range 3 {
 		r, err := leases.Take(ctx, store, "tenant:acme", global, 1, size)

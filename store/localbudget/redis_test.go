@@ -1,4 +1,4 @@
-package lease_test
+package localbudget_test
 
 import (
 	"bufio"
@@ -15,7 +15,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/internal/redistest"
-	"github.com/weir-dev/weir/store/lease"
+	"github.com/weir-dev/weir/store/localbudget"
 	"github.com/weir-dev/weir/store/redisstore"
 )
 
@@ -29,7 +29,7 @@ const (
 	hammerLease      = 100
 )
 
-// hammerLimits are the leased limits the hammer runs, one key each (k0,
+// hammerLimits are the budgeted limits the hammer runs, one key each (k0,
 // k1, k2: both sliding windows would otherwise share one Redis key).
 // Their windows are a day long, and runs keep clear of a day's end
 // (awayFromDayEnd): deciding by Redis TIME, no run may cross a window,
@@ -54,7 +54,7 @@ func awayFromDayEnd(t *testing.T) {
 }
 
 // quietLimit is the index of the limit on which processes 2 and 3 ask
-// once and fall silent, holding the rest of their lease: the others are
+// once and fall silent, holding the rest of their budget: the others are
 // then refused while units sit unspent, the under-admission the bound
 // covers, measured.
 const quietLimit = 3
@@ -68,7 +68,7 @@ type hammerJob struct {
 
 // hammer runs goroutines that each ask for key under l until refused,
 // through one Table, and returns the units admitted.
-func hammer(t testing.TB, tb *lease.Table, st weir.Store, key string, l weir.Limit, goroutines int) (admitted, errs int64) {
+func hammer(t testing.TB, tb *localbudget.Table, st weir.Store, key string, l weir.Limit, goroutines int) (admitted, errs int64) {
 	var a, e atomic.Int64
 	var wg sync.WaitGroup
 	for range goroutines {
@@ -93,11 +93,11 @@ func hammer(t testing.TB, tb *lease.Table, st weir.Store, key string, l weir.Lim
 }
 
 // TestLeaseAcrossProcesses: 4 OS processes × 64 goroutines, each process
-// with its own Store and Table, on one key per leased limit of 1000 per
-// day with lease 100, deciding by Redis TIME. Every goroutine asks
+// with its own Store and Table, on one key per budgeted limit of 1000 per
+// day with budget 100, deciding by Redis TIME. Every goroutine asks
 // until it is refused (but on the quiet limit two processes ask once and
 // stop). The fleet must admit at most 1000, and at least 1000 − 4 × 100
-// (the stated bound: instances × lease); the units debited in Redis are
+// (the stated bound: instances × budget); the units debited in Redis are
 // exactly those admitted plus those the processes still hold.
 // The run keeps two minutes clear of a day's end, so that it falls in one
 // window.
@@ -198,7 +198,7 @@ func TestLeaseHammerChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	tb := lease.New(lease.Config{})
+	tb := localbudget.New(localbudget.Config{})
 	time.Sleep(time.Until(job.Start))
 	var out bytes.Buffer
 	for i, l := range hammerLimits {
@@ -221,8 +221,8 @@ func TestLeaseHammerChild(t *testing.T) {
 }
 
 // TestLeaseSentinelAndCluster: four tables (four instances) × 16
-// goroutines on one leased key through a Sentinel-followed master and a
-// Redis Cluster: at most the limit, at least the limit − 4 × lease.
+// goroutines on one budgeted key through a Sentinel-followed master and a
+// Redis Cluster: at most the limit, at least the limit − 4 × budget.
 func TestLeaseSentinelAndCluster(t *testing.T) {
 	if os.Getenv(childEnv) != "" {
 		t.Skip("running as a hammer child")
@@ -257,7 +257,7 @@ func TestLeaseSentinelAndCluster(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer s.Close()
-				tb := lease.New(lease.Config{})
+				tb := localbudget.New(localbudget.Config{})
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
@@ -281,7 +281,7 @@ func TestLeaseSentinelAndCluster(t *testing.T) {
 	}
 }
 
-// TestLeaseClusterMigration: leases on a hot key while its slot moves
+// TestLeaseClusterMigration: budgets on a hot key while its slot moves
 // between Cluster nodes twice under load (MOVED, ASK, TRYAGAIN). Redis's
 // count must cover every unit admitted (nothing spent undebited), and
 // exceed it only by the units still held and what failed calls may have
@@ -303,14 +303,14 @@ func TestLeaseClusterMigration(t *testing.T) {
 	stop := make(chan struct{})
 	var admitted, failed atomic.Int64
 	var wg sync.WaitGroup
-	tables := make([]*lease.Table, 4)
+	tables := make([]*localbudget.Table, 4)
 	for i := range tables {
 		s, err := redisstore.New(context.Background(), cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer s.Close()
-		tables[i] = lease.New(lease.Config{})
+		tables[i] = localbudget.New(localbudget.Config{})
 		for range 8 {
 			wg.Add(1)
 			go func() {

@@ -1,4 +1,4 @@
-package lease_test
+package localbudget_test
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
-	"github.com/weir-dev/weir/store/lease"
+	"github.com/weir-dev/weir/store/localbudget"
 	"github.com/weir-dev/weir/store/memstore"
 )
 
@@ -40,7 +40,7 @@ func TestForgetDuringRefill(t *testing.T) {
 	c := &clock{t: time.Date(2030, 1, 1, 1, 0, 0, 0, time.UTC)}
 	ms := memstore.New(memstore.WithClock(c.now))
 	g := &gated{Store: ms, entered: make(chan struct{}), gate: make(chan struct{})}
-	tbl := lease.New(lease.Config{Now: c.now})
+	tbl := localbudget.New(localbudget.Config{Now: c.now})
 	l := weir.Limit{Rate: 10, Period: time.Hour, Algorithm: weir.FixedWindow}
 	ctx := context.Background()
 	var admitted atomic.Int64

@@ -1,4 +1,4 @@
-package lease_test
+package localbudget_test
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
-	"github.com/weir-dev/weir/store/lease"
+	"github.com/weir-dev/weir/store/localbudget"
 	"github.com/weir-dev/weir/store/memstore"
 )
 
@@ -47,9 +47,9 @@ func newClock() *clock {
 }
 
 // TestNeverOverAdmits: four tables (four instances) × 64 goroutines on one
-// key of 1000 per minute with lease 100. They admit at most 1000 and, as
+// key of 1000 per minute with budget 100. They admit at most 1000 and, as
 // every goroutine keeps asking until it is refused, at least 1000 − 4×100;
-// the store saw one call per lease, not one per decision.
+// the store saw one call per budget, not one per decision.
 func TestNeverOverAdmits(t *testing.T) {
 	for _, l := range []weir.Limit{
 		{Algorithm: weir.FixedWindow, Rate: 1000, Period: time.Minute},
@@ -61,9 +61,9 @@ func TestNeverOverAdmits(t *testing.T) {
 		const instances, goroutines, size = 4, 64, 100
 		var admitted atomic.Int64
 		var wg sync.WaitGroup
-		tables := make([]*lease.Table, instances)
+		tables := make([]*localbudget.Table, instances)
 		for i := range tables {
-			tables[i] = lease.New(lease.Config{Now: c.now})
+			tables[i] = localbudget.New(localbudget.Config{Now: c.now})
 			for range goroutines {
 				wg.Add(1)
 				go func() {
@@ -95,8 +95,8 @@ func TestNeverOverAdmits(t *testing.T) {
 		if got+held != l.Rate {
 			t.Errorf("%v: admitted %d + held %d != %d debited", l, got, held, l.Rate)
 		}
-		// One call per lease, plus at most one refused call per instance
-		// (the refusal is remembered) and the partial leases at the end.
+		// One call per budget, plus at most one refused call per instance
+		// (the refusal is remembered) and the partial budgets at the end.
 		if n := st.calls.Load(); n > l.Rate/size+2*instances {
 			t.Errorf("%v: %d store calls for %d admitted", l, n, got)
 		}
@@ -105,19 +105,19 @@ func TestNeverOverAdmits(t *testing.T) {
 }
 
 // TestLapsesAtWindowEnd: unspent units lapse when their window ends, and
-// the next request takes a new lease in the new window.
+// the next request takes a new budget in the new window.
 func TestLapsesAtWindowEnd(t *testing.T) {
 	c := newClock()
 	c.add(50 * time.Second) // 10s left in the minute
 	st := &counting{Store: memstore.New(memstore.WithClock(c.now))}
-	tb := lease.New(lease.Config{Now: c.now})
+	tb := localbudget.New(localbudget.Config{Now: c.now})
 	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 100, Period: time.Minute}
 	ctx := context.Background()
 	r, err := tb.Take(ctx, st, "k", l, 1, 10)
 	if err != nil || !r.Allowed {
 		t.Fatal(r, err)
 	}
-	// Remaining: the store's 90 after the lease, plus the 9 still held.
+	// Remaining: the store's 90 after the budget, plus the 9 still held.
 	if r.Remaining != 99 || r.Limit != 100 || r.ResetAfter != 10*time.Second {
 		t.Errorf("first: %+v, want remaining 99, limit 100, reset after 10s", r)
 	}
@@ -132,19 +132,19 @@ func TestLapsesAtWindowEnd(t *testing.T) {
 	if s := tb.Stats(); s.Lapsed != 8 || s.Taken != 20 || s.Spent != 3 {
 		t.Errorf("stats %+v, want 8 lapsed, 20 taken, 3 spent", s)
 	}
-	// The store counts only the new window's lease.
+	// The store counts only the new window's budget.
 	if p, _ := st.Store.Take(ctx, "k", l, 0); p.Remaining != 90 {
 		t.Errorf("store remaining %d, want 90", p.Remaining)
 	}
 }
 
-// TestBucketLifetime: a sliding window with buckets leases for the rest
+// TestBucketLifetime: a sliding window with buckets budgets for the rest
 // of the current bucket only.
 func TestBucketLifetime(t *testing.T) {
 	c := newClock()
 	c.add(3 * time.Second) // 7s left in the first 10s bucket
 	st := &counting{Store: memstore.New(memstore.WithClock(c.now))}
-	tb := lease.New(lease.Config{Now: c.now})
+	tb := localbudget.New(localbudget.Config{Now: c.now})
 	l := weir.Limit{Algorithm: weir.SlidingWindow, Rate: 100, Period: time.Minute, Buckets: 6}
 	ctx := context.Background()
 	_, _ = tb.Take(ctx, st, "k", l, 1, 10)
@@ -165,7 +165,7 @@ func TestBucketLifetime(t *testing.T) {
 func TestDenialRemembered(t *testing.T) {
 	c := newClock()
 	st := &counting{Store: memstore.New(memstore.WithClock(c.now))}
-	tb := lease.New(lease.Config{Now: c.now})
+	tb := localbudget.New(localbudget.Config{Now: c.now})
 	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 10, Period: time.Minute}
 	ctx := context.Background()
 	for i := range 10 {
@@ -187,19 +187,19 @@ func TestDenialRemembered(t *testing.T) {
 	if r, _ := tb.Take(ctx, st, "k", l, 1, 5); !r.Allowed || st.calls.Load() != 4 {
 		t.Errorf("next window: %+v after %d calls", r, st.calls.Load())
 	}
-	// Forget (a reset) drops the lease and the memory of denials.
+	// Forget (a reset) drops the budget and the memory of denials.
 	tb.Forget("k", l)
 	if s := tb.Stats(); s.Lapsed != 4 || s.Entries != 0 {
 		t.Errorf("after Forget: %+v, want 4 lapsed and no entries", s)
 	}
 }
 
-// TestBounded: a full table decides new keys without a lease, and sweeps
+// TestBounded: a full table decides new keys without a budget, and sweeps
 // entries that hold nothing.
 func TestBounded(t *testing.T) {
 	c := newClock()
 	st := &counting{Store: memstore.New(memstore.WithClock(c.now))}
-	tb := lease.New(lease.Config{Now: c.now, MaxEntries: 2})
+	tb := localbudget.New(localbudget.Config{Now: c.now, MaxEntries: 2})
 	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 10, Period: time.Second}
 	ctx := context.Background()
 	for _, k := range []string{"a", "b", "c"} {
@@ -219,11 +219,11 @@ func TestBounded(t *testing.T) {
 	}
 }
 
-// TestPassThrough: peeks, algorithms without leases and impossible costs
+// TestPassThrough: peeks, algorithms without budgets and impossible costs
 // go to the store as they are.
 func TestPassThrough(t *testing.T) {
 	st := memstore.New()
-	tb := lease.New(lease.Config{})
+	tb := localbudget.New(localbudget.Config{})
 	ctx := context.Background()
 	g := weir.Limit{Algorithm: weir.GCRA, Rate: 10, Period: time.Second}
 	if r, err := tb.Take(ctx, st, "k", g, 1, 5); err != nil || !r.Allowed || r.Remaining != 9 {
@@ -236,10 +236,10 @@ func TestPassThrough(t *testing.T) {
 	if s := tb.Stats(); s.Entries != 0 {
 		t.Errorf("%+v: pass-through made entries", s)
 	}
-	if lease.Supports(weir.GCRA) || !lease.Supports(weir.FixedWindow) || !lease.Supports(weir.SlidingWindow) {
+	if localbudget.Supports(weir.GCRA) || !localbudget.Supports(weir.FixedWindow) || !localbudget.Supports(weir.SlidingWindow) {
 		t.Error("Supports disagrees with the algorithm table")
 	}
-	if lease.Size(100, fw, 4) != 2 || lease.Size(100, weir.Limit{Rate: 1000}, 4) != 100 || lease.Size(5, weir.Limit{Rate: 3}, 10) != 1 {
+	if localbudget.Size(100, fw, 4) != 2 || localbudget.Size(100, weir.Limit{Rate: 1000}, 4) != 100 || localbudget.Size(5, weir.Limit{Rate: 3}, 10) != 1 {
 		t.Error("Size")
 	}
 }
@@ -249,10 +249,10 @@ func TestPassThrough(t *testing.T) {
 func TestGive(t *testing.T) {
 	c := newClock()
 	st := &counting{Store: memstore.New(memstore.WithClock(c.now))}
-	tb := lease.New(lease.Config{Now: c.now})
+	tb := localbudget.New(localbudget.Config{Now: c.now})
 	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 10, Period: time.Minute}
 	ctx := context.Background()
-	var tks []lease.Ticket
+	var tks []localbudget.Ticket
 	for range 10 {
 		r, tk, err := tb.TakeTicket(ctx, st, "k", l, 1, 10)
 		if err != nil || !r.Allowed {
@@ -269,7 +269,7 @@ func TestGive(t *testing.T) {
 	if s := tb.Stats(); s.Spent != 9 || s.Lapsed != 1 {
 		t.Errorf("stats %+v, want 9 spent and 1 lapsed", s)
 	}
-	tb.Give(lease.Ticket{}) // the zero Ticket gives nothing
+	tb.Give(localbudget.Ticket{}) // the zero Ticket gives nothing
 }
 
 // slow advances the clock while a call is out, once.
@@ -288,14 +288,14 @@ func (s *slow) Do(ctx context.Context, reqs []weir.Request, out []weir.Result) e
 	return err
 }
 
-// TestLateLease: when the window ends while the lease call is out, the
+// TestLateLease: when the window ends while the budget call is out, the
 // units lapse at once and the request asks again in the new window,
 // instead of being refused under a limit that was never reached.
 func TestLateLease(t *testing.T) {
 	c := newClock()
 	c.add(time.Minute - time.Millisecond)
 	st := &slow{Store: memstore.New(memstore.WithClock(c.now)), c: c, delay: 2 * time.Millisecond}
-	tb := lease.New(lease.Config{Now: c.now})
+	tb := localbudget.New(localbudget.Config{Now: c.now})
 	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 100, Period: time.Minute}
 	r, err := tb.Take(context.Background(), st, "k", l, 1, 10)
 	if err != nil || !r.Allowed || st.calls.Load() != 2 {

@@ -1,4 +1,4 @@
-package lease_test
+package localbudget_test
 
 import (
 	"context"
@@ -11,17 +11,17 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
-	"github.com/weir-dev/weir/store/lease"
+	"github.com/weir-dev/weir/store/localbudget"
 	"github.com/weir-dev/weir/store/redisstore"
 )
 
-// benchEnv names the Redis address bench/lease/run.sh (make bench-lease)
+// benchEnv names the Redis address bench/budget/run.sh (make bench-budget)
 // passes to TestHotKeyLoad; without it the test is skipped.
 const benchEnv = "WEIR_BENCH_LEASE_ADDR"
 
-// TestHotKeyLoad is make bench-lease's load, not a test: one hot key
+// TestHotKeyLoad is make bench-budget's load, not a test: one hot key
 // offered WEIR_BENCH_LEASE_RATE decisions/s (10,000) by 64 goroutines for
-// WEIR_BENCH_LEASE_SECONDS (10) through redisstore, with a lease of
+// WEIR_BENCH_LEASE_SECONDS (10) through redisstore, with a budget of
 // WEIR_BENCH_LEASE_SIZE (100; 0 for none) under a fixed_window of
 // WEIR_BENCH_LEASE_LIMIT per second (12,000). It prints one line that
 // run.sh reads; run.sh measures Redis's time around it.
@@ -45,7 +45,7 @@ func TestHotKeyLoad(t *testing.T) {
 	}
 	defer st.Close()
 	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: limit, Period: time.Second}
-	tb := lease.New(lease.Config{})
+	tb := localbudget.New(localbudget.Config{})
 
 	// Pacing: every millisecond, the tokens due since the start; tokens
 	// the workers cannot take at once are dropped (and show as a lower
