@@ -46,6 +46,7 @@ type serveFlags struct {
 	refuseRoot                             bool
 	compatFlags                            // envoyxds.go
 	envoyDynamicMetadata                   bool
+	envoy                                  envoyServeFlags // serve_envoy.go
 }
 
 func newServeFlagSet(stderr io.Writer) (*flag.FlagSet, *serveFlags) {
@@ -53,7 +54,7 @@ func newServeFlagSet(stderr io.Writer) (*flag.FlagSet, *serveFlags) {
 	fs.SetOutput(stderr)
 	f := &serveFlags{}
 	fs.StringVar(&f.config, "config", "", "weir.yaml with the store, rules and server settings; reloaded when it changes and on SIGHUP (default: built-in demo rules on the memory store)")
-	fs.StringVar(&f.envoyConfig, "envoy-config", "", "directory of envoyproxy/ratelimit YAML files to serve over gRPC ShouldRateLimit and POST /v1/check; reloaded on SIGHUP")
+	fs.StringVar(&f.envoyConfig, "envoy-config", "", "directory of envoyproxy/ratelimit YAML files to serve over gRPC ShouldRateLimit and POST /v1/check; reloaded when a file in it changes and on SIGHUP")
 	fs.StringVar(&f.http, "http", "", `HTTP listen address for the API, /v1/auth, metrics and the dashboard (default: server.http in the config, else ":8080")`)
 	fs.StringVar(&f.grpc, "grpc", "", `gRPC listen address for Envoy's rate limit service and gRPC health, or "off" (default: server.grpc in the config, else ":8081")`)
 	fs.StringVar(&f.redis, "redis", "", "keep state in Redis at this URL instead of what the config says (its store.redis prefix and tuning stay): redis://[user:pass@]host:port/db, rediss://..., redis+sentinel://host:port,host:port/master, or host:port,host:port,... for a cluster")
@@ -72,6 +73,7 @@ func newServeFlagSet(stderr io.Writer) (*flag.FlagSet, *serveFlags) {
 	fs.BoolVar(&f.envoyDynamicMetadata, "envoy-dynamic-metadata", false, "return dynamic metadata on every Envoy rate limit response (domain, descriptors, the metadata: of the descriptors that passed), as envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA=true")
 	fs.BoolVar(&f.refuseRoot, "refuse-root", false, "exit with an error instead of serving when the effective user is root (uid 0); the container image sets it")
 	addCompatFlags(fs, &f.compatFlags)
+	addEnvoyFlags(fs, &f.envoy)
 	// Every flag's help names its environment variable.
 	fs.VisitAll(func(fl *flag.Flag) { fl.Usage += " [$" + envName(fl.Name) + "]" })
 	fs.Usage = func() {
@@ -306,6 +308,7 @@ func serverOptions(f *serveFlags, log *slog.Logger, lookup func(string) (string,
 		server.WithShutdownTimeout(f.shutdownTimeout),
 		server.WithShutdownDelay(f.shutdownDelay),
 		server.WithLookupEnv(lookup),
+		f.envoy.option(),
 	}
 	for _, o := range []struct {
 		value string

@@ -265,7 +265,12 @@ func (s *Server) handleReadyz(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "shutting_down"})
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "store": s.storeInfo().Type, "store_healthy": s.healthy.Load()})
+	body := map[string]any{"status": "ready", "store": s.storeInfo().Type, "store_healthy": s.healthy.Load()}
+	if s.envoyDir != "" {
+		// A refused reload leaves the last good config serving: still ready.
+		body["envoy_config_stale"] = s.envoyState.stale.Load()
+	}
+	writeJSON(w, http.StatusOK, body)
 }
 
 // storeHealth is the body of /healthz/store.

@@ -103,6 +103,7 @@ type options struct {
 	envoyAwait      bool // /healthcheck fails until SetEnvoyConfig (envoyhealth.go)
 	tlsGRPCOnly     bool // WithTLSOnGRPCOnly (envoyhealth.go)
 	envoyMetadata   bool
+	envoySettings   EnvoySettings
 	log             *slog.Logger
 	adminToken      *string
 	adminTokenEnv   string
@@ -164,7 +165,7 @@ func WithRedisURL(url string) Option { return func(o *options) { o.redisURL = ur
 func WithEnvoyConfig(cfg *envoyrls.Config) Option { return func(o *options) { o.envoyCfg = cfg } }
 
 // WithEnvoyConfigDir loads envoyproxy/ratelimit YAML files from dir (see
-// envoyrls.LoadDir), and reloads them on Reload.
+// envoyrls.LoadDir), and reloads them when they change and on Reload.
 func WithEnvoyConfigDir(dir string) Option { return func(o *options) { o.envoyDir = dir } }
 
 // WithEnvoyDynamicMetadata makes Envoy rate limit responses carry dynamic
@@ -279,8 +280,9 @@ type Server struct {
 	resv  reservations   // POST /v1/reserve's open reservations
 	keys  redisKeys      // the names of the service's own keys in Redis
 
-	envoy    *envoyrls.Service
-	envoyDir string
+	envoy      *envoyrls.Service
+	envoyDir   string
+	envoyState envoyState // reloads of envoyDir (envoywatch.go)
 
 	tls *tlsfiles.Source // the listeners' certificate; nil for plaintext
 
@@ -517,18 +519,24 @@ func (s *Server) initEnvoy() error {
 	o := &s.o
 	ecfg := o.envoyCfg
 	if o.envoyDir != "" {
-		c, err := envoyrls.LoadDir(o.envoyDir)
+		c, sum, err := s.loadEnvoyDir(o.envoyDir)
 		if err != nil {
 			return fmt.Errorf("server: envoy config: %w", err)
 		}
 		ecfg, s.envoyDir = c, o.envoyDir
+		s.envoyState.lastSum = sum
+		s.envoyState.lastOK.Store(time.Now().Unix())
 	}
 	maxOverride := s.base.Load().Server.EnvoyMaxOverridePeriod
 	if maxOverride == 0 {
 		maxOverride = defaultEnvoyMaxOverride
 	}
-	s.envoy = envoyrls.New(ecfg, s.stack, envoyrls.WithFallbackDecider(s.envoyDecider), envoyrls.WithObserver(s.envoyObserve),
-		envoyrls.WithMaxOverridePeriod(maxOverride), envoyrls.WithDynamicMetadata(s.o.envoyMetadata))
+	s.envoy = envoyrls.New(ecfg, s.stack, append(s.envoyServiceOptions(), envoyrls.WithFallbackDecider(s.envoyDecider),
+		envoyrls.WithObserver(s.envoyObserve), envoyrls.WithMaxOverridePeriod(maxOverride), envoyrls.WithDynamicMetadata(s.o.envoyMetadata))...)
+	s.registerEnvoyMetrics()
+	if s.envoyDir != "" {
+		s.startEnvoyWatch()
+	}
 	return nil
 }
 
@@ -691,16 +699,8 @@ func (s *Server) Reload() error {
 		}
 	}
 	if s.envoyDir != "" {
-		c, err := envoyrls.LoadDir(s.envoyDir)
-		if err != nil {
-			s.metrics.reload(false)
-			s.log.Error("weir: envoy config rejected; the old one stays in force", "dir", s.envoyDir, "err", err)
+		if err := s.reloadEnvoy(true); err != nil {
 			errs = append(errs, err)
-		} else {
-			s.envoy.SetConfig(c)
-			s.flushDenyCache()
-			s.metrics.reload(true)
-			s.log.Info("weir: envoy config reloaded", "dir", s.envoyDir, "domains", len(c.Domains()))
 		}
 	}
 	return errors.Join(errs...)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -43,6 +42,7 @@ type Config struct {
 	domains map[string]*domainConfig
 	files   []string
 	rules   []*rule
+	merge   bool // files may share a domain (LoadOptions.MergeDomains)
 }
 
 type domainConfig struct {
@@ -231,35 +231,7 @@ func LoadFiles(paths ...string) (*Config, error) {
 // subdirectories, and skipping names that start with a dot), in name
 // order. This is envoyproxy/ratelimit's runtime config directory, usually
 // RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config.
-func LoadDir(dir string) (*Config, error) {
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, fmt.Errorf("envoyrls: %w", err)
-	}
-	var paths []string
-	for _, e := range ents {
-		name := e.Name()
-		if strings.HasPrefix(name, ".") {
-			continue
-		}
-		if ext := filepath.Ext(name); ext != ".yaml" && ext != ".yml" {
-			continue
-		}
-		p := filepath.Join(dir, name)
-		fi, err := os.Stat(p) // follows symlinks, as runtime directories use them
-		if err != nil {
-			return nil, fmt.Errorf("envoyrls: %w", err)
-		}
-		if fi.Mode().IsRegular() {
-			paths = append(paths, p)
-		}
-	}
-	if len(paths) == 0 {
-		return nil, fmt.Errorf("envoyrls: no .yaml or .yml files in %s", dir)
-	}
-	sort.Strings(paths)
-	return LoadFiles(paths...)
-}
+func LoadDir(dir string) (*Config, error) { return LoadDirWith(dir, LoadOptions{}) }
 
 // parser holds the state of loading one file.
 type parser struct {
@@ -316,7 +288,10 @@ func (p *parser) load(c *Config, data []byte) (*domainConfig, error) {
 	if domain == "" {
 		return nil, yamlnode.Errorf(dn, "domain is empty")
 	}
-	if prev := c.domains[domain]; prev != nil {
+	if prev := c.domains[domain]; prev != nil && c.merge {
+		p.domain = domain
+		return prev, p.mergeInto(prev, f.Get("descriptors"))
+	} else if prev != nil {
 		return nil, yamlnode.Errorf(dn, "domain %q is already defined in %s:%d", domain, prev.file, prev.line)
 	}
 	p.domain = domain

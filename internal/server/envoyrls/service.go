@@ -195,6 +195,7 @@ type Service struct {
 	maxOverride time.Duration
 	// dynamicMetadata: responses carry dynamic metadata (WithDynamicMetadata).
 	dynamicMetadata bool
+	g               globals // weir serve's global settings (globals.go)
 }
 
 // New returns a Service answering from cfg with counters in store. A nil
@@ -328,7 +329,11 @@ func (s *Service) Check(ctx context.Context, req *rlspb.RateLimitRequest) (*rlsp
 	if err := checkBounds(req); err != nil {
 		return nil, err
 	}
-	items, err := matchRules(s.cfg.Load().domains[req.Domain], req, s.maxOverride)
+	dom := s.cfg.Load().domains[req.Domain]
+	if dom == nil {
+		s.g.unknownDomains.Add(1)
+	}
+	items, err := matchRules(dom, req, s.maxOverride)
 	if err != nil {
 		return nil, err
 	}
@@ -483,9 +488,11 @@ func (s *Service) respond(ctx context.Context, req *rlspb.RateLimitRequest, item
 	resp := &rlspb.RateLimitResponse{Statuses: make([]*rlspb.RateLimitResponse_DescriptorStatus, len(items))}
 	over := false
 	quotas, quotasOver := 0, 0
+	limited := make([]bool, len(items))
 	for i := range items {
 		st, d := s.descriptorStatus(req.Domain, i, &items[i], results, fallback)
 		resp.Statuses[i] = st
+		limited[i] = d.Outcome == Limited
 		if r := items[i].rule; r != nil && !r.unlimited {
 			if r.quota {
 				quotas++
@@ -503,6 +510,7 @@ func (s *Service) respond(ctx context.Context, req *rlspb.RateLimitRequest, item
 	if quotas > 0 && quotasOver == quotas {
 		over = true
 	}
+	over = s.applyGlobals(req.Domain, resp, items, limited, over)
 	if over {
 		resp.OverallCode = rlspb.RateLimitResponse_OVER_LIMIT
 	} else {
