@@ -40,6 +40,9 @@ type limiter struct {
 	roundSum time.Duration
 	roundN   int
 	roundMax int // most in flight at an admission this round
+	// cut is when the limit last fell: calls admitted before it met the
+	// queue the old limit let build, and do not count in a round.
+	cut time.Time
 }
 
 // configure applies c, keeping the requests in flight and, when the limit
@@ -113,11 +116,14 @@ func (l *limiter) sample(now time.Time, rtt time.Duration, before int) {
 		}
 		l.probeSum += rtt
 		l.probeN++
-		if l.probeN >= max(1, l.probeLimit/4) {
+		if l.probeN >= max(1, l.probeLimit) {
 			l.baseRTT = l.probeSum / time.Duration(l.probeN)
 			l.probing = false
 			l.roundSum, l.roundN, l.roundMax = 0, 0, 0
 		}
+		return
+	}
+	if now.Add(-rtt).Before(l.cut) {
 		return
 	}
 	l.roundSum += rtt
@@ -142,6 +148,7 @@ func (l *limiter) sample(now time.Time, rtt time.Duration, before int) {
 		// a slow dependency), not from the requests this limit admits.
 	case queue > beta:
 		l.limit -= (queue - alpha) / 2
+		l.cut = now
 	case queue < alpha:
 		l.limit += lg
 	}
