@@ -17,11 +17,17 @@ import (
 //
 // Only a round that used at least half of the limit moves it: below
 // alpha = 3·log10(limit) the limit grows by log10(limit), above
-// beta = 6·log10(limit) it falls by half the excess over alpha. Every ProbeInterval the limit halves until
-// some calls have run with in flight under the halved limit, and their
-// mean latency becomes baseRTT: as BBR's ProbeRTT does, this forgets a
-// baseline that a slower backend made stale and, since the probe's calls
-// meet no queue, does not let the baseline creep up with the queue.
+// beta = 6·log10(limit) it falls by half the excess over alpha; calls
+// admitted before a fall do not count in the rounds after it, since they
+// met the queue the old limit let build. Every ProbeInterval the limit
+// halves (for all but critical requests) until a halved limit's worth of
+// calls have run with in flight under it, and their mean latency becomes
+// baseRTT: as BBR's ProbeRTT does, this forgets a baseline that a slower
+// backend made stale and, since the probe's calls meet no queue, does not
+// let the baseline creep up with the queue. Taking the mean of a whole
+// halved limit's calls, not of the first few to finish, keeps it from
+// favouring the fast ones. A probe that critical requests keep from
+// draining for 4 × baseRTT is given up.
 type limiter struct {
 	fixed    int // a fixed limit; 0 when adaptive or none
 	adaptive bool
@@ -33,6 +39,7 @@ type limiter struct {
 	interval   time.Duration
 	nextProbe  time.Time
 	probing    bool
+	probeEnd   time.Time // a probe not done by then is given up
 	probeLimit int
 	probeSum   time.Duration
 	probeN     int
@@ -101,6 +108,7 @@ func (l *limiter) startProbe(now time.Time, n int) {
 	l.probeLimit = n
 	l.probeSum, l.probeN = 0, 0
 	l.nextProbe = now.Add(l.interval)
+	l.probeEnd = now.Add(4 * l.baseRTT)
 }
 
 // sample takes the latency of a call that was admitted with before others
@@ -111,6 +119,13 @@ func (l *limiter) sample(now time.Time, rtt time.Duration, before int) {
 	}
 	rtt = max(rtt, time.Microsecond)
 	if l.probing {
+		if l.baseRTT > 0 && now.After(l.probeEnd) {
+			// Critical requests, which a probe does not hold back, kept
+			// in flight above the probe's limit: keep the baseline.
+			l.probing = false
+			l.roundSum, l.roundN, l.roundMax = 0, 0, 0
+			return
+		}
 		if before >= l.probeLimit {
 			return // admitted before the drain: it may have queued
 		}

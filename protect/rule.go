@@ -239,7 +239,7 @@ func (r *Rule) enqueue(p Priority, granted func(Ticket, error)) (t Ticket, cance
 	}
 	// The queue holds at most as many requests as the limit admits at
 	// once: the ones beyond could not start within about one latency.
-	wait := bound > 0 && len(r.waiters) < max(r.effectiveLimit(now), 1)
+	wait := bound > 0 && len(r.waiters) < max(r.effectiveLimit(now, Critical), 1)
 	t, err = r.acquire(now, p, !wait)
 	var rej *Rejection
 	if err == nil || !wait || !errors.As(err, &rej) || rej.Reason != ReasonOverloaded {
@@ -269,7 +269,7 @@ func (r *Rule) enqueue(p Priority, granted func(Ticket, error)) (t Ticket, cance
 // r.mu is held.
 func (r *Rule) handOver(now time.Time) {
 	for len(r.waiters) > 0 {
-		if n := r.effectiveLimit(now); n != 0 && r.lim.inflight >= threshold(n, r.cfg.Reserve, Critical) {
+		if n := r.effectiveLimit(now, Critical); n != 0 && r.lim.inflight >= threshold(n, r.cfg.Reserve, Critical) {
 			return
 		}
 		w := r.waiters[0]
@@ -281,7 +281,7 @@ func (r *Rule) handOver(now time.Time) {
 
 // admit applies the concurrency limit and the CPU gate, counting a shed.
 func (r *Rule) admit(now time.Time, p Priority, countShed bool) *Rejection {
-	n := r.effectiveLimit(now)
+	n := r.effectiveLimit(now, p)
 	if n == 0 || r.lim.inflight < threshold(n, r.cfg.Reserve, p) {
 		return nil
 	}
@@ -291,10 +291,14 @@ func (r *Rule) admit(now time.Time, p Priority, countShed bool) *Rejection {
 	return &Rejection{Rule: r.cfg.Name, Reason: ReasonOverloaded, Priority: p, RetryAfter: time.Second}
 }
 
-// effectiveLimit is the concurrency limit, or the CPU gate's when lower;
-// 0 for none.
-func (r *Rule) effectiveLimit(now time.Time) int {
+// effectiveLimit is the concurrency limit for priority p, or the CPU
+// gate's when lower; 0 for none. A probe of the adaptive limit does not
+// lower it for critical requests.
+func (r *Rule) effectiveLimit(now time.Time, p Priority) int {
 	n := r.lim.current()
+	if p == Critical && r.lim.adaptive {
+		n = int(r.lim.limit)
+	}
 	if g := r.cpu.limit(now); g > 0 && (n == 0 || g < n) {
 		n = g
 	}
