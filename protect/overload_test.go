@@ -28,10 +28,9 @@ type overloadSim struct {
 }
 
 type ev struct {
-	at   time.Time
-	seq  int
-	fn   func()
-	kind string
+	at  time.Time
+	seq int
+	fn  func()
 }
 
 type evHeap []ev
