@@ -27,7 +27,8 @@ import (
 // let the baseline creep up with the queue. Taking the mean of a whole
 // halved limit's calls, not of the first few to finish, keeps it from
 // favouring the fast ones. A probe that critical requests keep from
-// draining for 4 × baseRTT is given up.
+// draining (after 4 × baseRTT, more calls done above its limit than
+// under it) is given up, as is one not done in ProbeInterval.
 type limiter struct {
 	fixed    int // a fixed limit; 0 when adaptive or none
 	adaptive bool
@@ -43,6 +44,7 @@ type limiter struct {
 	probeLimit int
 	probeSum   time.Duration
 	probeN     int
+	probeSkip  int // calls done in the probe that it cannot count
 
 	roundSum time.Duration
 	roundN   int
@@ -106,7 +108,7 @@ func threshold(n int, reserve float64, p Priority) int {
 func (l *limiter) startProbe(now time.Time, n int) {
 	l.probing = true
 	l.probeLimit = n
-	l.probeSum, l.probeN = 0, 0
+	l.probeSum, l.probeN, l.probeSkip = 0, 0, 0
 	l.nextProbe = now.Add(l.interval)
 	l.probeEnd = now.Add(4 * l.baseRTT)
 }
@@ -119,14 +121,16 @@ func (l *limiter) sample(now time.Time, rtt time.Duration, before int) {
 	}
 	rtt = max(rtt, time.Microsecond)
 	if l.probing {
-		if l.baseRTT > 0 && now.After(l.probeEnd) {
+		if l.baseRTT > 0 && (now.After(l.probeEnd) && l.probeSkip > l.probeN || !now.Before(l.nextProbe)) {
 			// Critical requests, which a probe does not hold back, kept
-			// in flight above the probe's limit: keep the baseline.
+			// in flight above the probe's limit (or a light load took
+			// a whole interval to finish it): keep the baseline.
 			l.probing = false
 			l.roundSum, l.roundN, l.roundMax = 0, 0, 0
 			return
 		}
 		if before >= l.probeLimit {
+			l.probeSkip++
 			return // admitted before the drain: it may have queued
 		}
 		l.probeSum += rtt

@@ -242,3 +242,32 @@ func TestMaxWaitFollowsLatency(t *testing.T) {
 		t.Fatalf("MaxWait of a fixed limit: %v", w)
 	}
 }
+
+// TestProbeUnderLightLoad: a probe under a light load, one call at a time
+// far under the limit, still measures the latency (a backend that became
+// slower), rather than being given up as one that critical requests keep
+// from draining.
+func TestProbeUnderLightLoad(t *testing.T) {
+	clock := newClock()
+	r := mustRule(t, Config{Name: "api", Adaptive: true, InitialConcurrency: 100, MaxConcurrency: 200, Now: clock.Now})
+	call := func(d time.Duration) {
+		tk, err := r.Acquire(Normal)
+		if err != nil {
+			t.Fatal(err)
+		}
+		clock.Advance(d)
+		tk.Done(false)
+	}
+	for range 100 {
+		call(10 * time.Millisecond)
+	}
+	if base := r.Stats().BaseRTT; base != 10*time.Millisecond {
+		t.Fatalf("baseline %v, want 10ms", base)
+	}
+	for range 1000 { // 15 s of calls taking 15ms: probes come due
+		call(15 * time.Millisecond)
+	}
+	if base := r.Stats().BaseRTT; base != 15*time.Millisecond {
+		t.Fatalf("baseline %v after the backend became slower, want 15ms", base)
+	}
+}
