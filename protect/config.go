@@ -23,8 +23,9 @@ type Config struct {
 	// re-measure the unloaded latency (default 5s).
 	ProbeInterval time.Duration
 	// MaxWait is how long a critical request that finds the limit full
-	// waits for a slot (Rule.Wait), taking the first one freed; 0: it is
-	// shed at once, as other priorities always are.
+	// waits for a slot (Rule.Wait), taking the first one freed; other
+	// priorities never wait. 0: under an adaptive limit, the unloaded
+	// latency the limit measured (Rule.MaxWait); otherwise no wait.
 	MaxWait time.Duration
 	// Reserve is the share of the limit, in [0, 1), that only critical
 	// requests may use.

@@ -17,11 +17,18 @@ import (
 //
 // Only a round that used at least half of the limit moves it: below
 // alpha = 3·log10(limit) the limit grows by log10(limit), above
-// beta = 6·log10(limit) it falls by half the excess over alpha. Every ProbeInterval the limit halves until
-// some calls have run with in flight under the halved limit, and their
-// mean latency becomes baseRTT: as BBR's ProbeRTT does, this forgets a
-// baseline that a slower backend made stale and, since the probe's calls
-// meet no queue, does not let the baseline creep up with the queue.
+// beta = 6·log10(limit) it falls by half the excess over alpha; calls
+// admitted before a fall do not count in the rounds after it, since they
+// met the queue the old limit let build. Every ProbeInterval the limit
+// halves (for all but critical requests) until a halved limit's worth of
+// calls have run with in flight under it, and their mean latency becomes
+// baseRTT: as BBR's ProbeRTT does, this forgets a baseline that a slower
+// backend made stale and, since the probe's calls meet no queue, does not
+// let the baseline creep up with the queue. Taking the mean of a whole
+// halved limit's calls, not of the first few to finish, keeps it from
+// favouring the fast ones. A probe that critical requests keep from
+// draining (after 4 × baseRTT, more calls done above its limit than
+// under it) is given up, as is one not done in ProbeInterval.
 type limiter struct {
 	fixed    int // a fixed limit; 0 when adaptive or none
 	adaptive bool
@@ -33,13 +40,18 @@ type limiter struct {
 	interval   time.Duration
 	nextProbe  time.Time
 	probing    bool
+	probeEnd   time.Time // a probe not done by then is given up
 	probeLimit int
 	probeSum   time.Duration
 	probeN     int
+	probeSkip  int // calls done in the probe that it cannot count
 
 	roundSum time.Duration
 	roundN   int
 	roundMax int // most in flight at an admission this round
+	// cut is when the limit last fell: calls admitted before it met the
+	// queue the old limit let build, and do not count in a round.
+	cut time.Time
 }
 
 // configure applies c, keeping the requests in flight and, when the limit
@@ -96,8 +108,9 @@ func threshold(n int, reserve float64, p Priority) int {
 func (l *limiter) startProbe(now time.Time, n int) {
 	l.probing = true
 	l.probeLimit = n
-	l.probeSum, l.probeN = 0, 0
+	l.probeSum, l.probeN, l.probeSkip = 0, 0, 0
 	l.nextProbe = now.Add(l.interval)
+	l.probeEnd = now.Add(4 * l.baseRTT)
 }
 
 // sample takes the latency of a call that was admitted with before others
@@ -108,16 +121,28 @@ func (l *limiter) sample(now time.Time, rtt time.Duration, before int) {
 	}
 	rtt = max(rtt, time.Microsecond)
 	if l.probing {
+		if l.baseRTT > 0 && (now.After(l.probeEnd) && l.probeSkip > l.probeN || !now.Before(l.nextProbe)) {
+			// Critical requests, which a probe does not hold back, kept
+			// in flight above the probe's limit (or a light load took
+			// a whole interval to finish it): keep the baseline.
+			l.probing = false
+			l.roundSum, l.roundN, l.roundMax = 0, 0, 0
+			return
+		}
 		if before >= l.probeLimit {
+			l.probeSkip++
 			return // admitted before the drain: it may have queued
 		}
 		l.probeSum += rtt
 		l.probeN++
-		if l.probeN >= max(1, l.probeLimit/4) {
+		if l.probeN >= max(1, l.probeLimit) {
 			l.baseRTT = l.probeSum / time.Duration(l.probeN)
 			l.probing = false
 			l.roundSum, l.roundN, l.roundMax = 0, 0, 0
 		}
+		return
+	}
+	if now.Add(-rtt).Before(l.cut) {
 		return
 	}
 	l.roundSum += rtt
@@ -142,6 +167,7 @@ func (l *limiter) sample(now time.Time, rtt time.Duration, before int) {
 		// a slow dependency), not from the requests this limit admits.
 	case queue > beta:
 		l.limit -= (queue - alpha) / 2
+		l.cut = now
 	case queue < alpha:
 		l.limit += lg
 	}

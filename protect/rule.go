@@ -165,20 +165,20 @@ type waiter struct {
 }
 
 // Wait is Acquire, except that a critical request the concurrency limit
-// refuses waits for a slot, up to Config.MaxWait or until ctx ends: the
-// next slot freed goes to the critical request that has waited longest,
-// before any other request can take it. Other priorities never wait.
+// refuses waits for a slot, up to MaxWait or until ctx ends: the next slot
+// freed goes to the critical request that has waited longest, before any
+// other request can take it. Other priorities never wait.
 func (r *Rule) Wait(ctx context.Context, p Priority) (Ticket, error) {
 	type grant struct {
 		t   Ticket
 		err error
 	}
 	ch := make(chan grant, 1)
-	t, cancel, err := r.Enqueue(p, func(t Ticket, err error) { ch <- grant{t, err} })
+	t, cancel, bound, err := r.enqueue(p, func(t Ticket, err error) { ch <- grant{t, err} })
 	if cancel == nil {
 		return t, err
 	}
-	timer := time.NewTimer(r.maxWait())
+	timer := time.NewTimer(bound)
 	defer timer.Stop()
 	select {
 	case g := <-ch:
@@ -193,30 +193,57 @@ func (r *Rule) Wait(ctx context.Context, p Priority) (Ticket, error) {
 	return g.t, g.err
 }
 
-func (r *Rule) maxWait() time.Duration {
+// MaxWait is how long a critical request that finds the limit full may
+// wait for a slot now: Config.MaxWait when set; under an adaptive limit
+// without it, the unloaded latency the limit has measured (0 until it has
+// one); otherwise 0, no wait.
+func (r *Rule) MaxWait() time.Duration {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.cfg.MaxWait
+	return r.maxWait()
+}
+
+// maxWait is MaxWait with r.mu held.
+func (r *Rule) maxWait() time.Duration {
+	switch {
+	case r.cfg.MaxWait > 0:
+		return r.cfg.MaxWait
+	case r.lim.adaptive:
+		return r.lim.baseRTT
+	}
+	return 0
 }
 
 // Enqueue is Wait for event loops and simulations, which cannot block: it
 // admits or refuses the request at once, as Acquire, unless it is a
-// critical request refused by the concurrency limit of a rule with a
-// MaxWait. Then it queues the request and returns a cancel function; when
-// a slot comes free, granted is called with the ticket (or a circuit_open
-// rejection), under the rule's lock: it must not call the rule. The
-// caller calls cancel when MaxWait has passed: cancel withdraws the
-// request, counts it as shed and reports true, or reports false and
-// changes nothing if granted was called already.
+// critical request refused by the concurrency limit while MaxWait is
+// positive and fewer critical requests wait than the limit in force. Then
+// it queues the request and returns a cancel function; when a slot comes
+// free, granted is called with the ticket (or a circuit_open rejection),
+// under the rule's lock: it must not call the rule. The caller calls
+// cancel when MaxWait (as it stood at Enqueue) has passed: cancel
+// withdraws the request, counts it as shed and reports true, or reports
+// false and changes nothing if granted was called already.
 func (r *Rule) Enqueue(p Priority, granted func(Ticket, error)) (t Ticket, cancel func() bool, err error) {
+	t, cancel, _, err = r.enqueue(p, granted)
+	return t, cancel, err
+}
+
+// enqueue is Enqueue, also returning the wait's bound.
+func (r *Rule) enqueue(p Priority, granted func(Ticket, error)) (t Ticket, cancel func() bool, bound time.Duration, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := r.now()
-	wait := p == Critical && r.cfg.MaxWait > 0 && !r.cfg.Shadow
+	if p == Critical && !r.cfg.Shadow {
+		bound = r.maxWait()
+	}
+	// The queue holds at most as many requests as the limit admits at
+	// once: the ones beyond could not start within about one latency.
+	wait := bound > 0 && len(r.waiters) < max(r.effectiveLimit(now, Critical), 1)
 	t, err = r.acquire(now, p, !wait)
 	var rej *Rejection
 	if err == nil || !wait || !errors.As(err, &rej) || rej.Reason != ReasonOverloaded {
-		return t, nil, err
+		return t, nil, 0, err
 	}
 	w := &waiter{granted: granted}
 	r.waiters = append(r.waiters, w)
@@ -235,14 +262,14 @@ func (r *Rule) Enqueue(p Priority, granted func(Ticket, error)) (t Ticket, cance
 			}
 		}
 		return true
-	}, nil
+	}, bound, nil
 }
 
 // handOver gives freed slots to waiting critical requests, oldest first.
 // r.mu is held.
 func (r *Rule) handOver(now time.Time) {
 	for len(r.waiters) > 0 {
-		if n := r.effectiveLimit(now); n != 0 && r.lim.inflight >= threshold(n, r.cfg.Reserve, Critical) {
+		if n := r.effectiveLimit(now, Critical); n != 0 && r.lim.inflight >= threshold(n, r.cfg.Reserve, Critical) {
 			return
 		}
 		w := r.waiters[0]
@@ -254,7 +281,7 @@ func (r *Rule) handOver(now time.Time) {
 
 // admit applies the concurrency limit and the CPU gate, counting a shed.
 func (r *Rule) admit(now time.Time, p Priority, countShed bool) *Rejection {
-	n := r.effectiveLimit(now)
+	n := r.effectiveLimit(now, p)
 	if n == 0 || r.lim.inflight < threshold(n, r.cfg.Reserve, p) {
 		return nil
 	}
@@ -264,10 +291,14 @@ func (r *Rule) admit(now time.Time, p Priority, countShed bool) *Rejection {
 	return &Rejection{Rule: r.cfg.Name, Reason: ReasonOverloaded, Priority: p, RetryAfter: time.Second}
 }
 
-// effectiveLimit is the concurrency limit, or the CPU gate's when lower;
-// 0 for none.
-func (r *Rule) effectiveLimit(now time.Time) int {
+// effectiveLimit is the concurrency limit for priority p, or the CPU
+// gate's when lower; 0 for none. A probe of the adaptive limit does not
+// lower it for critical requests.
+func (r *Rule) effectiveLimit(now time.Time, p Priority) int {
 	n := r.lim.current()
+	if p == Critical && r.lim.adaptive {
+		n = int(r.lim.limit)
+	}
 	if g := r.cpu.limit(now); g > 0 && (n == 0 || g < n) {
 		n = g
 	}

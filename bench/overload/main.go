@@ -1,10 +1,12 @@
 // Command overload measures weir's overload protection (make
 // bench-overload): a simulated backend of fixed capacity (-capacity calls
 // in flight, -service each; more wait in line) behind policy.Middleware,
-// offered 2× and 4× what it can serve, open loop (Poisson arrivals, each
+// offered 3× and 5× what it can serve, open loop (Poisson arrivals, each
 // request on its own goroutine, a client giving up after -timeout), with
-// -critical of the requests marked critical. It prints, for no
-// protection, a fixed concurrency limit and concurrency: adaptive, the
+// -critical of the requests marked critical and -sheddable sheddable, the
+// rest normal. It prints, for no protection, concurrency: adaptive with
+// max_wait and concurrency: adaptive with nothing but priority and
+// reserve, the
 // goodput (successes within the timeout per second, as a share of
 // capacity), the p50 and p99 latency of successful requests and the share
 // of critical requests served. The requests go straight to the handler,
@@ -28,16 +30,18 @@ import (
 )
 
 var (
-	capacity = flag.Int("capacity", 50, "calls the backend serves at once")
-	service  = flag.Duration("service", 20*time.Millisecond, "time each call takes")
-	duration = flag.Duration("duration", 10*time.Second, "measured time of each run")
-	warmup   = flag.Duration("warmup", 3*time.Second, "time before measuring, for the adaptive limit to settle")
-	timeout  = flag.Duration("timeout", time.Second, "how long a client waits")
-	critical = flag.Float64("critical", 0.2, "share of critical requests")
-	loads    = flag.String("loads", "2,4", "offered loads, as multiples of capacity")
-	real     = flag.Bool("real", false, "run on the wall clock through policy.Middleware instead of simulating")
-	maxWait  = flag.Duration("max-wait", 20*time.Millisecond, "max_wait of the protect rules: how long a critical request waits for a slot")
-	jitter   = flag.Float64("jitter", 0.1, "simulation: sigma of the lognormal factor of each call's service time")
+	capacity  = flag.Int("capacity", 50, "calls the backend serves at once")
+	service   = flag.Duration("service", 20*time.Millisecond, "time each call takes")
+	duration  = flag.Duration("duration", 10*time.Second, "measured time of each run")
+	warmup    = flag.Duration("warmup", 3*time.Second, "time before measuring, for the adaptive limit to settle")
+	timeout   = flag.Duration("timeout", time.Second, "how long a client waits")
+	critical  = flag.Float64("critical", 0.2, "share of critical requests")
+	sheddable = flag.Float64("sheddable", 0.3, "share of sheddable requests")
+	loads     = flag.String("loads", "3,5", "offered loads, as multiples of capacity")
+	real      = flag.Bool("real", false, "run on the wall clock through policy.Middleware instead of simulating")
+	maxWait   = flag.Duration("max-wait", 20*time.Millisecond, "max_wait of the \"adaptive+max_wait\" rule: how long a critical request waits for a slot")
+	seed      = flag.Uint64("seed", 1, "seed of the arrivals and service times")
+	jitter    = flag.Float64("jitter", 0.1, "simulation: sigma of the lognormal factor of each call's service time")
 )
 
 // backend serves capacity calls at once, each taking service; the others
@@ -63,10 +67,10 @@ type result struct {
 
 func modeConfig(mode string) string {
 	switch mode {
-	case "fixed":
-		return fmt.Sprintf("protect:\n  - name: api\n    concurrency: %d\n    priority: header:X-Priority\n    reserve: 20%%\n    max_wait: %s\n", *capacity, *maxWait)
+	case "adaptive+max_wait":
+		return fmt.Sprintf("protect:\n  - name: api\n    concurrency: adaptive\n    priority: header:X-Priority\n    reserve: 20%%\n    max_wait: %s\n", *maxWait)
 	case "adaptive":
-		return fmt.Sprintf("protect:\n  - name: api\n    concurrency: adaptive\n    max_concurrency: 1000\n    priority: header:X-Priority\n    reserve: 20%%\n    max_wait: %s\n", *maxWait)
+		return "protect:\n  - name: api\n    concurrency: adaptive\n    priority: header:X-Priority\n    reserve: 20%\n"
 	}
 	return "rules: []\n"
 }
@@ -83,7 +87,7 @@ func runReal(mode string, rate float64) (result, string) {
 		panic(err)
 	}
 	h := policy.Middleware(p)(backend())
-	rng := rand.New(rand.NewPCG(1, 2))
+	rng := rand.New(rand.NewPCG(*seed, 2))
 	var mu sync.Mutex
 	var res result
 	var wg sync.WaitGroup
@@ -98,7 +102,8 @@ func runReal(mode string, rate float64) (result, string) {
 			break
 		}
 		for !next.After(now) && next.Before(end) {
-			crit := rng.Float64() < *critical
+			u := rng.Float64()
+			crit, shed := u < *critical, u >= *critical && u < *critical+*sheddable
 			measured := !next.Before(measureFrom)
 			next = next.Add(time.Duration(rng.ExpFloat64() / rate * float64(time.Second)))
 			wg.Add(1)
@@ -110,8 +115,11 @@ func runReal(mode string, rate float64) (result, string) {
 				defer cancel()
 				req := httptest.NewRequestWithContext(ctx, "GET", "/api/x", nil)
 				req.RemoteAddr = "192.0.2.1:1234"
-				if crit {
+				switch {
+				case crit:
 					req.Header.Set("X-Priority", "critical")
+				case shed:
+					req.Header.Set("X-Priority", "sheddable")
 				}
 				rec := httptest.NewRecorder()
 				t0 := time.Now()
@@ -164,8 +172,8 @@ func ms(d time.Duration) string {
 func main() {
 	flag.Parse()
 	capRate := float64(*capacity) / service.Seconds()
-	fmt.Printf("backend: %d in flight, %v each: capacity %.0f req/s; %v measured after %v warmup; %.0f%% critical; client timeout %v\n\n",
-		*capacity, *service, capRate, *duration, *warmup, *critical*100, *timeout)
+	fmt.Printf("backend: %d in flight, %v each: capacity %.0f req/s; %v measured after %v warmup; %.0f%% critical, %.0f%% sheddable, the rest normal; client timeout %v\n\n",
+		*capacity, *service, capRate, *duration, *warmup, *critical*100, *sheddable*100, *timeout)
 	mode := "simulated on a virtual clock"
 	if *real {
 		mode = "on the wall clock, through policy.Middleware"
@@ -194,7 +202,7 @@ func main() {
 		factors = []float64{a}
 	}
 	for _, f := range factors {
-		for _, mode := range []string{"none", "fixed", "adaptive"} {
+		for _, mode := range []string{"none", "adaptive+max_wait", "adaptive"} {
 			r, limit := run(mode, capRate*f)
 			good := float64(r.ok) / duration.Seconds() / capRate
 			crit := 0.0

@@ -29,13 +29,14 @@ type simEvent struct {
 }
 
 type simReq struct {
-	arrived  time.Time
-	critical bool
-	measured bool
-	tk       protect.Ticket
-	cancel   func() bool // while waiting for a slot
-	started  bool        // got a worker
-	finished bool
+	arrived   time.Time
+	critical  bool
+	sheddable bool
+	measured  bool
+	tk        protect.Ticket
+	cancel    func() bool // while waiting for a slot
+	started   bool        // got a worker
+	finished  bool
 }
 
 type simHeap []simEvent
@@ -56,12 +57,11 @@ func (h *simHeap) Pop() any {
 // simRule builds mode's protect rule, as modeConfig's policy does, on the
 // virtual clock; nil for none.
 func simRule(mode string, now func() time.Time) *protect.Rule {
-	cfg := protect.Config{Name: "api", Reserve: 0.2, MaxWait: *maxWait, Now: now}
+	cfg := protect.Config{Name: "api", Reserve: 0.2, Adaptive: true, Now: now}
 	switch mode {
-	case "fixed":
-		cfg.Concurrency = *capacity
+	case "adaptive+max_wait":
+		cfg.MaxWait = *maxWait
 	case "adaptive":
-		cfg.Adaptive, cfg.MaxConcurrency = true, 1000
 	default:
 		return nil
 	}
@@ -89,7 +89,7 @@ type simRun struct {
 
 // simulate runs mode at rate requests per second in virtual time.
 func simulate(mode string, rate float64) (result, string) {
-	s := &simRun{now: time.Unix(1_700_000_000, 0), rng: rand.New(rand.NewPCG(1, 2)), rate: rate}
+	s := &simRun{now: time.Unix(1_700_000_000, 0), rng: rand.New(rand.NewPCG(*seed, 2)), rate: rate}
 	s.rule = simRule(mode, func() time.Time { return s.now })
 	s.measureFrom = s.now.Add(*warmup)
 	s.end = s.measureFrom.Add(*duration)
@@ -151,15 +151,20 @@ func (s *simRun) arrive() {
 	if next := s.now.Add(time.Duration(s.rng.ExpFloat64() / s.rate * float64(time.Second))); next.Before(s.end) {
 		s.push(next, 0, nil)
 	}
-	r := &simReq{arrived: s.now, critical: s.rng.Float64() < *critical, measured: !s.now.Before(s.measureFrom)}
+	u := s.rng.Float64()
+	r := &simReq{arrived: s.now, critical: u < *critical, sheddable: u >= *critical && u < *critical+*sheddable, measured: !s.now.Before(s.measureFrom)}
 	if s.rule == nil {
 		s.admitted(r)
 		return
 	}
 	prio := protect.Normal
-	if r.critical {
+	switch {
+	case r.critical:
 		prio = protect.Critical
+	case r.sheddable:
+		prio = protect.Sheddable
 	}
+	bound := s.rule.MaxWait()
 	tk, cancel, err := s.rule.Enqueue(prio, func(tk protect.Ticket, err error) {
 		s.seq++
 		heap.Push(&s.events, simEvent{at: s.now, seq: s.seq, kind: 3, req: r, tk: tk, err: err})
@@ -167,7 +172,7 @@ func (s *simRun) arrive() {
 	switch {
 	case cancel != nil:
 		r.cancel = cancel
-		s.push(s.now.Add(*maxWait), 4, r)
+		s.push(s.now.Add(bound), 4, r)
 	case err != nil:
 		s.finish(r, false)
 	default:

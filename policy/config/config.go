@@ -536,7 +536,8 @@ type ProtectConfig struct {
 	// normal). Empty: every request is normal, and none is critical.
 	Priority string
 	// MaxWait is how long a critical request that finds the limit full
-	// waits for the next slot freed; 0: it is shed at once.
+	// waits for the next slot freed; 0: under an adaptive limit, the
+	// unloaded latency the limit measured, otherwise no wait.
 	MaxWait time.Duration
 	// Reserve is the share of the limit only critical requests may use,
 	// such as "20%" or "0.2"; below 100%.
