@@ -300,3 +300,20 @@ func TestBudgetHierarchyRedisOverEstimate(t *testing.T) {
 	p2 := mustPolicy(t, doc, redisStore(t, []string{addr}, 10*time.Second))
 	runHierarchy(t, []*Policy{p1, p2}, 10, true)
 }
+
+// TestBudgetHierarchyRedisCluster runs the hierarchy on Redis Cluster,
+// where a decision's levels lie in different slots: the store takes in
+// each slot atomically and gives back what it took when another slot
+// refused, so no level passes its budget and every micro-unit is
+// accounted for (a concurrent request may see a take about to be given
+// back, and be refused: under-admission, never over-admission).
+func TestBudgetHierarchyRedisCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("Redis Cluster in -short")
+	}
+	c := redistest.Cluster(t)
+	doc := budgetPrices + "store: {timeout: 10s}\n" + hierarchyRules
+	p1 := mustPolicy(t, doc, redisStore(t, c.Addrs, 10*time.Second))
+	p2 := mustPolicy(t, doc, redisStore(t, c.Addrs, 10*time.Second))
+	runHierarchy(t, []*Policy{p1, p2}, 5, false)
+}
