@@ -80,7 +80,15 @@ func Compile(src string) (*Expr, error) {
 	ast, iss := env.Compile(src)
 	if iss != nil && iss.Err() != nil {
 		e := iss.Errors()[0]
-		return nil, &ExprError{Line: e.Location.Line(), Column: e.Location.Column() + 1, Msg: strings.TrimSuffix(e.Message, " (in container '')")}
+		msg := strings.TrimSuffix(e.Message, " (in container '')")
+		if strings.HasPrefix(msg, "undeclared reference") {
+			names := make([]string, len(Variables))
+			for i, v := range Variables {
+				names[i] = v.Name
+			}
+			msg += " (the variables are " + strings.Join(names, ", ") + ")"
+		}
+		return nil, &ExprError{Line: e.Location.Line(), Column: e.Location.Column() + 1, Msg: msg}
 	}
 	if !ast.OutputType().IsExactType(cel.IntType) {
 		return nil, &ExprError{Msg: fmt.Sprintf("the cost expression gives %s; it must give an int (a whole number of micro-units; int(x) converts a double)", ast.OutputType())}
