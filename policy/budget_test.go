@@ -317,3 +317,34 @@ func TestBudgetHierarchyRedisCluster(t *testing.T) {
 	p2 := mustPolicy(t, doc, redisStore(t, c.Addrs, 10*time.Second))
 	runHierarchy(t, []*Policy{p1, p2}, 5, false)
 }
+
+// TestBudgetLevelWithoutIdentitySkipped: a request whose authenticator
+// set no team is charged at its key and organisation only.
+func TestBudgetLevelWithoutIdentitySkipped(t *testing.T) {
+	p := mustPolicy(t, budgetPrices+hierarchyRules, memstore.New())
+	cx := WithUsage(ctx, Usage{Model: "o3", InputTokens: 100, OutputTokens: 100})
+	v := p.Check(cx, req("POST", "/", "X-Key", "k", "X-Org", "o"))
+	if !v.Allowed {
+		t.Fatalf("%+v", v)
+	}
+	charged := map[string]int64{}
+	for _, rr := range v.Results {
+		if !rr.Skipped {
+			charged[rr.Rule] = rr.Cost
+		}
+	}
+	// o3: 100 × 2 + 100 × 8 per million, rounded up.
+	if len(charged) != 2 || charged["key-budget"] != 1000 || charged["org-budget"] != 1000 {
+		t.Errorf("charged %v, want key-budget and org-budget 1000 each", charged)
+	}
+	if err := p.Finish(ctx, &v, Charges{Usage: &Usage{Model: "o3", InputTokens: 100, CachedInputTokens: 0, OutputTokens: 20, ReasoningTokens: 30}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ rule, key string }{{"key-budget", "k"}, {"org-budget", "o"}} {
+		rr, _ := p.CheckKey(ctx, KeyRequest{Rule: c.rule, Key: c.key, N: 0})
+		b := map[string]int64{"key-budget": 300_000, "org-budget": 600_000}[c.rule]
+		if rr.Result.Remaining != b-600 {
+			t.Errorf("%s: %d left, want %d", c.rule, rr.Result.Remaining, b-600)
+		}
+	}
+}
