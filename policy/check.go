@@ -12,6 +12,7 @@ import (
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/algorithm"
 	"github.com/weir-dev/weir/clientip"
+	"github.com/weir-dev/weir/internal/price"
 	"github.com/weir-dev/weir/internal/yamlnode"
 	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/protect"
@@ -62,6 +63,7 @@ type compiled struct {
 	nearLimit           float64 // the global near_limit; 0 off
 	protects            []*protectRule
 	system              *protect.Config // nil: no system section
+	prices              *price.Table    // nil: no prices section
 }
 
 // valueSet is an allow or deny list of identity values.
@@ -93,6 +95,9 @@ type rule struct {
 	// (cost.go); nil for the common rule, which costs 1 and counts all.
 	cost  *costSpec
 	count []int
+	// price prices a budget or cost_expr rule's usage (budget.go); nil
+	// for other rules.
+	price *pricer
 
 	// fixedID and fixedKey are the identity and key of a rule counting by
 	// route or by a constant alone, which are the same for every request.
@@ -100,7 +105,7 @@ type rule struct {
 }
 
 // settles reports whether r settles after the handler: a cost or a count.
-func (r *rule) settles() bool { return r.cost != nil || r.count != nil }
+func (r *rule) settles() bool { return r.cost != nil || r.count != nil || r.price != nil }
 
 // tier is one limit of a rule; an untiered rule has one, named "default".
 type tier struct {
@@ -157,6 +162,7 @@ func check(cfg *config.Config, rep reporter) *compiled {
 			}
 		}
 	}
+	c.prices = checkPrices(cfg.Prices, rep)
 	c.allowVals = valueSets("allow_values", cfg.AllowValues, rep)
 	c.denyVals = valueSets("deny_values", cfg.DenyValues, rep)
 
@@ -233,6 +239,11 @@ func checkRule(rc *config.RuleConfig, rp string, c *compiled, cfg *config.Config
 	if !nlOK {
 		rep.addAt(rp+".near_limit", nearLimitMsg(rc.NearLimit))
 		ok = false
+	}
+	if rc.Budget != "" || rc.CostExpr != "" {
+		own := *rc // the budget sets the limit the checks below read
+		rc = &own
+		ok = r.checkBudget(rc, rp, c, rep) && ok
 	}
 	ok = r.checkMatch(rc.Match, rp, rep) && ok
 	ok = r.checkIdentities(rc, rp, rep) && ok

@@ -66,14 +66,19 @@ func (r *rule) checkCost(rc *config.RuleConfig, rp string, rep reporter) bool {
 		}
 		r.count = slices.Clone(rc.Count.Status)
 	}
-	if r.cost == nil && r.count == nil {
+	if r.cost == nil && r.count == nil && r.price == nil {
 		return ok
 	}
 	for _, t := range r.tiers {
 		p, err := t.limit.Compile()
 		if err == nil && !p.Debts() {
 			field := ".cost"
-			if rc.Cost == "" {
+			switch {
+			case rc.Budget != "":
+				field = ".budget"
+			case rc.CostExpr != "":
+				field = ".cost_expr"
+			case rc.Cost == "":
 				field = ".count"
 			}
 			bad(rp+field, fmt.Sprintf("cost and count settle after the handler with debits and refunds, which %s does not support (use %s)", t.limit.Algorithm, algorithm.JoinNames(algorithm.Supporting(algorithm.FeatureDebt), "or")))
@@ -90,9 +95,12 @@ func (r *rule) checkCost(rc *config.RuleConfig, rp string, rep reporter) bool {
 // a cost. A count rule takes 1 before the handler, so that no more
 // requests than the limit has room for reach it at once, and Finish gives
 // it back when the response's status is not one it counts.
-func (r *rule) costOf(v *reqView, l weir.Limit) (int64, error) {
+func (r *rule) costOf(ctx context.Context, v *reqView, l weir.Limit) (int64, error) {
 	if r.count != nil {
 		return 1, nil
+	}
+	if r.price != nil {
+		return r.priceOf(ctx, l)
 	}
 	c := r.cost
 	if c == nil {
@@ -124,6 +132,9 @@ type Charges struct {
 	Status  int
 	Actual  int64
 	Charged bool
+	// Usage, when not nil, is the usage the response reported: each
+	// budget or cost_expr rule settles at its price, whatever Actual says.
+	Usage *Usage
 }
 
 // Metered reports whether a verdict has rules that settle after the
@@ -163,12 +174,24 @@ func (p *Policy) Finish(ctx context.Context, v *Verdict, ch Charges) error {
 			continue
 		}
 		mode, n := weir.ModeTake, int64(0)
-		if ru.cost != nil && ch.Charged {
+		actual, charged := ch.Actual, ch.Charged && ru.cost != nil
+		if ru.price != nil {
+			charged = ch.Usage != nil
+			if charged {
+				var err error
+				if actual, err = ru.price.actual(*ch.Usage); err != nil {
+					// Unpriceable usage keeps the estimate charged.
+					errs = append(errs, fmt.Errorf("policy: rule %q: price the usage: %w", rr.Rule, err))
+					continue
+				}
+			}
+		}
+		if charged {
 			switch {
-			case ch.Actual > rr.Cost:
-				mode, n = weir.ModeDebit, ch.Actual-rr.Cost
-			case ch.Actual < rr.Cost:
-				mode, n = weir.ModeRefund, rr.Cost-ch.Actual
+			case actual > rr.Cost:
+				mode, n = weir.ModeDebit, actual-rr.Cost
+			case actual < rr.Cost:
+				mode, n = weir.ModeRefund, rr.Cost-actual
 			}
 		}
 		if n == 0 {

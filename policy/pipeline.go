@@ -158,10 +158,10 @@ func (p *Policy) Check(ctx context.Context, r *http.Request) Verdict {
 	denied := false
 	for _, h := range hits {
 		rr, ok := h.ru.resolve(&v, h.route)
-		if ok && (h.ru.cost != nil || h.ru.count != nil) {
+		if ok && h.ru.settles() {
 			verdict.metered = true
 			var err error
-			if rr.Cost, err = h.ru.costOf(&v, rr.Limit); err != nil {
+			if rr.Cost, err = h.ru.costOf(ctx, &v, rr.Limit); err != nil {
 				return Verdict{Limiting: -1, BadCost: err}
 			}
 		}

@@ -69,6 +69,9 @@ type Config struct {
 	// limited, or always refused: the file's {identity, values} entries in
 	// allow and deny.
 	AllowValues, DenyValues []ValueList
+	// Prices is the price table that budget and cost_expr rules price
+	// token usage by; nil for none.
+	Prices *PricesConfig
 }
 
 // StoreConfig is the store section: where limiter state lives and what
@@ -374,6 +377,17 @@ type RuleConfig struct {
 	// peeks before the handler (rejected if the key is used up) and is
 	// debited after it when its status is listed.
 	Count *CountConfig
+	// Budget makes the rule count money: "10 USD/month", "25 EUR/day"
+	// (an amount with at most 6 decimals, the currency of prices, and a
+	// period as in limit, with timezone and reset_at). The rule counts
+	// micro-units in a fixed_window; a request's estimate is priced from
+	// its usage estimate (policy.WithUsage) and settled from its reported
+	// usage (Charges.Usage). Exclusive with limit, tiers, cost and count.
+	Budget string
+	// CostExpr prices a request's usage with a CEL expression of type int
+	// (docs/budgets.md lists its variables) instead of the price table's
+	// sum; empty: the table's sum for a budget rule.
+	CostExpr string
 }
 
 // LocalBudgetKey is the key LocalBudget was written with: "local_budget",

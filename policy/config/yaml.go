@@ -382,6 +382,7 @@ func (w *walker) config(n *yaml.Node, c *Config) {
 		}},
 		{"allow", func(p string, v *yaml.Node) { c.Allow, c.AllowValues = w.list(p, v) }},
 		{"deny", func(p string, v *yaml.Node) { c.Deny, c.DenyValues = w.list(p, v) }},
+		{"prices", func(p string, v *yaml.Node) { c.Prices = w.prices(p, v) }},
 	}, nil)
 }
 
@@ -528,6 +529,8 @@ func (w *walker) rule(path string, n *yaml.Node, r *RuleConfig) {
 		{"lease", func(p string, v *yaml.Node) { w.localBudget(p, v, r, "lease") }},
 		{"cost", func(p string, v *yaml.Node) { r.Cost = w.scalar(p, v) }},
 		{"count", func(p string, v *yaml.Node) { r.Count = w.count(p, v) }},
+		{"budget", func(p string, v *yaml.Node) { r.Budget = w.str(p, v) }},
+		{"cost_expr", func(p string, v *yaml.Node) { r.CostExpr = w.str(p, v) }},
 	}, nil)
 }
 
