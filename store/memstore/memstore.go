@@ -50,6 +50,8 @@ type Store struct {
 	// last is the limit compiled most recently: a new key under the
 	// same limit as the previous one finds it without the lock.
 	last atomic.Pointer[compiled]
+
+	ovrs atomic.Pointer[overrides] // nil until an override is set (override.go)
 }
 
 // maxCompiled bounds the shared-limit cache; beyond it (a program that
@@ -302,6 +304,9 @@ func (s *Store) take(key string, l *weir.Limit, n int64, mode algorithm.Mode, le
 	// time in the order they take it) and before the slot is looked at:
 	// the slot's line, prefetched, is on its way meanwhile.
 	now := s.micros()
+	if o := s.ovrs.Load(); o != nil {
+		l = s.overridden(o, si, key, l)
+	}
 	i, c, err := s.resolve(sh, key, tag, l)
 	if err != nil {
 		return err

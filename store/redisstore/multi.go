@@ -112,7 +112,11 @@ func (s *Store) batchItems(reqs []weir.Request) ([]item, error) {
 		if r.One() {
 			return nil, fmt.Errorf("%w: a %s decides one request at a time, not a batch of %d", weir.ErrUnsupported, r.Mode, len(reqs))
 		}
-		c, err := s.compile(r.Limit)
+		l := r.Limit
+		if s.overrides {
+			l = s.patterned(r.Key, l)
+		}
+		c, err := s.compile(l)
 		if err != nil {
 			return nil, err
 		}

@@ -45,6 +45,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/algorithm"
+	"github.com/weir-dev/weir/internal/override"
 )
 
 // DefaultTimeout is the per-call deadline when Config.Timeout is zero: long
@@ -120,6 +121,11 @@ type Config struct {
 	// background, reconnecting after READONLY.
 	Logger *slog.Logger
 
+	// Overrides makes every decision read the key's override, if any
+	// (SetOverride; override.go), in the same script as its state: one
+	// more GET inside the script per decision.
+	Overrides bool
+
 	// evalOnly, for tests only, makes the store run EVAL scripts, as it does
 	// on a Redis without Functions.
 	evalOnly bool
@@ -167,6 +173,9 @@ type Store struct {
 	limits   atomic.Pointer[map[weir.Limit]*compiled] // copy on write
 
 	onRefund atomic.Pointer[func(context.Context, string)] // OnRefund's f
+
+	overrides bool                              // Config.Overrides
+	patterns  atomic.Pointer[override.Patterns] // pattern overrides (override.go)
 }
 
 // compiled is a Limit with its algorithm constants and their ARGV form,
@@ -311,7 +320,7 @@ func newStore(cfg *Config) (*Store, error) {
 	if cfg.Linger < 0 || cfg.Linger > MaxLinger {
 		return nil, fmt.Errorf("redisstore: linger %v out of range 0..%v", cfg.Linger, MaxLinger)
 	}
-	s := &Store{timeout: cfg.Timeout, prefix: cfg.Prefix, clock: cfg.Clock}
+	s := &Store{timeout: cfg.Timeout, prefix: cfg.Prefix, clock: cfg.Clock, overrides: cfg.Overrides}
 	if s.timeout == 0 {
 		s.timeout = DefaultTimeout
 	}
@@ -441,6 +450,14 @@ func (s *Store) compile(l weir.Limit) (*compiled, error) {
 		return nil, err
 	}
 	c := &compiled{p: p, maxCost: p.MaxCost(), algo: p.Kind.String(), arg: limitArg(&p)}
+	if s.overrides {
+		// The scripts read the key's override (prelude.lua's override_of).
+		if strings.HasSuffix(c.arg, "|") {
+			c.arg += "o=1"
+		} else {
+			c.arg += ";o=1"
+		}
+	}
 	c.algo = stateAlgo(p.Kind, l)
 	s.limitsMu.Lock()
 	defer s.limitsMu.Unlock()
@@ -502,6 +519,9 @@ func (s *Store) Take(ctx context.Context, key string, l weir.Limit, n int64) (we
 // take runs the per-algorithm script and returns its decision and the µs
 // time it decided at.
 func (s *Store) take(ctx context.Context, key string, l weir.Limit, n int64, mode algorithm.Mode, lease string) (algorithm.Decision, int64, error) {
+	if s.overrides {
+		l = s.patterned(key, l)
+	}
 	c, err := s.compile(l)
 	if err != nil {
 		return algorithm.Decision{}, 0, err

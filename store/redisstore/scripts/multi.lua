@@ -28,6 +28,9 @@ local function weir_multi(KEYS, ARGV)
   for i = 1, m do
     local b = 4 + (i - 1) * W
     local p = limit_of(ARGV[b + 4])
+    if p.ovr then
+      p = override_of(p, KEYS[2 * i], now)
+    end
     local r = {
       p = p, alg = ALG[p.kind],
       n = tonumber(ARGV[b]), mode = tonumber(ARGV[b + 1]), id = ARGV[b + 2],

@@ -183,6 +183,11 @@ local function params_ext(p, ext)
       p.cal = vals
     elseif key == 'w' then
       p.warm, p.wstep = vals[1], vals[2] -- warmup.lua
+    elseif key == 'o' then
+      p.ovr = true -- the store keeps overrides: see override_of
+    end
+    if key == 'c' then
+      p.cext = part -- an override of a calendar limit takes the same bounds
     end
   end
 end
@@ -253,6 +258,40 @@ local function limit_of(packed)
   LIMITS[packed] = p
   NLIMITS = NLIMITS + 1
   return p
+end
+
+-- override_of returns the limit a decision on the key whose penalty-box
+-- key is bkey runs under at now: its override's, if the store keeps
+-- overrides (p.ovr, "o" in the packed limit's extras) and the key has a
+-- live one, else p. An override lives in "<prefix>:{<tag>}:ovr", in the
+-- same slot as the state, as "<until µs, 0 for none>|<packed limit>"
+-- (redisstore's override.go); a calendar limit's override takes the
+-- bounds the call sent. Read in the decision's own script, it binds every
+-- decision from the moment its SET returned; a key without one costs one
+-- GET of a missing key.
+local function override_of(p, bkey, now)
+  local v = redis.call('GET', string.sub(bkey, 1, -6) .. 'ovr')
+  if not v then
+    return p
+  end
+  local bar = string.find(v, '|', 1, true)
+  local u = tonumber(string.sub(v, 1, bar - 1))
+  if u ~= 0 and u <= now then
+    return p -- expired by the store's clock
+  end
+  local packed = string.sub(v, bar + 1)
+  if p.cext then
+    if string.sub(packed, -1) == '|' then
+      packed = packed .. p.cext
+    else
+      packed = packed .. ';' .. p.cext
+    end
+  end
+  local q = limit_of(packed)
+  if q.kind ~= p.kind then
+    return p
+  end
+  return q
 end
 
 -- cached_limits is the number of parsed limits the library holds (tests).

@@ -17,6 +17,9 @@
 local function weir_take(KEYS, ARGV)
   local p = limit_of(ARGV[5])
   local now = clock(ARGV[1])
+  if p.ovr then
+    p = override_of(p, KEYS[2], now)
+  end
   local n, mode = tonumber(ARGV[2]), tonumber(ARGV[3])
   local out = {}
   -- A plain take: the algorithm's fast path, if it has one (see ALG in
