@@ -128,6 +128,7 @@ func redisConfig(sc policy.StoreConfig) (redisstore.Config, error) {
 		MaxBatch:    r.MaxBatch,
 		Linger:      r.LingerValue(),
 		Prefix:      r.Prefix,
+		Overrides:   true, // PUT /v1/overrides (override.go)
 	}
 	if rc.Timeout <= 0 {
 		rc.Timeout = policy.DefaultTimeout // the guard's, so that the store keeps it
