@@ -114,12 +114,13 @@ func Check(o *Override, now time.Time) error {
 }
 
 // Apply returns the limit a rule's limit base becomes under the limit
-// written spec ("20/m burst 5", weir.ParseLimit's syntax): spec's rate,
-// period and burst, base's every other setting (algorithm, penalty box
+// written spec ("20/m burst 5", weir.ParseLimit's syntax): spec's rate
+// and burst, base's every other setting (algorithm, penalty box
 // and its escalation, shaping, warm-up, calendar zone), so that the
 // key's state and penalty history carry over. A spec that changes what
-// the state means (another calendar unit, another number of buckets) or
-// that base's algorithm refuses is an error naming the field "limit".
+// the state means (another period or calendar unit, another number of
+// buckets) or that base's algorithm refuses is an error naming the
+// field "limit".
 func Apply(base weir.Limit, spec string) (weir.Limit, error) {
 	p, err := weir.ParseLimit(spec)
 	if err != nil {
@@ -131,8 +132,11 @@ func Apply(base weir.Limit, spec string) (weir.Limit, error) {
 	if p.Buckets != 0 && p.Buckets != base.Buckets {
 		return weir.Limit{}, &Error{"limit", fmt.Sprintf("%q: an override keeps the rule's %d buckets", spec, base.Buckets)}
 	}
+	if p.Period != base.Period && p.Calendar == 0 {
+		return weir.Limit{}, &Error{"limit", fmt.Sprintf("%q: an override keeps the rule's period (%s), so that the count goes on in the same windows", spec, base.String())}
+	}
 	l := base
-	l.Rate, l.Period, l.Burst = p.Rate, p.Period, p.Burst
+	l.Rate, l.Burst = p.Rate, p.Burst
 	if _, err := l.Compile(); err != nil {
 		return weir.Limit{}, &Error{"limit", err.Error()}
 	}
@@ -140,13 +144,28 @@ func Apply(base weir.Limit, spec string) (weir.Limit, error) {
 }
 
 // Compatible reports whether l can replace base on a live key: the same
-// algorithm (the state's key and shape), the same calendar, buckets and
-// warm-up. Apply's limits always are.
+// algorithm (the state's key and shape), the same period (so the same
+// windows), calendar, buckets and warm-up. Apply's limits always are; an
+// override stops applying to a rule whose period a reload changed.
 func Compatible(base, l weir.Limit) bool {
 	bk, _ := base.Algorithm.Kind()
 	lk, _ := l.Algorithm.Kind()
-	return bk == lk && base.Calendar == l.Calendar && base.Timezone == l.Timezone && base.ResetAt == l.ResetAt &&
+	return bk == lk && base.Period == l.Period && base.Calendar == l.Calendar && base.Timezone == l.Timezone && base.ResetAt == l.ResetAt &&
 		base.Buckets == l.Buckets && (base.Warmup == 0) == (l.Warmup == 0)
+}
+
+// Shape renders what Compatible compares, so that two limits are
+// compatible exactly when their shapes are equal: the Redis scripts
+// compare the override's with the caller's limit's. It holds no '|', ';',
+// ',' or '='.
+func Shape(l weir.Limit) string {
+	k, _ := l.Algorithm.Kind()
+	w := 0
+	if l.Warmup != 0 {
+		w = 1
+	}
+	tz := strings.NewReplacer("|", "%7C", ";", "%3B", ",", "%2C", "=", "%3D").Replace(l.Timezone)
+	return fmt.Sprintf("%s.%d.%d.%d.%d.%d.%s", k, l.Period, l.Buckets, w, l.Calendar, l.ResetAt, tz)
 }
 
 // Patterns is an immutable set of pattern overrides, longest prefix first.

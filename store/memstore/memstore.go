@@ -304,12 +304,29 @@ func (s *Store) take(key string, l *weir.Limit, n int64, mode algorithm.Mode, le
 	// time in the order they take it) and before the slot is looked at:
 	// the slot's line, prefetched, is on its way meanwhile.
 	now := s.micros()
+	baseMax := int64(-1)
 	if o := s.ovrs.Load(); o != nil {
-		l = s.overridden(o, si, key, l)
+		if ol := s.overridden(o, si, key, l); ol != l {
+			// The cost is checked against the caller's limit first, as
+			// the Redis store does before its script reads the override.
+			bm, err := s.baseMax(*l, mode)
+			if err != nil {
+				return err
+			}
+			baseMax, l = bm, ol
+		}
 	}
 	i, c, err := s.resolve(sh, key, tag, l)
 	if err != nil {
 		return err
+	}
+	if baseMax >= 0 {
+		if mode == algorithm.AtMost {
+			n = min(n, baseMax)
+		}
+		if n < 0 || n > baseMax {
+			return weir.CheckCost(key, n, baseMax)
+		}
 	}
 	maxCost := c.params.MaxCost()
 	if mode >= algorithm.Debit {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/algorithm"
 	"github.com/weir-dev/weir/internal/override"
 )
 
@@ -211,4 +212,18 @@ func (o *overrides) audit(op string, ov override.Override, now time.Time) {
 	}
 	o.log[o.next] = c
 	o.next = (o.next + 1) % override.MaxLog
+}
+
+// baseMax is the largest cost the caller's limit l admits under mode,
+// which a take is checked against before its key's override's (-1 for a
+// debit or credit, which are checked against the override alone).
+func (s *Store) baseMax(l weir.Limit, mode algorithm.Mode) (int64, error) {
+	if mode >= algorithm.Debit {
+		return -1, nil
+	}
+	c, err := s.compile(l)
+	if err != nil {
+		return -1, err
+	}
+	return c.params.MaxCost(), nil
 }

@@ -84,6 +84,13 @@ func (s *Store) Do(ctx context.Context, reqs []weir.Request, results []weir.Resu
 		g := &groups[0]
 		g.vals, g.err = s.runGroup(ctx, items, g.idx, "take", "")
 		if g.err != nil {
+			if s.overrides {
+				// A cost past a key's override (override.go).
+				at := func(j int) (string, int64) { it := &items[g.idx[j]]; return it.req.Key, it.req.N }
+				if cerr := costError(g.err, "", 0, at); cerr != g.err {
+					return cerr
+				}
+			}
 			return batchError("take", items, g.idx, g.err)
 		}
 		fill(results, g.idx, g.vals)

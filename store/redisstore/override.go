@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -19,9 +20,10 @@ import (
 //
 //   - An exact key's override is the string "<prefix>:{<tag>}:ovr", in
 //     the slot of the key's state, holding "<until µs or 0>|<packed
-//     limit>". Every decision script reads it (prelude.lua's
+//     cost>|<shape>|<packed limit>". Every decision script reads it (prelude.lua's
 //     override_of) in the same atomic step as the state, so the override
-//     binds every instance's next decision once its SET has returned. A
+//     binds every instance's next decision once its SET has returned,
+//     when the caller's limit has the override's shape (override.Shape). A
 //     key without one costs the script one GET of a missing key and no
 //     round trip.
 //   - Every override, patterns included, is also a field of the hash
@@ -98,7 +100,7 @@ func (s *Store) SetOverride(ctx context.Context, ov override.Override) error {
 		if !ov.Until.IsZero() {
 			until = ov.Until.UnixMicro()
 		}
-		val := strconv.FormatInt(until, 10) + "|" + limitArg(&p)
+		val := strconv.FormatInt(until, 10) + "|" + strconv.FormatInt(p.MaxCost(), 10) + "|" + override.Shape(ov.Limit) + "|" + limitArg(&p)
 		set := s.client.B().Set().Key(s.ovrKey(ov.Key)).Value(val)
 		var cmd rueidis.Completed
 		if until != 0 && s.clock == nil {
@@ -244,4 +246,38 @@ func (s *Store) patterned(key string, l weir.Limit) weir.Limit {
 		return e.Limit
 	}
 	return l
+}
+
+// costError turns a script's refusal of a cost its key's override can
+// never admit ("WEIRCOST <max>", prelude.lua's override_cost) into
+// weir.CheckCost's error; any other error is returned as it is.
+// A batch's error names its request, which at returns the key and cost
+// of (at is nil for a single decision).
+func costError(err error, key string, n int64, at func(int) (string, int64)) error {
+	var re *rueidis.RedisError
+	if !errors.As(err, &re) {
+		return err
+	}
+	msg := re.Error()
+	i := strings.Index(msg, "WEIRCOST ")
+	if i < 0 {
+		return err
+	}
+	f := strings.Fields(msg[i+len("WEIRCOST "):])
+	if len(f) == 0 {
+		return err
+	}
+	if at != nil && len(f) > 1 {
+		// An all-or-nothing batch names its request (from 1).
+		j, perr := strconv.Atoi(f[1])
+		if perr != nil || j < 1 {
+			return err
+		}
+		key, n = at(j - 1)
+	}
+	max, perr := strconv.ParseInt(f[0], 10, 64)
+	if perr != nil {
+		return err
+	}
+	return weir.CheckCost(key, n, max)
 }

@@ -452,11 +452,12 @@ func (s *Store) compile(l weir.Limit) (*compiled, error) {
 	c := &compiled{p: p, maxCost: p.MaxCost(), algo: p.Kind.String(), arg: limitArg(&p)}
 	if s.overrides {
 		// The scripts read the key's override (prelude.lua's override_of).
-		if strings.HasSuffix(c.arg, "|") {
-			c.arg += "o=1"
-		} else {
-			c.arg += ";o=1"
+		// The limit's shape: an override applies only to a limit of the
+		// same (override.Shape).
+		if !strings.HasSuffix(c.arg, "|") {
+			c.arg += ";"
 		}
+		c.arg += "o=" + override.Shape(l)
 	}
 	c.algo = stateAlgo(p.Kind, l)
 	s.limitsMu.Lock()
@@ -559,6 +560,11 @@ func (s *Store) take(ctx context.Context, key string, l weir.Limit, n int64, mod
 		vals, err = s.takeAlone(ctx, c, [2]string{k.state, k.block}, n, mode, id)
 	}
 	if err != nil {
+		if s.overrides {
+			if cerr := costError(err, key, n, nil); cerr != err {
+				return algorithm.Decision{}, 0, cerr
+			}
+		}
 		return algorithm.Decision{}, 0, fmt.Errorf("%w: take %d from %s under %s %v: %w", weir.ErrStore, n, keyRef(key), c.algo, l, err)
 	}
 	return decodeDecision(vals[:]), vals[8], nil

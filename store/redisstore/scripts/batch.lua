@@ -160,9 +160,14 @@ local function batch_run(K, ko, nk, A, ao, probe)
       n, mode = SMALL[n] or tonumber(n), SMALL[mode] or tonumber(mode)
       local ok, d = true, false
       if p.ovr then
-        ok, d = pcall(override_of, p, bkey, now)
+        local maxcost
+        ok, d, maxcost = pcall(override_of, p, bkey, now)
         if ok then
-          p, d = d, false
+          p = d
+          ok, d = pcall(override_cost, maxcost, n, mode)
+          if ok then
+            n, d = d, false
+          end
         end
       end
       if ok and p.plain and mode and n and mode <= ATMOST and n > 0 then
