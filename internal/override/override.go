@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/algorithm"
 )
 
 // Bounds on what request input can grow.
@@ -137,21 +138,31 @@ func Apply(base weir.Limit, spec string) (weir.Limit, error) {
 	}
 	l := base
 	l.Rate, l.Burst = p.Rate, p.Burst
-	if _, err := l.Compile(); err != nil {
+	po, err := l.Compile()
+	if err != nil {
 		return weir.Limit{}, &Error{"limit", err.Error()}
+	}
+	if po.Kind == algorithm.TokenBucket || po.Kind == algorithm.LeakyBucket || po.Kind == algorithm.GCRA {
+		// A bucket's state is a level in units of 1/B µs of refill: the
+		// override must count in the same units for its level to mean
+		// the same time to full (docs/algorithms.md, "Overrides").
+		pb, err := base.Compile()
+		if err == nil && pb.B != po.B {
+			return weir.Limit{}, &Error{"limit", fmt.Sprintf("%q: a %s override must refill in the rule's units: its rate divided by gcd(rate, period in µs) must be %d, as the rule's is, not %d (for a rule whose rate divides its period, pick a rate that divides the period in µs too)", spec, po.Kind, pb.B, po.B)}
+		}
 	}
 	return l, nil
 }
 
 // Compatible reports whether l can replace base on a live key: the same
 // algorithm (the state's key and shape), the same period (so the same
-// windows), calendar, buckets and warm-up. Apply's limits always are; an
+// windows), calendar, buckets, warm-up, and shaping or policing. Apply's limits always are; an
 // override stops applying to a rule whose period a reload changed.
 func Compatible(base, l weir.Limit) bool {
 	bk, _ := base.Algorithm.Kind()
 	lk, _ := l.Algorithm.Kind()
 	return bk == lk && base.Period == l.Period && base.Calendar == l.Calendar && base.Timezone == l.Timezone && base.ResetAt == l.ResetAt &&
-		base.Buckets == l.Buckets && (base.Warmup == 0) == (l.Warmup == 0)
+		base.Buckets == l.Buckets && (base.Warmup == 0) == (l.Warmup == 0) && (base.MaxDelay == 0) == (l.MaxDelay == 0)
 }
 
 // Shape renders what Compatible compares, so that two limits are
@@ -163,6 +174,9 @@ func Shape(l weir.Limit) string {
 	w := 0
 	if l.Warmup != 0 {
 		w = 1
+	}
+	if l.MaxDelay != 0 {
+		w += 2
 	}
 	tz := strings.NewReplacer("|", "%7C", ";", "%3B", ",", "%2C", "=", "%3D").Replace(l.Timezone)
 	return fmt.Sprintf("%s.%d.%d.%d.%d.%d.%s", k, l.Period, l.Buckets, w, l.Calendar, l.ResetAt, tz)
