@@ -30,6 +30,7 @@ func RunOverrides(t *testing.T, newHarness func(t *testing.T) Harness) {
 		})
 	}
 	t.Run("Expiry", func(t *testing.T) { overrideExpiry(t, newHarness(t)) })
+	t.Run("Calendar", func(t *testing.T) { overrideCalendar(t, newHarness(t)) })
 	t.Run("PenaltyBox", func(t *testing.T) { overrideBox(t, newHarness(t)) })
 	t.Run("Pattern", func(t *testing.T) { overridePattern(t, newHarness(t)) })
 	t.Run("BadInput", func(t *testing.T) { overrideBadInput(t, newHarness(t)) })
@@ -249,5 +250,25 @@ func overrideConcurrent(t *testing.T, h Harness) {
 	}
 	if stale.Load() != 0 {
 		t.Fatalf("%d decisions after the raise was acknowledged used the old limit", stale.Load())
+	}
+}
+
+// overrideCalendar: a monthly quota raised mid-month counts the month's
+// use, and the next month starts afresh under the override.
+func overrideCalendar(t *testing.T, h Harness) {
+	s := h.Store.(override.Store)
+	base := weir.Limit{Algorithm: weir.FixedWindow, Rate: 3, Calendar: weir.CalendarMonth, Timezone: "Europe/Paris"}
+	key := weir.Key(t.Name(), "t")
+	h.Clock.Set(time.Date(2030, 1, 10, 12, 0, 0, 0, time.UTC))
+	if n := admitted(t, s, key, base); n != 3 {
+		t.Fatalf("admitted %d, want 3", n)
+	}
+	set(t, s, key, base, "5/month", time.Time{})
+	if n := admitted(t, s, key, base); n != 2 {
+		t.Fatalf("raised to 5/month with 3 used: %d admitted, want 2", n)
+	}
+	h.Clock.Set(time.Date(2030, 2, 1, 0, 0, 0, 0, time.UTC)) // 01:00 in Paris: February
+	if n := admitted(t, s, key, base); n != 5 {
+		t.Fatalf("the next month: %d admitted, want 5", n)
 	}
 }
