@@ -36,6 +36,7 @@ func RunOverrides(t *testing.T, newHarness func(t *testing.T) Harness) {
 	t.Run("BadInput", func(t *testing.T) { overrideBadInput(t, newHarness(t)) })
 	t.Run("Log", func(t *testing.T) { overrideLog(t, newHarness(t)) })
 	t.Run("Concurrent", func(t *testing.T) { overrideConcurrent(t, newHarness(t)) })
+	t.Run("ConcurrentLowered", func(t *testing.T) { overrideLowered(t, newHarness(t)) })
 }
 
 // admitted takes 1 from key under l until a rejection and returns how
@@ -270,5 +271,55 @@ func overrideCalendar(t *testing.T, h Harness) {
 	h.Clock.Set(time.Date(2030, 2, 1, 0, 0, 0, 0, time.UTC)) // 01:00 in Paris: February
 	if n := admitted(t, s, key, base); n != 5 {
 		t.Fatalf("the next month: %d admitted, want 5", n)
+	}
+}
+
+// overrideLowered: 16 goroutines take from one key while its limit is
+// lowered from 80 to 30: no take that began after the change returned is
+// admitted under the old limit, and the total never passes the larger of
+// 30 and what was admitted before.
+func overrideLowered(t *testing.T, h Harness) {
+	s := h.Store.(override.Store)
+	base := weir.Limit{Algorithm: weir.SlidingLog, Rate: 80, Period: time.Hour}
+	key := weir.Key(t.Name(), "t")
+	var before, after, stale, decided atomic.Int64
+	var lowered atomic.Bool
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 10 {
+				late := lowered.Load()
+				r, err := s.Take(context.Background(), key, base, 1)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				decided.Add(1)
+				switch {
+				case !r.Allowed:
+				case late:
+					after.Add(1)
+					if r.Limit != 30 {
+						stale.Add(1)
+					}
+				default:
+					before.Add(1)
+				}
+			}
+		}()
+	}
+	for decided.Load() < 16 {
+		time.Sleep(time.Millisecond)
+	}
+	set(t, s, key, base, "30/h", time.Time{})
+	lowered.Store(true)
+	wg.Wait()
+	if stale.Load() != 0 {
+		t.Fatalf("%d admissions after the change used the old limit", stale.Load())
+	}
+	if total := before.Load() + after.Load(); total > max(30, before.Load()) {
+		t.Fatalf("admitted %d before the change and %d after: more than the lowered limit allows", before.Load(), after.Load())
 	}
 }
