@@ -58,9 +58,9 @@ func (s *Server) overrideRefreshLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if err := rs.RefreshOverrides(ctx); err != nil && ctx.Err() == nil {
-				s.log.Debug("weir: reloading the pattern overrides failed", "err", err)
-			}
+			// A failure keeps the patterns it had and is not logged: the
+			// store's outage is, once, by the tasks that report it.
+			_ = rs.RefreshOverrides(ctx)
 		}
 	}
 }
