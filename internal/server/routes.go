@@ -67,6 +67,12 @@ func (s *Server) routeTable() []route {
 			http.MethodPut:    s.admin(s.handleRulesPut),
 			http.MethodDelete: s.admin(s.handleRulesDelete),
 		}),
+		byMethod("/v1/overrides", methods{
+			http.MethodGet:    s.admin(s.handleOverrideGet),
+			http.MethodPut:    s.admin(s.handleOverridePut),
+			http.MethodDelete: s.admin(s.handleOverrideDelete),
+		}),
+		byMethod("/v1/usage", methods{http.MethodGet: s.admin(s.handleUsage)}),
 		byMethod("/v1/top", methods{http.MethodGet: s.handleTop}),
 		byMethod("/v1/dashboard/snapshot", methods{http.MethodGet: s.handleSnapshot}),
 		byMethod("/openapi.json", methods{http.MethodGet: handleOpenAPI}),

@@ -408,6 +408,7 @@ func (s *Server) init() error {
 	s.goBackground(s.fleet.run)
 	s.goBackground(s.rules.run)
 	s.goBackground(s.probeLoop)
+	s.goBackground(s.overrideRefreshLoop)
 	return nil
 }
 

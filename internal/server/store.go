@@ -131,6 +131,7 @@ func redisConfig(sc config.StoreConfig) (redisstore.Config, error) {
 		MaxBatch:    r.MaxBatch,
 		Linger:      r.LingerValue(),
 		Prefix:      r.Prefix,
+		Overrides:   true, // PUT /v1/overrides (override.go)
 	}
 	if rc.Timeout <= 0 {
 		rc.Timeout = guard.DefaultTimeout // the guard's, so that the store keeps it

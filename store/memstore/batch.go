@@ -194,7 +194,18 @@ func (s *Store) resolveBatch(reqs []weir.Request, items []batchItem, sc *scratch
 	for i := range reqs {
 		r := &reqs[i]
 		it := &items[i]
-		si, c, err := s.resolve(it.sh, r.Key, it.tag, &r.Limit)
+		l := &r.Limit
+		if o := s.ovrs.Load(); o != nil {
+			shi, _ := s.hashIndex(r.Key)
+			if ol := s.overridden(o, shi, r.Key, l); ol != l {
+				// The caller's limit first, as for a single take.
+				if err := r.Check(); err != nil {
+					return err
+				}
+				l = ol
+			}
+		}
+		si, c, err := s.resolve(it.sh, r.Key, it.tag, l)
 		if err != nil {
 			return err
 		}

@@ -48,6 +48,8 @@ type Store struct {
 	// last is the limit compiled most recently: a new key under the
 	// same limit as the previous one finds it without the lock.
 	last atomic.Pointer[compiled]
+
+	ovrs atomic.Pointer[overrides] // nil until an override is set (override.go)
 }
 
 // maxCompiled bounds the shared-limit cache; beyond it (a program that
@@ -305,9 +307,31 @@ func (s *Store) take(req *weir.Request, l *weir.Limit, date bool, r *weir.Result
 	// time in the order they take it) and before the slot is looked at:
 	// the slot's line, prefetched, is on its way meanwhile.
 	now := s.micros()
+	baseMax := int64(-1)
+	if o := s.ovrs.Load(); o != nil {
+		if ol := s.overridden(o, si, key, l); ol != l {
+			// The cost is checked against the caller's limit first, as
+			// the Redis store does before its script reads the override.
+			bm, err := s.baseMax(*l, mode)
+			if err != nil {
+				return err
+			}
+			baseMax, l = bm, ol
+		}
+	}
 	i, c, err := s.resolve(sh, key, tag, l)
 	if err != nil {
 		return err
+	}
+	if baseMax >= 0 {
+		// The cost against the caller's limit (baseMax), as the Redis
+		// store checks it before its script reads the override.
+		if mode == algorithm.AtMost {
+			n = min(n, baseMax)
+		}
+		if n < 0 || n > baseMax {
+			return weir.CheckCost(key, n, baseMax)
+		}
 	}
 	if err := req.CheckWith(&c.params); err != nil {
 		return err

@@ -10,9 +10,13 @@ import (
 // settlement's refund (mode algorithm.Settle, t the take). It returns
 // the result and the clock reading. (take stays the hot path's own.)
 func (s *Store) dated(key string, l *weir.Limit, n int64, mode algorithm.Mode, t *algorithm.Taken) (weir.Result, int64, error) {
-	sh, tag := s.hash(key)
+	si, tag := s.hashIndex(key)
+	sh := &s.shards[si]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	if o := s.ovrs.Load(); o != nil {
+		l = s.overridden(o, si, key, l)
+	}
 	i, c, err := s.resolve(sh, key, tag, l)
 	if err != nil {
 		return weir.Result{}, 0, err

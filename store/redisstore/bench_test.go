@@ -259,3 +259,81 @@ func BenchmarkClusterNodes(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkTakeOverrides is BenchmarkTake's decision on a store without
+// Config.Overrides ("off") and with it ("on": every decision reads its
+// key's override key, none of which exists), side by side on one Redis.
+func BenchmarkTakeOverrides(b *testing.B) {
+	addr := os.Getenv(benchEnv)
+	if addr == "" {
+		addr = redistest.Standalone(b).Addr
+	}
+	keys := make([]string, benchKeys)
+	for i := range keys {
+		keys[i] = "b" + strconv.Itoa(i)
+	}
+	for _, a := range []weir.Algorithm{weir.FixedWindow, weir.GCRA} {
+		l := benchLimit(a)
+		for _, on := range []bool{false, true} {
+			s, err := New(context.Background(), Config{Addrs: []string{addr}, Prefix: "gobench", Timeout: 10 * time.Second, Overrides: on})
+			if err != nil {
+				b.Fatal(err)
+			}
+			name := "off"
+			if on {
+				name = "on"
+			}
+			for _, g := range []int{1, 64} {
+				b.Run(fmt.Sprintf("%s/%s/g=%d", a, name, g), func(b *testing.B) {
+					if err := s.client.Do(context.Background(), s.client.B().ConfigResetstat().Build()).Error(); err != nil {
+						b.Fatal(err)
+					}
+					var next atomic.Int64
+					var wg sync.WaitGroup
+					b.ResetTimer()
+					start := time.Now()
+					for w := range g {
+						wg.Add(1)
+						go func() {
+							defer wg.Done()
+							rng := rand.New(rand.NewPCG(uint64(w), 1))
+							for next.Add(1) <= int64(b.N) {
+								if _, err := s.Take(context.Background(), keys[rng.IntN(len(keys))], l, 1); err != nil {
+									b.Error(err)
+									return
+								}
+							}
+						}()
+					}
+					wg.Wait()
+					b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "decisions/s")
+					b.ReportMetric(scriptMicros(b, s)/float64(b.N), "redis-µs/decision")
+				})
+			}
+			s.Close()
+		}
+	}
+}
+
+// scriptMicros is the µs Redis spent in weir's scripts since the last
+// CONFIG RESETSTAT (INFO commandstats: FCALL and EVALSHA), a figure the
+// clients' scheduling does not touch.
+func scriptMicros(b *testing.B, s *Store) float64 {
+	info, err := s.client.Do(context.Background(), s.client.B().Info().Section("commandstats").Build()).ToString()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total float64
+	for _, line := range strings.Split(info, "\n") {
+		if !strings.HasPrefix(line, "cmdstat_fcall:") && !strings.HasPrefix(line, "cmdstat_evalsha:") {
+			continue
+		}
+		for _, f := range strings.Split(strings.TrimSpace(line[strings.IndexByte(line, ':')+1:]), ",") {
+			if v, ok := strings.CutPrefix(f, "usec="); ok {
+				n, _ := strconv.ParseFloat(v, 64)
+				total += n
+			}
+		}
+	}
+	return total
+}

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -75,7 +76,7 @@ func (s *Store) Do(ctx context.Context, reqs []weir.Request, results []weir.Resu
 		g := &groups[0]
 		g.vals, g.err = s.runGroup(ctx, items, g.idx, "take", "")
 		if g.err != nil {
-			return batchError("take", items, g.idx, g.err)
+			return s.takeError(items, g)
 		}
 		fill(results, g.idx, g.vals)
 		weir.StampAdmitted(reqs, results, g.vals[1])
@@ -103,7 +104,11 @@ func (s *Store) batchItems(reqs []weir.Request) ([]item, error) {
 		if one(r) {
 			return nil, fmt.Errorf("%w: a %s decides one request at a time, not a batch of %d", weir.ErrUnsupported, r.Mode, len(reqs))
 		}
-		c, err := s.compile(r.Limit)
+		l := r.Limit
+		if s.overrides {
+			l = s.patterned(r.Key, l)
+		}
+		c, err := s.compile(l)
 		if err != nil {
 			return nil, err
 		}
@@ -135,7 +140,7 @@ func (s *Store) takeAcrossSlots(ctx context.Context, items []item, groups []grou
 		g := &groups[i]
 		if g.err != nil {
 			if firstErr == nil {
-				firstErr = batchError("take", items, g.idx, g.err)
+				firstErr = s.takeError(items, g)
 			}
 			allAdmitted = false
 		} else if g.vals[0] != 1 {
@@ -168,6 +173,11 @@ func (s *Store) takeAcrossSlots(ctx context.Context, items []item, groups []grou
 	}
 	s.refunded(context.WithoutCancel(ctx), items, refunds)
 	if firstErr != nil {
+		if errors.Is(firstErr, weir.ErrInvalidCost) {
+			// Refused as memstore refuses it, before deciding: the slots
+			// that admitted were refunded, and no result stands.
+			clear(results[:len(items)])
+		}
 		return firstErr
 	}
 	for i := range groups {
@@ -176,6 +186,18 @@ func (s *Store) takeAcrossSlots(ctx context.Context, items []item, groups []grou
 		}
 	}
 	return nil
+}
+
+// takeError is the error of a group's take: weir.ErrInvalidCost for a
+// cost past a key's override (override.go), else batchError's.
+func (s *Store) takeError(items []item, g *group) error {
+	if s.overrides {
+		at := func(j int) (string, int64) { it := &items[g.idx[j]]; return it.req.Key, it.req.N }
+		if cerr := costError(g.err, "", 0, at); cerr != g.err {
+			return cerr
+		}
+	}
+	return batchError("take", items, g.idx, g.err)
 }
 
 func modeOf(r *weir.Request) algorithm.Mode { return r.AlgorithmMode() }

@@ -45,6 +45,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/algorithm"
+	"github.com/weir-dev/weir/internal/override"
 )
 
 // DefaultTimeout is the per-call deadline when Config.Timeout is zero: long
@@ -120,6 +121,11 @@ type Config struct {
 	// background, reconnecting after READONLY.
 	Logger *slog.Logger
 
+	// Overrides makes every decision read the key's override, if any
+	// (SetOverride; override.go), in the same script as its state: one
+	// more GET inside the script per decision.
+	Overrides bool
+
 	// evalOnly, for tests only, makes the store run EVAL scripts, as it does
 	// on a Redis without Functions.
 	evalOnly bool
@@ -167,6 +173,9 @@ type Store struct {
 	limits   atomic.Pointer[map[weir.Limit]*compiled] // copy on write
 
 	onRefund atomic.Pointer[func(context.Context, string)] // OnRefund's f
+
+	overrides bool                              // Config.Overrides
+	patterns  atomic.Pointer[override.Patterns] // pattern overrides (override.go)
 }
 
 // compiled is a Limit with its algorithm constants and their ARGV form,
@@ -311,7 +320,7 @@ func newStore(cfg *Config) (*Store, error) {
 	if cfg.Linger < 0 || cfg.Linger > MaxLinger {
 		return nil, fmt.Errorf("redisstore: linger %v out of range 0..%v", cfg.Linger, MaxLinger)
 	}
-	s := &Store{timeout: cfg.Timeout, prefix: cfg.Prefix, clock: cfg.Clock}
+	s := &Store{timeout: cfg.Timeout, prefix: cfg.Prefix, clock: cfg.Clock, overrides: cfg.Overrides}
 	if s.timeout == 0 {
 		s.timeout = DefaultTimeout
 	}
@@ -441,6 +450,15 @@ func (s *Store) compile(l weir.Limit) (*compiled, error) {
 		return nil, err
 	}
 	c := &compiled{p: p, maxCost: p.MaxCost(), algo: p.Kind.String(), arg: limitArg(&p)}
+	if s.overrides {
+		// The scripts read the key's override (prelude.lua's override_of).
+		// The limit's shape: an override applies only to a limit of the
+		// same (override.Shape).
+		if !strings.HasSuffix(c.arg, "|") {
+			c.arg += ";"
+		}
+		c.arg += "o=" + override.Shape(l)
+	}
 	c.algo = stateAlgo(p.Kind, l)
 	s.limitsMu.Lock()
 	defer s.limitsMu.Unlock()
@@ -504,8 +522,11 @@ func (s *Store) Take(ctx context.Context, key string, l weir.Limit, n int64) (we
 // debit or refund), checked by Request.CheckWith once its limit is
 // compiled, and returns its decision and the µs time it decided at.
 func (s *Store) take(ctx context.Context, req *weir.Request) (algorithm.Outcome, int64, error) {
-	key, n, mode := req.Key, req.N, req.AlgorithmMode()
-	c, err := s.compile(req.Limit)
+	key, n, mode, l := req.Key, req.N, req.AlgorithmMode(), req.Limit
+	if s.overrides {
+		l = s.patterned(key, l)
+	}
+	c, err := s.compile(l)
 	if err != nil {
 		return algorithm.Outcome{}, 0, err
 	}
@@ -536,7 +557,12 @@ func (s *Store) take(ctx context.Context, req *weir.Request) (algorithm.Outcome,
 		vals, err = s.takeAlone(ctx, c, [2]string{k.state, k.block}, n, mode, id)
 	}
 	if err != nil {
-		return algorithm.Outcome{}, 0, fmt.Errorf("%w: take %d from %s under %s %v: %w", weir.ErrStore, n, keyRef(key), c.algo, req.Limit, err)
+		if s.overrides {
+			if cerr := costError(err, key, n, nil); cerr != err {
+				return algorithm.Outcome{}, 0, cerr
+			}
+		}
+		return algorithm.Outcome{}, 0, fmt.Errorf("%w: take %d from %s under %s %v: %w", weir.ErrStore, n, keyRef(key), c.algo, l, err)
 	}
 	return decodeDecision(vals[:]), vals[8], nil
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/internal/override"
 	"github.com/weir-dev/weir/internal/redistest"
 	"github.com/weir-dev/weir/store/memstore"
 	"github.com/weir-dev/weir/storetest"
@@ -123,6 +124,19 @@ func TestSameAsMemstore(t *testing.T) {
 func TestSameAsMemstoreAlone(t *testing.T) {
 	srv := redistest.Standalone(t)
 	sameAsMemstoreWith(t, Config{Addrs: []string{srv.Addr}, MaxBatch: 1}, sameSteps(t, 1500))
+}
+
+// TestSameAsMemstoreOverrides is TestSameAsMemstore with overrides set
+// and removed on live keys (Config.Overrides), through batch.lua and,
+// with a MaxBatch of 1, take.lua.
+func TestSameAsMemstoreOverrides(t *testing.T) {
+	srv := redistest.Standalone(t)
+	t.Run("Coalesced", func(t *testing.T) {
+		sameAsMemstoreWith(t, Config{Addrs: []string{srv.Addr}, Overrides: true}, sameSteps(t, 1500))
+	})
+	t.Run("Alone", func(t *testing.T) {
+		sameAsMemstoreWith(t, Config{Addrs: []string{srv.Addr}, MaxBatch: 1, Overrides: true}, sameSteps(t, 1500))
+	})
 }
 
 // sameStepsEnv names the environment variable that sets the number of steps
@@ -264,6 +278,22 @@ func sameAsMemstoreWith(t *testing.T, cfg Config, steps int) {
 					if lo, ok := lowered(keyLimit[k]); ok {
 						keyLimit[k] = lo
 					}
+				case 2, 3, 4: // an override on live state: lowered, or gone
+					if !cfg.Overrides {
+						break
+					}
+					var errs [2]error
+					lo, ok := lowered(keyLimit[k])
+					set := ok && rng.IntN(3) > 0
+					for i, s := range stores {
+						os := s.(override.Store)
+						if set {
+							errs[i] = os.SetOverride(ctx, override.Override{Key: k, Limit: lo})
+						} else {
+							_, errs[i] = os.DeleteOverride(ctx, k)
+						}
+					}
+					same(step, fmt.Sprintf("override of %s: %v (%v)", k, lo, ok), [2]weir.Result{}, errs)
 				}
 				l := keyLimit[k]
 				p, err := l.Compile()

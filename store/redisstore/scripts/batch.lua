@@ -159,7 +159,18 @@ local function batch_run(K, ko, nk, A, ao, probe)
     else
       n, mode = SMALL[n] or tonumber(n), SMALL[mode] or tonumber(mode)
       local ok, d = true, false
-      if p.plain and mode and n and mode <= ATMOST and n > 0 then
+      if p.ovr then
+        local maxcost
+        ok, d, maxcost = pcall(override_of, p, bkey, now)
+        if ok then
+          p = d
+          ok, d = pcall(override_cost, maxcost, n, mode)
+          if ok then
+            n, d = d, false
+          end
+        end
+      end
+      if ok and p.plain and mode and n and mode <= ATMOST and n > 0 then
         -- A plain take: the algorithm's fast path, if it has one, makes
         -- it whole or reads only and leaves it to take_one.
         local fast = ALG[p.kind].fast

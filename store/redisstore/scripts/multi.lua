@@ -28,9 +28,20 @@ local function weir_multi(KEYS, ARGV)
   for i = 1, m do
     local b = 4 + (i - 1) * W
     local p = limit_of(ARGV[b + 4])
+    local n, mode = tonumber(ARGV[b]), tonumber(ARGV[b + 1])
+    if p.ovr then
+      local maxcost
+      p, maxcost = override_of(p, KEYS[2 * i], now)
+      if op ~= 'refund' and maxcost and mode <= ATMOST and n > maxcost then
+        if mode ~= ATMOST then
+          error('WEIRCOST ' .. fmt(maxcost) .. ' ' .. i) -- the request's number
+        end
+        n = maxcost
+      end
+    end
     local r = {
       p = p, alg = ALG[p.kind],
-      n = tonumber(ARGV[b]), mode = tonumber(ARGV[b + 1]), id = ARGV[b + 2],
+      n = n, mode = mode, id = ARGV[b + 2],
       granted = tonumber(ARGV[b + 3]),
     }
     r.s = load(r.alg, p, KEYS[2 * i - 1], KEYS[2 * i], r.id, now, op == 'refund')

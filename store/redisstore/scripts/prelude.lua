@@ -183,6 +183,11 @@ local function params_ext(p, ext)
       p.cal = vals
     elseif key == 'w' then
       p.warm, p.wstep = vals[1], vals[2] -- warmup.lua
+    elseif key == 'o' then
+      p.ovr = string.sub(part, 3) -- the store keeps overrides: the limit's shape (override_of)
+    end
+    if key == 'c' then
+      p.cext = part -- an override of a calendar limit takes the same bounds
     end
   end
 end
@@ -253,6 +258,57 @@ local function limit_of(packed)
   LIMITS[packed] = p
   NLIMITS = NLIMITS + 1
   return p
+end
+
+-- override_of returns the limit a decision on the key whose penalty-box
+-- key is bkey runs under at now: its override's, if the store keeps
+-- overrides (p.ovr, "o" in the packed limit's extras) and the key has a
+-- live one, else p. An override lives in "<prefix>:{<tag>}:ovr", in the
+-- same slot as the state, as "<until µs, 0 for none>|<its largest
+-- cost>|<shape>|<packed limit>" (it applies only to a limit of the same
+-- shape: override.Shape)
+-- (redisstore's override.go); a calendar limit's override takes the
+-- bounds the call sent. Read in the decision's own script, it binds every
+-- decision from the moment its SET returned; a key without one costs one
+-- GET of a missing key.
+local function override_of(p, bkey, now)
+  local v = redis.call('GET', string.sub(bkey, 1, -6) .. 'ovr')
+  if not v then
+    return p
+  end
+  local bar = string.find(v, '|', 1, true)
+  local u = tonumber(string.sub(v, 1, bar - 1))
+  if u ~= 0 and u <= now then
+    return p -- expired by the store's clock
+  end
+  local bar2 = string.find(v, '|', bar + 1, true)
+  local bar3 = string.find(v, '|', bar2 + 1, true)
+  if string.sub(v, bar2 + 1, bar3 - 1) ~= p.ovr then
+    return p -- made for a limit of another shape (algorithm, buckets, calendar, warm-up)
+  end
+  local maxcost = tonumber(string.sub(v, bar + 1, bar2 - 1))
+  local packed = string.sub(v, bar3 + 1)
+  if p.cext then
+    if string.sub(packed, -1) == '|' then
+      packed = packed .. p.cext
+    else
+      packed = packed .. ';' .. p.cext
+    end
+  end
+  return limit_of(packed), maxcost
+end
+
+-- override_cost fits a take's cost to its override's largest (the store
+-- checked it against the rule's): a partial grant asks for at most that,
+-- and a larger cost is an error the store reports as weir.ErrInvalidCost.
+local function override_cost(maxcost, n, mode)
+  if maxcost and mode <= ATMOST and n > maxcost then
+    if mode == ATMOST then
+      return maxcost
+    end
+    error('WEIRCOST ' .. fmt(maxcost))
+  end
+  return n
 end
 
 -- cached_limits is the number of parsed limits the library holds (tests).

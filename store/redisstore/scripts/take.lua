@@ -18,6 +18,11 @@ local function weir_take(KEYS, ARGV)
   local p = limit_of(ARGV[5])
   local now = clock(ARGV[1])
   local n, mode = tonumber(ARGV[2]), tonumber(ARGV[3])
+  if p.ovr then
+    local maxcost
+    p, maxcost = override_of(p, KEYS[2], now)
+    n = override_cost(maxcost, n, mode)
+  end
   local out = {}
   -- A plain take: the algorithm's fast path, if it has one (see ALG in
   -- prelude.lua), makes it whole or reads only and leaves it to take_one.
