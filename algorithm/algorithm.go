@@ -361,14 +361,14 @@ func decision(p *Params, f decideFunc, s *State, now, cost int64, mode Mode, app
 	return d
 }
 
-// Refund gives back g events that an admitted Take at takeNow granted
+// refundTake gives back g events that an admitted Take at takeNow granted
 // (with lease id id, for a concurrency lease or a sliding log call; "" for
 // none), as the Redis store does for the takes of a cross-slot batch that
 // failed as a whole, and reports whether s changed. It is exact when
 // nothing else changed the key in between: s then decides as if the take
 // had never happened. A refund of a take whose state has since expired or
 // moved on does nothing.
-func Refund(p *Params, s *State, takeNow, now, g int64, id string) bool {
+func refundTake(p *Params, s *State, takeNow, now, g int64, id string) bool {
 	if g <= 0 {
 		return false
 	}

@@ -102,7 +102,7 @@ func TestDebtLoweredLimit(t *testing.T) {
 				if d := Take(&p, &re, takeAt, 1, Exact); !d.Allowed {
 					continue
 				}
-				if !Refund(&p, &re, takeAt, takeAt, 1, "") {
+				if !refundTake(&p, &re, takeAt, takeAt, 1, "") {
 					t.Fatalf("%+v: the refund at window %d found nothing", c, w)
 				}
 				for now := takeAt; now < expires+c.Period; now += c.Period / 7 {

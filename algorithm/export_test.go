@@ -7,6 +7,7 @@ const FeatureShaping = featureShaping
 var (
 	DebitTake  = debitTake
 	CreditTake = creditTake
+	Refund     = refundTake
 )
 
 func (l *Log) Cap() int { return l.capacity() }
