@@ -30,6 +30,7 @@ cleanup() {
 	rm -rf "$tmp"
 }
 trap cleanup EXIT
+trap "exit 1" INT TERM
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'; }
 cpu_s() { awk -v t="$(getconf CLK_TCK)" '{ printf "%.3f", ($14 + $15) / t }' "/proc/$1/stat"; }
 
@@ -92,6 +93,7 @@ for r in $(seq 1 "$ROUNDS"); do
 		IFS=: read -r store target descs <<<"$c"
 		res[$c:a]+="$(run "$tmp/weir-a" "$store" "$target" "$descs") "
 		res[$c:b]+="$(run "$tmp/weir-b" "$store" "$target" "$descs") "
+		echo "round $r, $c: A ${res[$c:a]}, B ${res[$c:b]} (load $(cut -d' ' -f1 /proc/loadavg))" >&2
 	done
 done
 echo "| store | call | A µs CPU/call (median; runs) | B µs CPU/call (median; runs) | B/A |"
