@@ -8,7 +8,7 @@ export WEIR_DEPS_EXTRA ?= nginx caddy chromium prometheus
 # Modules of their own (peer libraries stay out of weir's go.mod).
 NESTED     := bench examples/gin examples/echo
 
-.PHONY: all build release release-check image compose-images demo test-fleet test deps vet lint unit nested promtool-test test-helm tidy bench bench-debt bench-redis bench-overload bench-serve bench-resp bench-flood bench-sizing bench-lease bench-window bench-replay fuzz same-long fmt clean
+.PHONY: all build release release-check image compose-images demo test-fleet test deps vet lint unit nested promtool-test test-helm tidy bench bench-debt bench-redis bench-overload bench-serve bench-serve-ab bench-resp bench-flood bench-sizing bench-lease bench-window bench-replay fuzz same-long fmt clean
 
 all: build
 
@@ -151,6 +151,13 @@ bench-resp:
 # weir serve on Redis under weir bench over gRPC (STORE=memory for no Redis).
 bench-serve:
 	./bench/serve/run.sh
+
+# weir serve's CPU per call, the work tree against commit REV, interleaved
+# (Envoy gRPC with 1 and 5 descriptors, /v1/check, /v1/auth; memory and
+# Redis): the table in docs/benchmarks.md. CASES, ROUNDS, CALLS: see the script.
+REV ?= HEAD
+bench-serve-ab:
+	./bench/serve/ab.sh $(REV)
 
 # One hot key at 10,000/s with lease: 100 and without: Redis time per
 # decision (INFO commandstats); the hot-key part of the flood figures.

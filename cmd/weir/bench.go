@@ -56,6 +56,7 @@ type benchConfig struct {
 	abusive     float64
 	abusiveKeys int
 	domain      string
+	descriptors int // grpc: descriptors per call
 	rule        string
 	path        string
 	jsonOut     bool
@@ -139,6 +140,7 @@ func parseBenchArgs(args []string, stdout, stderr io.Writer) (c benchConfig, cod
 	fs.Float64Var(&c.abusive, "abusive", 0, "share of requests (0..1) sent by a few abusive keys that exceed their limit")
 	fs.IntVar(&c.abusiveKeys, "abusive-keys", 10, "how many abusive keys")
 	fs.StringVar(&c.domain, "domain", "bench", "grpc: the rate-limit domain; descriptors are [{key: client, value: <key>}]")
+	fs.IntVar(&c.descriptors, "descriptors", 1, "grpc: descriptors per call, [{client: <key>}], [{client2: <key>}], ... (1 to 64)")
 	fs.StringVar(&c.rule, "rule", "demo-ip", "check: the rule name to check (demo-ip is one of weir serve's demo rules)")
 	fs.StringVar(&c.path, "path", "/", "auth: the original URI sent in X-Original-URI")
 	fs.Float64Var(&c.rate, "rate", 0, "pace the load to this many requests per second in total (0 = as fast as the callers can go)")
@@ -179,6 +181,9 @@ func (c *benchConfig) validate() error {
 	}
 	if c.target == "grpc" && c.grpcClient == "lean" && leanClient == nil {
 		return errors.New("--grpc-client lean: not in this weir, built without the bench tag (go build -tags bench ./cmd/weir); use --grpc-client grpc-go")
+	}
+	if c.descriptors < 1 || c.descriptors > 64 {
+		return fmt.Errorf("--descriptors %d: want 1 to 64", c.descriptors)
 	}
 	if c.concurrency < 1 || c.keys < 1 || c.abusiveKeys < 1 {
 		return fmt.Errorf("--concurrency, --keys and --abusive-keys must be at least 1 (got %d, %d, %d)", c.concurrency, c.keys, c.abusiveKeys)
@@ -496,15 +501,24 @@ func (c benchConfig) noRuleWarning() string {
 	return fmt.Sprintf("no call was decided by a rule %q", c.rule)
 }
 
+// descriptorKey is the entry key of a call's i-th descriptor (from 0), as
+// the lean client names it: "client", then "client2", "client3", ...
+func descriptorKey(i int) string {
+	if i == 0 {
+		return "client"
+	}
+	return "client" + strconv.Itoa(i+1)
+}
+
 // grpcCaller calls ShouldRateLimit through grpc-go's client.
 func (c benchConfig) grpcCaller(client rls.RateLimitServiceClient) caller {
 	domain := c.domain
 	return func(ctx context.Context, key string) (decision, error) {
-		resp, err := client.ShouldRateLimit(ctx, &rls.RateLimitRequest{
-			Domain:      domain,
-			Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "client", Value: key}}}},
-			HitsAddend:  1,
-		})
+		req := &rls.RateLimitRequest{Domain: domain, HitsAddend: 1}
+		for i := range max(c.descriptors, 1) {
+			req.Descriptors = append(req.Descriptors, &rlcommon.RateLimitDescriptor{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: descriptorKey(i), Value: key}}})
+		}
+		resp, err := client.ShouldRateLimit(ctx, req)
 		if err != nil {
 			return decision{}, err
 		}

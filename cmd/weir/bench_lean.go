@@ -30,6 +30,7 @@ func (c benchConfig) leanCallers(ruled bool) ([]caller, func()) {
 			users++
 		}
 		cl := h2client.New(c.addr, c.domain, users > 1)
+		cl.SetDescriptors(c.descriptors)
 		clients[i] = cl
 		out[i] = func(ctx context.Context, key string) (decision, error) {
 			ok, err := cl.ShouldRateLimit(ctx, key)

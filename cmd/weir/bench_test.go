@@ -160,6 +160,8 @@ func TestBenchUsageErrors(t *testing.T) {
 		{"bench", "--duration", "0s"},
 		{"bench", "--rate", "-5"},
 		{"bench", "--grpc-client", "grpc-java"},
+		{"bench", "--target", "grpc", "--descriptors", "0"},
+		{"bench", "--target", "grpc", "--descriptors", "65"},
 	} {
 		if _, errs, code := runCLI(t, args...); code != 2 || errs == "" {
 			t.Errorf("%v: exit %d %q, want 2 with a message", args, code, errs)
@@ -209,6 +211,49 @@ func TestBenchGRPCClients(t *testing.T) {
 	}
 	if _, errs, code := runCLI(t, "bench", "--grpc-client", "grpc-java"); code != 2 || !strings.Contains(errs, `--grpc-client "grpc-java"`) {
 		t.Fatalf("exit %d: %s", code, errs)
+	}
+}
+
+// descriptorServer checks that every call carries want descriptors,
+// [{client: v}], [{client2: v}], ..., counting the calls that do.
+type descriptorServer struct {
+	rls.UnimplementedRateLimitServiceServer
+	want    int
+	matched atomic.Int64
+}
+
+func (s *descriptorServer) ShouldRateLimit(_ context.Context, req *rls.RateLimitRequest) (*rls.RateLimitResponse, error) {
+	ok := len(req.Descriptors) == s.want
+	for i, d := range req.Descriptors {
+		ok = ok && len(d.Entries) == 1 && d.Entries[0].Key == descriptorKey(i) && d.Entries[0].Value == req.Descriptors[0].Entries[0].Value
+	}
+	if ok {
+		s.matched.Add(1)
+	}
+	return &rls.RateLimitResponse{OverallCode: rls.RateLimitResponse_OK}, nil
+}
+
+// TestBenchDescriptors: --descriptors N sends N descriptors a call, with
+// both gRPC clients.
+func TestBenchDescriptors(t *testing.T) {
+	for _, client := range grpcClients() {
+		for _, n := range []int{1, 5} {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := &descriptorServer{want: n}
+			gs := grpc.NewServer()
+			rls.RegisterRateLimitServiceServer(gs, srv)
+			go gs.Serve(ln)
+			s := benchJSON(t, "--target", "grpc", "--grpc-client", client, "--addr", ln.Addr().String(), "--concurrency", "4",
+				"--requests", "200", "--keys", "20", "--descriptors", strconv.Itoa(n))
+			gs.Stop()
+			// The probe's call comes on top of the 200.
+			if s.Total != 200 || srv.matched.Load() != 201 {
+				t.Fatalf("%s, --descriptors %d: %d calls, %d with %d descriptors; want 200 and 201 with the probe", client, n, s.Total, srv.matched.Load(), n)
+			}
+		}
 	}
 }
 

@@ -150,7 +150,7 @@ func netHTTPCall(tr *http.Transport, addr, domain string) call {
 	var body, msg bytes.Buffer // one call at a time per connection
 	return func(ctx context.Context, key string) (bool, error) {
 		body.Reset()
-		body.Write(appendRLSRequest(body.AvailableBuffer(), domain, key))
+		body.Write(appendRLSRequest(body.AvailableBuffer(), domain, key, 1))
 		req := (&http.Request{
 			Method: http.MethodPost, URL: u, Host: u.Host, Header: grpcRequestHeader,
 			Proto: "HTTP/2.0", ProtoMajor: 2,

@@ -91,6 +91,7 @@ var (
 type Client struct {
 	addr, domain string
 	shared       bool // several callers: multiplex them on one connection
+	descriptors  int  // descriptors per call (SetDescriptors), at least 1
 
 	callMu sync.Mutex // synchronous mode: one call at a time
 
@@ -104,8 +105,30 @@ type Client struct {
 // about descriptors in domain; shared says whether several goroutines will
 // call it at once. It dials nothing until the first call.
 func New(addr, domain string, shared bool) *Client {
-	return &Client{addr: addr, domain: domain, shared: shared, all: map[*clientConn]struct{}{}}
+	return &Client{addr: addr, domain: domain, shared: shared, descriptors: 1, all: map[*clientConn]struct{}{}}
 }
+
+// SetDescriptors makes each call carry n descriptors (at least 1), the
+// i-th of them [{DescriptorKey(i): key}]. Call it before the first call.
+func (cl *Client) SetDescriptors(n int) { cl.descriptors = max(n, 1) }
+
+// DescriptorKey is the entry key of a call's i-th descriptor (from 0):
+// "client", then "client2", "client3", ...
+func DescriptorKey(i int) string {
+	if i < len(descriptorKeys) {
+		return descriptorKeys[i]
+	}
+	return "client" + strconv.Itoa(i+1)
+}
+
+// descriptorKeys are the first DescriptorKeys, made once.
+var descriptorKeys = func() []string {
+	ks := []string{"client"}
+	for i := 2; i <= 64; i++ {
+		ks = append(ks, "client"+strconv.Itoa(i))
+	}
+	return ks
+}()
 
 // ShouldRateLimit makes one call, for the descriptor [{client: key}] with
 // hits_addend 1, and reports whether it was allowed (an overall_code other
@@ -130,7 +153,7 @@ func (cl *Client) ShouldRateLimit(ctx context.Context, key string) (bool, error)
 				return false, err
 			}
 		}
-		allowed, err := cc.roundTrip(ctx, cl.domain, key)
+		allowed, err := cc.roundTrip(ctx, cl.domain, key, cl.descriptors)
 		if err == errUnusable && attempt < 3 {
 			cl.drop(cc) // never sent: try a fresh connection
 			continue
@@ -411,7 +434,7 @@ func (c *clientConn) readLoop() {
 
 // roundTrip makes one call on the connection. It returns errUnusable,
 // having sent nothing, if the connection takes no new streams.
-func (c *clientConn) roundTrip(ctx context.Context, domain, key string) (bool, error) {
+func (c *clientConn) roundTrip(ctx context.Context, domain, key string, descriptors int) (bool, error) {
 	c.mu.Lock()
 	if !c.shared && !c.watch(ctx) {
 		c.mu.Unlock()
@@ -424,9 +447,9 @@ func (c *clientConn) roundTrip(ctx context.Context, domain, key string) (bool, e
 	}
 	var body []byte
 	if c.shared {
-		body = appendRLSRequest(nil, domain, key)
+		body = appendRLSRequest(nil, domain, key, descriptors)
 	} else {
-		c.scratch = appendRLSRequest(c.scratch[:0], domain, key)
+		c.scratch = appendRLSRequest(c.scratch[:0], domain, key, descriptors)
 		body = c.scratch
 	}
 	c.send(ctx, st, body)
@@ -1010,14 +1033,19 @@ func decodeGRPCMessage(s string) string {
 //	    [{Entries: [{Key: "client", Value: key}]}]}
 //
 // to b, by hand: fields in number order, as proto.Marshal writes them.
-func appendRLSRequest(b []byte, domain, key string) []byte {
-	const entryKey = "client"
-	entry := 1 + protowire.SizeBytes(len(entryKey)) // Entry{key=1, value=2}
-	if key != "" {
-		entry += 1 + protowire.SizeBytes(len(key))
+func appendRLSRequest(b []byte, domain, key string, descriptors int) []byte {
+	entry := func(i int) int { // Entry{key=1, value=2}
+		n := 1 + protowire.SizeBytes(len(DescriptorKey(i)))
+		if key != "" {
+			n += 1 + protowire.SizeBytes(len(key))
+		}
+		return n
 	}
-	desc := 1 + protowire.SizeBytes(entry)   // RateLimitDescriptor{entries=1}
-	msg := 1 + protowire.SizeBytes(desc) + 2 // descriptors=2, hits_addend=3
+	msg := 2 // hits_addend=3
+	for i := range descriptors {
+		desc := 1 + protowire.SizeBytes(entry(i)) // RateLimitDescriptor{entries=1}
+		msg += 1 + protowire.SizeBytes(desc)      // descriptors=2
+	}
 	if domain != "" {
 		msg += 1 + protowire.SizeBytes(len(domain)) // domain=1
 	}
@@ -1026,15 +1054,18 @@ func appendRLSRequest(b []byte, domain, key string) []byte {
 		b = protowire.AppendTag(b, 1, protowire.BytesType)
 		b = protowire.AppendString(b, domain)
 	}
-	b = protowire.AppendTag(b, 2, protowire.BytesType)
-	b = protowire.AppendVarint(b, uint64(desc))
-	b = protowire.AppendTag(b, 1, protowire.BytesType)
-	b = protowire.AppendVarint(b, uint64(entry))
-	b = protowire.AppendTag(b, 1, protowire.BytesType)
-	b = protowire.AppendString(b, entryKey)
-	if key != "" { // proto3 leaves out empty strings
+	for i := range descriptors {
+		e := entry(i)
 		b = protowire.AppendTag(b, 2, protowire.BytesType)
-		b = protowire.AppendString(b, key)
+		b = protowire.AppendVarint(b, uint64(1+protowire.SizeBytes(e)))
+		b = protowire.AppendTag(b, 1, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(e))
+		b = protowire.AppendTag(b, 1, protowire.BytesType)
+		b = protowire.AppendString(b, DescriptorKey(i))
+		if key != "" { // proto3 leaves out empty strings
+			b = protowire.AppendTag(b, 2, protowire.BytesType)
+			b = protowire.AppendString(b, key)
+		}
 	}
 	b = protowire.AppendTag(b, 3, protowire.VarintType)
 	return protowire.AppendVarint(b, 1)

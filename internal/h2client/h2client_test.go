@@ -31,12 +31,12 @@ import (
 // testLimit is the test servers' limit: 5 per hour per descriptor value.
 var testLimit = weir.Limit{Algorithm: weir.FixedWindow, Rate: 5, Period: time.Hour}
 
-func wantRLSRequest(domain, key string) *rls.RateLimitRequest {
-	return &rls.RateLimitRequest{
-		Domain:      domain,
-		Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "client", Value: key}}}},
-		HitsAddend:  1,
+func wantRLSRequest(domain, key string, descriptors int) *rls.RateLimitRequest {
+	r := &rls.RateLimitRequest{Domain: domain, HitsAddend: 1}
+	for i := range descriptors {
+		r.Descriptors = append(r.Descriptors, &rlcommon.RateLimitDescriptor{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: DescriptorKey(i), Value: key}}})
 	}
+	return r
 }
 
 // TestRequestEncoding: the hand-encoded request body is the gRPC
@@ -46,23 +46,25 @@ func TestRequestEncoding(t *testing.T) {
 		strings.Repeat("é", 300), strings.Repeat("z", 20000), strings.Repeat("w", 1<<21)}
 	for _, domain := range []string{"bench", "", "домен", strings.Repeat("d", 200)} {
 		for _, key := range keys {
-			b := appendRLSRequest([]byte("junk"), domain, key)[4:]
-			if b[0] != 0 || int(binary.BigEndian.Uint32(b[1:5])) != len(b)-5 {
-				t.Fatalf("domain %q key %.20q: bad gRPC prefix % x for %d bytes", domain, key, b[:5], len(b)-5)
-			}
-			got := &rls.RateLimitRequest{}
-			if err := proto.Unmarshal(b[5:], got); err != nil {
-				t.Fatalf("domain %q key %.20q: %v", domain, key, err)
-			}
-			if want := wantRLSRequest(domain, key); !proto.Equal(got, want) {
-				t.Fatalf("domain %q key %.20q: got %v", domain, key, got)
-			}
-			if want, _ := proto.Marshal(wantRLSRequest(domain, key)); len(want) != len(b)-5 {
-				t.Fatalf("domain %q key %.20q: %d bytes, proto.Marshal makes %d", domain, key, len(b)-5, len(want))
+			for _, descs := range []int{1, 5} {
+				b := appendRLSRequest([]byte("junk"), domain, key, descs)[4:]
+				if b[0] != 0 || int(binary.BigEndian.Uint32(b[1:5])) != len(b)-5 {
+					t.Fatalf("domain %q key %.20q: bad gRPC prefix % x for %d bytes", domain, key, b[:5], len(b)-5)
+				}
+				got := &rls.RateLimitRequest{}
+				if err := proto.Unmarshal(b[5:], got); err != nil {
+					t.Fatalf("domain %q key %.20q: %v", domain, key, err)
+				}
+				if want := wantRLSRequest(domain, key, descs); !proto.Equal(got, want) {
+					t.Fatalf("domain %q key %.20q: got %v", domain, key, got)
+				}
+				if want, _ := proto.Marshal(wantRLSRequest(domain, key, descs)); len(want) != len(b)-5 {
+					t.Fatalf("domain %q key %.20q: %d bytes, proto.Marshal makes %d", domain, key, len(b)-5, len(want))
+				}
 			}
 		}
 	}
-	if n := testing.AllocsPerRun(100, func() { appendRLSRequest(make([]byte, 0, 64)[:0], "bench", "k12345") }); n > 1 {
+	if n := testing.AllocsPerRun(100, func() { appendRLSRequest(make([]byte, 0, 256)[:0], "bench", "k12345", 5) }); n > 1 {
 		t.Errorf("%v allocations per request body", n)
 	}
 }
@@ -119,7 +121,7 @@ func (s *rlsServer) ShouldRateLimit(ctx context.Context, req *rls.RateLimitReque
 	s.mu.Lock()
 	if req.Domain != s.domain || req.HitsAddend != 1 || len(req.Descriptors) != 1 || len(req.Descriptors[0].Entries) != 1 ||
 		req.Descriptors[0].Entries[0].Key != "client" || !strings.HasPrefix(req.Descriptors[0].Entries[0].Value, s.keyPrefix) ||
-		!proto.Equal(req, wantRLSRequest(s.domain, req.Descriptors[0].Entries[0].Value)) {
+		!proto.Equal(req, wantRLSRequest(s.domain, req.Descriptors[0].Entries[0].Value, 1)) {
 		s.bad = append(s.bad, fmt.Sprintf("%.200v", req))
 	}
 	s.inFlight[p.Addr.String()]++
@@ -749,7 +751,7 @@ func (fc *fakeConn) request(id uint32) {
 		return
 	}
 	key := req.Descriptors[0].Entries[0].Value
-	if !proto.Equal(req, wantRLSRequest("bench", key)) {
+	if !proto.Equal(req, wantRLSRequest("bench", key, 1)) {
 		fc.h.errorf("stream %d: request %v", id, req)
 	}
 	fc.h.mu.Lock()

@@ -133,30 +133,26 @@ const maxEnvoyInFlight = 8
 // the guard's fallback under the config's global on_error, as /v1/check
 // and /v1/auth do, and says so in fallback.
 func (s *Server) envoyDecider(ctx context.Context, reqs []weir.Request, res []weir.Result, fallback []string) error {
-	// Descriptors are independent (as in envoyproxy/ratelimit), so a
-	// request's descriptors are decided concurrently, at most
-	// maxEnvoyInFlight at once: with Redis, the calls under way share one
-	// pipelined (or coalesced) round trip instead of one each.
-	var one [1]error
-	var oneLat [1]time.Duration
-	errs, lats := one[:], oneLat[:]
+	// Descriptors are independent (as in envoyproxy/ratelimit). With
+	// Redis, a request's descriptors are decided concurrently, at most
+	// maxEnvoyInFlight at once, so that the calls under way share one
+	// pipelined (or coalesced) round trip instead of one each. The memory
+	// store never waits, so there they are decided in turn: a goroutine
+	// would cost more than the decision.
+	var one [1]envoyCall
+	calls := one[:]
 	if len(reqs) > 1 {
-		errs, lats = make([]error, len(reqs)), make([]time.Duration, len(reqs))
+		calls = make([]envoyCall, len(reqs))
 	}
-	decide := func(i int) {
-		start := time.Now()
-		errs[i] = s.stack.Do(ctx, reqs[i:i+1], res[i:i+1])
-		lats[i] = time.Since(start)
-	}
-	if workers := min(len(reqs), maxEnvoyInFlight); workers <= 1 {
+	if workers := min(len(reqs), maxEnvoyInFlight); workers <= 1 || s.mem {
 		for i := range reqs {
-			decide(i)
+			calls[i].decide(ctx, s.stack, reqs, res, i)
 		}
 	} else {
 		var next atomic.Int64
 		work := func() {
 			for i := int(next.Add(1) - 1); i < len(reqs); i = int(next.Add(1) - 1) {
-				decide(i)
+				calls[i].decide(ctx, s.stack, reqs, res, i)
 			}
 		}
 		var wg sync.WaitGroup
@@ -167,10 +163,11 @@ func (s *Server) envoyDecider(ctx context.Context, reqs []weir.Request, res []we
 		wg.Wait()
 	}
 	var cfg *config.Config
+	now := s.now()
 	for i := range reqs {
-		err := errs[i]
-		s.metrics.store(lats[i], storeFailed(ctx, err))
-		s.stats.observeStore(s.now(), lats[i])
+		err := calls[i].err
+		s.metrics.store(calls[i].lat, storeFailed(ctx, err))
+		s.stats.observeStore(now, calls[i].lat)
 		if err == nil {
 			continue
 		}
@@ -189,6 +186,19 @@ func (s *Server) envoyDecider(ctx context.Context, reqs []weir.Request, res []we
 		s.noteFallback(mode, s.now())
 	}
 	return nil
+}
+
+// envoyCall is one store call of an Envoy call: its error and latency.
+type envoyCall struct {
+	err error
+	lat time.Duration
+}
+
+// decide makes request i's store call through stack.
+func (c *envoyCall) decide(ctx context.Context, stack weir.Store, reqs []weir.Request, res []weir.Result, i int) {
+	start := time.Now()
+	c.err = stack.Do(ctx, reqs[i:i+1], res[i:i+1])
+	c.lat = time.Since(start)
 }
 
 // envoyOnError is the fallback of the Envoy service: the config's global

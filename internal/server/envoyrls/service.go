@@ -486,11 +486,24 @@ func (s *Service) observeFailed(ctx context.Context, domain string, items []item
 // upstream decides.
 func (s *Service) respond(ctx context.Context, req *rlspb.RateLimitRequest, items []item, results []weir.Result, fallback []string) *rlspb.RateLimitResponse {
 	resp := &rlspb.RateLimitResponse{Statuses: make([]*rlspb.RateLimitResponse_DescriptorStatus, len(items))}
+	// The messages of all statuses in one allocation each: statuses,
+	// and the durations of those that have one.
+	sts := make([]rlspb.RateLimitResponse_DescriptorStatus, len(items))
+	var durs []durationpb.Duration
 	over := false
 	quotas, quotasOver := 0, 0
 	limited := make([]bool, len(items))
 	for i := range items {
-		st, d := s.descriptorStatus(req.Domain, i, &items[i], results, fallback)
+		st := &sts[i]
+		d, reset, ok := s.descriptorStatus(st, req.Domain, i, &items[i], results, fallback)
+		if ok {
+			if durs == nil {
+				durs = make([]durationpb.Duration, len(items))
+			}
+			// durationpb.New, in place.
+			durs[i].Seconds, durs[i].Nanos = int64(reset/time.Second), int32(reset%time.Second)
+			st.DurationUntilReset = &durs[i]
+		}
 		resp.Statuses[i] = st
 		limited[i] = d.Outcome == Limited
 		if r := items[i].rule; r != nil && !r.unlimited {
@@ -531,20 +544,21 @@ func (s *Service) respond(ctx context.Context, req *rlspb.RateLimitRequest, item
 	return resp
 }
 
-// descriptorStatus is the status of the i-th descriptor of a call, and
-// the Observation that reports it.
-func (s *Service) descriptorStatus(domain string, i int, it *item, results []weir.Result, fallback []string) (*rlspb.RateLimitResponse_DescriptorStatus, Observation) {
-	st := &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK}
+// descriptorStatus fills st, the status of the i-th descriptor of a call
+// but for its duration_until_reset, and returns the Observation that reports
+// it and that duration, if it has one.
+func (s *Service) descriptorStatus(st *rlspb.RateLimitResponse_DescriptorStatus, domain string, i int, it *item, results []weir.Result, fallback []string) (Observation, time.Duration, bool) {
+	st.Code = rlspb.RateLimitResponse_OK
 	d := Observation{Domain: domain, Descriptor: i, Hits: it.hits}
 	r := it.rule
 	switch {
 	case r == nil:
 		d.Outcome = NoLimit
-		return st, d
+		return d, 0, false
 	case r.unlimited:
 		st.LimitRemaining = math.MaxUint32
 		d.Rule, d.Name, d.Outcome = r.path, r.name, Unlimited
-		return st, d
+		return d, 0, false
 	}
 	d.Rule, d.Name = r.path, r.name
 	allowed := false
@@ -555,7 +569,7 @@ func (s *Service) descriptorStatus(domain string, i int, it *item, results []wei
 	}
 	st.CurrentLimit = r.proto()
 	st.LimitRemaining = uint32(min(max(d.Result.Remaining, 0), math.MaxUint32))
-	st.DurationUntilReset = s.untilReset(r, d.Result)
+	reset := s.untilReset(r, d.Result)
 	switch {
 	case allowed:
 		d.Outcome = Allowed
@@ -565,14 +579,14 @@ func (s *Service) descriptorStatus(domain string, i int, it *item, results []wei
 		d.Outcome = Limited
 		st.Code = rlspb.RateLimitResponse_OVER_LIMIT
 	}
-	return st, d
+	return d, reset, true
 }
 
 // untilReset is duration_until_reset. For a fixed window it is the time
 // to the end of the window in whole seconds, as upstream computes it even
 // when the window is untouched; for other algorithms it is the time until
 // the key's state is empty again.
-func (s *Service) untilReset(r *rule, res weir.Result) *durationpb.Duration {
+func (s *Service) untilReset(r *rule, res weir.Result) time.Duration {
 	d := res.ResetAfter
 	if r.deny || r.limit.Algorithm == weir.FixedWindow {
 		p := r.limit.Period
@@ -583,7 +597,7 @@ func (s *Service) untilReset(r *rule, res weir.Result) *durationpb.Duration {
 			d = (d + time.Second - 1).Truncate(time.Second)
 		}
 	}
-	return durationpb.New(d)
+	return d
 }
 
 // proto returns the rule's current_limit.
@@ -717,8 +731,8 @@ func overrideKey(domain string, r *rule, entries []*rlcommon.RateLimitDescriptor
 
 // stateKey is the store key of a descriptor's counter.
 func stateKey(domain string, entries []*rlcommon.RateLimitDescriptor_Entry, shared []string) string {
-	parts := make([]string, 0, 1+2*len(entries))
-	parts = append(parts, domain)
+	var buf [9]string // a domain and four entries without allocating
+	parts := append(buf[:0], domain)
 	if shared == nil {
 		for _, e := range entries {
 			parts = append(parts, e.GetKey(), e.GetValue())
