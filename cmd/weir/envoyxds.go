@@ -24,6 +24,7 @@ import (
 // plaintext /healthcheck beside a TLS gRPC port, its metrics listener.
 type compatFlags struct {
 	compat                            bool
+	mergeDomains                      bool // --envoy-merge-domains, for the xDS loader
 	xds, xdsNode, xdsNodeMeta         string
 	xdsHeaders                        string
 	xdsTLS                            bool
@@ -84,7 +85,7 @@ func compatOptions(c *compatFlags, envoyConfig string) ([]server.Option, error) 
 // xdsOptions are the xDS client's options for c, its files read.
 func xdsOptions(c *compatFlags, log *slog.Logger) (envoyxds.Options, error) {
 	o := envoyxds.Options{Server: c.xds, NodeID: c.xdsNode, RetryMin: c.xdsRetryMin, RetryMax: c.xdsRetryMax,
-		MaxMessageBytes: c.xdsMaxMsg, Log: log}
+		MaxMessageBytes: c.xdsMaxMsg, MergeDomains: c.mergeDomains, Log: log}
 	var err error
 	if o.NodeMetadata, err = pairs(c.xdsNodeMeta, "=", "--envoy-xds-node-metadata"); err != nil {
 		return o, err

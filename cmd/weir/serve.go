@@ -207,6 +207,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, lookup 
 		}
 		defer ps.Close()
 	}
+	f.compatFlags.mergeDomains = f.envoy.merge
 	stopCompat, err := startCompat(ctx, &f.compatFlags, srv, log)
 	if err != nil {
 		srv.Close()

@@ -49,6 +49,10 @@ type Options struct {
 	RetryMin, RetryMax time.Duration
 	// MaxMessageBytes bounds a received message; 0 is gRPC's default (4 MiB).
 	MaxMessageBytes int
+	// MergeDomains lets several resources define the same domain, merged
+	// in the order received (weir serve's --envoy-merge-domains, the
+	// peer's MERGE_DOMAIN_CONFIG); without it such an update is refused.
+	MergeDomains bool
 	// Log receives one line per accepted or refused update and per
 	// broken stream; nil is slog.Default().
 	Log *slog.Logger
@@ -152,7 +156,7 @@ func (c *client) stream(ctx context.Context) (got bool, err error) {
 		}
 		got = true
 		req := &discoveryv3.DiscoveryRequest{Node: c.node, TypeUrl: TypeURL, ResponseNonce: resp.GetNonce()}
-		cfg, lerr := Load(resp)
+		cfg, lerr := load(resp, envoyrls.LoadOptions{MergeDomains: c.o.MergeDomains})
 		if lerr != nil {
 			req.VersionInfo = c.version
 			req.ErrorDetail = &statuspb.Status{Code: int32(codes.InvalidArgument), Message: lerr.Error()}
@@ -172,6 +176,11 @@ func (c *client) stream(ctx context.Context) (got bool, err error) {
 // Load decodes a response's RateLimitConfig resources and loads them as
 // one configuration, each resource a document named after it.
 func Load(resp *discoveryv3.DiscoveryResponse) (*envoyrls.Config, error) {
+	return load(resp, envoyrls.LoadOptions{})
+}
+
+// load is Load with the loader's options.
+func load(resp *discoveryv3.DiscoveryResponse, o envoyrls.LoadOptions) (*envoyrls.Config, error) {
 	if t := resp.GetTypeUrl(); t != TypeURL {
 		return nil, fmt.Errorf("envoyxds: response of type %q, want %q", t, TypeURL)
 	}
@@ -194,5 +203,5 @@ func Load(resp *discoveryv3.DiscoveryResponse) (*envoyrls.Config, error) {
 		}
 		docs = append(docs, envoyrls.Document{Name: "xds:" + name, Data: data})
 	}
-	return envoyrls.LoadDocuments(docs...)
+	return envoyrls.LoadDocumentsWith(o, docs...)
 }

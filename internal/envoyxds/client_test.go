@@ -192,3 +192,36 @@ func TestMutualTLS(t *testing.T) {
 		t.Fatalf("over mutual TLS (3/minute) admitted %d of 10, want 3", got)
 	}
 }
+
+// TestMergeDomains: with MergeDomains (--envoy-merge-domains, the peer's
+// MERGE_DOMAIN_CONFIG) two resources of one domain load as one, each
+// resource's descriptors in force; a descriptor both define is still
+// refused.
+func TestMergeDomains(t *testing.T) {
+	srv := xdstest.Start(t, "127.0.0.1:0", nil, node)
+	srv.Set("1", xdstest.Limit("route-a", "gw", "path", "/a", 3, rlsconfv3.RateLimitUnit_MINUTE),
+		xdstest.Limit("route-c", "gw", "path", "/c", 1, rlsconfv3.RateLimitUnit_MINUTE))
+	ch := make(chan *envoyrls.Config, 4)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = envoyxds.Run(ctx, envoyxds.Options{Server: srv.Addr, NodeID: node, MergeDomains: true,
+			RetryMin: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond},
+			func(c *envoyrls.Config) { ch <- c })
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+
+	c := next(t, ch)
+	srv.WaitRequest("ACK of version 1", xdstest.ACK("1"))
+	if got := admitted(t, c, "gw", "path", "/a", 10); got != 3 {
+		t.Fatalf("merged: /a (3/minute) admitted %d of 10, want 3", got)
+	}
+	if got := admitted(t, c, "gw", "path", "/c", 10); got != 1 {
+		t.Fatalf("merged: /c (1/minute) admitted %d of 10, want 1", got)
+	}
+
+	srv.Set("2", xdstest.Limit("route-a", "gw", "path", "/a", 3, rlsconfv3.RateLimitUnit_MINUTE),
+		xdstest.Limit("route-a2", "gw", "path", "/a", 9, rlsconfv3.RateLimitUnit_MINUTE))
+	srv.WaitRequest("NACK of version 2", xdstest.NACK("duplicate descriptor"))
+}

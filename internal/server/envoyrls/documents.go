@@ -11,7 +11,13 @@ type Document struct {
 // loads files: a domain may appear in only one of them. No documents make
 // an empty Config, which limits nothing.
 func LoadDocuments(docs ...Document) (*Config, error) {
-	c := &Config{domains: map[string]*domainConfig{}}
+	return LoadDocumentsWith(LoadOptions{}, docs...)
+}
+
+// LoadDocumentsWith is LoadDocuments with o: with o.MergeDomains, documents
+// naming the same domain are merged in order, as LoadDirWith merges files.
+func LoadDocumentsWith(o LoadOptions, docs ...Document) (*Config, error) {
+	c := &Config{domains: map[string]*domainConfig{}, merge: o.MergeDomains}
 	for _, d := range docs {
 		if err := c.add(d.Data, d.Name); err != nil {
 			return nil, err
