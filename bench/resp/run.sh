@@ -12,8 +12,14 @@
 #     (WEIR.CHECK, redis-benchmark, pipelined and not) and over HTTP
 #     (POST /v1/check, weir bench --target check, 50 callers).
 #
+# With STORE=redis, weir serve decides on the private redis-server, and a
+# third table gives CL.THROTTLE's requests/s through weir with the Redis
+# CPU it cost per decision, to set beside `make bench-redis`'s batched
+# figure for gcra.
+#
 #   bench/resp/run.sh                  # N=1000000 ROUNDS=3
 #   N=200000 ROUNDS=1 bench/resp/run.sh
+#   STORE=redis bench/resp/run.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 N=${N:-1000000}
@@ -51,10 +57,13 @@ rport=$(free_port)
 rpid=$!
 pids+=("$rpid")
 
-cat >"$work/weir.yaml" <<'YAML'
-store: {type: memory}
-rules: [{name: bench, match: {path: /}, identity: [ip], limit: 1000000/s}]
-YAML
+STORE=${STORE:-memory}
+if [ "$STORE" = redis ]; then
+	printf 'store: {type: redis, timeout: 2s, redis: {addrs: ["127.0.0.1:%s"]}}\n' "$rport" >"$work/weir.yaml"
+else
+	echo 'store: {type: memory}' >"$work/weir.yaml"
+fi
+echo 'rules: [{name: bench, match: {path: /}, identity: [ip], limit: 1000000/s}]' >>"$work/weir.yaml"
 hport=$(free_port)
 wport=$(free_port)
 "${srv[@]}" "$work/weir" serve --config "$work/weir.yaml" --http "127.0.0.1:$hport" --grpc off \
@@ -80,7 +89,7 @@ bench() {
 		'BEGIN { printf "%.0f %.2f\n", rps, c / n * 1e6 }'
 }
 
-echo "Machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); servers on CPU ${SERVER_CPU:-any}, load on ${LOAD_CPU:-any}; N=$N, $KEYS keys"
+echo "Store: $STORE. Machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); servers on CPU ${SERVER_CPU:-any}, load on ${LOAD_CPU:-any}; N=$N, $KEYS keys"
 echo
 echo "| round | weir CL.THROTTLE req/s | weir µs CPU/req | redis-server INCR req/s | redis µs CPU/req | req/s weir ÷ redis |"
 echo "|---|---:|---:|---:|---:|---:|"
@@ -111,3 +120,16 @@ print(f"| HTTP POST /v1/check, weir bench -concurrency 50 | {o['decisions_per_se
 if o["errors"]:
     print(f"{o['errors']} errors: {o.get('first_error')}", file=sys.stderr)
 PY
+
+if [ "$STORE" = redis ]; then
+	echo
+	echo "| weir serve on Redis, CL.THROTTLE -P 16 -c 50 | requests/s | weir µs CPU/req | Redis µs CPU/req |"
+	echo "|---|---:|---:|---:|"
+	for round in $(seq 1 "$ROUNDS"); do
+		r0=$(cpu "$rpid")
+		read -r wr wc < <(bench "$wpid" "$wport" -P 16 -c 50 CL.THROTTLE "k:__rand_int__" 1000000 1000000 1)
+		r1=$(cpu "$rpid")
+		awk -v r="$round" -v wr="$wr" -v wc="$wc" -v c="$(awk -v a="$r0" -v b="$r1" 'BEGIN { print b - a }')" -v n="$N" \
+			'BEGIN { printf "| %d | %d | %.2f | %.2f |\n", r, wr, wc, c / n * 1e6 }'
+	done
+fi
