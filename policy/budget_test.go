@@ -168,7 +168,7 @@ rules:
 // more than its budget plus the excess over their estimates of the
 // requests settled at once, and the store holds exactly what was
 // charged.
-func runHierarchy(t *testing.T, ps []*Policy, orgs int, over bool) {
+func runHierarchy(t *testing.T, ps []*Policy, orgs int, over, cluster bool) {
 	t.Helper()
 	budgets := map[string]int64{"key-budget": 300_000, "team-budget": 400_000, "org-budget": 600_000}
 	var mu sync.Mutex
@@ -258,9 +258,16 @@ func runHierarchy(t *testing.T, ps []*Policy, orgs int, over bool) {
 			t.Errorf("%s %s: spent %d of %d and still %d left", id[0], id[1], s, b, rr.Result.Remaining)
 		}
 	}
-	// The budgets bound: each level refused some requests.
-	if rejected["org-budget"] == 0 || rejected["team-budget"] == 0 || rejected["key-budget"] == 0 {
+	// The budgets bound. On one memstore every level refuses some
+	// requests. Across two instances (or Cluster slots), which level a
+	// refusal names depends on the order the racing requests reach Redis:
+	// an organisation's budget may run out before any of its keys' does.
+	// There, at least the organisations must bind.
+	if len(ps) == 1 && (rejected["org-budget"] == 0 || rejected["team-budget"] == 0 || rejected["key-budget"] == 0) {
 		t.Errorf("rejections by level %v: a level never bound, the test checks nothing there", rejected)
+	}
+	if rejected["org-budget"] == 0 {
+		t.Errorf("rejections by level %v: the organisations never bound, the test checks nothing there", rejected)
 	}
 	orgsCharged := 0
 	for id := range spent {
@@ -268,19 +275,22 @@ func runHierarchy(t *testing.T, ps []*Policy, orgs int, over bool) {
 			orgsCharged++
 		}
 	}
-	if orgsCharged != orgs {
+	// On Cluster a request can be refused while another's take in a
+	// slot it shares is about to be given back (under-admission, never
+	// over-admission), so an organisation may end uncharged there.
+	if orgsCharged != orgs && !cluster || orgsCharged == 0 {
 		t.Errorf("%d organisations charged, want %d", orgsCharged, orgs)
 	}
 }
 
 func TestBudgetHierarchyMemstore(t *testing.T) {
 	p := mustPolicy(t, budgetPrices+hierarchyRules, memstore.New())
-	runHierarchy(t, []*Policy{p}, 20, false)
+	runHierarchy(t, []*Policy{p}, 20, false, false)
 }
 
 func TestBudgetHierarchyMemstoreOverEstimate(t *testing.T) {
 	p := mustPolicy(t, budgetPrices+hierarchyRules, memstore.New())
-	runHierarchy(t, []*Policy{p}, 20, true)
+	runHierarchy(t, []*Policy{p}, 20, true, false)
 }
 
 // TestBudgetHierarchyRedisTwoPolicies runs the hierarchy through two
@@ -290,7 +300,7 @@ func TestBudgetHierarchyRedisTwoPolicies(t *testing.T) {
 	doc := budgetPrices + "store: {timeout: 10s}\n" + hierarchyRules
 	p1 := mustPolicy(t, doc, redisStore(t, []string{addr}, 10*time.Second))
 	p2 := mustPolicy(t, doc, redisStore(t, []string{addr}, 10*time.Second))
-	runHierarchy(t, []*Policy{p1, p2}, 10, false)
+	runHierarchy(t, []*Policy{p1, p2}, 10, false, false)
 }
 
 func TestBudgetHierarchyRedisOverEstimate(t *testing.T) {
@@ -298,7 +308,7 @@ func TestBudgetHierarchyRedisOverEstimate(t *testing.T) {
 	doc := budgetPrices + "store: {timeout: 10s}\n" + hierarchyRules
 	p1 := mustPolicy(t, doc, redisStore(t, []string{addr}, 10*time.Second))
 	p2 := mustPolicy(t, doc, redisStore(t, []string{addr}, 10*time.Second))
-	runHierarchy(t, []*Policy{p1, p2}, 10, true)
+	runHierarchy(t, []*Policy{p1, p2}, 10, true, false)
 }
 
 // TestBudgetHierarchyRedisCluster runs the hierarchy on Redis Cluster,
@@ -315,7 +325,7 @@ func TestBudgetHierarchyRedisCluster(t *testing.T) {
 	doc := budgetPrices + "store: {timeout: 10s}\n" + hierarchyRules
 	p1 := mustPolicy(t, doc, redisStore(t, c.Addrs, 10*time.Second))
 	p2 := mustPolicy(t, doc, redisStore(t, c.Addrs, 10*time.Second))
-	runHierarchy(t, []*Policy{p1, p2}, 5, false)
+	runHierarchy(t, []*Policy{p1, p2}, 5, false, true)
 }
 
 // TestBudgetLevelWithoutIdentitySkipped: a request whose authenticator
