@@ -50,7 +50,7 @@ const (
 	FieldBuckets
 	// FieldLease is a rule's lease (weir.yaml's lease: N): an instance
 	// takes up to N units at once from the shared store and spends them
-	// locally (package store/lease). It is not part of a limit, so
+	// locally (package store/localbudget). It is not part of a limit, so
 	// Compile never sees it; the table only says which algorithms accept
 	// it: those whose count changes only by the window or bucket an event
 	// falls in, so that an event spent later in the same window counts

@@ -88,7 +88,7 @@ type rule struct {
 	shadow    bool
 	onError   string
 	nearLimit float64 // 0: off
-	lease     int64   // units taken at once (store/lease); 0: off
+	lease     int64   // units taken at once (store/localbudget); 0: off
 	info      RuleInfo
 
 	// cost and count: what a request costs and which responses count
