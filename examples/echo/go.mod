@@ -7,11 +7,6 @@ require (
 	github.com/weir-dev/weir v0.0.0
 )
 
-require (
-	github.com/fsnotify/fsnotify v1.10.1 // indirect
-	go.yaml.in/yaml/v3 v3.0.6 // indirect
-	golang.org/x/sys v0.48.0 // indirect
-	golang.org/x/time v0.15.0 // indirect
-)
+require golang.org/x/time v0.15.0 // indirect
 
 replace github.com/weir-dev/weir => ../..
