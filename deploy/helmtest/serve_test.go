@@ -87,7 +87,7 @@ func TestProbesServedByWeirServe(t *testing.T) {
 			}
 			// The Secrets reached weir serve: the Redis URL, the admin token.
 			out := p.stderr.String()
-			if redisURL != closedRedis && p.hasEnv("WEIR_REDIS") && !strings.Contains(out, "store redis standalone "+strings.TrimPrefix(redisURL, "redis://")) {
+			if redisURL != closedRedis && p.hasEnv("WEIR_REDIS") && !strings.Contains(out, `"store":"redis standalone `+strings.TrimPrefix(redisURL, "redis://")) {
 				t.Errorf("weir serve does not use the Redis of WEIR_REDIS:\n%s", out)
 			}
 			if want := fmt.Sprintf(`"admin_api":%t`, p.hasEnv("WEIR_ADMIN_TOKEN")); !strings.Contains(out, want) {
