@@ -99,9 +99,9 @@ func (s *Server) reloadEnvoy(force bool) error {
 	defer st.mu.Unlock()
 	c, sum, err := s.loadEnvoyDir(s.envoyDir)
 	if err != nil {
+		s.log.Error("weir: envoy config rejected; the old one stays in force", "dir", s.envoyDir, "err", err)
 		s.metrics.reload(false)
 		st.stale.Store(true)
-		s.log.Error("weir: envoy config rejected; the old one stays in force", "dir", s.envoyDir, "err", err)
 		return err
 	}
 	wasStale := st.stale.Swap(false)

@@ -119,7 +119,7 @@ func TestEnvoyDirWatchFiles(t *testing.T) {
 	mustWrite(t, filepath.Join(dir, "c.yaml"), "domain: c\ndescriptors:\n  - key: k\n    rate_limit: { unit: fortnight, requests_per_unit: 1 }\n")
 	eventually(t, envoyWait, "the bad file refused", func() bool { return s.envoyState.stale.Load() })
 	if logs.count("c.yaml:4:") == 0 {
-		t.Errorf("the refusal does not name c.yaml:4; logs:\n%s", logs.b.String())
+		t.Errorf("the refusal does not name c.yaml:4; logs:\n%s", logs.String())
 	}
 	if got := envoyLimit(t, s, "a"); got != 6 {
 		t.Errorf("after a refused reload a's limit is %d, want the last good 6", got)

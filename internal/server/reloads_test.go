@@ -29,6 +29,13 @@ func (b *syncBuffer) Write(p []byte) (int, error) {
 	return b.b.Write(p)
 }
 
+// String returns what was written so far.
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
 func (b *syncBuffer) count(s string) int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -246,7 +253,7 @@ func TestRedisRulesVersionNeverRepeats(t *testing.T) {
 		t.Fatalf("the stored rules are gone, yet a has %v", got)
 	}
 	if n := logs.count("rules stored in Redis are gone"); n != 1 {
-		t.Fatalf("the loss was logged %d times, want once:\n%s", n, logs.b.String())
+		t.Fatalf("the loss was logged %d times, want once:\n%s", n, logs.String())
 	}
 }
 
