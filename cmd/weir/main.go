@@ -70,7 +70,7 @@ func usage(w io.Writer) {
 	fmt.Fprintln(w, "\nRun 'weir <command> -h' for a command's flags.")
 }
 
-func main() { os.Exit(run(asPeer(os.Args), os.Stdout, os.Stderr)) }
+func main() { os.Exit(run(asPeer(os.Args, os.Stderr), os.Stdout, os.Stderr)) }
 
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {

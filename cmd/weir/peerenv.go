@@ -4,8 +4,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/url"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -472,9 +474,51 @@ func peerArgs(fs *flag.FlagSet, args []string, lookup func(string) (string, bool
 
 // asPeer rewrites the process's arguments when weir runs under the
 // peer's name (Envoy Gateway's Deployment runs /bin/ratelimit).
-func asPeer(argv []string) []string {
-	if len(argv) > 0 && filepath.Base(argv[0]) == "ratelimit" {
-		return append([]string{"serve", "--envoy-compat"}, argv[1:]...)
+// envoyproxy/ratelimit reads no arguments at all, and deployments made
+// for it pass some (Envoy AI Gateway's passes
+// --quotaRateLimitServiceAddr): under that name weir keeps the
+// arguments that are weir serve's flags and drops the others, each
+// named on stderr, rather than refuse to start.
+func asPeer(argv []string, stderr io.Writer) []string {
+	if len(argv) == 0 {
+		return nil
 	}
-	return argv[1:]
+	if filepath.Base(argv[0]) != "ratelimit" {
+		return argv[1:]
+	}
+	fs, _ := newServeFlagSet(io.Discard)
+	out := []string{"serve", "--envoy-compat"}
+	args := argv[1:]
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		name, hasValue := flagName(a)
+		f := fs.Lookup(name)
+		if f == nil {
+			const msg = "weir serve: envoy-compat: argument ignored, as envoyproxy/ratelimit ignores its arguments (not a weir serve flag)"
+			if strings.EqualFold(os.Getenv("LOG_FORMAT"), "json") {
+				slog.New(slog.NewJSONHandler(stderr, nil)).Warn(msg, "argument", a)
+			} else {
+				fmt.Fprintf(stderr, "%s: %q\n", msg, a)
+			}
+			continue
+		}
+		out = append(out, a)
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); !hasValue && !(ok && b.IsBoolFlag()) && i+1 < len(args) {
+			i++
+			out = append(out, args[i]) // the flag's value
+		}
+	}
+	return out
+}
+
+// flagName returns the name of a command-line flag argument ("--x=1",
+// "-x"), whether it carries its value, and "" for an argument that is
+// not a flag.
+func flagName(a string) (name string, hasValue bool) {
+	if len(a) < 2 || a[0] != '-' || a == "--" {
+		return "", false
+	}
+	a = strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-")
+	name, _, hasValue = strings.Cut(a, "=")
+	return name, hasValue
 }

@@ -17,6 +17,7 @@ import (
 	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/weir-dev/weir/internal/certtest"
 	"github.com/weir-dev/weir/internal/envoyxds/xdstest"
@@ -42,11 +43,28 @@ func hasServeFlag(name string) bool {
 }
 
 func TestAsPeerUnderTheRatelimitName(t *testing.T) {
-	got := asPeer([]string{"/bin/ratelimit"})
+	got := asPeer([]string{"/bin/ratelimit"}, io.Discard)
 	if strings.Join(got, " ") != "serve --envoy-compat" {
 		t.Fatalf("as /bin/ratelimit: %q", got)
 	}
-	if got := asPeer([]string{"/weir", "check", "x"}); strings.Join(got, " ") != "check x" {
+	// The peer reads no arguments; deployments made for it pass some
+	// (Envoy AI Gateway's: --quotaRateLimitServiceAddr=...). weir keeps
+	// its own flags and drops the rest, naming each.
+	var notes strings.Builder
+	got = asPeer([]string{"/bin/ratelimit", "--quotaRateLimitServiceAddr=envoy-ai-gateway-ratelimit.envoy-gateway-system",
+		"--log-level", "debug", "-unknown", "v", "--envoy-compat", "stray", "--http=127.0.0.1:1"}, &notes)
+	if want := "serve --envoy-compat --log-level debug --envoy-compat --http=127.0.0.1:1"; strings.Join(got, " ") != want {
+		t.Fatalf("as /bin/ratelimit with arguments: %q, want %q", got, want)
+	}
+	for _, a := range []string{"--quotaRateLimitServiceAddr=envoy-ai-gateway-ratelimit.envoy-gateway-system", `"-unknown"`, `"v"`, `"stray"`} {
+		if !strings.Contains(notes.String(), strings.Trim(a, `"`)) {
+			t.Errorf("the ignored argument %s is not named:\n%s", a, notes.String())
+		}
+	}
+	if strings.Contains(notes.String(), "log-level") {
+		t.Errorf("a weir flag was named as ignored:\n%s", notes.String())
+	}
+	if got := asPeer([]string{"/weir", "check", "x"}, io.Discard); strings.Join(got, " ") != "check x" {
 		t.Fatalf("as /weir: %q", got)
 	}
 	if !peerRole([]string{"--envoy-compat"}, envLookup(nil)) || !peerRole(nil, envLookup(map[string]string{"WEIR_ENVOY_COMPAT": "true"})) ||
@@ -274,7 +292,7 @@ func TestServeAsEnvoyGatewayRatelimit(t *testing.T) {
 				env[k] = v
 			}
 			domain := "gw-" + strconv.FormatBool(force)
-			base, _, _ := startServe(t, env, asPeer([]string{"/bin/ratelimit"})[1:]...)
+			base, _, _ := startServe(t, env, asPeer([]string{"/bin/ratelimit"}, io.Discard)[1:]...)
 			if base != "http://"+httpAddr {
 				t.Fatalf("HTTP on %s, want plaintext on %s", base, httpAddr)
 			}
@@ -346,4 +364,73 @@ func getHealth(t *testing.T, base string) (int, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
+}
+
+// TestServeAsAIGatewayRatelimit runs weir serve as the rate limit service
+// of Envoy AI Gateway's QuotaPolicy: /bin/ratelimit with the environment
+// and the argument of AI Gateway's own Deployment, its config over xDS
+// (node envoy-ai-gateway-ratelimit) in the shape AI Gateway's translator
+// gives it (domain ai-gateway-quota, backend → model → buckets, every
+// bucket in quota mode), and a real Redis. The call is over its limit
+// only when every quota bucket it names is.
+func TestServeAsAIGatewayRatelimit(t *testing.T) {
+	rds := redistest.Standalone(t)
+	xds := xdstest.Start(t, "127.0.0.1:0", nil, "envoy-ai-gateway-ratelimit")
+	httpAddr, grpcAddr := freeAddr(t), freeAddr(t)
+	env := map[string]string{
+		"LOG_LEVEL": "debug", "REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": rds.Addr,
+		"RUNTIME_ROOT": t.TempDir(), "RUNTIME_SUBDIRECTORY": "ratelimit", "USE_STATSD": "false",
+		"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_NODE_ID": "envoy-ai-gateway-ratelimit",
+		"CONFIG_GRPC_XDS_SERVER_URL": xds.Addr, "GRPC_PORT": portOf(grpcAddr), "GRPC_HOST": "127.0.0.1",
+		"HOST": "127.0.0.1", "PORT": portOf(httpAddr),
+		"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL": "50ms", "XDS_CLIENT_BACKOFF_MAX_INTERVAL": "200ms",
+	}
+	args := asPeer([]string{"/bin/ratelimit", "--quotaRateLimitServiceAddr=envoy-ai-gateway-ratelimit.envoy-gateway-system"}, io.Discard)
+	base, _, _ := startServe(t, env, args[1:]...)
+
+	hour := func(n uint32) *rlsconfv3.RateLimitPolicy {
+		return &rlsconfv3.RateLimitPolicy{RequestsPerUnit: n, Unit: rlsconfv3.RateLimitUnit_HOUR}
+	}
+	xds.Set("1", &rlsconfv3.RateLimitConfig{Name: "ai-gateway-quota", Domain: "ai-gateway-quota",
+		Descriptors: []*rlsconfv3.RateLimitDescriptor{{Key: "backend_name", Value: "default/openai",
+			Descriptors: []*rlsconfv3.RateLimitDescriptor{{Key: "model_name_override", Value: "gpt-4o",
+				Descriptors: []*rlsconfv3.RateLimitDescriptor{
+					{Key: "rule-0-x-tenant-id-match-0", RateLimit: hour(5), QuotaMode: true}, // per tenant (Distinct)
+					{Key: "rule-1-match--1", Value: "rule-1-match--1", RateLimit: hour(3), QuotaMode: true},
+				}}}}}})
+	xds.WaitRequest("ACK of version 1", xdstest.ACK("1"))
+	if code, body := getHealth(t, base); code != 200 || body != "OK" {
+		t.Fatalf("/healthcheck with a config: %d %q", code, body)
+	}
+
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	cl := rlspb.NewRateLimitServiceClient(conn)
+	// As AI Gateway's route actions send it: the backend and model, then
+	// one bucket per descriptor.
+	desc := func(k, v string) *rlcommon.RateLimitDescriptor {
+		return &rlcommon.RateLimitDescriptor{Entries: []*rlcommon.RateLimitDescriptor_Entry{
+			{Key: "backend_name", Value: "default/openai"}, {Key: "model_name_override", Value: "gpt-4o"}, {Key: k, Value: v}}}
+	}
+	for i := 1; i <= 8; i++ {
+		resp, err := cl.ShouldRateLimit(context.Background(), &rlspb.RateLimitRequest{Domain: "ai-gateway-quota",
+			Descriptors: []*rlcommon.RateLimitDescriptor{desc("rule-0-x-tenant-id-match-0", "tenant-a"), desc("rule-1-match--1", "rule-1-match--1")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := resp.GetStatuses()
+		if len(st) != 2 {
+			t.Fatalf("call %d: %d statuses, want 2", i, len(st))
+		}
+		tenantOver, defaultOver := st[0].GetCode() == rlspb.RateLimitResponse_OVER_LIMIT, st[1].GetCode() == rlspb.RateLimitResponse_OVER_LIMIT
+		if tenantOver != (i > 5) || defaultOver != (i > 3) {
+			t.Fatalf("call %d: tenant bucket over %v (5/hour), default bucket over %v (3/hour)", i, tenantOver, defaultOver)
+		}
+		if over := resp.GetOverallCode() == rlspb.RateLimitResponse_OVER_LIMIT; over != (i > 5) {
+			t.Fatalf("call %d: overall over limit %v; in quota mode a call is over only when every bucket is", i, over)
+		}
+	}
 }

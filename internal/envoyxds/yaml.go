@@ -22,6 +22,8 @@ type (
 		Descriptors    []yamlDescriptor `yaml:"descriptors,omitempty"`
 		ShadowMode     bool             `yaml:"shadow_mode,omitempty"`
 		DetailedMetric bool             `yaml:"detailed_metric,omitempty"`
+		QuotaMode      bool             `yaml:"quota_mode,omitempty"`
+		Metadata       map[string]any   `yaml:"metadata,omitempty"`
 	}
 	yamlRateLimit struct {
 		Name            string        `yaml:"name,omitempty"`
@@ -60,7 +62,10 @@ func descriptors(in []*rlsconfv3.RateLimitDescriptor, depth int) ([]yamlDescript
 			return nil, err
 		}
 		out[i] = yamlDescriptor{Key: d.GetKey(), Value: d.GetValue(), Descriptors: sub,
-			ShadowMode: d.GetShadowMode(), DetailedMetric: d.GetDetailedMetric()}
+			ShadowMode: d.GetShadowMode(), DetailedMetric: d.GetDetailedMetric(), QuotaMode: d.GetQuotaMode()}
+		if m := d.GetMetadata(); m != nil {
+			out[i].Metadata = m.AsMap()
+		}
 		if p := d.GetRateLimit(); p != nil {
 			rl := &yamlRateLimit{Name: p.GetName(), Unlimited: p.GetUnlimited()}
 			if p.GetUnit() != rlsconfv3.RateLimitUnit_UNKNOWN || !p.GetUnlimited() {
