@@ -45,6 +45,7 @@ var (
 	seed      = flag.Uint64("seed", 1, "seed of the arrivals and service times")
 	jitter    = flag.Float64("jitter", 0.1, "simulation: sigma of the lognormal factor of each call's service time")
 	trace     = flag.Bool("trace", false, "simulation: print why critical requests were lost")
+	idealWait = flag.Duration("ideal-wait", 0, "simulation: how long the \"ideal\" queue lets a critical request wait (default -service)")
 	seeds     = flag.Int("seeds", 0, "simulation: run seeds 1 to n and print each figure's min, median and max")
 )
 

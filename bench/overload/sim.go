@@ -24,8 +24,8 @@ import (
 //
 // The "ideal" mode is the yardstick of critical requests served: no rule,
 // normal and sheddable requests all turned away, critical ones served
-// first come first served, each waiting at most -service (the unloaded
-// latency) for a worker.
+// first come first served, each waiting at most -ideal-wait (default
+// -service, the unloaded latency) for a worker.
 
 type simEvent struct {
 	at   time.Time
@@ -167,7 +167,7 @@ func (s *simRun) handle(e simEvent) {
 		}
 		r.tk = e.tk
 		s.admitted(r)
-	case 5: // ideal: a critical request waited -service in line
+	case 5: // ideal: a critical request waited -ideal-wait in line
 		if !r.started && !r.finished {
 			r.cause = "waited max_wait"
 			s.finish(r, false)
@@ -197,7 +197,11 @@ func (s *simRun) arrive() {
 		return
 	case s.ideal:
 		s.line = append(s.line, r)
-		s.push(s.now.Add(*service), 5, r)
+		w := *idealWait
+		if w == 0 {
+			w = *service
+		}
+		s.push(s.now.Add(w), 5, r)
 		return
 	case s.rule == nil:
 		s.admitted(r)
