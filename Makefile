@@ -134,12 +134,13 @@ bench-flood:
 bench-sizing:
 	./bench/sizing/run.sh
 
-# Overload protection: a backend of fixed capacity offered 2× and 4× it,
-# with no protection, a fixed concurrency limit and concurrency: adaptive;
-# simulated on a virtual clock, then on the wall clock through
-# policy.Middleware. Prints the tables in docs/benchmarks.md.
+# Overload protection: a backend of fixed capacity offered 3× and 5× it,
+# with no protection, concurrency: adaptive with priorities and a reserve,
+# and an ideal critical-only queue; simulated on a virtual clock over 20
+# seeds (the table in docs/benchmarks.md), then on the wall clock through
+# policy.Middleware.
 bench-overload:
-	cd bench && $(GO) run ./overload
+	cd bench && $(GO) run ./overload -seeds 20
 	cd bench && $(GO) run ./overload -real
 
 # weir serve's RESP listener: redis-benchmark CL.THROTTLE against a local

@@ -26,9 +26,13 @@ import (
 // backend made stale and, since the probe's calls meet no queue, does not
 // let the baseline creep up with the queue. Taking the mean of a whole
 // halved limit's calls, not of the first few to finish, keeps it from
-// favouring the fast ones. A probe that critical requests keep from
-// draining (after 4 × baseRTT, more calls done above its limit than
-// under it) is given up, as is one not done in ProbeInterval.
+// favouring the fast ones. Only probes set baseRTT: the least of the
+// rounds' means, the least of many noisy means, sat 5–10% below the
+// latency (a backend that became faster makes the queue estimate
+// negative, and the limit grows, until the next probe). A probe that
+// critical requests keep from draining (after 4 × baseRTT, more calls
+// done above its limit than under it) is given up, as is one not done in
+// ProbeInterval.
 type limiter struct {
 	fixed    int // a fixed limit; 0 when adaptive or none
 	adaptive bool
@@ -154,9 +158,6 @@ func (l *limiter) sample(now time.Time, rtt time.Duration, before int) {
 	mean := l.roundSum / time.Duration(l.roundN)
 	used := l.roundMax
 	l.roundSum, l.roundN, l.roundMax = 0, 0, 0
-	if mean < l.baseRTT {
-		l.baseRTT = mean
-	}
 	lg := max(1, math.Log10(l.limit))
 	queue := l.limit * (1 - float64(l.baseRTT)/float64(mean))
 	alpha, beta := 3*lg, 6*lg

@@ -17,10 +17,12 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -42,6 +44,9 @@ var (
 	maxWait   = flag.Duration("max-wait", 20*time.Millisecond, "max_wait of the \"adaptive+max_wait\" rule: how long a critical request waits for a slot")
 	seed      = flag.Uint64("seed", 1, "seed of the arrivals and service times")
 	jitter    = flag.Float64("jitter", 0.1, "simulation: sigma of the lognormal factor of each call's service time")
+	trace     = flag.Bool("trace", false, "simulation: print why critical requests were lost")
+	idealWait = flag.Duration("ideal-wait", 0, "simulation: how long the \"ideal\" queue lets a critical request wait (default -service)")
+	seeds     = flag.Int("seeds", 0, "simulation: run seeds 1 to n and print each figure's min, median and max")
 )
 
 // backend serves capacity calls at once, each taking service; the others
@@ -62,7 +67,10 @@ func backend() http.Handler {
 
 type result struct {
 	offered, ok, critOffered, critOK int
+	otherOK                          int // normal and sheddable served
 	lat                              []time.Duration
+	lost                             map[string]int // simulation, -trace: critical requests lost, by cause
+	idle, idleWaiting                float64        // simulation, -trace: idle worker-seconds, and those while critical requests waited
 }
 
 func modeConfig(mode string) string {
@@ -183,11 +191,6 @@ func main() {
 	if *real {
 		run = runReal
 	}
-	base, _ := run("none", capRate/2)
-	unloadedP99 := pct(base.lat, 0.99)
-	fmt.Printf("unloaded (0.5× capacity, no protection): p50 %s, p99 %s\n\n", ms(pct(base.lat, 0.5)), ms(unloadedP99))
-	fmt.Println("| offered | protection | goodput (share of capacity) | p50 ok | p99 ok | p99 / unloaded p99 | critical served | final limit |")
-	fmt.Println("|---|---|---|---|---|---|---|---|")
 	var factors []float64
 	if _, err := fmt.Sscanf(*loads, "%g,%g", new(float64), new(float64)); err == nil {
 		var a, b float64
@@ -201,8 +204,21 @@ func main() {
 		}
 		factors = []float64{a}
 	}
+	if *seeds > 0 && !*real {
+		manySeeds(factors, capRate)
+		return
+	}
+	base, _ := run("none", capRate/2)
+	unloadedP99 := pct(base.lat, 0.99)
+	fmt.Printf("unloaded (0.5× capacity, no protection): p50 %s, p99 %s\n\n", ms(pct(base.lat, 0.5)), ms(unloadedP99))
+	fmt.Println("| offered | protection | goodput (share of capacity) | p50 ok | p99 ok | p99 / unloaded p99 | critical served | final limit |")
+	fmt.Println("|---|---|---|---|---|---|---|---|")
 	for _, f := range factors {
-		for _, mode := range []string{"none", "adaptive+max_wait", "adaptive"} {
+		modes := []string{"none", "adaptive+max_wait", "adaptive"}
+		if !*real {
+			modes = append(modes, "ideal")
+		}
+		for _, mode := range modes {
 			r, limit := run(mode, capRate*f)
 			good := float64(r.ok) / duration.Seconds() / capRate
 			crit := 0.0
@@ -216,6 +232,82 @@ func main() {
 			}
 			fmt.Printf("| %g× | %s | %.1f%% | %s | %s | %s | %.2f%% | %s |\n",
 				f, mode, good*100, ms(pct(r.lat, 0.5)), ms(p99), ratio, crit*100, limit)
+			if r.lost != nil && mode != "none" {
+				fmt.Printf("  critical offered %d, served %d; normal and sheddable served %d; idle %.0f calls, %.0f of them while critical requests waited; lost:",
+					r.critOffered, r.critOK, r.otherOK, r.idle/service.Seconds(), r.idleWaiting/service.Seconds())
+				for _, k := range slices.Sorted(maps.Keys(r.lost)) {
+					fmt.Printf(" %s %d;", k, r.lost[k])
+				}
+				fmt.Println()
+			}
+		}
+	}
+}
+
+// manySeeds simulates seeds 1 to -seeds and prints, for each load and
+// protection, the min, median and max over the seeds of the goodput, the
+// p99 ÷ the seed's unloaded p99 and the share of critical requests
+// served, how many seeds served under 99% of them, and how far the share
+// strays from the ideal queue's on the same arrivals.
+func manySeeds(factors []float64, capRate float64) {
+	modes := []string{"adaptive+max_wait", "adaptive", "ideal"}
+	type figs struct{ good, ratio, crit float64 }
+	out := make([][][]figs, len(factors)) // [factor][mode][seed]
+	for i := range out {
+		out[i] = make([][]figs, len(modes))
+		for j := range out[i] {
+			out[i][j] = make([]figs, *seeds)
+		}
+	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
+	for sd := range *seeds {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			base, _ := simulateSeed("none", capRate/2, uint64(sd+1))
+			unloaded := pct(base.lat, 0.99)
+			for i, f := range factors {
+				for j, mode := range modes {
+					r, _ := simulateSeed(mode, capRate*f, uint64(sd+1))
+					x := figs{good: float64(r.ok) / duration.Seconds() / capRate}
+					if p99 := pct(r.lat, 0.99); unloaded > 0 {
+						x.ratio = float64(p99) / float64(unloaded)
+					}
+					if r.critOffered > 0 {
+						x.crit = float64(r.critOK) / float64(r.critOffered)
+					}
+					out[i][j][sd] = x
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	mmm := func(xs []float64, format string) string {
+		slices.Sort(xs)
+		return fmt.Sprintf(format+"–"+format+"–"+format, xs[0], xs[len(xs)/2], xs[len(xs)-1])
+	}
+	fmt.Printf("seeds 1–%d: min–median–max\n\n", *seeds)
+	fmt.Println("| offered | protection | goodput | p99 ÷ unloaded p99 | critical served | seeds under 99% critical | critical served − ideal's |")
+	fmt.Println("|---|---|---|---|---|---|---|")
+	for i, f := range factors {
+		for j, mode := range modes {
+			var good, ratio, crit, diff []float64
+			under := 0
+			for sd, x := range out[i][j] {
+				good, ratio, crit = append(good, x.good*100), append(ratio, x.ratio), append(crit, x.crit*100)
+				diff = append(diff, (x.crit-out[i][len(modes)-1][sd].crit)*100)
+				if x.crit < 0.99 {
+					under++
+				}
+			}
+			d := mmm(diff, "%+.2f")
+			if mode == "ideal" {
+				d = "–"
+			}
+			fmt.Printf("| %g× | %s | %s%% | %s | %s%% | %d | %s |\n", f, mode, mmm(good, "%.1f"), mmm(ratio, "%.2f"), mmm(crit, "%.2f"), under, d)
 		}
 	}
 }

@@ -17,12 +17,20 @@ import (
 // request can wait for a slot without blocking the loop); an admitted
 // request waits in the backend's line for one of capacity workers, or
 // gives up after timeout (a 504 the rule counts as a failure), and holds a
-// worker for service × a lognormal factor (median 1, -jitter its sigma).
+// worker for service × a lognormal factor (mean 1, so that the capacity is
+// what the load is a multiple of; -jitter its sigma). Arrivals and service
+// times come from two streams of -seed, so every mode sees the same
+// arrivals.
+//
+// The "ideal" mode is the yardstick of critical requests served: no rule,
+// normal and sheddable requests all turned away, critical ones served
+// first come first served, each waiting at most -ideal-wait (default
+// -service, the unloaded latency) for a worker.
 
 type simEvent struct {
 	at   time.Time
 	seq  int
-	kind int // 0 arrival, 1 done, 2 timeout in line, 3 slot granted, 4 wait over
+	kind int // 0 arrival, 1 done, 2 timeout in line, 3 slot granted, 4 wait over, 5 ideal: wait over
 	req  *simReq
 	tk   protect.Ticket
 	err  error
@@ -37,6 +45,7 @@ type simReq struct {
 	cancel    func() bool // while waiting for a slot
 	started   bool        // got a worker
 	finished  bool
+	cause     string // why a critical request was lost
 }
 
 type simHeap []simEvent
@@ -76,7 +85,9 @@ func simRule(mode string, now func() time.Time) *protect.Rule {
 type simRun struct {
 	now         time.Time
 	rule        *protect.Rule // nil: no protection
-	rng         *rand.Rand
+	rng         *rand.Rand    // arrivals
+	svc         *rand.Rand    // service times: the same arrivals in every mode
+	ideal       bool          // no rule: critical requests only, FIFO, each waiting at most -service
 	events      simHeap
 	seq         int
 	rate        float64
@@ -85,17 +96,32 @@ type simRun struct {
 	busy        int
 	line        []*simReq
 	res         result
+	waiting     int // critical requests waiting for a slot
 }
 
 // simulate runs mode at rate requests per second in virtual time.
-func simulate(mode string, rate float64) (result, string) {
-	s := &simRun{now: time.Unix(1_700_000_000, 0), rng: rand.New(rand.NewPCG(*seed, 2)), rate: rate}
+func simulate(mode string, rate float64) (result, string) { return simulateSeed(mode, rate, *seed) }
+
+// simulateSeed is simulate with the given seed.
+func simulateSeed(mode string, rate float64, seed uint64) (result, string) {
+	s := &simRun{now: time.Unix(1_700_000_000, 0), rng: rand.New(rand.NewPCG(seed, 2)),
+		svc: rand.New(rand.NewPCG(seed, 3)), rate: rate, ideal: mode == "ideal"}
 	s.rule = simRule(mode, func() time.Time { return s.now })
+	if *trace {
+		s.res.lost = map[string]int{}
+	}
 	s.measureFrom = s.now.Add(*warmup)
 	s.end = s.measureFrom.Add(*duration)
 	s.push(s.now, 0, nil)
 	for s.events.Len() > 0 {
 		e := heap.Pop(&s.events).(simEvent)
+		if s.res.lost != nil && !s.now.Before(s.measureFrom) && s.now.Before(s.end) {
+			idle := e.at.Sub(s.now).Seconds() * float64(*capacity-s.busy)
+			s.res.idle += idle
+			if s.waiting > 0 {
+				s.res.idleWaiting += idle
+			}
+		}
 		s.now = e.at
 		s.handle(e)
 	}
@@ -130,17 +156,26 @@ func (s *simRun) handle(e simEvent) {
 		if r.started || r.finished {
 			return
 		}
+		r.cause = "client timeout in the backend's line"
 		r.tk.Done(true) // the handler's 504
 		s.finish(r, false)
 	case 3: // a waiting critical request got a slot
+		s.waiting--
 		if e.err != nil {
 			s.finish(r, false)
 			return
 		}
 		r.tk = e.tk
 		s.admitted(r)
+	case 5: // ideal: a critical request waited -ideal-wait in line
+		if !r.started && !r.finished {
+			r.cause = "waited max_wait"
+			s.finish(r, false)
+		}
 	case 4: // a critical request waited max_wait
 		if r.cancel() {
+			s.waiting--
+			r.cause = "waited max_wait"
 			s.finish(r, false)
 		}
 	}
@@ -153,7 +188,22 @@ func (s *simRun) arrive() {
 	}
 	u := s.rng.Float64()
 	r := &simReq{arrived: s.now, critical: u < *critical, sheddable: u >= *critical && u < *critical+*sheddable, measured: !s.now.Before(s.measureFrom)}
-	if s.rule == nil {
+	switch {
+	case s.ideal && !r.critical:
+		s.finish(r, false)
+		return
+	case s.ideal && s.busy < *capacity:
+		s.startWork(r)
+		return
+	case s.ideal:
+		s.line = append(s.line, r)
+		w := *idealWait
+		if w == 0 {
+			w = *service
+		}
+		s.push(s.now.Add(w), 5, r)
+		return
+	case s.rule == nil:
 		s.admitted(r)
 		return
 	}
@@ -171,9 +221,14 @@ func (s *simRun) arrive() {
 	})
 	switch {
 	case cancel != nil:
+		s.waiting++
 		r.cancel = cancel
 		s.push(s.now.Add(bound), 4, r)
 	case err != nil:
+		r.cause = "shed at arrival"
+		if bound == 0 {
+			r.cause = "shed at arrival, no wait yet"
+		}
 		s.finish(r, false)
 	default:
 		r.tk = tk
@@ -194,7 +249,7 @@ func (s *simRun) admitted(r *simReq) {
 func (s *simRun) startWork(r *simReq) {
 	r.started = true
 	s.busy++
-	f := math.Exp(s.rng.NormFloat64() * *jitter)
+	f := math.Exp(s.svc.NormFloat64()**jitter - *jitter**jitter/2)
 	s.push(s.now.Add(time.Duration(float64(*service)*f)), 1, r)
 }
 
@@ -212,6 +267,10 @@ func (s *simRun) finish(r *simReq, ok bool) {
 		s.res.lat = append(s.res.lat, s.now.Sub(r.arrived))
 		if r.critical {
 			s.res.critOK++
+		} else {
+			s.res.otherOK++
 		}
+	} else if r.critical && s.res.lost != nil {
+		s.res.lost[r.cause]++
 	}
 }
