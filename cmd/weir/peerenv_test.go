@@ -7,16 +7,19 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/weir-dev/weir/internal/certtest"
 	"github.com/weir-dev/weir/internal/envoyxds/xdstest"
@@ -154,7 +157,8 @@ func TestPeerEnvRefuses(t *testing.T) {
 		"GRPC_CLIENT_TLS_SAN=envoy":                    "GRPC_CLIENT_TLS_SAN",
 		"GRPC_UDS=/run/rl.sock":                        "GRPC_UDS",
 		"CACHE_KEY_PREFIX=rl_":                         "CACHE_KEY_PREFIX",
-		"REDIS_TLS_CLIENT_CERT=/c.pem":                 "REDIS_TLS_CLIENT_CERT",
+		"REDIS_TIMEOUT=10":                             "REDIS_TIMEOUT",
+		"REDIS_TIMEOUT=-1s":                            "REDIS_TIMEOUT",
 		"REDIS_SENTINEL_AUTH=pw":                       "REDIS_SENTINEL_AUTH",
 		"LOG_LEVEL=loud":                               "LOG_LEVEL",
 		"GRPC_SERVER_USE_TLS=yes":                      "GRPC_SERVER_USE_TLS",
@@ -346,4 +350,164 @@ func getHealth(t *testing.T, base string) (int, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
+}
+
+// TestPeerEnvRedisTimeoutAndTLS: REDIS_TIMEOUT, when set, is the store's
+// deadline; the REDIS_TLS_* files are weir's Redis TLS settings, read, as
+// the peer reads them, only with REDIS_TLS=true.
+func TestPeerEnvRedisTimeoutAndTLS(t *testing.T) {
+	base := map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "r:6379", "USE_STATSD": "false"}
+	for _, c := range []struct {
+		env       string
+		want, not []string
+		note      string
+	}{
+		{"REDIS_TIMEOUT=250ms", []string{"--store-timeout=250ms"}, nil, ""},
+		{"REDIS_TIMEOUT=10s", []string{"--store-timeout=10s"}, nil, ""},
+		{"", nil, []string{"--store-timeout"}, ""},
+		{"REDIS_TIMEOUT=0", nil, []string{"--store-timeout"}, "REDIS_TIMEOUT"},
+		{"REDIS_TLS=true REDIS_TLS_CACERT=/ca.pem REDIS_TLS_CLIENT_CERT=/c.pem REDIS_TLS_CLIENT_KEY=/k.pem",
+			[]string{"--redis=rediss://r:6379", "--redis-tls-ca=/ca.pem", "--redis-tls-cert=/c.pem", "--redis-tls-key=/k.pem"},
+			[]string{"--redis-tls-skip-hostname-verification"}, ""},
+		{"REDIS_TLS=true REDIS_TLS_CACERT=/ca.pem REDIS_TLS_SKIP_HOSTNAME_VERIFICATION=true",
+			[]string{"--redis-tls-ca=/ca.pem", "--redis-tls-skip-hostname-verification=true"}, []string{"--redis-tls-cert"}, ""},
+		{"REDIS_TLS_CACERT=/ca.pem REDIS_TLS_CLIENT_CERT=/c.pem REDIS_TLS_CLIENT_KEY=/k.pem",
+			[]string{"--redis=redis://r:6379"}, []string{"--redis-tls-"}, "REDIS_TLS_CLIENT_CERT"},
+	} {
+		env := map[string]string{}
+		for k, v := range base {
+			env[k] = v
+		}
+		for _, kv := range strings.Fields(c.env) {
+			k, v, _ := strings.Cut(kv, "=")
+			env[k] = v
+		}
+		args, notes, err := translatePeerEnv(envLookup(env), hasServeFlag)
+		if err != nil {
+			t.Errorf("%s: %v", c.env, err)
+			continue
+		}
+		joined := strings.Join(args, " ")
+		for _, w := range c.want {
+			if !strings.Contains(joined, w) {
+				t.Errorf("%s: no %s in %q", c.env, w, args)
+			}
+		}
+		for _, n := range c.not {
+			if strings.Contains(joined, n) {
+				t.Errorf("%s: %s in %q", c.env, n, args)
+			}
+		}
+		if c.note != "" && !strings.Contains(strings.Join(notes, "\n"), c.note+":") {
+			t.Errorf("%s: no notice of %s in %q", c.env, c.note, notes)
+		}
+		// weir serve takes the flags.
+		fs, f := newServeFlagSet(io.Discard)
+		if err := fs.Parse(args); err != nil {
+			t.Errorf("%s: %v", c.env, err)
+		} else if strings.Contains(c.env, "REDIS_TIMEOUT=250ms") && f.storeTimeout != 250*time.Millisecond {
+			t.Errorf("%s: store timeout %v", c.env, f.storeTimeout)
+		}
+	}
+	// A certificate without its key is refused, named.
+	env := map[string]string{"REDIS_TLS": "true", "REDIS_TLS_CLIENT_CERT": "/c.pem"}
+	for k, v := range base {
+		env[k] = v
+	}
+	if _, _, err := translatePeerEnv(envLookup(env), hasServeFlag); err == nil || !strings.Contains(err.Error(), "REDIS_TLS_CLIENT_KEY") {
+		t.Errorf("certificate without key: %v", err)
+	}
+}
+
+// TestServeAsPeerRedisClientCertificate runs weir serve as
+// envoyproxy/ratelimit with the peer's REDIS_TLS_* variables against a
+// real redis-server that speaks TLS only and requires client
+// certificates: weir connects with them and Redis decides, exactly.
+// Without REDIS_TLS_CLIENT_CERT it cannot connect.
+func TestServeAsPeerRedisClientCertificate(t *testing.T) {
+	pki := certtest.New(t)
+	rds := redistest.StandaloneTLS(t, redistest.TLS{CA: pki.CA, Cert: pki.Cert, Key: pki.Key, AuthClients: true, Client: pki.ClientConfig(true)})
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "config"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "config", "rl.yaml"), []byte("domain: tls\ndescriptors:\n  - key: path\n    rate_limit: {unit: hour, requests_per_unit: 3}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, withCert := range []bool{false, true} {
+		t.Run("client certificate "+strconv.FormatBool(withCert), func(t *testing.T) {
+			httpAddr, grpcAddr := freeAddr(t), freeAddr(t)
+			env := map[string]string{
+				"HOST": "127.0.0.1", "PORT": portOf(httpAddr), "GRPC_HOST": "127.0.0.1", "GRPC_PORT": portOf(grpcAddr),
+				"USE_STATSD": "false", "LOG_LEVEL": "info", "RUNTIME_ROOT": root,
+				"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": rds.Addr, "REDIS_TLS": "true", "REDIS_TLS_CACERT": pki.CA,
+				// Long enough that a loaded machine never makes it on_error's.
+				"REDIS_TIMEOUT": "10s",
+			}
+			if withCert {
+				env["REDIS_TLS_CLIENT_CERT"], env["REDIS_TLS_CLIENT_KEY"] = pki.ClientCert, pki.ClientKey
+			}
+			base, _, _ := startServe(t, env, "--envoy-compat")
+			if !withCert {
+				resp, err := http.Get(base + "/healthz/store")
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				if resp.StatusCode == 200 {
+					t.Fatal("/healthz/store is 200 without the client certificate Redis requires")
+				}
+			}
+			deadline := time.Now().Add(20 * time.Second)
+			for withCert {
+				resp, err := http.Get(base + "/healthz/store")
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				if resp.StatusCode == 200 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("/healthz/store %d after 20s: no connection to Redis over TLS", resp.StatusCode)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			cl := rlspb.NewRateLimitServiceClient(conn)
+			ok := 0
+			for range 8 {
+				resp, err := cl.ShouldRateLimit(context.Background(), &rlspb.RateLimitRequest{Domain: "tls",
+					Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "path", Value: "/a"}}}}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if resp.GetOverallCode() == rlspb.RateLimitResponse_OK {
+					ok++
+				}
+			}
+			keys, err := rds.Do("DBSIZE")
+			if err != nil {
+				t.Fatal(err)
+			}
+			n, _ := keys.(int64)
+			if !withCert {
+				// on_error decided: nothing reached Redis.
+				if n != 0 {
+					t.Fatalf("DBSIZE %d without a client certificate", n)
+				}
+				return
+			}
+			if ok != 3 {
+				t.Fatalf("3/hour admitted %d of 8", ok)
+			}
+			if n == 0 {
+				t.Fatal("DBSIZE 0: nothing counted in Redis")
+			}
+		})
+	}
 }

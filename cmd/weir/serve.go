@@ -40,6 +40,9 @@ type serveFlags struct {
 	adminTokenEnv, instanceID              string
 	resp, respToken                        string
 	tlsCert, tlsKey, tlsClientCA           string
+	redisTLSCA, redisTLSCert, redisTLSKey  string
+	redisTLSAnyName                        bool
+	storeTimeout                           time.Duration
 	logLevel, logFormat                    string
 	pprof                                  string
 	shutdownTimeout, shutdownDelay         time.Duration
@@ -58,6 +61,11 @@ func newServeFlagSet(stderr io.Writer) (*flag.FlagSet, *serveFlags) {
 	fs.StringVar(&f.http, "http", "", `HTTP listen address for the API, /v1/auth, metrics and the dashboard (default: server.http in the config, else ":8080")`)
 	fs.StringVar(&f.grpc, "grpc", "", `gRPC listen address for Envoy's rate limit service and gRPC health, or "off" (default: server.grpc in the config, else ":8081")`)
 	fs.StringVar(&f.redis, "redis", "", "keep state in Redis at this URL instead of what the config says (its store.redis prefix and tuning stay): redis://[user:pass@]host:port/db, rediss://..., redis+sentinel://host:port,host:port/master, or host:port,host:port,... for a cluster")
+	fs.DurationVar(&f.storeTimeout, "store-timeout", 0, "deadline of every store call, after which on_error decides (default: store.timeout in the config, else 50ms)")
+	fs.StringVar(&f.redisTLSCA, "redis-tls-ca", "", "PEM CA bundle Redis's certificates must chain to; turns TLS to Redis on (default: store.redis.tls_ca in the config)")
+	fs.StringVar(&f.redisTLSCert, "redis-tls-cert", "", "PEM client certificate to present to Redis, with --redis-tls-key; turns TLS to Redis on (default: store.redis.tls_cert in the config)")
+	fs.StringVar(&f.redisTLSKey, "redis-tls-key", "", "PEM private key of --redis-tls-cert (default: store.redis.tls_key in the config)")
+	fs.BoolVar(&f.redisTLSAnyName, "redis-tls-skip-hostname-verification", false, "check that Redis's certificate chains to the CA, but not its name (envoyproxy/ratelimit's REDIS_TLS_SKIP_HOSTNAME_VERIFICATION)")
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "PEM certificate (chain) for the HTTP and gRPC listeners, which then speak TLS only; re-read when the file changes (default: server.tls.cert in the config)")
 	fs.StringVar(&f.tlsKey, "tls-key", "", "PEM private key of --tls-cert, re-read with it (default: server.tls.key in the config)")
 	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "PEM CA bundle: require client certificates that chain to it (mutual TLS) on both listeners (default: server.tls.client_ca in the config)")
@@ -293,6 +301,10 @@ func parseServeArgs(args []string, stdout, stderr io.Writer, lookup func(string)
 		failure(stderr, log, f.logFormat == "json", "refusing to run as root (effective uid 0) with --refuse-root ($WEIR_REFUSE_ROOT): run as an unprivileged user, e.g. docker run --user 65532:65532")
 		return nil, nil, 1
 	}
+	if f.storeTimeout < 0 {
+		failure(stderr, log, f.logFormat == "json", fmt.Sprintf("--store-timeout %v: want a positive duration (0: the config's store.timeout)", f.storeTimeout))
+		return nil, nil, 2
+	}
 	if f.shutdownDelay < 0 || f.shutdownTimeout <= 0 || f.shutdownDelay >= f.shutdownTimeout {
 		failure(stderr, log, f.logFormat == "json", fmt.Sprintf("--shutdown-delay %v and --shutdown-timeout %v: want 0 <= delay < timeout (the timeout includes the delay)", f.shutdownDelay, f.shutdownTimeout))
 		return nil, nil, 2
@@ -331,6 +343,12 @@ func serverOptions(f *serveFlags, log *slog.Logger, lookup func(string) (string,
 	}
 	if f.envoyDynamicMetadata {
 		opts = append(opts, server.WithEnvoyDynamicMetadata(true))
+	}
+	if f.storeTimeout > 0 {
+		opts = append(opts, server.WithStoreTimeout(f.storeTimeout))
+	}
+	if f.redisTLSCA != "" || f.redisTLSCert != "" || f.redisTLSKey != "" || f.redisTLSAnyName {
+		opts = append(opts, server.WithRedisTLS(f.redisTLSCA, f.redisTLSCert, f.redisTLSKey, f.redisTLSAnyName))
 	}
 	if f.tlsCert != "" || f.tlsKey != "" || f.tlsClientCA != "" {
 		opts = append(opts, server.WithTLS(f.tlsCert, f.tlsKey, f.tlsClientCA))
