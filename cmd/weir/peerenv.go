@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/url"
 	"path/filepath"
@@ -476,7 +477,7 @@ func translatePeerEnv(lookup func(string) (string, bool), hasFlag func(string) b
 		// A variable read twice (GRPC_SERVER_USE_TLS) is named once.
 		slices.Sort(e.refuse)
 		e.refuse = slices.Compact(e.refuse)
-		return nil, e.notes, fmt.Errorf("as envoyproxy/ratelimit, cannot honour: %s", strings.Join(e.refuse, "; "))
+		return e.args, e.notes, fmt.Errorf("as envoyproxy/ratelimit, cannot honour: %s", strings.Join(e.refuse, "; "))
 	}
 	return e.args, e.notes, nil
 }
@@ -499,18 +500,27 @@ func peerRole(args []string, lookup func(string) (string, bool)) bool {
 }
 
 // peerArgs returns weir serve's arguments in the peer's role: the
-// translated environment first, so that the command line wins. It writes
-// the notices to stderr; ok is false when weir must not start.
-func peerArgs(fs *flag.FlagSet, args []string, lookup func(string) (string, bool), stderr io.Writer) ([]string, bool) {
+// translated environment first, so that the command line wins, and the
+// start-up notices, which parseServeArgs writes once it knows the log
+// format. On err weir must not start; args are then those translated so
+// far, from which parseServeArgs learns the log format to say why in.
+func peerArgs(fs *flag.FlagSet, args []string, lookup func(string) (string, bool)) (all, notes []string, err error) {
 	pargs, notes, err := translatePeerEnv(lookup, func(name string) bool { return fs.Lookup(name) != nil })
+	return append(pargs, args...), notes, err
+}
+
+// peerNotices writes the start-up notices of the peer's role: plain lines,
+// or under --log-format json one WARN record each, with the variable and
+// what weir does with it as attributes.
+func peerNotices(stderr io.Writer, log *slog.Logger, jsonLog bool, notes []string) {
 	for _, n := range notes {
+		if jsonLog {
+			name, how, _ := strings.Cut(n, ": ")
+			log.Warn("weir serve: envoy-compat: not honoured as envoyproxy/ratelimit does", "variable", name, "detail", how)
+			continue
+		}
 		fmt.Fprintln(stderr, "weir serve: envoy-compat: not honoured as envoyproxy/ratelimit does:", n)
 	}
-	if err != nil {
-		fmt.Fprintln(stderr, "weir serve: envoy-compat:", err)
-		return nil, false
-	}
-	return append(pargs, args...), true
 }
 
 // asPeer rewrites the process's arguments when weir runs under the

@@ -219,8 +219,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, lookup 
 	stopCompat, err := startCompat(ctx, &f.compatFlags, srv, log)
 	if err != nil {
 		srv.Close()
-		fmt.Fprintln(stderr, "weir serve:", errText(err))
-		return 1
+		return fail(errText(err))
 	}
 	defer stopCompat()
 	hl, gl, err := listen(srv)
@@ -266,6 +265,26 @@ func failure(stderr io.Writer, log *slog.Logger, jsonLog bool, msg string) {
 	fmt.Fprintln(stderr, "weir serve:", msg)
 }
 
+// earlyLogger is the logger of a failure before the flags' own: JSON
+// records at the info level when format is json (the rest is printed as
+// plain lines by failure).
+func earlyLogger(stderr io.Writer, format string) *slog.Logger {
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(stderr, nil))
+	}
+	return slog.New(slog.NewTextHandler(stderr, nil))
+}
+
+// peekLogFormat is the --log-format that args and the environment ask
+// for, as far as they can be read: how to say why weir does not start.
+func peekLogFormat(args []string, lookup func(string) (string, bool)) string {
+	fs, f := newServeFlagSet(io.Discard)
+	fs.Usage = func() {}
+	_ = fs.Parse(args)
+	_ = applyEnv(fs, lookup)
+	return f.logFormat
+}
+
 // geteuid is os.Geteuid; tests replace it.
 var geteuid = os.Geteuid
 
@@ -275,9 +294,14 @@ var geteuid = os.Geteuid
 // returns nil flags and the exit code.
 func parseServeArgs(args []string, stdout, stderr io.Writer, lookup func(string) (string, bool)) (*serveFlags, *slog.Logger, int) {
 	fs, f := newServeFlagSet(stderr)
+	var notes []string
 	if peerRole(args, lookup) { // peerenv.go
-		var ok bool
-		if args, ok = peerArgs(fs, args, lookup, stderr); !ok {
+		var err error
+		if args, notes, err = peerArgs(fs, args, lookup); err != nil {
+			format := peekLogFormat(args, lookup)
+			log := earlyLogger(stderr, format)
+			peerNotices(stderr, log, format == "json", notes)
+			failure(stderr, log, format == "json", "envoy-compat: "+err.Error())
 			return nil, nil, 1
 		}
 	}
@@ -285,18 +309,19 @@ func parseServeArgs(args []string, stdout, stderr io.Writer, lookup func(string)
 		return nil, nil, code
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "weir serve: unexpected argument %q (flags start with --)\n", fs.Arg(0))
+		failure(stderr, earlyLogger(stderr, f.logFormat), f.logFormat == "json", fmt.Sprintf("unexpected argument %q (flags start with --)", fs.Arg(0)))
 		return nil, nil, 2
 	}
 	if err := applyEnv(fs, lookup); err != nil {
-		fmt.Fprintln(stderr, "weir serve:", errText(err))
+		failure(stderr, earlyLogger(stderr, f.logFormat), f.logFormat == "json", errText(err))
 		return nil, nil, 2
 	}
 	log, err := newLogger(stderr, f.logLevel, f.logFormat)
 	if err != nil {
-		fmt.Fprintln(stderr, "weir serve:", errText(err))
+		failure(stderr, earlyLogger(stderr, f.logFormat), f.logFormat == "json", errText(err))
 		return nil, nil, 2
 	}
+	peerNotices(stderr, log, f.logFormat == "json", notes)
 	if f.refuseRoot && geteuid() == 0 {
 		failure(stderr, log, f.logFormat == "json", "refusing to run as root (effective uid 0) with --refuse-root ($WEIR_REFUSE_ROOT): run as an unprivileged user, e.g. docker run --user 65532:65532")
 		return nil, nil, 1
