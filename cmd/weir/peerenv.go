@@ -381,8 +381,9 @@ func peerRedis(e *peerEnv) {
 			e.refuse = append(e.refuse, "REDIS_TYPE=SENTINEL: REDIS_URL wants master-name,sentinel-host:port,...")
 			return
 		}
-		if tlsOn {
-			e.refuse = append(e.refuse, "REDIS_TLS=true with REDIS_TYPE=SENTINEL: weir's --redis has no TLS form for Sentinel; "+configOnly)
+		if tlsOn && e.get("REDIS_TLS_CACERT") == "" && e.get("REDIS_TLS_CLIENT_CERT") == "" {
+			// weir's TLS to Sentinel is turned on by its files.
+			e.refuse = append(e.refuse, "REDIS_TLS=true with REDIS_TYPE=SENTINEL: weir needs REDIS_TLS_CACERT (or REDIS_TLS_CLIENT_CERT) to speak TLS to Sentinel, or "+configOnly)
 			return
 		}
 		u := url.URL{Scheme: "redis+sentinel", Host: strings.Join(addrs[1:], ","), Path: "/" + addrs[0], User: user}

@@ -272,6 +272,7 @@ func TestServeAsEnvoyGatewayRatelimit(t *testing.T) {
 				"CONFIG_GRPC_XDS_CLIENT_TLS_CERT": pki.Cert, "CONFIG_GRPC_XDS_CLIENT_TLS_KEY": pki.Key,
 				"CONFIG_GRPC_XDS_SERVER_TLS_CACERT":   pki.CA,
 				"REDIS_URL":                           rds.Addr,
+				"REDIS_TIMEOUT":                       "10s", // a loaded machine must not hand decisions to on_error
 				"FORCE_START_WITHOUT_INITIAL_CONFIG":  strconv.FormatBool(force),
 				"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL": "50ms", "XDS_CLIENT_BACKOFF_MAX_INTERVAL": "200ms",
 			} {
@@ -509,5 +510,72 @@ func TestServeAsPeerRedisClientCertificate(t *testing.T) {
 				t.Fatal("DBSIZE 0: nothing counted in Redis")
 			}
 		})
+	}
+}
+
+// TestServeAsPeerSentinelTLS: REDIS_TYPE=SENTINEL with REDIS_TLS=true and
+// the REDIS_TLS_* files reaches a Sentinel-managed Redis whose every
+// process speaks TLS only and requires client certificates; Redis
+// decides, exactly. Without a CA or client certificate weir refuses,
+// naming the variable (it has no TLS to Sentinel without them).
+func TestServeAsPeerSentinelTLS(t *testing.T) {
+	pki := certtest.New(t)
+	g := redistest.SentinelTLS(t, redistest.TLS{CA: pki.CA, Cert: pki.Cert, Key: pki.Key, AuthClients: true, Client: pki.ClientConfig(true)})
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "config"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "config", "rl.yaml"), []byte("domain: s\ndescriptors:\n  - key: path\n    rate_limit: {unit: hour, requests_per_unit: 3}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	httpAddr, grpcAddr := freeAddr(t), freeAddr(t)
+	env := map[string]string{
+		"HOST": "127.0.0.1", "PORT": portOf(httpAddr), "GRPC_HOST": "127.0.0.1", "GRPC_PORT": portOf(grpcAddr),
+		"USE_STATSD": "false", "RUNTIME_ROOT": root, "REDIS_TIMEOUT": "10s",
+		"REDIS_SOCKET_TYPE": "tcp", "REDIS_TYPE": "SENTINEL", "REDIS_URL": g.MasterName + "," + strings.Join(g.SentinelAddrs, ","),
+		"REDIS_TLS": "true",
+	}
+	if _, _, err := translatePeerEnv(envLookup(env), hasServeFlag); err == nil || !strings.Contains(err.Error(), "REDIS_TLS_CACERT") {
+		t.Fatalf("Sentinel over TLS without files: %v, want a refusal naming REDIS_TLS_CACERT", err)
+	}
+	env["REDIS_TLS_CACERT"], env["REDIS_TLS_CLIENT_CERT"], env["REDIS_TLS_CLIENT_KEY"] = pki.CA, pki.ClientCert, pki.ClientKey
+	base, _, _ := startServe(t, env, "--envoy-compat")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get(base + "/healthz/store")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/healthz/store %d after 30s: no connection to Sentinel's Redis over TLS", resp.StatusCode)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	cl := rlspb.NewRateLimitServiceClient(conn)
+	ok := 0
+	for range 8 {
+		resp, err := cl.ShouldRateLimit(context.Background(), &rlspb.RateLimitRequest{Domain: "s",
+			Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "path", Value: "/a"}}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.GetOverallCode() == rlspb.RateLimitResponse_OK {
+			ok++
+		}
+	}
+	if ok != 3 {
+		t.Fatalf("3/hour admitted %d of 8", ok)
+	}
+	if n, err := g.Primary.Do("DBSIZE"); err != nil || n.(int64) == 0 {
+		t.Fatalf("primary DBSIZE %v %v: nothing counted in Sentinel's Redis", n, err)
 	}
 }
