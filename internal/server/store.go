@@ -108,6 +108,9 @@ func (o *options) applyStore(cfg *config.Config) error {
 		cfg.Store.Timeout = o.storeTimeout
 	}
 	if t := o.redisTLS; t != nil {
+		if cfg.Store.Type != config.StoreRedis && o.redis == nil && o.store == nil {
+			return fmt.Errorf("server: --redis-tls-*: the store is %q, not Redis (give --redis, or store.type: redis in the config)", cfg.Store.Type)
+		}
 		r := &cfg.Store.Redis
 		for _, f := range []struct {
 			dst *string

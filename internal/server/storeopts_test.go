@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -127,3 +128,12 @@ func TestWithRedisTLS(t *testing.T) {
 // anyNameClient is the test helper's own client config: the client
 // certificate, the CA, any server name.
 func anyNameClient(pki *certtest.Files) *tls.Config { return tlsfiles.AnyName(pki.ClientConfig(true)) }
+
+// TestWithRedisTLSWithoutRedis: Redis TLS files for a store that is not
+// Redis are a mistake, named, not ignored.
+func TestWithRedisTLSWithoutRedis(t *testing.T) {
+	_, err := New(WithConfig(mustParse(t, testConfig)), WithLogger(quietLogger()), WithRedisTLS("/ca.pem", "", "", false))
+	if err == nil || !strings.Contains(err.Error(), "--redis-tls") || !strings.Contains(err.Error(), "memory") {
+		t.Fatalf("err %v, want one naming --redis-tls-* and the memory store", err)
+	}
+}
