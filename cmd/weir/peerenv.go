@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // weir serve stands in for envoyproxy/ratelimit (the peer) in deployments
@@ -280,10 +281,10 @@ var peerVars = []peerVar{
 	{"REDIS_POOL_SIZE", "10", unusedTuning, nil},
 	{"REDIS_AUTH", "", "in --redis: password, or user:password", group},
 	{"REDIS_TLS", "false", "in --redis: rediss://", group},
-	{"REDIS_TLS_CLIENT_CERT", "", "refused unless WEIR_CONFIG names a weir.yaml with store.redis.tls_cert", group},
-	{"REDIS_TLS_CLIENT_KEY", "", "refused unless WEIR_CONFIG names a weir.yaml with store.redis.tls_key", group},
-	{"REDIS_TLS_CACERT", "", "refused unless WEIR_CONFIG names a weir.yaml with store.redis.tls_ca", group},
-	{"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "false", "refused when true", refuseIfTrue("weir always verifies Redis's certificate name")},
+	{"REDIS_TLS_CLIENT_CERT", "", "--redis-tls-cert (with REDIS_TLS; with REDIS_TLS_CLIENT_KEY)", group},
+	{"REDIS_TLS_CLIENT_KEY", "", "--redis-tls-key (with REDIS_TLS; with REDIS_TLS_CLIENT_CERT)", group},
+	{"REDIS_TLS_CACERT", "", "--redis-tls-ca (with REDIS_TLS): Redis's certificates must chain to it", group},
+	{"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "false", "--redis-tls-skip-hostname-verification (with REDIS_TLS): the chain is checked, not the name", group},
 	{"REDIS_PIPELINE_WINDOW", "0", unusedTuning, nil},
 	{"REDIS_PIPELINE_LIMIT", "0", unusedTuning, nil},
 	{"REDIS_CLUSTER_PIPELINE_PARALLELISM", "1", unusedTuning, nil},
@@ -304,7 +305,7 @@ var peerVars = []peerVar{
 	{"REDIS_PERSECOND_PIPELINE_LIMIT", "0", "not used (REDIS_PERSECOND)", nil},
 	{"REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM", "1", "not used (REDIS_PERSECOND)", nil},
 	{"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "false", "/healthcheck does not follow Redis (on_error decides meanwhile); /healthz/store does", nil},
-	{"REDIS_TIMEOUT", "10s", unusedTuning + " (store.timeout in a weir.yaml)", nil},
+	{"REDIS_TIMEOUT", "10s", "set: --store-timeout, the deadline of every Redis call (then on_error decides); unset: weir's store.timeout, else 50ms, not the peer's 10s", peerTimeout},
 	{"REDIS_PERSECOND_TIMEOUT", "10s", "not used (REDIS_PERSECOND)", nil},
 	{"REDIS_POOL_ON_EMPTY_BEHAVIOR", "WAIT", unusedTuning, nil},
 	{"REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", "WAIT", "not used (REDIS_PERSECOND)", nil},
@@ -357,13 +358,8 @@ func peerRedis(e *peerEnv) {
 		}
 		return
 	}
-	if !e.isSet("WEIR_CONFIG") {
-		for _, n := range []string{"REDIS_TLS_CLIENT_CERT", "REDIS_TLS_CLIENT_KEY", "REDIS_TLS_CACERT"} {
-			if e.get(n) != "" {
-				e.refuse = append(e.refuse, n+": weir reads Redis TLS files from a weir.yaml (store.redis.tls_cert, tls_key, tls_ca) given with WEIR_CONFIG")
-			}
-		}
-	}
+	tlsOn := e.bool("REDIS_TLS")
+	peerRedisTLS(e, tlsOn)
 	addrs := strings.Split(e.get("REDIS_URL"), ",")
 	auth := e.get("REDIS_AUTH")
 	var user *url.Userinfo
@@ -374,7 +370,6 @@ func peerRedis(e *peerEnv) {
 			user = url.UserPassword("", auth)
 		}
 	}
-	tlsOn := e.bool("REDIS_TLS")
 	switch t := strings.ToUpper(e.get("REDIS_TYPE")); t {
 	case "SINGLE":
 		u := url.URL{Scheme: "redis", Host: addrs[0], User: user}
@@ -387,8 +382,9 @@ func peerRedis(e *peerEnv) {
 			e.refuse = append(e.refuse, "REDIS_TYPE=SENTINEL: REDIS_URL wants master-name,sentinel-host:port,...")
 			return
 		}
-		if tlsOn {
-			e.refuse = append(e.refuse, "REDIS_TLS=true with REDIS_TYPE=SENTINEL: weir's --redis has no TLS form for Sentinel; "+configOnly)
+		if tlsOn && e.get("REDIS_TLS_CACERT") == "" && e.get("REDIS_TLS_CLIENT_CERT") == "" {
+			// weir's TLS to Sentinel is turned on by its files.
+			e.refuse = append(e.refuse, "REDIS_TLS=true with REDIS_TYPE=SENTINEL: weir needs REDIS_TLS_CACERT (or REDIS_TLS_CLIENT_CERT) to speak TLS to Sentinel, or "+configOnly)
 			return
 		}
 		u := url.URL{Scheme: "redis+sentinel", Host: strings.Join(addrs[1:], ","), Path: "/" + addrs[0], User: user}
@@ -401,6 +397,54 @@ func peerRedis(e *peerEnv) {
 		e.flag("redis", strings.Join(addrs, ","))
 	default:
 		e.refuse = append(e.refuse, fmt.Sprintf("REDIS_TYPE=%q: want SINGLE, SENTINEL or CLUSTER", t))
+	}
+}
+
+// peerRedisTLS maps the REDIS_TLS_* files onto --redis-tls-*. As the
+// peer, it reads them only with REDIS_TLS=true; without, they are named
+// at start-up as not used.
+func peerRedisTLS(e *peerEnv, tlsOn bool) {
+	ca, cert, key := e.get("REDIS_TLS_CACERT"), e.get("REDIS_TLS_CLIENT_CERT"), e.get("REDIS_TLS_CLIENT_KEY")
+	anyName := e.bool("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")
+	if !tlsOn {
+		for _, n := range []string{"REDIS_TLS_CACERT", "REDIS_TLS_CLIENT_CERT", "REDIS_TLS_CLIENT_KEY", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION"} {
+			if e.isSet(n) {
+				note(e, n, "not used: REDIS_TLS is not true (the peer reads it only with REDIS_TLS=true)")
+			}
+		}
+		return
+	}
+	if (cert == "") != (key == "") {
+		e.refuse = append(e.refuse, fmt.Sprintf("REDIS_TLS_CLIENT_CERT=%q with REDIS_TLS_CLIENT_KEY=%q: a client certificate needs its key, and a key its certificate", cert, key))
+		return
+	}
+	for _, f := range [][2]string{{"redis-tls-ca", ca}, {"redis-tls-cert", cert}, {"redis-tls-key", key}} {
+		if f[1] != "" {
+			e.flag(f[0], f[1])
+		}
+	}
+	if anyName {
+		e.flag("redis-tls-skip-hostname-verification", "true")
+	}
+}
+
+// peerTimeout maps REDIS_TIMEOUT, when set, onto --store-timeout: the
+// peer's timeout of Redis connections and I/O, weir's deadline of every
+// store call. Unset, weir's own deadline stays: the peer's 10s default
+// would hold callers for up to 10s on a stalled Redis instead of letting
+// on_error decide.
+func peerTimeout(e *peerEnv, v string, set bool) {
+	if !set {
+		return
+	}
+	d, err := time.ParseDuration(v)
+	switch {
+	case err != nil || d < 0:
+		e.refuse = append(e.refuse, fmt.Sprintf("=%q: want a duration such as 100ms or 10s", v))
+	case d == 0:
+		note(e, "REDIS_TIMEOUT", "0 (no timeout for the peer): weir keeps a deadline, store.timeout's, else 50ms")
+	default:
+		e.flag("store-timeout", d.String())
 	}
 }
 
@@ -435,7 +479,7 @@ func translatePeerEnv(lookup func(string) (string, bool), hasFlag func(string) b
 		// A variable read twice (GRPC_SERVER_USE_TLS) is named once.
 		slices.Sort(e.refuse)
 		e.refuse = slices.Compact(e.refuse)
-		return nil, e.notes, fmt.Errorf("as envoyproxy/ratelimit, cannot honour: %s", strings.Join(e.refuse, "; "))
+		return e.args, e.notes, fmt.Errorf("as envoyproxy/ratelimit, cannot honour: %s", strings.Join(e.refuse, "; "))
 	}
 	return e.args, e.notes, nil
 }
@@ -458,18 +502,27 @@ func peerRole(args []string, lookup func(string) (string, bool)) bool {
 }
 
 // peerArgs returns weir serve's arguments in the peer's role: the
-// translated environment first, so that the command line wins. It writes
-// the notices to stderr; ok is false when weir must not start.
-func peerArgs(fs *flag.FlagSet, args []string, lookup func(string) (string, bool), stderr io.Writer) ([]string, bool) {
+// translated environment first, so that the command line wins, and the
+// start-up notices, which parseServeArgs writes once it knows the log
+// format. On err weir must not start; args are then those translated so
+// far, from which parseServeArgs learns the log format to say why in.
+func peerArgs(fs *flag.FlagSet, args []string, lookup func(string) (string, bool)) (all, notes []string, err error) {
 	pargs, notes, err := translatePeerEnv(lookup, func(name string) bool { return fs.Lookup(name) != nil })
+	return append(pargs, args...), notes, err
+}
+
+// peerNotices writes the start-up notices of the peer's role: plain lines,
+// or under --log-format json one WARN record each, with the variable and
+// what weir does with it as attributes.
+func peerNotices(stderr io.Writer, log *slog.Logger, jsonLog bool, notes []string) {
 	for _, n := range notes {
+		if jsonLog {
+			name, how, _ := strings.Cut(n, ": ")
+			log.Warn("weir serve: envoy-compat: not honoured as envoyproxy/ratelimit does", "variable", name, "detail", how)
+			continue
+		}
 		fmt.Fprintln(stderr, "weir serve: envoy-compat: not honoured as envoyproxy/ratelimit does:", n)
 	}
-	if err != nil {
-		fmt.Fprintln(stderr, "weir serve: envoy-compat:", err)
-		return nil, false
-	}
-	return append(pargs, args...), true
 }
 
 // asPeer rewrites the process's arguments when weir runs under the

@@ -7,10 +7,12 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -172,7 +174,8 @@ func TestPeerEnvRefuses(t *testing.T) {
 		"GRPC_CLIENT_TLS_SAN=envoy":                    "GRPC_CLIENT_TLS_SAN",
 		"GRPC_UDS=/run/rl.sock":                        "GRPC_UDS",
 		"CACHE_KEY_PREFIX=rl_":                         "CACHE_KEY_PREFIX",
-		"REDIS_TLS_CLIENT_CERT=/c.pem":                 "REDIS_TLS_CLIENT_CERT",
+		"REDIS_TIMEOUT=10":                             "REDIS_TIMEOUT",
+		"REDIS_TIMEOUT=-1s":                            "REDIS_TIMEOUT",
 		"REDIS_SENTINEL_AUTH=pw":                       "REDIS_SENTINEL_AUTH",
 		"LOG_LEVEL=loud":                               "LOG_LEVEL",
 		"GRPC_SERVER_USE_TLS=yes":                      "GRPC_SERVER_USE_TLS",
@@ -286,6 +289,7 @@ func TestServeAsEnvoyGatewayRatelimit(t *testing.T) {
 				"CONFIG_GRPC_XDS_CLIENT_TLS_CERT": pki.Cert, "CONFIG_GRPC_XDS_CLIENT_TLS_KEY": pki.Key,
 				"CONFIG_GRPC_XDS_SERVER_TLS_CACERT":   pki.CA,
 				"REDIS_URL":                           rds.Addr,
+				"REDIS_TIMEOUT":                       "10s", // a loaded machine must not hand decisions to on_error
 				"FORCE_START_WITHOUT_INITIAL_CONFIG":  strconv.FormatBool(force),
 				"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL": "50ms", "XDS_CLIENT_BACKOFF_MAX_INTERVAL": "200ms",
 			} {
@@ -432,5 +436,232 @@ func TestServeAsAIGatewayRatelimit(t *testing.T) {
 		if over := resp.GetOverallCode() == rlspb.RateLimitResponse_OVER_LIMIT; over != (i > 5) {
 			t.Fatalf("call %d: overall over limit %v; in quota mode a call is over only when every bucket is", i, over)
 		}
+	}
+}
+
+// TestPeerEnvRedisTimeoutAndTLS: REDIS_TIMEOUT, when set, is the store's
+// deadline; the REDIS_TLS_* files are weir's Redis TLS settings, read, as
+// the peer reads them, only with REDIS_TLS=true.
+func TestPeerEnvRedisTimeoutAndTLS(t *testing.T) {
+	base := map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "r:6379", "USE_STATSD": "false"}
+	for _, c := range []struct {
+		env       string
+		want, not []string
+		note      string
+	}{
+		{"REDIS_TIMEOUT=250ms", []string{"--store-timeout=250ms"}, nil, ""},
+		{"REDIS_TIMEOUT=10s", []string{"--store-timeout=10s"}, nil, ""},
+		{"", nil, []string{"--store-timeout"}, ""},
+		{"REDIS_TIMEOUT=0", nil, []string{"--store-timeout"}, "REDIS_TIMEOUT"},
+		{"REDIS_TLS=true REDIS_TLS_CACERT=/ca.pem REDIS_TLS_CLIENT_CERT=/c.pem REDIS_TLS_CLIENT_KEY=/k.pem",
+			[]string{"--redis=rediss://r:6379", "--redis-tls-ca=/ca.pem", "--redis-tls-cert=/c.pem", "--redis-tls-key=/k.pem"},
+			[]string{"--redis-tls-skip-hostname-verification"}, ""},
+		{"REDIS_TLS=true REDIS_TLS_CACERT=/ca.pem REDIS_TLS_SKIP_HOSTNAME_VERIFICATION=true",
+			[]string{"--redis-tls-ca=/ca.pem", "--redis-tls-skip-hostname-verification=true"}, []string{"--redis-tls-cert"}, ""},
+		{"REDIS_TLS_CACERT=/ca.pem REDIS_TLS_CLIENT_CERT=/c.pem REDIS_TLS_CLIENT_KEY=/k.pem",
+			[]string{"--redis=redis://r:6379"}, []string{"--redis-tls-"}, "REDIS_TLS_CLIENT_CERT"},
+	} {
+		env := map[string]string{}
+		for k, v := range base {
+			env[k] = v
+		}
+		for _, kv := range strings.Fields(c.env) {
+			k, v, _ := strings.Cut(kv, "=")
+			env[k] = v
+		}
+		args, notes, err := translatePeerEnv(envLookup(env), hasServeFlag)
+		if err != nil {
+			t.Errorf("%s: %v", c.env, err)
+			continue
+		}
+		joined := strings.Join(args, " ")
+		for _, w := range c.want {
+			if !strings.Contains(joined, w) {
+				t.Errorf("%s: no %s in %q", c.env, w, args)
+			}
+		}
+		for _, n := range c.not {
+			if strings.Contains(joined, n) {
+				t.Errorf("%s: %s in %q", c.env, n, args)
+			}
+		}
+		if c.note != "" && !strings.Contains(strings.Join(notes, "\n"), c.note+":") {
+			t.Errorf("%s: no notice of %s in %q", c.env, c.note, notes)
+		}
+		// weir serve takes the flags.
+		fs, f := newServeFlagSet(io.Discard)
+		if err := fs.Parse(args); err != nil {
+			t.Errorf("%s: %v", c.env, err)
+		} else if strings.Contains(c.env, "REDIS_TIMEOUT=250ms") && f.storeTimeout != 250*time.Millisecond {
+			t.Errorf("%s: store timeout %v", c.env, f.storeTimeout)
+		}
+	}
+	// A certificate without its key is refused, named.
+	env := map[string]string{"REDIS_TLS": "true", "REDIS_TLS_CLIENT_CERT": "/c.pem"}
+	for k, v := range base {
+		env[k] = v
+	}
+	if _, _, err := translatePeerEnv(envLookup(env), hasServeFlag); err == nil || !strings.Contains(err.Error(), "REDIS_TLS_CLIENT_KEY") {
+		t.Errorf("certificate without key: %v", err)
+	}
+}
+
+// TestServeAsPeerRedisClientCertificate runs weir serve as
+// envoyproxy/ratelimit with the peer's REDIS_TLS_* variables against a
+// real redis-server that speaks TLS only and requires client
+// certificates: weir connects with them and Redis decides, exactly.
+// Without REDIS_TLS_CLIENT_CERT it cannot connect.
+func TestServeAsPeerRedisClientCertificate(t *testing.T) {
+	pki := certtest.New(t)
+	rds := redistest.StandaloneTLS(t, redistest.TLS{CA: pki.CA, Cert: pki.Cert, Key: pki.Key, AuthClients: true, Client: pki.ClientConfig(true)})
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "config"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "config", "rl.yaml"), []byte("domain: tls\ndescriptors:\n  - key: path\n    rate_limit: {unit: hour, requests_per_unit: 3}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, withCert := range []bool{false, true} {
+		t.Run("client certificate "+strconv.FormatBool(withCert), func(t *testing.T) {
+			httpAddr, grpcAddr := freeAddr(t), freeAddr(t)
+			env := map[string]string{
+				"HOST": "127.0.0.1", "PORT": portOf(httpAddr), "GRPC_HOST": "127.0.0.1", "GRPC_PORT": portOf(grpcAddr),
+				"USE_STATSD": "false", "LOG_LEVEL": "info", "RUNTIME_ROOT": root,
+				"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": rds.Addr, "REDIS_TLS": "true", "REDIS_TLS_CACERT": pki.CA,
+				// Long enough that a loaded machine never makes it on_error's.
+				"REDIS_TIMEOUT": "10s",
+			}
+			if withCert {
+				env["REDIS_TLS_CLIENT_CERT"], env["REDIS_TLS_CLIENT_KEY"] = pki.ClientCert, pki.ClientKey
+			}
+			base, _, _ := startServe(t, env, "--envoy-compat")
+			if !withCert {
+				resp, err := http.Get(base + "/healthz/store")
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				if resp.StatusCode == 200 {
+					t.Fatal("/healthz/store is 200 without the client certificate Redis requires")
+				}
+			}
+			deadline := time.Now().Add(20 * time.Second)
+			for withCert {
+				resp, err := http.Get(base + "/healthz/store")
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				if resp.StatusCode == 200 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("/healthz/store %d after 20s: no connection to Redis over TLS", resp.StatusCode)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			cl := rlspb.NewRateLimitServiceClient(conn)
+			ok := 0
+			for range 8 {
+				resp, err := cl.ShouldRateLimit(context.Background(), &rlspb.RateLimitRequest{Domain: "tls",
+					Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "path", Value: "/a"}}}}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if resp.GetOverallCode() == rlspb.RateLimitResponse_OK {
+					ok++
+				}
+			}
+			keys, err := rds.Do("DBSIZE")
+			if err != nil {
+				t.Fatal(err)
+			}
+			n, _ := keys.(int64)
+			if !withCert {
+				// on_error decided: nothing reached Redis.
+				if n != 0 {
+					t.Fatalf("DBSIZE %d without a client certificate", n)
+				}
+				return
+			}
+			if ok != 3 {
+				t.Fatalf("3/hour admitted %d of 8", ok)
+			}
+			if n == 0 {
+				t.Fatal("DBSIZE 0: nothing counted in Redis")
+			}
+		})
+	}
+}
+
+// TestServeAsPeerSentinelTLS: REDIS_TYPE=SENTINEL with REDIS_TLS=true and
+// the REDIS_TLS_* files reaches a Sentinel-managed Redis whose every
+// process speaks TLS only and requires client certificates; Redis
+// decides, exactly. Without a CA or client certificate weir refuses,
+// naming the variable (it has no TLS to Sentinel without them).
+func TestServeAsPeerSentinelTLS(t *testing.T) {
+	pki := certtest.New(t)
+	g := redistest.SentinelTLS(t, redistest.TLS{CA: pki.CA, Cert: pki.Cert, Key: pki.Key, AuthClients: true, Client: pki.ClientConfig(true)})
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "config"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "config", "rl.yaml"), []byte("domain: s\ndescriptors:\n  - key: path\n    rate_limit: {unit: hour, requests_per_unit: 3}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	httpAddr, grpcAddr := freeAddr(t), freeAddr(t)
+	env := map[string]string{
+		"HOST": "127.0.0.1", "PORT": portOf(httpAddr), "GRPC_HOST": "127.0.0.1", "GRPC_PORT": portOf(grpcAddr),
+		"USE_STATSD": "false", "RUNTIME_ROOT": root, "REDIS_TIMEOUT": "10s",
+		"REDIS_SOCKET_TYPE": "tcp", "REDIS_TYPE": "SENTINEL", "REDIS_URL": g.MasterName + "," + strings.Join(g.SentinelAddrs, ","),
+		"REDIS_TLS": "true",
+	}
+	if _, _, err := translatePeerEnv(envLookup(env), hasServeFlag); err == nil || !strings.Contains(err.Error(), "REDIS_TLS_CACERT") {
+		t.Fatalf("Sentinel over TLS without files: %v, want a refusal naming REDIS_TLS_CACERT", err)
+	}
+	env["REDIS_TLS_CACERT"], env["REDIS_TLS_CLIENT_CERT"], env["REDIS_TLS_CLIENT_KEY"] = pki.CA, pki.ClientCert, pki.ClientKey
+	base, _, _ := startServe(t, env, "--envoy-compat")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get(base + "/healthz/store")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/healthz/store %d after 30s: no connection to Sentinel's Redis over TLS", resp.StatusCode)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	cl := rlspb.NewRateLimitServiceClient(conn)
+	ok := 0
+	for range 8 {
+		resp, err := cl.ShouldRateLimit(context.Background(), &rlspb.RateLimitRequest{Domain: "s",
+			Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "path", Value: "/a"}}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.GetOverallCode() == rlspb.RateLimitResponse_OK {
+			ok++
+		}
+	}
+	if ok != 3 {
+		t.Fatalf("3/hour admitted %d of 8", ok)
+	}
+	if n, err := g.Primary.Do("DBSIZE"); err != nil || n.(int64) == 0 {
+		t.Fatalf("primary DBSIZE %v %v: nothing counted in Sentinel's Redis", n, err)
 	}
 }

@@ -40,6 +40,9 @@ type serveFlags struct {
 	adminTokenEnv, instanceID              string
 	resp, respToken                        string
 	tlsCert, tlsKey, tlsClientCA           string
+	redisTLSCA, redisTLSCert, redisTLSKey  string
+	redisTLSAnyName                        bool
+	storeTimeout                           time.Duration
 	logLevel, logFormat                    string
 	pprof                                  string
 	shutdownTimeout, shutdownDelay         time.Duration
@@ -58,6 +61,11 @@ func newServeFlagSet(stderr io.Writer) (*flag.FlagSet, *serveFlags) {
 	fs.StringVar(&f.http, "http", "", `HTTP listen address for the API, /v1/auth, metrics and the dashboard (default: server.http in the config, else ":8080")`)
 	fs.StringVar(&f.grpc, "grpc", "", `gRPC listen address for Envoy's rate limit service and gRPC health, or "off" (default: server.grpc in the config, else ":8081")`)
 	fs.StringVar(&f.redis, "redis", "", "keep state in Redis at this URL instead of what the config says (its store.redis prefix and tuning stay): redis://[user:pass@]host:port/db, rediss://..., redis+sentinel://host:port,host:port/master, or host:port,host:port,... for a cluster")
+	fs.DurationVar(&f.storeTimeout, "store-timeout", 0, "deadline of every store call, after which on_error decides (default: store.timeout in the config, else 50ms)")
+	fs.StringVar(&f.redisTLSCA, "redis-tls-ca", "", "PEM CA bundle Redis's certificates must chain to; turns TLS to Redis on (default: store.redis.tls_ca in the config)")
+	fs.StringVar(&f.redisTLSCert, "redis-tls-cert", "", "PEM client certificate to present to Redis, with --redis-tls-key; turns TLS to Redis on (default: store.redis.tls_cert in the config)")
+	fs.StringVar(&f.redisTLSKey, "redis-tls-key", "", "PEM private key of --redis-tls-cert (default: store.redis.tls_key in the config)")
+	fs.BoolVar(&f.redisTLSAnyName, "redis-tls-skip-hostname-verification", false, "check that Redis's certificate chains to the CA, but not its name (envoyproxy/ratelimit's REDIS_TLS_SKIP_HOSTNAME_VERIFICATION)")
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "PEM certificate (chain) for the HTTP and gRPC listeners, which then speak TLS only; re-read when the file changes (default: server.tls.cert in the config)")
 	fs.StringVar(&f.tlsKey, "tls-key", "", "PEM private key of --tls-cert, re-read with it (default: server.tls.key in the config)")
 	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "PEM CA bundle: require client certificates that chain to it (mutual TLS) on both listeners (default: server.tls.client_ca in the config)")
@@ -211,8 +219,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, lookup 
 	stopCompat, err := startCompat(ctx, &f.compatFlags, srv, log)
 	if err != nil {
 		srv.Close()
-		fmt.Fprintln(stderr, "weir serve:", errText(err))
-		return 1
+		return fail(errText(err))
 	}
 	defer stopCompat()
 	hl, gl, err := listen(srv)
@@ -258,6 +265,26 @@ func failure(stderr io.Writer, log *slog.Logger, jsonLog bool, msg string) {
 	fmt.Fprintln(stderr, "weir serve:", msg)
 }
 
+// earlyLogger is the logger of a failure before the flags' own: JSON
+// records at the info level when format is json (the rest is printed as
+// plain lines by failure).
+func earlyLogger(stderr io.Writer, format string) *slog.Logger {
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(stderr, nil))
+	}
+	return slog.New(slog.NewTextHandler(stderr, nil))
+}
+
+// peekLogFormat is the --log-format that args and the environment ask
+// for, as far as they can be read: how to say why weir does not start.
+func peekLogFormat(args []string, lookup func(string) (string, bool)) string {
+	fs, f := newServeFlagSet(io.Discard)
+	fs.Usage = func() {}
+	_ = fs.Parse(args)
+	_ = applyEnv(fs, lookup)
+	return f.logFormat
+}
+
 // geteuid is os.Geteuid; tests replace it.
 var geteuid = os.Geteuid
 
@@ -267,9 +294,14 @@ var geteuid = os.Geteuid
 // returns nil flags and the exit code.
 func parseServeArgs(args []string, stdout, stderr io.Writer, lookup func(string) (string, bool)) (*serveFlags, *slog.Logger, int) {
 	fs, f := newServeFlagSet(stderr)
+	var notes []string
 	if peerRole(args, lookup) { // peerenv.go
-		var ok bool
-		if args, ok = peerArgs(fs, args, lookup, stderr); !ok {
+		var err error
+		if args, notes, err = peerArgs(fs, args, lookup); err != nil {
+			format := peekLogFormat(args, lookup)
+			log := earlyLogger(stderr, format)
+			peerNotices(stderr, log, format == "json", notes)
+			failure(stderr, log, format == "json", "envoy-compat: "+err.Error())
 			return nil, nil, 1
 		}
 	}
@@ -277,21 +309,26 @@ func parseServeArgs(args []string, stdout, stderr io.Writer, lookup func(string)
 		return nil, nil, code
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "weir serve: unexpected argument %q (flags start with --)\n", fs.Arg(0))
+		failure(stderr, earlyLogger(stderr, f.logFormat), f.logFormat == "json", fmt.Sprintf("unexpected argument %q (flags start with --)", fs.Arg(0)))
 		return nil, nil, 2
 	}
 	if err := applyEnv(fs, lookup); err != nil {
-		fmt.Fprintln(stderr, "weir serve:", errText(err))
+		failure(stderr, earlyLogger(stderr, f.logFormat), f.logFormat == "json", errText(err))
 		return nil, nil, 2
 	}
 	log, err := newLogger(stderr, f.logLevel, f.logFormat)
 	if err != nil {
-		fmt.Fprintln(stderr, "weir serve:", errText(err))
+		failure(stderr, earlyLogger(stderr, f.logFormat), f.logFormat == "json", errText(err))
 		return nil, nil, 2
 	}
+	peerNotices(stderr, log, f.logFormat == "json", notes)
 	if f.refuseRoot && geteuid() == 0 {
 		failure(stderr, log, f.logFormat == "json", "refusing to run as root (effective uid 0) with --refuse-root ($WEIR_REFUSE_ROOT): run as an unprivileged user, e.g. docker run --user 65532:65532")
 		return nil, nil, 1
+	}
+	if f.storeTimeout < 0 {
+		failure(stderr, log, f.logFormat == "json", fmt.Sprintf("--store-timeout %v: want a positive duration (0: the config's store.timeout)", f.storeTimeout))
+		return nil, nil, 2
 	}
 	if f.shutdownDelay < 0 || f.shutdownTimeout <= 0 || f.shutdownDelay >= f.shutdownTimeout {
 		failure(stderr, log, f.logFormat == "json", fmt.Sprintf("--shutdown-delay %v and --shutdown-timeout %v: want 0 <= delay < timeout (the timeout includes the delay)", f.shutdownDelay, f.shutdownTimeout))
@@ -331,6 +368,12 @@ func serverOptions(f *serveFlags, log *slog.Logger, lookup func(string) (string,
 	}
 	if f.envoyDynamicMetadata {
 		opts = append(opts, server.WithEnvoyDynamicMetadata(true))
+	}
+	if f.storeTimeout > 0 {
+		opts = append(opts, server.WithStoreTimeout(f.storeTimeout))
+	}
+	if f.redisTLSCA != "" || f.redisTLSCert != "" || f.redisTLSKey != "" || f.redisTLSAnyName {
+		opts = append(opts, server.WithRedisTLS(f.redisTLSCA, f.redisTLSCert, f.redisTLSKey, f.redisTLSAnyName))
 	}
 	if f.tlsCert != "" || f.tlsKey != "" || f.tlsClientCA != "" {
 		opts = append(opts, server.WithTLS(f.tlsCert, f.tlsKey, f.tlsClientCA))

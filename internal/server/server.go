@@ -98,6 +98,8 @@ type options struct {
 	store           weir.Store
 	redis           *redisstore.Store
 	redisURL        string
+	storeTimeout    time.Duration  // WithStoreTimeout
+	redisTLS        *redisTLSFiles // WithRedisTLS
 	envoyCfg        *envoyrls.Config
 	envoyDir        string
 	envoyAwait      bool // /healthcheck fails until SetEnvoyConfig (envoyhealth.go)
@@ -159,6 +161,26 @@ func WithRedisStore(rs *redisstore.Store) Option {
 // WithRedisURL makes the server keep its state in Redis at url (the syntax
 // of redisstore.ParseURL), overriding the config's store section.
 func WithRedisURL(url string) Option { return func(o *options) { o.redisURL = url } }
+
+// WithStoreTimeout sets the deadline of every store call, overriding the
+// config's store.timeout (d > 0).
+func WithStoreTimeout(d time.Duration) Option { return func(o *options) { o.storeTimeout = d } }
+
+// redisTLSFiles are WithRedisTLS's settings.
+type redisTLSFiles struct {
+	ca, cert, key string
+	anyName       bool
+}
+
+// WithRedisTLS sets the Redis store's TLS files, overriding the config's
+// store.redis.tls_ca, tls_cert and tls_key where not empty: the CA the
+// servers' certificates must chain to, and the client certificate and
+// key. Any of them turns TLS on. anyName verifies the servers'
+// certificates against the CA but not their names (envoyproxy/ratelimit's
+// REDIS_TLS_SKIP_HOSTNAME_VERIFICATION).
+func WithRedisTLS(ca, cert, key string, anyName bool) Option {
+	return func(o *options) { o.redisTLS = &redisTLSFiles{ca: ca, cert: cert, key: key, anyName: anyName} }
+}
 
 // WithEnvoyConfig serves cfg on the gRPC ShouldRateLimit service and on
 // POST /v1/check for Envoy-style bodies.
@@ -438,10 +460,8 @@ func (o *options) config() (*config.Config, error) {
 		}
 		cfg = c
 	}
-	if o.redisURL != "" {
-		if err := applyRedisURL(cfg, o.redisURL); err != nil {
-			return nil, err
-		}
+	if err := o.applyStore(cfg); err != nil {
+		return nil, err
 	}
 	return cfg, nil
 }
@@ -496,10 +516,8 @@ func (s *Server) initPolicy(cfg *config.Config) error {
 			return s.build(cfg) // the caller's adjusted copy of the file
 		}
 		first = false
-		if o.redisURL != "" {
-			if err := applyRedisURL(fileCfg, o.redisURL); err != nil {
-				return nil, err
-			}
+		if err := o.applyStore(fileCfg); err != nil {
+			return nil, err
 		}
 		p, err := s.build(fileCfg)
 		if err == nil {

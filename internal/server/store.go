@@ -96,6 +96,34 @@ func applyRedisURL(cfg *config.Config, url string) error {
 	return nil
 }
 
+// applyStore applies the options that override cfg's store section:
+// WithRedisURL, WithStoreTimeout and WithRedisTLS's files.
+func (o *options) applyStore(cfg *config.Config) error {
+	if o.redisURL != "" {
+		if err := applyRedisURL(cfg, o.redisURL); err != nil {
+			return err
+		}
+	}
+	if o.storeTimeout > 0 {
+		cfg.Store.Timeout = o.storeTimeout
+	}
+	if t := o.redisTLS; t != nil {
+		if cfg.Store.Type != config.StoreRedis && o.redis == nil && o.store == nil {
+			return fmt.Errorf("server: --redis-tls-*: the store is %q, not Redis (give --redis, or store.type: redis in the config)", cfg.Store.Type)
+		}
+		r := &cfg.Store.Redis
+		for _, f := range []struct {
+			dst *string
+			v   string
+		}{{&r.TLSCA, t.ca}, {&r.TLSCert, t.cert}, {&r.TLSKey, t.key}} {
+			if f.v != "" {
+				*f.dst = f.v
+			}
+		}
+	}
+	return nil
+}
+
 // redactURL removes the password of url from msg, which quotes it.
 func redactURL(msg, rawURL string) string {
 	_, rest, ok := strings.Cut(rawURL, "://")
@@ -175,6 +203,9 @@ func (s *Server) openStore(cfg *config.Config) error {
 	rc, err := redisConfig(cfg.Store)
 	if err != nil {
 		return err
+	}
+	if t := s.o.redisTLS; t != nil && t.anyName && rc.TLS != nil {
+		rc.TLS = tlsfiles.AnyName(rc.TLS)
 	}
 	// Lazy: with Redis down at start, serve anyway. Decisions fail fast
 	// (on_error decides), /healthz/store says down, and the store connects

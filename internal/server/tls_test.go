@@ -225,6 +225,7 @@ func redisTLSConfig(t *testing.T, pki *certtest.Files, store string) *config.Con
 	cfg := mustParse(t, testConfig)
 	cfg.Store.Type = config.StoreRedis
 	cfg.Store.Redis = config.RedisConfig{TLSCA: pki.CA, TLSCert: pki.ClientCert, TLSKey: pki.ClientKey}
+	cfg.Store.Timeout = 10 * time.Second // a loaded machine must not hand Redis's decisions to the fallback
 	switch store {
 	case "standalone":
 		r := redistest.StandaloneTLS(t, redistest.TLS{CA: pki.CA, Cert: pki.Cert, Key: pki.Key, AuthClients: true, Client: pki.ClientConfig(true)})

@@ -196,3 +196,31 @@ func (s *Source) ClientConfig(serverName string) *tls.Config {
 	}
 	return c
 }
+
+// AnyName returns a copy of c, a client config, that verifies the
+// server's certificate chain against c.RootCAs (the system's roots when
+// nil) as c would, but not the server's name: envoyproxy/ratelimit's
+// REDIS_TLS_SKIP_HOSTNAME_VERIFICATION. A certificate from another CA is
+// still refused.
+func AnyName(c *tls.Config) *tls.Config {
+	c = c.Clone()
+	roots := c.RootCAs
+	// The standard verification is off only to be replaced by the same
+	// one without the name; VerifyConnection runs on every handshake,
+	// resumed ones included.
+	c.InsecureSkipVerify = true
+	c.VerifyConnection = func(cs tls.ConnectionState) error {
+		if len(cs.PeerCertificates) == 0 {
+			return errors.New("tls: the server presented no certificate")
+		}
+		opts := x509.VerifyOptions{Roots: roots, Intermediates: x509.NewCertPool()}
+		for _, ic := range cs.PeerCertificates[1:] {
+			opts.Intermediates.AddCert(ic)
+		}
+		if _, err := cs.PeerCertificates[0].Verify(opts); err != nil {
+			return fmt.Errorf("tls: the server's certificate: %w", err)
+		}
+		return nil
+	}
+	return c
+}
