@@ -166,12 +166,8 @@ func (r *rule) checkBudget(rc *config.RuleConfig, rp string, c *compiled, rep re
 	case currencyRE.MatchString(c.prices.Currency) && strings.ToUpper(m[2]) != c.prices.Currency:
 		bad(rp+".budget", fmt.Sprintf("budget %s is in %s, but prices are in %s", quote(rc.Budget), strings.ToUpper(m[2]), c.prices.Currency))
 	}
-	if l, err := weir.ParseLimit("1/" + m[3]); err != nil {
+	if _, err := weir.ParseLimit("1/" + m[3]); err != nil {
 		bad(rp+".budget", fmt.Sprintf("budget %s: period %s: %s", quote(rc.Budget), quote(m[3]), limitMessage(err)))
-	} else if l.Calendar != 0 || rc.Timezone != "" || rc.ResetAt != "" {
-		// A budget settles with debits and refunds, which calendar
-		// windows do not have (algorithm.Params.Debts).
-		bad(rp+".budget", fmt.Sprintf("budget %s: a calendar period (month, week, or a day with timezone or reset_at) cannot settle a request's real cost yet; use /d (UTC days) or a fixed period such as /30d", quote(rc.Budget)))
 	}
 	for _, f := range []struct {
 		set  bool
