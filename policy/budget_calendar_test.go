@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -170,5 +171,48 @@ func TestBudgetCalendarHierarchyRedisTwoPolicies(t *testing.T) {
 			ps = append(ps, mustPolicy(t, doc, s))
 		}
 		runHierarchy(t, ps, 10, over, false)
+	}
+}
+
+// TestBudgetTrustedHeaderLevels: a level named by trusted_header: is read
+// only from a request whose direct peer is a trusted proxy (the
+// authenticator that sets it); a client's own header is no level, so it
+// cannot charge another team's budget, and on_missing: deny refuses it.
+func TestBudgetTrustedHeaderLevels(t *testing.T) {
+	const doc = budgetPrices + `
+trusted_proxies: [10.0.0.0/8]
+rules:
+  - {name: team-budget, identity: "trusted_header:X-Team", budget: 1 USD/day}
+  - {name: org-budget, identity: "trusted_header:X-Org", budget: 5 USD/month, timezone: Europe/Paris, on_missing: deny}
+`
+	p := mustPolicy(t, doc, memstore.New())
+	cx := WithUsage(ctx, Usage{Model: "gpt-4o", OutputTokens: 1000}) // 10,000
+	charged := func(v Verdict) map[string]string {
+		m := map[string]string{}
+		for _, rr := range v.Results {
+			if !rr.Skipped {
+				m[rr.Rule] = rr.Identity
+			}
+		}
+		return m
+	}
+	v := p.Check(cx, from(req("POST", "/", "X-Team", "t1", "X-Org", "o1"), "10.1.2.3:5000"))
+	if got := charged(v); !v.Allowed || got["team-budget"] != "t1" || got["org-budget"] != "o1" {
+		t.Fatalf("from a trusted proxy: allowed %v, charged %v", v.Allowed, got)
+	}
+	// The same headers straight from a client: no levels; the org's
+	// on_missing: deny refuses.
+	v = p.Check(cx, from(req("POST", "/", "X-Team", "t1", "X-Org", "o1"), "192.0.2.7:5000"))
+	if got := charged(v); v.Allowed || got["team-budget"] != "" {
+		t.Fatalf("from a client: allowed %v, charged %v", v.Allowed, got)
+	}
+	rr, _ := p.CheckKey(ctx, KeyRequest{Rule: "team-budget", Key: "t1", N: 0})
+	if rr.Result.Remaining != 1_000_000-10_000 {
+		t.Errorf("team t1: %d left, want %d (only the trusted request charged)", rr.Result.Remaining, 1_000_000-10_000)
+	}
+	// Without trusted_proxies, trusted_header is refused.
+	_, err := Parse([]byte(budgetPrices+"rules:\n  - {name: a, identity: \"trusted_header:X-Team\", budget: 1 USD/day}\n"), "w.yaml")
+	if err == nil || !strings.Contains(err.Error(), `w.yaml:9:25: identity "trusted_header:X-Team" reads its header only from trusted_proxies`) {
+		t.Errorf("trusted_header without trusted_proxies: %v", err)
 	}
 }
