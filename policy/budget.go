@@ -42,6 +42,9 @@ func (u Usage) internal() price.Usage {
 type pricer struct {
 	table *price.Table // nil: no prices section (expr only)
 	expr  *price.Expr  // nil: the table's sum
+	// currency is a budget rule's (prices.currency); "" for a cost_expr
+	// rule with a limit, which counts units, not money.
+	currency string
 }
 
 // estimate prices the usage estimate u: the table's pessimistic estimate
@@ -185,6 +188,7 @@ func (r *rule) checkBudget(rc *config.RuleConfig, rp string, c *compiled, rep re
 	if rc.Algorithm == "" {
 		rc.Algorithm = string(weir.FixedWindow)
 	}
+	pr.currency = c.prices.Currency
 	r.price = pr
 	return true
 }
@@ -209,4 +213,11 @@ func (r *rule) priceOf(ctx context.Context, l weir.Limit) (int64, error) {
 		return 0, fmt.Errorf("%w: rule %q: the request's estimate, %d micro-units, is more than the budget can ever admit (%d)", ErrBadCost, r.name, n, p.MaxCost())
 	}
 	return n, nil
+}
+
+// moneyLimit renders a budget's limit l, counted in micro-units, as an
+// amount of currency per period: "10 USD/month", "0.05 USD/d".
+func moneyLimit(l weir.Limit, currency string) string {
+	_, per, _ := strings.Cut(weir.Limit{Rate: l.Rate, Period: l.Period, Calendar: l.Calendar}.String(), "/")
+	return price.Format(l.Rate) + " " + currency + "/" + per
 }

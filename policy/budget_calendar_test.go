@@ -216,3 +216,28 @@ rules:
 		t.Errorf("trusted_header without trusted_proxies: %v", err)
 	}
 }
+
+// TestBudgetRuleInfo: a budget rule describes its limit in money, with
+// its currency and calendar; a cost_expr rule counting tokens has none.
+func TestBudgetRuleInfo(t *testing.T) {
+	p := mustPolicy(t, budgetPrices+`
+rules:
+  - {name: monthly, identity: header:X-Key, budget: 10 USD/month, timezone: Europe/Paris}
+  - {name: daily, identity: header:X-Key, budget: 0.05 usd/d}
+  - {name: tokens, identity: header:X-Key, limit: 1000/d, cost_expr: "output_tokens"}
+`, memstore.New())
+	got := map[string]RuleInfo{}
+	for _, ri := range p.Rules() {
+		got[ri.Name] = ri
+	}
+	for _, c := range []struct{ rule, limit, currency, tz string }{
+		{"monthly", "10 USD/month", "USD", "Europe/Paris"},
+		{"daily", "0.05 USD/d", "USD", ""},
+		{"tokens", "1000/d", "", ""},
+	} {
+		ri := got[c.rule]
+		if ri.Limit != c.limit || ri.Currency != c.currency || ri.Timezone != c.tz {
+			t.Errorf("%s: limit %q currency %q timezone %q, want %q %q %q", c.rule, ri.Limit, ri.Currency, ri.Timezone, c.limit, c.currency, c.tz)
+		}
+	}
+}
