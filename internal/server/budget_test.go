@@ -55,6 +55,14 @@ func TestBudgetUsageInMoney(t *testing.T) {
 			if ms := u["reset_after_ms"].(float64); ms <= 0 || ms > 32*24*3600*1000 {
 				t.Errorf("reset_after_ms %v, want the month's end", ms)
 			}
+			// An override raises one identity's budget, in micro-units.
+			if status, d := putOverride(t, base, map[string]any{"rule": "monthly", "key": "k", "limit": "50000000/month"}); status != 200 {
+				t.Fatalf("override: %d %v", status, d)
+			}
+			_, body = call(t, "GET", base+"/v1/usage?rule=monthly&key=k", "", bearer(token)...)
+			if u := decode(t, body); u["limit_amount"] != "50" || u["used_amount"] != "1.234567" || u["override"] == nil {
+				t.Errorf("overridden budget: %s", body)
+			}
 			// A rule counting requests has no money fields.
 			_, body = call(t, "GET", base+"/v1/usage?rule=api&key=k", "", bearer(token)...)
 			if u := decode(t, body); u["currency"] != nil || u["limit_amount"] != nil {
