@@ -82,3 +82,46 @@ func TestBudgetUsageInMoney(t *testing.T) {
 		})
 	}
 }
+
+// TestBudgetTopSpenders: GET /v1/spend lists the identities that settled
+// the most under a budget rule, heaviest first, with amounts in money;
+// exact while fewer identities than the sketch holds spent.
+func TestBudgetTopSpenders(t *testing.T) {
+	_, ts := newTestServer(t, WithConfig(mustParse(t, budgetConfig)), WithAdminToken(token))
+	base := ts.URL
+	spent := map[string]int64{"a": 0, "b": 0, "c": 0}
+	for i := range 30 {
+		key := []string{"a", "b", "c"}[i%3]
+		actual := int64(1000 * (i%3 + 1) * (i + 1))
+		_, d, b := post(t, base+"/v1/reserve", `{"rule":"monthly","key":"`+key+`","estimate":200000}`)
+		if d["allowed"] != true {
+			t.Fatalf("reserve: %s", b)
+		}
+		if code, _, b := post(t, base+"/v1/settle", fmt.Sprintf(`{"reservation":%q,"actual":%d}`, d["reservation"], actual)); code != 200 {
+			t.Fatalf("settle: %s", b)
+		}
+		spent[key] += actual
+	}
+	resp, body := call(t, "GET", base+"/v1/spend?rule=monthly&n=2", "", bearer(token)...)
+	d := decode(t, body)
+	top, _ := d["top"].([]any)
+	if resp.StatusCode != 200 || d["currency"] != "EUR" || len(top) != 2 {
+		t.Fatalf("spend: %d %s", resp.StatusCode, body)
+	}
+	for i, want := range []string{"c", "b"} {
+		e := top[i].(map[string]any)
+		if e["identity"] != want || int64(e["count"].(float64)) != spent[want] || e["error"] != float64(0) {
+			t.Errorf("top[%d] = %v, want %s with %d", i, e, want, spent[want])
+		}
+	}
+	if e := top[0].(map[string]any); e["amount"] != "0.495" {
+		t.Errorf("amount %v, want 0.495 (495,000 micro-units)", e["amount"])
+	}
+	// Admin only; an unknown rule is named.
+	if resp, _ := call(t, "GET", base+"/v1/spend?rule=monthly", ""); resp.StatusCode != 401 {
+		t.Errorf("without the token: %d", resp.StatusCode)
+	}
+	if resp, body := call(t, "GET", base+"/v1/spend?rule=nope", "", bearer(token)...); resp.StatusCode != 404 {
+		t.Errorf("unknown rule: %d %s", resp.StatusCode, body)
+	}
+}
