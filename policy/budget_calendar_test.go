@@ -241,3 +241,46 @@ rules:
 		}
 	}
 }
+
+// TestBudgetCalendarSequentialBound: with one request in flight at a
+// time, a calendar budget is passed by at most the last admitted
+// request's actual cost over its estimate (every earlier one was settled
+// before the next was admitted, and the last fitted by its estimate); the
+// store holds exactly the settled costs. Both stores.
+func TestBudgetCalendarSequentialBound(t *testing.T) {
+	const doc = budgetPrices + `
+rules:
+  - {name: monthly, identity: header:X-Key, budget: 2 USD/month, timezone: Asia/Kolkata}
+`
+	clock := storetest.NewClock(mustTime(t, "2030-03-15T10:00:00Z"))
+	for name, store := range calendarStores(t, clock) {
+		t.Run(name, func(t *testing.T) {
+			p := mustPolicy(t, doc, store)
+			const budget = 2_000_000
+			var spent, lastExcess int64
+			for i := 0; ; i++ {
+				est := int64(5_000 + i*997%20_000)        // output tokens: × 10 µUSD
+				act := est + int64(i*7919%13_000) - 4_000 // some under, some over
+				v := p.Check(WithUsage(ctx, Usage{Model: "gpt-4o", OutputTokens: est}), req("POST", "/", "X-Key", "k"))
+				if !v.Allowed {
+					break
+				}
+				if i > 1000 {
+					t.Fatal("never refused")
+				}
+				if err := p.Finish(ctx, &v, Charges{Usage: &Usage{Model: "gpt-4o", OutputTokens: act}}); err != nil {
+					t.Fatal(err)
+				}
+				spent += act * 10
+				lastExcess = (act - est) * 10
+			}
+			if spent > budget && spent-budget > lastExcess {
+				t.Errorf("spent %d of %d: over by more than the last request's excess %d", spent, budget, lastExcess)
+			}
+			rr, err := p.CheckKey(ctx, KeyRequest{Rule: "monthly", Key: "k", N: 0})
+			if err != nil || rr.Result.Remaining != max(budget-spent, 0) {
+				t.Errorf("store has %d left (%v), the charges say %d", rr.Result.Remaining, err, max(budget-spent, 0))
+			}
+		})
+	}
+}
