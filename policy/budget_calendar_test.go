@@ -284,3 +284,25 @@ rules:
 		})
 	}
 }
+
+// TestBudgetCalendarHierarchyRedisCluster: the calendar hierarchy on
+// Redis Cluster, whose levels lie in different slots: what a slot took is
+// given back (a refund in the same calendar window) when another refused.
+func TestBudgetCalendarHierarchyRedisCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("Redis Cluster in -short")
+	}
+	c := redistest.Cluster(t)
+	clock := calendarHierarchyClock(t)
+	doc := budgetPrices + "store: {timeout: 10s}\n" + calendarHierarchyRules
+	var ps []*Policy
+	for range 2 {
+		s, err := redisstore.New(context.Background(), redisstore.Config{Addrs: c.Addrs, Timeout: 10 * time.Second, Clock: clock.Now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		ps = append(ps, mustPolicy(t, doc, s))
+	}
+	runHierarchy(t, ps, 5, false, true)
+}
