@@ -72,10 +72,11 @@ const MaxDebt = 1 << 51
 
 // Debts reports whether p's algorithm supports Debit and Credit: every
 // algorithm with FeatureDebt (all but concurrency), except a shaping leaky
-// bucket, a calendar window (its debt would carry over windows of unequal
-// lengths) and a warm-up (its rate is not yet the limit's).
+// bucket and a warm-up (its rate is not yet the limit's). A calendar
+// window's debt lasts until its window ends: it does not carry into the
+// next calendar period (fwCount).
 func (p *Params) Debts() bool {
-	return p.Kind.Supports(FeatureDebt) && !p.Shaping() && !p.IsCalendar() && p.Warmup == 0
+	return p.Kind.Supports(FeatureDebt) && !p.Shaping() && p.Warmup == 0
 }
 
 // debtCapUnits is the most a bucket's state may hold beyond empty (token

@@ -7,12 +7,13 @@ package algorithm
 // fwCount returns the count of window w (fw_count): the stored count in
 // its own window, capped at the rate (a lowered limit); 0 in a later one,
 // unless the state is in debt, whose excess carries on, paid back at
-// carryRate per window.
+// carryRate per window. A calendar window's debt does not carry: each
+// calendar period starts empty (a budget's month is its own).
 func fwCount(p *Params, s *State, w int64) int64 {
 	count := s.Count
 	if s.Window != w {
 		count = 0 // a new window starts empty
-		if s.Debt && s.Window < w {
+		if s.Debt && s.Window < w && !p.IsCalendar() {
 			r := carryRate(p, s)
 			if k := w - s.Window; k <= s.Count/r {
 				count = s.Count - k*r
@@ -32,6 +33,9 @@ func fixedWindow(p *Params, s *State, now, cost int64, mode Mode, apply bool) (g
 	r := carryRate(p, s) // what a count over the rate pays back per window
 	g := grant(cost, p.Rate-count, mode)
 	end := wend - now // µs until this window ends
+	if p.IsCalendar() {
+		r = max(count, p.Rate) // no debt carries: the next window is empty
+	}
 	if g == 0 {
 		// The next window admits anything up to Rate; in debt, the first
 		// window whose carried count leaves room for cost.

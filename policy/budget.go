@@ -42,6 +42,9 @@ func (u Usage) internal() price.Usage {
 type pricer struct {
 	table *price.Table // nil: no prices section (expr only)
 	expr  *price.Expr  // nil: the table's sum
+	// currency is a budget rule's (prices.currency); "" for a cost_expr
+	// rule with a limit, which counts units, not money.
+	currency string
 }
 
 // estimate prices the usage estimate u: the table's pessimistic estimate
@@ -166,12 +169,8 @@ func (r *rule) checkBudget(rc *config.RuleConfig, rp string, c *compiled, rep re
 	case currencyRE.MatchString(c.prices.Currency) && strings.ToUpper(m[2]) != c.prices.Currency:
 		bad(rp+".budget", fmt.Sprintf("budget %s is in %s, but prices are in %s", quote(rc.Budget), strings.ToUpper(m[2]), c.prices.Currency))
 	}
-	if l, err := weir.ParseLimit("1/" + m[3]); err != nil {
+	if _, err := weir.ParseLimit("1/" + m[3]); err != nil {
 		bad(rp+".budget", fmt.Sprintf("budget %s: period %s: %s", quote(rc.Budget), quote(m[3]), limitMessage(err)))
-	} else if l.Calendar != 0 || rc.Timezone != "" || rc.ResetAt != "" {
-		// A budget settles with debits and refunds, which calendar
-		// windows do not have (algorithm.Params.Debts).
-		bad(rp+".budget", fmt.Sprintf("budget %s: a calendar period (month, week, or a day with timezone or reset_at) cannot settle a request's real cost yet; use /d (UTC days) or a fixed period such as /30d", quote(rc.Budget)))
 	}
 	for _, f := range []struct {
 		set  bool
@@ -189,6 +188,7 @@ func (r *rule) checkBudget(rc *config.RuleConfig, rp string, c *compiled, rep re
 	if rc.Algorithm == "" {
 		rc.Algorithm = string(weir.FixedWindow)
 	}
+	pr.currency = c.prices.Currency
 	r.price = pr
 	return true
 }
@@ -213,4 +213,11 @@ func (r *rule) priceOf(ctx context.Context, l weir.Limit) (int64, error) {
 		return 0, fmt.Errorf("%w: rule %q: the request's estimate, %d micro-units, is more than the budget can ever admit (%d)", ErrBadCost, r.name, n, p.MaxCost())
 	}
 	return n, nil
+}
+
+// moneyLimit renders a budget's limit l, counted in micro-units, as an
+// amount of currency per period: "10 USD/month", "0.05 USD/d".
+func moneyLimit(l weir.Limit, currency string) string {
+	_, per, _ := strings.Cut(weir.Limit{Rate: l.Rate, Period: l.Period, Calendar: l.Calendar}.String(), "/")
+	return price.Format(l.Rate) + " " + currency + "/" + per
 }

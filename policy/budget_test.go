@@ -60,9 +60,9 @@ rules:
 	if err == nil || !strings.Contains(err.Error(), "w.yaml:2:23: a budget prices usage by the prices section") {
 		t.Errorf("a budget without prices: %v", err)
 	}
-	_, err = Parse([]byte(budgetPrices+"rules:\n  - {name: a, identity: header:X-Key, budget: 10 USD/month}\n"), "w.yaml")
-	if err == nil || !strings.Contains(err.Error(), `a calendar period (month, week, or a day with timezone or reset_at) cannot settle`) {
-		t.Errorf("a calendar budget: %v", err)
+	_, err = Parse([]byte(budgetPrices+"rules:\n  - {name: a, identity: header:X-Key, budget: 10 USD/month, algorithm: gcra}\n"), "w.yaml")
+	if err == nil || !strings.Contains(err.Error(), `apply to fixed_window, not gcra`) {
+		t.Errorf("a calendar budget on gcra: %v", err)
 	}
 	_, err = Parse([]byte(budgetPrices+"rules:\n  - {name: a, budget: 10 EUR/month}\n"), "w.yaml")
 	if err == nil || !strings.Contains(err.Error(), `is in EUR, but prices are in USD`) {

@@ -246,7 +246,7 @@ func checkRule(rc *config.RuleConfig, rp string, c *compiled, cfg *config.Config
 		ok = r.checkBudget(rc, rp, c, rep) && ok
 	}
 	ok = r.checkMatch(rc.Match, rp, rep) && ok
-	ok = r.checkIdentities(rc, rp, rep) && ok
+	ok = r.checkIdentities(rc, rp, c.trusted, rep) && ok
 	ok = r.checkFailure(rc, rp, c, rep) && ok
 	ok = r.checkLimits(rc, rp, rep) && ok
 	ok = ok && r.checkLease(rc, rp, rep)
@@ -364,7 +364,7 @@ func (r *rule) checkMatch(m config.MatchConfig, rp string, rep reporter) bool {
 }
 
 // checkIdentities parses the rule's identity list (ip when empty).
-func (r *rule) checkIdentities(rc *config.RuleConfig, rp string, rep reporter) bool {
+func (r *rule) checkIdentities(rc *config.RuleConfig, rp string, trusted []netip.Prefix, rep reporter) bool {
 	ok := true
 	bad := func(path, msg string) { rep.addAt(path, msg); ok = false }
 	specs := rc.Identity
@@ -385,6 +385,9 @@ func (r *rule) checkIdentities(rc *config.RuleConfig, rp string, rep reporter) b
 		seen[s] = true
 		if id.kind == idRoute && rc.Match.Path == "" {
 			bad(index(rp+".identity", i), "identity route needs match.path, whose pattern it counts by")
+		}
+		if id.kind == idTrustedHeader && len(trusted) == 0 {
+			bad(index(rp+".identity", i), fmt.Sprintf("identity %s reads its header only from trusted_proxies, and weir.yaml lists none", quote(s)))
 		}
 		r.ids = append(r.ids, id)
 	}

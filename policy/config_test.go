@@ -289,7 +289,7 @@ func TestParseProblems(t *testing.T) {
 		{"limit and tiers", rule("    limit: 5/m\n    tiers:\n      by: header:X-Plan\n      default: {limit: 5/m}\n"),
 			[]string{`3:5: limit and tiers are exclusive; put this limit in tiers.default`}},
 		{"unknown identity", rule("    limit: 5/m\n    identity: [ip, user]\n"),
-			[]string{`4:20: unknown identity "user" (want ip, ip/BITS, header:NAME, cookie:NAME, query:NAME, method, route or const:VALUE)`}},
+			[]string{`4:20: unknown identity "user" (want ip, ip/BITS, header:NAME, trusted_header:NAME, cookie:NAME, query:NAME, method, route or const:VALUE)`}},
 		{"header identity without name", rule("    limit: 5/m\n    identity: \"header:\"\n"),
 			[]string{`4:15: identity "header:" needs a header name, as in header:X-API-Key`}},
 		{"ip prefix too long", rule("    limit: 5/m\n    identity: ip/24/129\n"),

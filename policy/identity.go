@@ -24,6 +24,7 @@ const (
 	idMethod
 	idRoute
 	idConst
+	idTrustedHeader
 )
 
 // identity is one parsed identity spec such as "ip/24" or "header:X-API-Key".
@@ -38,9 +39,9 @@ type identity struct {
 
 // identityHelp lists the identity forms for error messages.
 // identityKinds are the identities' kinds, what comes before ':'.
-var identityKinds = []string{"ip", "header", "cookie", "query", "method", "route", "const"}
+var identityKinds = []string{"ip", "header", "trusted_header", "cookie", "query", "method", "route", "const"}
 
-const identityHelp = "want ip, ip/BITS, header:NAME, cookie:NAME, query:NAME, method, route or const:VALUE"
+const identityHelp = "want ip, ip/BITS, header:NAME, trusted_header:NAME, cookie:NAME, query:NAME, method, route or const:VALUE"
 
 // parseIdentity parses an identity spec.
 //
@@ -51,6 +52,10 @@ const identityHelp = "want ip, ip/BITS, header:NAME, cookie:NAME, query:NAME, me
 //	ip/24/48      both
 //	ip/32/128     every address apart, IPv6 included
 //	header:NAME   the request header NAME
+//	trusted_header:NAME
+//	              the request header NAME when the request comes straight
+//	              from one of trusted_proxies (an authenticator that sets
+//	              it); from any other peer the identity is missing
 //	cookie:NAME   the cookie NAME
 //	query:NAME    the query parameter NAME
 //	method        the request method
@@ -68,7 +73,7 @@ func parseIdentity(s string) (identity, error) {
 	}
 	needArg := func(what string) error {
 		if arg == "" {
-			return fmt.Errorf("identity %q needs a %s, as in %s:%s", s, what, kind, map[string]string{"header": "X-API-Key", "cookie": "session", "query": "api_key", "const": "all"}[kind])
+			return fmt.Errorf("identity %q needs a %s, as in %s:%s", s, what, kind, map[string]string{"header": "X-API-Key", "trusted_header": "X-Team", "cookie": "session", "query": "api_key", "const": "all"}[kind])
 		}
 		return nil
 	}
@@ -85,6 +90,15 @@ func parseIdentity(s string) (identity, error) {
 		}
 	case kind == "header":
 		id.kind = idHeader
+		if err := needArg("header name"); err != nil {
+			return id, err
+		}
+		if !validToken(arg) {
+			return id, fmt.Errorf("identity %q: %q is not a valid header name", s, arg)
+		}
+		id.arg = http.CanonicalHeaderKey(arg)
+	case kind == "trusted_header":
+		id.kind = idTrustedHeader
 		if err := needArg("header name"); err != nil {
 			return id, err
 		}
@@ -175,6 +189,22 @@ type reqView struct {
 	queryErr bool
 }
 
+// fromTrusted reports whether the request's direct peer is one of the
+// trusted proxies.
+func (v *reqView) fromTrusted() bool {
+	if len(v.trusted) == 0 {
+		return false
+	}
+	ap, err := netip.ParseAddrPort(v.r.RemoteAddr)
+	a := ap.Addr()
+	if err != nil {
+		if a, err = netip.ParseAddr(v.r.RemoteAddr); err != nil {
+			return false
+		}
+	}
+	return clientip.InPrefixes(a.Unmap().WithZone(""), v.trusted)
+}
+
 func (v *reqView) clientIP() netip.Addr {
 	if !v.ipDone {
 		v.ip, v.ipDone = clientip.From(v.r, v.trusted, v.ipHeader), true
@@ -189,6 +219,11 @@ func (id *identity) value(v *reqView, route string) string {
 	case idIP:
 		return ipValue(v.clientIP(), id.bits4, id.bits6)
 	case idHeader:
+		return strings.TrimSpace(v.r.Header.Get(id.arg))
+	case idTrustedHeader:
+		if !v.fromTrusted() {
+			return ""
+		}
 		return strings.TrimSpace(v.r.Header.Get(id.arg))
 	case idCookie:
 		c, err := v.r.Cookie(id.arg)

@@ -42,6 +42,10 @@ type RuleInfo struct {
 	// count.status list (cost.go).
 	Cost        string `json:"cost,omitempty"`
 	CountStatus []int  `json:"count_status,omitempty"`
+	// Currency is a budget rule's currency (prices.currency), whose
+	// Limit is then an amount per period ("10 USD/month") and whose
+	// counts, in the store and in /v1/usage, are micro-units of it.
+	Currency string `json:"currency,omitempty"`
 
 	path string
 }
@@ -111,6 +115,10 @@ func ruleInfo(rc *config.RuleConfig, r *rule, path string) RuleInfo {
 	d := r.tiers[0].limit
 	info.Limit, info.Algorithm, info.Block = d.String(), string(d.Algorithm), durString(d.Block)
 	info.setExtras(d)
+	if r.price != nil && r.price.currency != "" {
+		info.Currency = r.price.currency
+		info.Limit = moneyLimit(d, info.Currency)
+	}
 	if r.cost != nil {
 		info.Cost = r.cost.spec
 	}

@@ -164,8 +164,8 @@ func TestValidateHelpsFix(t *testing.T) {
 			":3: YAML syntax: found a tab character that violates indentation (indent with spaces: YAML does not allow tabs)\n"},
 		{"misspelt.yaml", "rules:\n  - name: a\n    limit: 5/m\n    algorithm: gcraa\n  - name: b\n    limit: 5/m\n    identity: [iq, heder:X-Key]\n",
 			":4:16: unknown algorithm \"gcraa\" (did you mean \"gcra\"?)\n" +
-				"%[1]s:7:16: unknown identity \"iq\" (did you mean \"ip\"? want ip, ip/BITS, header:NAME, cookie:NAME, query:NAME, method, route or const:VALUE)\n" +
-				"%[1]s:7:20: unknown identity \"heder:X-Key\" (did you mean \"header:X-Key\"? want ip, ip/BITS, header:NAME, cookie:NAME, query:NAME, method, route or const:VALUE)\n"},
+				"%[1]s:7:16: unknown identity \"iq\" (did you mean \"ip\"? want ip, ip/BITS, header:NAME, trusted_header:NAME, cookie:NAME, query:NAME, method, route or const:VALUE)\n" +
+				"%[1]s:7:20: unknown identity \"heder:X-Key\" (did you mean \"header:X-Key\"? want ip, ip/BITS, header:NAME, trusted_header:NAME, cookie:NAME, query:NAME, method, route or const:VALUE)\n"},
 	} {
 		p := writeFile(t, dir, tc.name, tc.yaml)
 		want := p + strings.ReplaceAll(tc.want, "%[1]s", p)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/weir-dev/weir/internal/keys"
+	"github.com/weir-dev/weir/internal/price"
 	"github.com/weir-dev/weir/policy"
 )
 
@@ -301,4 +302,55 @@ func (s *Server) handleStoreHealth(w http.ResponseWriter, r *http.Request) {
 		h.Status, code = "down", http.StatusServiceUnavailable
 	}
 	writeJSON(w, code, h)
+}
+
+// spendEntry is one identity of GET /v1/spend: its settled cost, in the
+// rule's units (a budget's: micro-units of its currency), over-estimated
+// by at most Error; Amount is Count in units of the currency.
+type spendEntry struct {
+	Identity string `json:"identity"`
+	Count    int64  `json:"count"`
+	Error    int64  `json:"error"`
+	Amount   string `json:"amount,omitempty"`
+}
+
+// handleSpend serves GET /v1/spend?rule=&n=: the identities that settled
+// the most under rule (POST /v1/settle, WEIR.SETTLE) since this instance
+// started, heaviest first, from a space-saving sketch of topK identities
+// per rule (count overestimates the true sum by at most error).
+func (s *Server) handleSpend(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	rule := q.Get("rule")
+	if rule == "" {
+		writeError(w, http.StatusBadRequest, codeBadRequest, "query parameter rule is required: ?rule=NAME")
+		return
+	}
+	n := 10
+	if v := q.Get("n"); v != "" {
+		i, err := strconv.Atoi(v)
+		if err != nil || i < 1 {
+			writeError(w, http.StatusBadRequest, codeBadRequest, "n=%q: want a whole number from 1 to %d", v, topK)
+			return
+		}
+		n = min(i, topK)
+	}
+	p := s.holder.Load()
+	if _, err := p.Limit(rule, ""); err != nil {
+		s.writeRuleError(w, p, rule, err)
+		return
+	}
+	currency := ruleCurrency(p, rule)
+	out := []spendEntry{}
+	for _, e := range s.spend.all(n)[rule] {
+		se := spendEntry{Identity: e.Identity, Count: e.Count, Error: e.Error}
+		if currency != "" {
+			se.Amount = price.Format(e.Count)
+		}
+		out = append(out, se)
+	}
+	body := map[string]any{"rule": rule, "n": n, "top": out}
+	if currency != "" {
+		body["currency"] = currency
+	}
+	writeJSON(w, http.StatusOK, body)
 }

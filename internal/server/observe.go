@@ -249,7 +249,10 @@ type topSet struct {
 
 func newTopSet(k int) *topSet { return &topSet{k: k, m: make(map[string]*TopK)} }
 
-func (t *topSet) add(rule, identity string) {
+func (t *topSet) add(rule, identity string) { t.addN(rule, identity, 1) }
+
+// addN adds w to identity's weight under rule.
+func (t *topSet) addN(rule, identity string, w int64) {
 	identity = keys.ShortIdentity(identity) // at most 64 bytes, or "~" and a hash
 	t.mu.RLock()
 	tk := t.m[rule]
@@ -262,7 +265,7 @@ func (t *topSet) add(rule, identity string) {
 		}
 		t.mu.Unlock()
 	}
-	tk.Add(identity, 1)
+	tk.Add(identity, w)
 }
 
 // all returns the n heaviest identities of every rule.

@@ -11,6 +11,7 @@ import (
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/internal/keys"
 	"github.com/weir-dev/weir/internal/override"
+	"github.com/weir-dev/weir/internal/price"
 	"github.com/weir-dev/weir/policy"
 	"github.com/weir-dev/weir/store/redisstore"
 )
@@ -250,6 +251,23 @@ type usageJSON struct {
 	Remaining    int64         `json:"remaining"`
 	ResetAfterMS int64         `json:"reset_after_ms"`
 	Override     *overrideJSON `json:"override"`
+	// A budget rule's currency, whose micro-units limit, used and
+	// remaining count, and the same amounts in units as decimal strings.
+	Currency        string `json:"currency,omitempty"`
+	LimitAmount     string `json:"limit_amount,omitempty"`
+	UsedAmount      string `json:"used_amount,omitempty"`
+	RemainingAmount string `json:"remaining_amount,omitempty"`
+}
+
+// ruleCurrency returns the currency of p's budget rule named rule; "" for
+// any other rule.
+func ruleCurrency(p *policy.Policy, rule string) string {
+	for _, ri := range p.Rules() {
+		if ri.Name == rule {
+			return ri.Currency
+		}
+	}
+	return ""
 }
 
 // handleUsage serves GET /v1/usage?rule=&key=: a peek, never a take.
@@ -272,6 +290,10 @@ func (s *Server) handleUsage(w http.ResponseWriter, r *http.Request) {
 	out := usageJSON{Rule: rule, Key: key, Limit: res.Limit, Remaining: res.Remaining,
 		ResetAfterMS: (res.ResetAfter + time.Millisecond - 1).Milliseconds()}
 	out.Used = max(res.Limit-res.Remaining, 0)
+	if c := ruleCurrency(p, rule); c != "" {
+		out.Currency = c
+		out.LimitAmount, out.UsedAmount, out.RemainingAmount = price.Format(out.Limit), price.Format(out.Used), price.Format(out.Remaining)
+	}
 	if os := s.overrideStore(); os != nil {
 		// The override in force: the key's own, else its longest pattern's.
 		list, err := os.Overrides(r.Context(), weir.Key(rule)+":")

@@ -302,6 +302,13 @@ func (s *Server) settle(ctx context.Context, p *policy.Policy, id string, actual
 			return res.Rule, rr, &keptError{rr.Err}
 		}
 	}
+	if rr.Err == nil {
+		id := res.Key
+		if id == "" {
+			id = rr.Identity
+		}
+		s.spend.addN(res.Rule, id, actual)
+	}
 	return res.Rule, rr, nil
 }
 

@@ -74,6 +74,7 @@ func (s *Server) routeTable() []route {
 		}),
 		byMethod("/v1/usage", methods{http.MethodGet: s.admin(s.handleUsage)}),
 		byMethod("/v1/top", methods{http.MethodGet: s.handleTop}),
+		byMethod("/v1/spend", methods{http.MethodGet: s.admin(s.handleSpend)}),
 		byMethod("/v1/dashboard/snapshot", methods{http.MethodGet: s.handleSnapshot}),
 		byMethod("/openapi.json", methods{http.MethodGet: handleOpenAPI}),
 		byMethod("/metrics", methods{http.MethodGet: s.metrics.handler().ServeHTTP}),

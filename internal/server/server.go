@@ -316,6 +316,7 @@ type Server struct {
 	metrics *metrics
 	stats   *stats
 	tops    *topSet
+	spend   *topSet // the settled cost per rule and identity (GET /v1/spend)
 	blocked *blockedIndex
 	fleet   *fleet
 	leases  *localbudget.Table // local budgets (local_budget: N), shared by every policy
@@ -408,6 +409,7 @@ func (s *Server) init() error {
 	}
 	s.stats = newStats()
 	s.tops = newTopSet(topK)
+	s.spend = newTopSet(topK)
 	s.blocked = newBlockedIndex(s.rdb, s.keys.blocked, s.log, s.now)
 	s.fleet = newFleet(s)
 	s.leases = localbudget.New(localbudget.Config{Now: s.now})
@@ -683,6 +685,7 @@ func (s *Server) rulesChanged(p *policy.Policy) {
 		keep[r.Path] = true
 	}
 	s.tops.retain(keep)
+	s.spend.retain(keep)
 	s.stats.prune(s.now(), keep)
 	s.flushDenyCache()
 }

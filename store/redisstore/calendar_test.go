@@ -16,8 +16,9 @@ import (
 )
 
 // TestCalendarSameAsMemstore: calendar windows decide alike in both stores,
-// to the microsecond, on random traffic across a month end and across both
-// daylight-saving changes of a year (the Lua picks the window by its clock
+// to the microsecond, on random traffic (takes, debits past the limit,
+// refunds) across a month end and across both daylight-saving changes of
+// a year (the Lua picks the window by its clock
 // among the bounds Go sends; memstore computes them itself).
 func TestCalendarSameAsMemstore(t *testing.T) {
 	srv := redistest.Standalone(t)
@@ -68,13 +69,24 @@ func TestCalendarSameAsMemstore(t *testing.T) {
 				var res [2]weir.Result
 				var errs [2]error
 				n := rng.Int64N(4)
-				if rng.IntN(5) == 0 {
+				switch op := rng.IntN(10); {
+				case op < 2:
+					// Debts (a budget's settlement): a debit past the
+					// limit lasts until its window ends, a refund.
+					for j, s := range stores {
+						f := weir.NewLimiter(s).Debit
+						if op == 1 {
+							f = weir.NewLimiter(s).Refund
+						}
+						res[j], errs[j] = f(ctx, k, l, 1+n*3)
+					}
+				case op < 4:
 					for j, s := range stores {
 						var out [1]weir.Result
 						errs[j] = s.Do(ctx, []weir.Request{{Key: k, Limit: l, N: max(n, 1), Mode: weir.ModeAtMost}}, out[:])
 						res[j] = out[0]
 					}
-				} else {
+				default:
 					for j, s := range stores {
 						res[j], errs[j] = s.Take(ctx, k, l, n)
 					}

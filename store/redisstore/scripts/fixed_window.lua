@@ -6,12 +6,13 @@
 
 -- fw_count mirrors fwCount: the count of window w, capped at the rate (a
 -- lowered limit); 0 in a later window, unless the state is in debt, whose
--- excess carries on, paid back at carry_rate per window.
+-- excess carries on, paid back at carry_rate per window. A calendar
+-- window's debt does not carry: each calendar period starts empty.
 local function fw_count(p, s, w)
   local count = s.count
   if s.window ~= w then
     count = 0 -- a new window starts empty
-    if s.debt and s.window < w then
+    if s.debt and s.window < w and not p.cal then
       local r = carry_rate(p, s)
       local k = w - s.window
       if k <= idiv(s.count, r) then
@@ -35,6 +36,9 @@ ALG.fixed_window = {
     local w, wend = fw_window(p, now) -- the window now falls in
     local count = fw_count(p, s, w)
     local r = carry_rate(p, s) -- what a count over the rate pays back per window
+    if p.cal then
+      r = max(count, p.rate) -- no debt carries: the next window is empty
+    end
     local g = grant(cost, p.rate - count, mode)
     local fin = wend - now -- µs until this window ends
     if g == 0 then
@@ -123,6 +127,9 @@ ALG.fixed_window = {
   -- refund: the g events counted at take_now leave the count, if that
   -- window is still the stored one (a later window forgot them anyway).
   refund = function(p, s, take_now, now, g)
+    if p.cal and take_now < p.cal[1] then
+      return false -- before the window before now's: long forgotten
+    end
     if s.window ~= fw_window(p, take_now) or s.count == 0 then
       return false
     end
