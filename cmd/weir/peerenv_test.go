@@ -388,6 +388,7 @@ func TestServeAsAIGatewayRatelimit(t *testing.T) {
 		"CONFIG_GRPC_XDS_SERVER_URL": xds.Addr, "GRPC_PORT": portOf(grpcAddr), "GRPC_HOST": "127.0.0.1",
 		"HOST": "127.0.0.1", "PORT": portOf(httpAddr),
 		"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL": "50ms", "XDS_CLIENT_BACKOFF_MAX_INTERVAL": "200ms",
+		"REDIS_TIMEOUT": "10s", // the peer's default; a loaded machine must not hand decisions to on_error
 	}
 	args := asPeer([]string{"/bin/ratelimit", "--quotaRateLimitServiceAddr=envoy-ai-gateway-ratelimit.envoy-gateway-system"}, io.Discard)
 	base, _, _ := startServe(t, env, args[1:]...)
