@@ -344,7 +344,7 @@ func TestCostBesideOtherRulesSettlesLate(t *testing.T) {
 // redisOn is a redisstore on addrs with c's clock, closed when t ends.
 func redisOn(t *testing.T, c *clock, addrs []string) weir.Store {
 	t.Helper()
-	s, err := redisstore.New(context.Background(), redisstore.Config{Addrs: addrs, Clock: c.Now, Timeout: 5 * time.Second})
+	s, err := redisstore.New(context.Background(), redisstore.Config{Addrs: addrs, Clock: c.Now, Timeout: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
