@@ -92,24 +92,24 @@ func TestReservationsBoundedInMemory(t *testing.T) {
 	srv.resv = newMemReservations(srv.now, 3)
 	var ids []string
 	for range 3 {
-		_, d, b := post(t, ts.URL+"/v1/reserve", `{"rule":"tokens","key":"k","estimate":10}`)
+		_, d, b := post(t, ts.URL+"/v1/reserve", `{"rule":"daily","key":"k","estimate":10}`)
 		id, _ := d["reservation"].(string)
 		if id == "" {
 			t.Fatalf("reserve: %s", b)
 		}
 		ids = append(ids, id)
 	}
-	code, _, b := post(t, ts.URL+"/v1/reserve", `{"rule":"tokens","key":"k","estimate":10}`)
+	code, _, b := post(t, ts.URL+"/v1/reserve", `{"rule":"daily","key":"k","estimate":10}`)
 	if code != 503 || !strings.Contains(b, "too many open reservations") || !strings.Contains(b, "settle some first") {
 		t.Fatalf("a 4th open reservation of 3: %d %s, want 503 naming the bound", code, b)
 	}
-	if _, d, _ := post(t, ts.URL+"/v1/check", `{"rule":"tokens","key":"k","hits":0}`); d["remaining"].(float64) != 70 {
-		t.Fatalf("a refused reservation kept its estimate: %v remaining, want 70", d["remaining"])
+	if _, d, _ := post(t, ts.URL+"/v1/check", `{"rule":"daily","key":"k","hits":0}`); d["remaining"].(float64) != 970 {
+		t.Fatalf("a refused reservation kept its estimate: %v remaining, want 970", d["remaining"])
 	}
 	if code, _, b := post(t, ts.URL+"/v1/settle", `{"reservation":"`+ids[0]+`","actual":10}`); code != 200 {
 		t.Fatalf("settle: %d %s", code, b)
 	}
-	if _, d, b := post(t, ts.URL+"/v1/reserve", `{"rule":"tokens","key":"k","estimate":10}`); d["reservation"] == "" {
+	if _, d, b := post(t, ts.URL+"/v1/reserve", `{"rule":"daily","key":"k","estimate":10}`); d["reservation"] == "" {
 		t.Fatalf("a settled reservation made no room: %s", b)
 	}
 }
