@@ -52,6 +52,9 @@ type Event struct {
 	// Threshold is the share of the limit crossed (KindThreshold), 0
 	// otherwise.
 	Threshold float64 `json:"threshold"`
+	// Seq numbers the store's events from 1 without gaps: a reader that
+	// sees one skipped knows how many the bound dropped.
+	Seq uint64 `json:"-"`
 }
 
 // A Rule is a rule's event settings.
@@ -179,9 +182,8 @@ type Store interface {
 	// by rule name (weir.Key's first part). An empty map turns events off.
 	SetEventRules(rules map[string]Rule) error
 	// Events returns up to n events recorded after the event since ("" for
-	// the oldest kept), oldest first, and how many events after since the
-	// store has already dropped to keep its bound.
-	Events(ctx context.Context, since string, n int) ([]Event, int64, error)
+	// the oldest kept), oldest first.
+	Events(ctx context.Context, since string, n int) ([]Event, error)
 }
 
 // CheckRules validates a rule set.
@@ -219,6 +221,7 @@ func (g *Ring) Add(e Event) {
 	defer g.mu.Unlock()
 	g.seq++
 	e.ID = strconv.FormatInt(e.Time.UnixMilli(), 10) + "-" + strconv.FormatUint(g.seq, 10)
+	e.Seq = g.seq
 	if len(g.buf) < g.bound {
 		g.buf = append(g.buf, e)
 		return
@@ -239,27 +242,24 @@ func SeqOf(id string) (uint64, error) {
 	return v, nil
 }
 
-// Since returns up to n events after since, oldest first, and how many
-// events after since the ring has overwritten.
-func (g *Ring) Since(since string, n int) ([]Event, int64, error) {
+// Since returns up to n events after since, oldest first.
+func (g *Ring) Since(since string, n int) ([]Event, error) {
 	after, err := SeqOf(since)
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
 	n = min(max(n, 0), MaxList)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	oldest := g.seq - uint64(len(g.buf)) + 1 // the seq of the oldest kept
-	var dropped int64
 	if after+1 < oldest {
-		dropped = int64(oldest - after - 1)
 		after = oldest - 1
 	}
 	var out []Event
 	for s := after + 1; s <= g.seq && len(out) < n; s++ {
 		out = append(out, g.buf[int((s-1)%uint64(g.bound))])
 	}
-	return out, dropped, nil
+	return out, nil
 }
 
 // Sorted returns a copy of rules' names, sorted: for stable output.

@@ -54,13 +54,12 @@ func (s *Store) SetEventRules(rules map[string]events.Rule) error {
 	return nil
 }
 
-// Events implements events.Store. Events the ring has overwritten count
-// as dropped, and so do events a full shard of markers could not record.
-func (s *Store) Events(ctx context.Context, since string, n int) ([]events.Event, int64, error) {
+// Events implements events.Store.
+func (s *Store) Events(ctx context.Context, since string, n int) ([]events.Event, error) {
 	st := s.evts.Load()
 	if st == nil {
 		_, err := events.SeqOf(since)
-		return nil, 0, err
+		return nil, err
 	}
 	return st.ring.Since(since, n)
 }

@@ -44,7 +44,7 @@ func TestEventsWindowSliding(t *testing.T) {
 	}
 	count := func() int {
 		t.Helper()
-		evs, _, err := s.Events(ctx, "", 100)
+		evs, err := s.Events(ctx, "", 100)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -72,7 +72,7 @@ func TestEventsWindowSliding(t *testing.T) {
 	}
 	take(1)
 	take(1)
-	evs, _, _ := s.Events(ctx, "", 100)
+	evs, _ := s.Events(ctx, "", 100)
 	if len(evs) != 3 || evs[2].Kind != events.KindRefused || evs[2].Key != k || evs[2].Rule != "r" {
 		t.Fatalf("events %+v, want a third: the first refusal", evs)
 	}
@@ -87,7 +87,7 @@ func TestEventsOff(t *testing.T) {
 	for range 3 {
 		s.Take(ctx, weir.Key("other", "x"), l, 1)
 	}
-	if evs, _, err := s.Events(ctx, "", 10); err != nil || len(evs) != 0 {
+	if evs, err := s.Events(ctx, "", 10); err != nil || len(evs) != 0 {
 		t.Fatalf("Events = %v, %v; want none", evs, err)
 	}
 	if err := s.SetEventRules(map[string]events.Rule{"r": {Thresholds: []float64{1}}}); err != nil {
@@ -96,10 +96,10 @@ func TestEventsOff(t *testing.T) {
 	for range 3 {
 		s.Take(ctx, weir.Key("other", "x"), l, 1)
 	}
-	if evs, _, err := s.Events(ctx, "", 10); err != nil || len(evs) != 0 {
+	if evs, err := s.Events(ctx, "", 10); err != nil || len(evs) != 0 {
 		t.Fatalf("Events = %v, %v; want none for a rule without events", evs, err)
 	}
-	if _, _, err := s.Events(ctx, "nonsense", 10); err == nil {
+	if _, err := s.Events(ctx, "nonsense", 10); err == nil {
 		t.Fatal("Events(since=nonsense) did not fail")
 	}
 	if err := s.SetEventRules(map[string]events.Rule{"r": {Thresholds: []float64{0.9, 0.5}}}); err == nil {

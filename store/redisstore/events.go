@@ -1,0 +1,137 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/algorithm"
+	"github.com/weir-dev/weir/internal/events"
+)
+
+// Events (internal/events): a decision on a key whose rule has events
+// runs events.lua, which decides as take.lua does and then, in the same
+// atomic step, makes the crossing check against the key's marker, the
+// hash "<prefix>:{<tag>}:evt" (in the slot of the key's state, expiring
+// with its window), and appends what fires to the stream
+// "<prefix>:events", capped at about events.DefaultBound entries (XADD
+// MAXLEN ~). "<prefix>:events:seq" numbers the events. So each crossing
+// is recorded once per key, threshold and window whichever instance
+// decided. Every other decision runs take.lua unchanged, and a store
+// without event rules pays one atomic load.
+//
+// The stream is one key, so events need a single Redis (or Sentinel):
+// on a Cluster, SetEventRules fails with weir.ErrUnsupported. Decisions
+// of several requests at once (Do with a batch) record no events.
+
+// evState is the store's event rules, replaced whole.
+type evState struct {
+	rules map[string]redisEvRule
+}
+
+type redisEvRule struct {
+	rule events.Rule
+	arg  string // the thresholds as events.lua reads them
+}
+
+func (s *Store) evStream() string { return s.prefix + ":events" }
+
+// SetEventRules implements events.Store.
+func (s *Store) SetEventRules(rules map[string]events.Rule) error {
+	if err := events.CheckRules(rules); err != nil {
+		return err
+	}
+	if len(rules) == 0 {
+		s.evts.Store(nil)
+		return nil
+	}
+	if s.cluster || s.conn.clusterAsked {
+		return fmt.Errorf("%w: events need one Redis, not a Cluster", weir.ErrUnsupported)
+	}
+	st := &evState{rules: make(map[string]redisEvRule, len(rules))}
+	for name, r := range rules {
+		r.Thresholds = append([]float64(nil), r.Thresholds...)
+		st.rules[name] = redisEvRule{rule: r, arg: r.Arg()}
+	}
+	s.evts.Store(st)
+	return nil
+}
+
+// takeEvents is takeAlone for a key whose rule r has events.
+func (s *Store) takeEvents(ctx context.Context, c *compiled, k keyNames, key, rule string, r *redisEvRule, n int64, mode algorithm.Mode, id string) ([9]int64, error) {
+	end := "p"
+	switch {
+	case c.p.Kind == algorithm.FixedWindow && c.p.Calendar == 0:
+		end = "f"
+	case c.p.Kind == algorithm.FixedWindow:
+		end = "r"
+	}
+	period := c.p.Period
+	keys := []string{k.state, k.block, s.prefix + ":{" + k.tag + "}:evt", s.evStream(), s.evStream() + ":seq"}
+	args := []string{s.nowArg(), strconv.FormatInt(n, 10), modeArg(mode), id, s.argOf(c),
+		r.arg, rule, key, strconv.Itoa(events.DefaultBound), end, strconv.FormatInt(period, 10)}
+	var buf [9]int64
+	vals, err := s.eval(ctx, &eventRoutines[c.p.Kind], keys, args, buf[:0])
+	if err == nil && len(vals) != 9 {
+		err = fmt.Errorf("unexpected reply of %d values", len(vals))
+	}
+	if err != nil {
+		return [9]int64{}, err
+	}
+	return buf, nil
+}
+
+// Events implements events.Store.
+func (s *Store) Events(ctx context.Context, since string, n int) ([]events.Event, error) {
+	start := "-"
+	if since != "" {
+		if !validStreamID(since) {
+			return nil, fmt.Errorf("events: since %q is not an event id", since)
+		}
+		start = "(" + since
+	}
+	n = min(max(n, 0), events.MaxList)
+	if n == 0 {
+		return nil, nil
+	}
+	ctx, cancel := s.withDeadline(ctx)
+	defer cancel()
+	es, err := s.client.Do(ctx, s.client.B().Xrange().Key(s.evStream()).Start(start).End("+").Count(int64(n)).Build()).AsXRange()
+	if err != nil {
+		return nil, fmt.Errorf("%w: events: %w", weir.ErrStore, err)
+	}
+	return decodeEvents(es), nil
+}
+
+// decodeEvents reads stream entries that events.lua wrote.
+func decodeEvents(es []rueidis.XRangeEntry) []events.Event {
+	out := make([]events.Event, 0, len(es))
+	for _, e := range es {
+		f := e.FieldValues
+		ev := events.Event{ID: e.ID, Rule: f["rule"], Key: f["key"], Kind: f["kind"]}
+		t, _ := strconv.ParseInt(f["t"], 10, 64)
+		ev.Time = time.UnixMicro(t).UTC()
+		if pm, err := strconv.ParseInt(f["pm"], 10, 64); err == nil {
+			ev.Threshold = float64(pm) / 1000
+		}
+		ev.Seq, _ = strconv.ParseUint(f["n"], 10, 64)
+		out = append(out, ev)
+	}
+	return out
+}
+
+// validStreamID reports whether id reads as a stream ID "<ms>-<seq>".
+func validStreamID(id string) bool {
+	ms, seq, ok := strings.Cut(id, "-")
+	if !ok {
+		return false
+	}
+	_, err1 := strconv.ParseUint(ms, 10, 64)
+	_, err2 := strconv.ParseUint(seq, 10, 64)
+	return err1 == nil && err2 == nil
+}
