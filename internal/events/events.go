@@ -186,6 +186,34 @@ type Store interface {
 	Events(ctx context.Context, since string, n int) ([]Event, error)
 }
 
+var (
+	adaptersMu sync.Mutex
+	adapters   []func(any) Store
+)
+
+// Register adds a way to find the events.Store of a store: memstore and
+// redisstore register theirs, whose methods are unexported.
+func Register(f func(any) Store) {
+	adaptersMu.Lock()
+	defer adaptersMu.Unlock()
+	adapters = append(adapters, f)
+}
+
+// Of returns the events.Store of store, if it records events.
+func Of(store any) (Store, bool) {
+	if s, ok := store.(Store); ok {
+		return s, true
+	}
+	adaptersMu.Lock()
+	defer adaptersMu.Unlock()
+	for _, f := range adapters {
+		if s := f(store); s != nil {
+			return s, true
+		}
+	}
+	return nil, false
+}
+
 // CheckRules validates a rule set.
 func CheckRules(rules map[string]Rule) error {
 	if len(rules) > MaxRules {

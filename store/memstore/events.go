@@ -16,6 +16,23 @@ import (
 // fires goes to a ring of events.DefaultBound.
 // Until SetEventRules is called a decision pays one atomic load.
 
+func init() {
+	events.Register(func(x any) events.Store {
+		if s, ok := x.(*Store); ok {
+			return eventsOf{s}
+		}
+		return nil
+	})
+}
+
+// eventsOf is a Store's events.Store (events.Of finds it).
+type eventsOf struct{ s *Store }
+
+func (e eventsOf) SetEventRules(rules map[string]events.Rule) error { return e.s.setEventRules(rules) }
+func (e eventsOf) Events(ctx context.Context, since string, n int) ([]events.Event, error) {
+	return e.s.events(ctx, since, n)
+}
+
 // evState is the store's event settings, replaced whole.
 type evState struct {
 	rules map[string]evRule
@@ -28,8 +45,8 @@ type evRule struct {
 	pm   []int64
 }
 
-// SetEventRules implements events.Store.
-func (s *Store) SetEventRules(rules map[string]events.Rule) error {
+// setEventRules implements events.Store.
+func (s *Store) setEventRules(rules map[string]events.Rule) error {
 	if err := events.CheckRules(rules); err != nil {
 		return err
 	}
@@ -54,8 +71,8 @@ func (s *Store) SetEventRules(rules map[string]events.Rule) error {
 	return nil
 }
 
-// Events implements events.Store.
-func (s *Store) Events(ctx context.Context, since string, n int) ([]events.Event, error) {
+// events implements events.Store.
+func (s *Store) events(ctx context.Context, since string, n int) ([]events.Event, error) {
 	st := s.evts.Load()
 	if st == nil {
 		_, err := events.SeqOf(since)

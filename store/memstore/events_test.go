@@ -21,7 +21,7 @@ func eventSize() eventtest.Size {
 
 func TestEventsExact(t *testing.T) {
 	s := memstore.New()
-	eventtest.Exact(t, "api", []eventtest.Store{s, s, s, s}, eventSize())
+	eventtest.Exact(t, "api", []weir.Store{s, s, s, s}, eventSize())
 }
 
 // A sliding algorithm's usage dips and rises: within the period started
@@ -30,7 +30,7 @@ func TestEventsExact(t *testing.T) {
 func TestEventsWindowSliding(t *testing.T) {
 	now := time.Unix(1_000_000, 0)
 	s := memstore.New(memstore.WithClock(func() time.Time { return now }))
-	if err := s.SetEventRules(map[string]events.Rule{"r": {Thresholds: []float64{0.5}}}); err != nil {
+	if err := ev(t, s).SetEventRules(map[string]events.Rule{"r": {Thresholds: []float64{0.5}}}); err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
@@ -44,7 +44,7 @@ func TestEventsWindowSliding(t *testing.T) {
 	}
 	count := func() int {
 		t.Helper()
-		evs, err := s.Events(ctx, "", 100)
+		evs, err := ev(t, s).Events(ctx, "", 100)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -72,7 +72,7 @@ func TestEventsWindowSliding(t *testing.T) {
 	}
 	take(1)
 	take(1)
-	evs, _ := s.Events(ctx, "", 100)
+	evs, _ := ev(t, s).Events(ctx, "", 100)
 	if len(evs) != 3 || evs[2].Kind != events.KindRefused || evs[2].Key != k || evs[2].Rule != "r" {
 		t.Fatalf("events %+v, want a third: the first refusal", evs)
 	}
@@ -87,22 +87,31 @@ func TestEventsOff(t *testing.T) {
 	for range 3 {
 		s.Take(ctx, weir.Key("other", "x"), l, 1)
 	}
-	if evs, err := s.Events(ctx, "", 10); err != nil || len(evs) != 0 {
+	if evs, err := ev(t, s).Events(ctx, "", 10); err != nil || len(evs) != 0 {
 		t.Fatalf("Events = %v, %v; want none", evs, err)
 	}
-	if err := s.SetEventRules(map[string]events.Rule{"r": {Thresholds: []float64{1}}}); err != nil {
+	if err := ev(t, s).SetEventRules(map[string]events.Rule{"r": {Thresholds: []float64{1}}}); err != nil {
 		t.Fatal(err)
 	}
 	for range 3 {
 		s.Take(ctx, weir.Key("other", "x"), l, 1)
 	}
-	if evs, err := s.Events(ctx, "", 10); err != nil || len(evs) != 0 {
+	if evs, err := ev(t, s).Events(ctx, "", 10); err != nil || len(evs) != 0 {
 		t.Fatalf("Events = %v, %v; want none for a rule without events", evs, err)
 	}
-	if _, err := s.Events(ctx, "nonsense", 10); err == nil {
+	if _, err := ev(t, s).Events(ctx, "nonsense", 10); err == nil {
 		t.Fatal("Events(since=nonsense) did not fail")
 	}
-	if err := s.SetEventRules(map[string]events.Rule{"r": {Thresholds: []float64{0.9, 0.5}}}); err == nil {
+	if err := ev(t, s).SetEventRules(map[string]events.Rule{"r": {Thresholds: []float64{0.9, 0.5}}}); err == nil {
 		t.Fatal("descending thresholds were taken")
 	}
+}
+
+func ev(t *testing.T, s *memstore.Store) events.Store {
+	t.Helper()
+	e, ok := events.Of(s)
+	if !ok {
+		t.Fatal("memstore records no events")
+	}
+	return e
 }

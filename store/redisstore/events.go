@@ -29,6 +29,23 @@ import (
 // on a Cluster, SetEventRules fails with weir.ErrUnsupported. Decisions
 // of several requests at once (Do with a batch) record no events.
 
+func init() {
+	events.Register(func(x any) events.Store {
+		if s, ok := x.(*Store); ok {
+			return eventsOf{s}
+		}
+		return nil
+	})
+}
+
+// eventsOf is a Store's events.Store (events.Of finds it).
+type eventsOf struct{ s *Store }
+
+func (e eventsOf) SetEventRules(rules map[string]events.Rule) error { return e.s.setEventRules(rules) }
+func (e eventsOf) Events(ctx context.Context, since string, n int) ([]events.Event, error) {
+	return e.s.events(ctx, since, n)
+}
+
 // evState is the store's event rules, replaced whole.
 type evState struct {
 	rules map[string]redisEvRule
@@ -41,8 +58,8 @@ type redisEvRule struct {
 
 func (s *Store) evStream() string { return s.prefix + ":events" }
 
-// SetEventRules implements events.Store.
-func (s *Store) SetEventRules(rules map[string]events.Rule) error {
+// setEventRules implements events.Store.
+func (s *Store) setEventRules(rules map[string]events.Rule) error {
 	if err := events.CheckRules(rules); err != nil {
 		return err
 	}
@@ -86,8 +103,8 @@ func (s *Store) takeEvents(ctx context.Context, c *compiled, k keyNames, key, ru
 	return buf, nil
 }
 
-// Events implements events.Store.
-func (s *Store) Events(ctx context.Context, since string, n int) ([]events.Event, error) {
+// events implements events.Store.
+func (s *Store) events(ctx context.Context, since string, n int) ([]events.Event, error) {
 	start := "-"
 	if since != "" {
 		if !validStreamID(since) {

@@ -25,7 +25,7 @@ func eventSize() eventtest.Size {
 // identity, threshold and window.
 func TestEventsExact(t *testing.T) {
 	srv := redistest.Standalone(t)
-	var stores []eventtest.Store
+	var stores []weir.Store
 	for range 4 {
 		stores = append(stores, newTestStore(t, Config{Addrs: []string{srv.Addr}, Prefix: "ev"}))
 	}
@@ -35,7 +35,7 @@ func TestEventsExact(t *testing.T) {
 // The same through EVAL scripts, on a store without Functions.
 func TestEventsExactEval(t *testing.T) {
 	srv := redistest.Standalone(t)
-	var stores []eventtest.Store
+	var stores []weir.Store
 	for range 2 {
 		stores = append(stores, newTestStore(t, Config{Addrs: []string{srv.Addr}, Prefix: "ev", evalOnly: true}))
 	}
@@ -49,7 +49,7 @@ func TestEventsWindowSliding(t *testing.T) {
 	srv := redistest.Standalone(t)
 	clock := storetest.NewClock(storetest.Epoch)
 	s := newTestStore(t, Config{Addrs: []string{srv.Addr}, Clock: clock.Now, Prefix: "ev"})
-	if err := s.SetEventRules(map[string]events.Rule{"r": {Thresholds: []float64{0.5}}}); err != nil {
+	if err := (eventsOf{s}).SetEventRules(map[string]events.Rule{"r": {Thresholds: []float64{0.5}}}); err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
@@ -63,7 +63,7 @@ func TestEventsWindowSliding(t *testing.T) {
 	}
 	count := func() int {
 		t.Helper()
-		evs, err := s.Events(ctx, "", 100)
+		evs, err := (eventsOf{s}).Events(ctx, "", 100)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -90,16 +90,16 @@ func TestEventsWindowSliding(t *testing.T) {
 	}
 	take(1)
 	take(1)
-	evs, _ := s.Events(ctx, "", 100)
+	evs, _ := (eventsOf{s}).Events(ctx, "", 100)
 	if len(evs) != 3 || evs[2].Kind != events.KindRefused || evs[2].Key != k || evs[2].Rule != "r" || evs[0].Threshold != 0.5 {
 		t.Fatalf("events %+v, want two crossings of 0.5 and the first refusal", evs)
 	}
 	// since= pages.
-	rest, err := s.Events(ctx, evs[0].ID, 1)
+	rest, err := (eventsOf{s}).Events(ctx, evs[0].ID, 1)
 	if err != nil || len(rest) != 1 || rest[0].ID != evs[1].ID {
 		t.Fatalf("Events(since first, 1) = %+v, %v; want the second", rest, err)
 	}
-	if _, err := s.Events(ctx, "nonsense", 1); err == nil {
+	if _, err := (eventsOf{s}).Events(ctx, "nonsense", 1); err == nil {
 		t.Fatal("Events(since=nonsense) did not fail")
 	}
 }
@@ -107,7 +107,7 @@ func TestEventsWindowSliding(t *testing.T) {
 // Events on a Cluster are refused, clearly.
 func TestEventsClusterRefused(t *testing.T) {
 	s := &Store{cluster: true}
-	err := s.SetEventRules(map[string]events.Rule{"r": {Thresholds: []float64{1}}})
+	err := (eventsOf{s}).SetEventRules(map[string]events.Rule{"r": {Thresholds: []float64{1}}})
 	if !errors.Is(err, weir.ErrUnsupported) {
 		t.Fatalf("SetEventRules on a cluster = %v, want ErrUnsupported", err)
 	}

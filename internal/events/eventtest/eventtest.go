@@ -15,12 +15,6 @@ import (
 	"github.com/weir-dev/weir/internal/events"
 )
 
-// A Store is a weir.Store that records events.
-type Store interface {
-	weir.Store
-	events.Store
-}
-
 // Size is how hard Exact drives the stores.
 type Size struct {
 	Goroutines int // per instance
@@ -33,14 +27,20 @@ type Size struct {
 // hour under rule (thresholds 0.5, 0.8, 1.0), and checks that exactly one
 // event per identity, threshold and window was recorded, and one first
 // refusal.
-func Exact(t *testing.T, rule string, instances []Store, sz Size) {
+func Exact(t *testing.T, rule string, instances []weir.Store, sz Size) {
 	t.Helper()
 	ctx := context.Background()
 	rules := map[string]events.Rule{rule: {Thresholds: []float64{0.5, 0.8, 1.0}}}
-	for _, s := range instances {
-		if err := s.SetEventRules(rules); err != nil {
+	evs := make([]events.Store, len(instances))
+	for i, s := range instances {
+		e, ok := events.Of(s)
+		if !ok {
+			t.Fatalf("%T records no events", s)
+		}
+		if err := e.SetEventRules(rules); err != nil {
 			t.Fatal(err)
 		}
+		evs[i] = e
 	}
 	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 10, Period: time.Hour}
 	const calls = 13 // 10 admitted, 3 refused
@@ -97,7 +97,7 @@ func Exact(t *testing.T, rule string, instances []Store, sz Size) {
 	var all []events.Event
 	since := ""
 	for {
-		page, err := instances[0].Events(ctx, since, events.MaxList)
+		page, err := evs[0].Events(ctx, since, events.MaxList)
 		if err != nil {
 			t.Fatal(err)
 		}
