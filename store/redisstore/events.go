@@ -152,3 +152,71 @@ func validStreamID(id string) bool {
 	_, err2 := strconv.ParseUint(seq, 10, 64)
 	return err1 == nil && err2 == nil
 }
+
+// evGroup is the consumer group of the event stream that weir serve's
+// instances share: each event is delivered by one of them.
+const evGroup = "weir"
+
+// evIdle is how long an event may wait claimed by an instance before
+// another takes it over (the first crashed, or hangs on a receiver).
+const evIdle = time.Minute
+
+// Group implements events.Grouped.
+func (e eventsOf) Group(consumer string) events.Source {
+	return &groupSource{s: e.s, consumer: consumer}
+}
+
+// groupSource reads the event stream through the consumer group: XAUTOCLAIM
+// first takes over events another consumer claimed and left unacknowledged
+// past evIdle (its own, after a restart under the same name, too), then
+// XREADGROUP reads new ones; Ack is XACK.
+type groupSource struct {
+	s        *Store
+	consumer string
+	made     bool
+}
+
+func (g *groupSource) Claim(ctx context.Context, n int) ([]events.Event, error) {
+	s := g.s
+	ctx, cancel := s.withDeadline(ctx)
+	defer cancel()
+	if !g.made {
+		// From "0": the first instance ever delivers what the stream keeps.
+		err := s.client.Do(ctx, s.client.B().XgroupCreate().Key(s.evStream()).Group(evGroup).Id("0").Mkstream().Build()).Error()
+		if err != nil && !strings.Contains(err.Error(), "BUSYGROUP") {
+			return nil, fmt.Errorf("%w: events group: %w", weir.ErrStore, err)
+		}
+		g.made = true
+	}
+	arr, err := s.client.Do(ctx, s.client.B().Xautoclaim().Key(s.evStream()).Group(evGroup).Consumer(g.consumer).
+		MinIdleTime(strconv.FormatInt(evIdle.Milliseconds(), 10)).Start("0").Count(int64(n)).Build()).ToArray()
+	if err != nil {
+		return nil, fmt.Errorf("%w: events claim: %w", weir.ErrStore, err)
+	}
+	if len(arr) >= 2 {
+		if es, err := arr[1].AsXRange(); err == nil && len(es) > 0 {
+			return decodeEvents(es), nil
+		}
+	}
+	res, err := s.client.Do(ctx, s.client.B().Xreadgroup().Group(evGroup, g.consumer).Count(int64(n)).Streams().Key(s.evStream()).Id(">").Build()).AsXRead()
+	if rueidis.IsRedisNil(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: events read: %w", weir.ErrStore, err)
+	}
+	return decodeEvents(res[s.evStream()]), nil
+}
+
+func (g *groupSource) Ack(ctx context.Context, ids []string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	s := g.s
+	ctx, cancel := s.withDeadline(ctx)
+	defer cancel()
+	if err := s.client.Do(ctx, s.client.B().Xack().Key(s.evStream()).Group(evGroup).Id(ids...).Build()).Error(); err != nil {
+		return fmt.Errorf("%w: events ack: %w", weir.ErrStore, err)
+	}
+	return nil
+}

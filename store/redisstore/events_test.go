@@ -3,7 +3,13 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -110,5 +116,72 @@ func TestEventsClusterRefused(t *testing.T) {
 	err := (eventsOf{s}).SetEventRules(map[string]events.Rule{"r": {Thresholds: []float64{1}}})
 	if !errors.Is(err, weir.ErrUnsupported) {
 		t.Fatalf("SetEventRules on a cluster = %v, want ErrUnsupported", err)
+	}
+}
+
+// Two instances deliver through the consumer group to a receiver that
+// fails every other call: every event arrives, by idempotency key.
+func TestEventsGroupDelivery(t *testing.T) {
+	srv := redistest.Standalone(t)
+	secret := []byte("k")
+	var mu sync.Mutex
+	got := map[string]bool{}
+	var calls atomic.Int64
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if err := events.Verify(secret, r.Header.Get(events.SignatureHeader), body, time.Now(), time.Hour); err != nil {
+			t.Error(err)
+		}
+		if calls.Add(1)%2 == 1 {
+			http.Error(w, "down", http.StatusBadGateway)
+			return
+		}
+		mu.Lock()
+		got[r.Header.Get(events.IdempotencyHeader)] = true
+		mu.Unlock()
+	}))
+	defer hook.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	var stores []*Store
+	for i := range 2 {
+		s := newTestStore(t, Config{Addrs: []string{srv.Addr}, Prefix: "ev"})
+		if err := (eventsOf{s}).SetEventRules(map[string]events.Rule{"api": {Thresholds: []float64{0.5, 1}}}); err != nil {
+			t.Fatal(err)
+		}
+		stores = append(stores, s)
+		d := &events.Deliverer{Source: eventsOf{s}.Group(fmt.Sprint("c", i)), URL: func(string) string { return hook.URL },
+			Secret: secret, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, Poll: time.Millisecond}
+		wg.Add(1)
+		go func() { defer wg.Done(); d.Run(ctx) }()
+	}
+	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 4, Period: time.Hour}
+	for i := range 100 {
+		for j := range 5 {
+			if _, err := stores[j%2].Take(ctx, weir.Key("api", fmt.Sprint(i)), l, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	all, err := (eventsOf{stores[0]}).Events(ctx, "", events.MaxList)
+	if err != nil || len(all) != 300 {
+		t.Fatalf("%d events, %v; want 300", len(all), err)
+	}
+	for end := time.Now().Add(60 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		mu.Lock()
+		n := len(got)
+		mu.Unlock()
+		if n == len(all) {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("%d of %d events delivered", n, len(all))
+		}
+	}
+	for _, e := range all {
+		if !got[e.ID] {
+			t.Fatalf("event %s not delivered", e.ID)
+		}
 	}
 }
