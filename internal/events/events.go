@@ -6,6 +6,7 @@ package events
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -28,6 +29,9 @@ const (
 	MaxList = 1000
 )
 
+// ErrSince: a since that is not an event ID.
+var ErrSince = errors.New("events: since is not an event id")
+
 // Kinds of event.
 const (
 	// KindThreshold: a decision took the key's usage in its window from
@@ -47,8 +51,10 @@ type Event struct {
 	ID   string    `json:"id"`
 	Time time.Time `json:"time"`
 	Rule string    `json:"rule"`
-	Key  string    `json:"key"`
-	Kind string    `json:"kind"`
+	// Key is the identity, as the store key writes it (weir.Key's parts
+	// after the rule).
+	Key  string `json:"key"`
+	Kind string `json:"kind"`
 	// Threshold is the share of the limit crossed (KindThreshold), 0
 	// otherwise.
 	Threshold float64 `json:"threshold"`
@@ -160,13 +166,21 @@ func Check(pm []int64, m *Marker, now, windowEnd, limit, remaining, granted int6
 	return out
 }
 
-// Make builds the Event a Check fired for key under rule r at now (µs).
+// Make builds the Event a Check fired for the store key key under rule
+// r at now (µs).
 func Make(rule string, r *Rule, key string, f Fired, now int64) Event {
-	e := Event{Time: time.UnixMicro(now).UTC(), Rule: rule, Key: key, Kind: KindRefused}
+	e := Event{Time: time.UnixMicro(now).UTC(), Rule: rule, Key: IdentityOf(key), Kind: KindRefused}
 	if f >= 0 {
 		e.Kind, e.Threshold = KindThreshold, r.Thresholds[f]
 	}
 	return e
+}
+
+// IdentityOf returns the identity part of a store key, as events carry
+// it: what follows the rule and its ":".
+func IdentityOf(key string) string {
+	_, id, _ := strings.Cut(key, ":")
+	return id
 }
 
 // RuleOf returns the rule part of a store key (weir.Key's first part).
@@ -265,7 +279,7 @@ func SeqOf(id string) (uint64, error) {
 	_, s, ok := strings.Cut(id, "-")
 	v, err := strconv.ParseUint(s, 10, 64)
 	if !ok || err != nil {
-		return 0, fmt.Errorf("events: since %q is not an event id", id)
+		return 0, fmt.Errorf("%w: %q", ErrSince, id)
 	}
 	return v, nil
 }

@@ -142,8 +142,10 @@ type Counters interface {
 type Deliverer struct {
 	Source Source
 	// URL returns the webhook of a rule's events, "" for none.
-	URL    func(rule string) string
-	Secret []byte
+	URL func(rule string) string
+	// Secret returns the key webhooks are signed with (it may change on
+	// a reload).
+	Secret func() []byte
 	// Timeout bounds each call (default 5 s).
 	Timeout time.Duration
 	// MinBackoff and MaxBackoff bound the wait between tries (default
@@ -244,7 +246,7 @@ func (d *Deliverer) post(ctx context.Context, url, id string, body []byte) strin
 		now = d.Now
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(SignatureHeader, Sign(d.Secret, now(), body))
+	req.Header.Set(SignatureHeader, Sign(d.Secret(), now(), body))
 	req.Header.Set(IdempotencyHeader, id)
 	client := d.Client
 	if client == nil {

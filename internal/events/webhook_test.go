@@ -145,7 +145,7 @@ func TestDeliverHalfFailing(t *testing.T) {
 	cs := newCounters()
 	d := &events.Deliverer{
 		Source: &events.Cursor{Store: ev}, URL: func(rule string) string { return srv.URL },
-		Secret: secret, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, Poll: time.Millisecond, Counters: cs,
+		Secret: func() []byte { return secret }, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, Poll: time.Millisecond, Counters: cs,
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -198,7 +198,7 @@ func TestDeliverHangingReceiver(t *testing.T) {
 	defer close(release)
 	d := &events.Deliverer{
 		Source: &events.Cursor{Store: ev}, URL: func(string) string { return srv.URL },
-		Secret: secret, Timeout: time.Hour, Poll: time.Millisecond,
+		Secret: func() []byte { return secret }, Timeout: time.Hour, Poll: time.Millisecond,
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -258,7 +258,7 @@ func TestDeliverCountsDropped(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { delivered.Add(1) }))
 	defer srv.Close()
 	cs := newCounters()
-	d := &events.Deliverer{Source: cur, URL: func(string) string { return srv.URL }, Secret: secret, Poll: time.Millisecond, Counters: cs}
+	d := &events.Deliverer{Source: cur, URL: func(string) string { return srv.URL }, Secret: func() []byte { return secret }, Poll: time.Millisecond, Counters: cs}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { d.Run(ctx); close(done) }()

@@ -73,7 +73,7 @@ func TestEventsWindowSliding(t *testing.T) {
 	take(1)
 	take(1)
 	evs, _ := ev(t, s).Events(ctx, "", 100)
-	if len(evs) != 3 || evs[2].Kind != events.KindRefused || evs[2].Key != k || evs[2].Rule != "r" {
+	if len(evs) != 3 || evs[2].Kind != events.KindRefused || evs[2].Key != "x" || evs[2].Rule != "r" {
 		t.Fatalf("events %+v, want a third: the first refusal", evs)
 	}
 }

@@ -91,7 +91,7 @@ func (s *Store) takeEvents(ctx context.Context, c *compiled, k keyNames, key, ru
 	period := c.p.Period
 	keys := []string{k.state, k.block, s.prefix + ":{" + k.tag + "}:evt", s.evStream(), s.evStream() + ":seq"}
 	args := []string{s.nowArg(), strconv.FormatInt(n, 10), modeArg(mode), id, s.argOf(c),
-		r.arg, rule, key, strconv.Itoa(events.DefaultBound), end, strconv.FormatInt(period, 10)}
+		r.arg, rule, events.IdentityOf(key), strconv.Itoa(events.DefaultBound), end, strconv.FormatInt(period, 10)}
 	var buf [9]int64
 	vals, err := s.eval(ctx, &eventRoutines[c.p.Kind], keys, args, buf[:0])
 	if err == nil && len(vals) != 9 {
@@ -108,7 +108,7 @@ func (s *Store) events(ctx context.Context, since string, n int) ([]events.Event
 	start := "-"
 	if since != "" {
 		if !validStreamID(since) {
-			return nil, fmt.Errorf("events: since %q is not an event id", since)
+			return nil, fmt.Errorf("%w: %q", events.ErrSince, since)
 		}
 		start = "(" + since
 	}

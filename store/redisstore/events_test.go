@@ -97,7 +97,7 @@ func TestEventsWindowSliding(t *testing.T) {
 	take(1)
 	take(1)
 	evs, _ := (eventsOf{s}).Events(ctx, "", 100)
-	if len(evs) != 3 || evs[2].Kind != events.KindRefused || evs[2].Key != k || evs[2].Rule != "r" || evs[0].Threshold != 0.5 {
+	if len(evs) != 3 || evs[2].Kind != events.KindRefused || evs[2].Key != "x" || evs[2].Rule != "r" || evs[0].Threshold != 0.5 {
 		t.Fatalf("events %+v, want two crossings of 0.5 and the first refusal", evs)
 	}
 	// since= pages.
@@ -152,7 +152,7 @@ func TestEventsGroupDelivery(t *testing.T) {
 		}
 		stores = append(stores, s)
 		d := &events.Deliverer{Source: eventsOf{s}.Group(fmt.Sprint("c", i)), URL: func(string) string { return hook.URL },
-			Secret: secret, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, Poll: time.Millisecond}
+			Secret: func() []byte { return secret }, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, Poll: time.Millisecond}
 		wg.Add(1)
 		go func() { defer wg.Done(); d.Run(ctx) }()
 	}

@@ -12,7 +12,7 @@
 -- ARGV[1..5]  as take.lua
 -- ARGV[6]     the thresholds, in thousandths of the limit: "800,950,1000"
 -- ARGV[7]     the rule
--- ARGV[8]     the key (weir.Key)
+-- ARGV[8]     the identity: the key (weir.Key) after its rule
 -- ARGV[9]     the stream's bound (XADD MAXLEN ~)
 -- ARGV[10]    how a window that starts now ends: 'f' at the fixed window's
 --             end (ARGV[11] its period in µs), 'r' after the decision's
