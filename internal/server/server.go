@@ -268,10 +268,10 @@ type Server struct {
 	version string
 
 	base   atomic.Pointer[config.Config] // the config file's (or WithConfig's) content
+	holder *policy.Holder
 	// evCfg is the events config in force (events.go); evCounters its metrics.
 	evCfg      evCfgPointer
 	evCounters *eventCounters
-	holder *policy.Holder
 	// The store stack (composeStore): every decision enters at stack.
 	stack weir.Store        // deny cache → guard → tracing → store
 	deny  *denycache.Store  // the deny cache in front of a Redis store; nil without
