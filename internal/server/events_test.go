@@ -8,10 +8,12 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/weir-dev/weir/internal/events"
+	"github.com/weir-dev/weir/internal/redistest"
 )
 
 const eventsConfig = `
@@ -136,5 +138,68 @@ func TestEventsServeSecretMissing(t *testing.T) {
 		WithLookupEnv(func(string) (string, bool) { return "", false }))
 	if err == nil || !strings.Contains(err.Error(), "HOOK_SECRET") {
 		t.Fatalf("New = %v, want an error naming HOOK_SECRET", err)
+	}
+}
+
+// Two instances on one Redis: a key's crossings, decided on both, fire
+// once each; the instances share delivery through the consumer group, and
+// a receiver failing every other call still gets every event.
+func TestEventsServeRedis(t *testing.T) {
+	r := redistest.Standalone(t)
+	const secret = "hook-secret-value"
+	var mu sync.Mutex
+	got := map[string]int{}
+	var calls atomic.Int64
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		body, _ := io.ReadAll(req.Body)
+		if err := events.Verify([]byte(secret), req.Header.Get(events.SignatureHeader), body, time.Now(), time.Hour); err != nil {
+			t.Errorf("webhook: %v", err)
+		}
+		if calls.Add(1)%2 == 1 {
+			http.Error(w, "down", http.StatusServiceUnavailable)
+			return
+		}
+		mu.Lock()
+		got[req.Header.Get(events.IdempotencyHeader)]++
+		mu.Unlock()
+	}))
+	defer hook.Close()
+	env := func(k string) (string, bool) { return secret, k == "HOOK_SECRET" }
+	cfg := fmt.Sprintf(eventsConfig, hook.URL) + "store:\n  timeout: 2s\n"
+	opts := []Option{WithConfig(mustParse(t, cfg)), WithLookupEnv(env), func(o *options) { o.eventPoll, o.webhookBackoff = time.Millisecond, time.Millisecond }}
+	_, baseA := newRedisServer(t, r.Addr, "a", opts...)
+	_, baseB := newRedisServer(t, r.Addr, "b", opts...)
+	var wg sync.WaitGroup
+	for i := range 20 {
+		for j := range 6 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, err := checkFresh([]string{baseA, baseB}[j%2], "api", fmt.Sprint("k", i)); err != nil {
+					t.Error(err)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	_, b := call(t, "GET", baseB+"/v1/events?limit=1000", "", bearer(token)...)
+	var list struct{ Events []events.Event }
+	if err := json.Unmarshal(b, &list); err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Events) != 60 {
+		t.Fatalf("%d events, want 60 (two thresholds and a refusal for each of 20 keys)", len(list.Events))
+	}
+	eventually(t, 60*time.Second, "every event delivered", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got) == 60
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for _, e := range list.Events {
+		if got[e.ID] == 0 {
+			t.Fatalf("event %s not delivered", e.ID)
+		}
 	}
 }
