@@ -27,7 +27,8 @@ import (
 //
 // The stream is one key, so events need a single Redis (or Sentinel):
 // on a Cluster, SetEventRules fails with weir.ErrUnsupported. Decisions
-// of several requests at once (Do with a batch) record no events.
+// of several requests at once (Do with a batch, multi.lua) record their
+// events after the batch (markBatch).
 
 func init() {
 	events.Register(func(x any) events.Store {
@@ -79,8 +80,9 @@ func (s *Store) setEventRules(rules map[string]events.Rule) error {
 	return nil
 }
 
-// takeEvents is takeAlone for a key whose rule r has events.
-func (s *Store) takeEvents(ctx context.Context, c *compiled, k keyNames, key, rule string, r *redisEvRule, n int64, mode algorithm.Mode, id string) ([9]int64, error) {
+// evArgs are events.lua's settings of a decision under c on key: the
+// thresholds, rule, identity, bound, how its window ends and the period.
+func (s *Store) evArgs(c *compiled, key, rule string, r *redisEvRule) []string {
 	end := "p"
 	switch {
 	case c.p.Kind == algorithm.FixedWindow && c.p.Calendar == 0:
@@ -88,10 +90,48 @@ func (s *Store) takeEvents(ctx context.Context, c *compiled, k keyNames, key, ru
 	case c.p.Kind == algorithm.FixedWindow:
 		end = "r"
 	}
-	period := c.p.Period
-	keys := []string{k.state, k.block, s.prefix + ":{" + k.tag + "}:evt", s.evStream(), s.evStream() + ":seq"}
-	args := []string{s.nowArg(), strconv.FormatInt(n, 10), modeArg(mode), id, s.argOf(c),
-		r.arg, rule, events.IdentityOf(key), strconv.Itoa(events.DefaultBound), end, strconv.FormatInt(period, 10)}
+	return []string{r.arg, rule, events.IdentityOf(key), strconv.Itoa(events.DefaultBound), end, strconv.FormatInt(c.p.Period, 10)}
+}
+
+// evKeys are the marker, stream and counter keys of a key's events.
+func (s *Store) evKeys(k keyNames) []string {
+	return []string{s.prefix + ":{" + k.tag + "}:evt", s.evStream(), s.evStream() + ":seq"}
+}
+
+// markBatch records the events of a batch's decisions whose rules have
+// events (multi.lua records none): one events_mark call each, after the
+// batch, at now(i), the time request i was decided at. The marker keeps
+// each crossing to one event; an event is lost only if the call fails
+// (or the process stops) between the batch and its mark.
+func (s *Store) markBatch(ctx context.Context, items []item, results []weir.Result, now func(i int) int64) {
+	e := s.evts.Load()
+	if e == nil {
+		return
+	}
+	for i := range items {
+		it := &items[i]
+		rule := events.RuleOf(it.req.Key)
+		r, ok := e.rules[rule]
+		if !ok {
+			continue
+		}
+		res := &results[i]
+		allowed := "0"
+		if res.Allowed {
+			allowed = "1"
+		}
+		f := func(v int64) string { return strconv.FormatInt(v, 10) }
+		args := append(s.evArgs(it.c, it.req.Key, rule, &r), allowed, f(res.Granted), f(res.Limit), f(res.Remaining),
+			f(res.ResetAfter.Microseconds()), f(now(i)), f(it.n))
+		// The decision stands; a failed mark loses its events only.
+		_, _ = s.call(ctx, &markRoutine, s.evKeys(it.k), args)
+	}
+}
+
+// takeEvents is takeAlone for a key whose rule r has events.
+func (s *Store) takeEvents(ctx context.Context, c *compiled, k keyNames, key, rule string, r *redisEvRule, n int64, mode algorithm.Mode, id string) ([9]int64, error) {
+	keys := append([]string{k.state, k.block}, s.evKeys(k)...)
+	args := append([]string{s.nowArg(), strconv.FormatInt(n, 10), modeArg(mode), id, s.argOf(c)}, s.evArgs(c, key, rule, r)...)
 	var buf [9]int64
 	vals, err := s.eval(ctx, &eventRoutines[c.p.Kind], keys, args, buf[:0])
 	if err == nil && len(vals) != 9 {

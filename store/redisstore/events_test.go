@@ -185,3 +185,71 @@ func TestEventsGroupDelivery(t *testing.T) {
 		}
 	}
 }
+
+// Batches of two rules (one with events) on two instances: the batch's
+// events are recorded after it, still once per key, threshold and window.
+func TestEventsBatchExact(t *testing.T) {
+	srv := redistest.Standalone(t)
+	ctx := context.Background()
+	var stores []*Store
+	for i := range 2 {
+		// One with Functions, one with EVAL scripts.
+		s := newTestStore(t, Config{Addrs: []string{srv.Addr}, Prefix: "ev", evalOnly: i == 1})
+		if err := (eventsOf{s}).SetEventRules(map[string]events.Rule{"api": {Thresholds: []float64{0.5, 0.8, 1}}}); err != nil {
+			t.Fatal(err)
+		}
+		stores = append(stores, s)
+	}
+	lim := weir.Limit{Algorithm: weir.FixedWindow, Rate: 10, Period: time.Hour}
+	wide := weir.Limit{Algorithm: weir.GCRA, Rate: 1000, Period: time.Hour}
+	const ids, calls = 50, 13
+	work := make(chan int, ids*calls)
+	for i := range ids {
+		for range calls {
+			work <- i
+		}
+	}
+	close(work)
+	var wg sync.WaitGroup
+	var admitted atomic.Int64
+	for g := range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				reqs := []weir.Request{
+					{Key: weir.Key("api", fmt.Sprint("id", i)), Limit: lim, N: 1},
+					{Key: weir.Key("other", fmt.Sprint("id", i)), Limit: wide, N: 1},
+				}
+				res := make([]weir.Result, 2)
+				if err := stores[g%2].Do(ctx, reqs, res); err != nil {
+					t.Error(err)
+					return
+				}
+				if res[0].Allowed {
+					admitted.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	all, err := (eventsOf{stores[0]}).Events(ctx, "", events.MaxList)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	for _, e := range all {
+		if e.Rule != "api" {
+			t.Fatalf("event of rule %q", e.Rule)
+		}
+		seen[fmt.Sprint(e.Key, e.Kind, e.Threshold)]++
+	}
+	for k, n := range seen {
+		if n != 1 {
+			t.Fatalf("%s: %d events, want 1", k, n)
+		}
+	}
+	if admitted.Load() != ids*10 || len(all) != ids*4 {
+		t.Fatalf("admitted %d, %d events; want %d and %d", admitted.Load(), len(all), ids*10, ids*4)
+	}
+}
