@@ -135,8 +135,11 @@ func newEventCounters(reg *prometheus.Registry) *eventCounters {
 	return c
 }
 
+// Event implements events.Counters.
 func (c *eventCounters) Event(kind string)      { c.kinds.WithLabelValues(kind).Inc() }
+// Delivery implements events.Counters.
 func (c *eventCounters) Delivery(result string) { c.deliveries.WithLabelValues(result).Inc() }
+// Dropped implements events.Counters.
 func (c *eventCounters) Dropped(n int64)        { c.dropped.Add(float64(n)) }
 
 // serverSource reads events for delivery while a rule has events.
@@ -145,6 +148,7 @@ type serverSource struct {
 	src events.Source
 }
 
+// Claim implements events.Source: nothing while no rule has events.
 func (ss serverSource) Claim(ctx context.Context, n int) ([]events.Event, error) {
 	if ec := ss.s.evCfg.Load(); ec == nil || !ec.on {
 		return nil, nil
@@ -152,6 +156,7 @@ func (ss serverSource) Claim(ctx context.Context, n int) ([]events.Event, error)
 	return ss.src.Claim(ctx, n)
 }
 
+// Ack implements events.Source.
 func (ss serverSource) Ack(ctx context.Context, ids []string) error { return ss.src.Ack(ctx, ids) }
 
 // eventLoop delivers the events' webhooks until ctx ends.

@@ -28,7 +28,9 @@ func init() {
 // eventsOf is a Store's events.Store (events.Of finds it).
 type eventsOf struct{ s *Store }
 
+// SetEventRules implements events.Store.
 func (e eventsOf) SetEventRules(rules map[string]events.Rule) error { return e.s.setEventRules(rules) }
+// Events implements events.Store.
 func (e eventsOf) Events(ctx context.Context, since string, n int) ([]events.Event, error) {
 	return e.s.events(ctx, since, n)
 }

@@ -42,7 +42,9 @@ func init() {
 // eventsOf is a Store's events.Store (events.Of finds it).
 type eventsOf struct{ s *Store }
 
+// SetEventRules implements events.Store.
 func (e eventsOf) SetEventRules(rules map[string]events.Rule) error { return e.s.setEventRules(rules) }
+// Events implements events.Store.
 func (e eventsOf) Events(ctx context.Context, since string, n int) ([]events.Event, error) {
 	return e.s.events(ctx, since, n)
 }
@@ -216,6 +218,7 @@ type groupSource struct {
 	made     bool
 }
 
+// Claim implements events.Source.
 func (g *groupSource) Claim(ctx context.Context, n int) ([]events.Event, error) {
 	s := g.s
 	ctx, cancel := s.withDeadline(ctx)
@@ -248,6 +251,7 @@ func (g *groupSource) Claim(ctx context.Context, n int) ([]events.Event, error) 
 	return decodeEvents(res[s.evStream()]), nil
 }
 
+// Ack implements events.Source.
 func (g *groupSource) Ack(ctx context.Context, ids []string) error {
 	if len(ids) == 0 {
 		return nil
