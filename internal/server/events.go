@@ -136,11 +136,13 @@ func newEventCounters(reg *prometheus.Registry) *eventCounters {
 }
 
 // Event implements events.Counters.
-func (c *eventCounters) Event(kind string)      { c.kinds.WithLabelValues(kind).Inc() }
+func (c *eventCounters) Event(kind string) { c.kinds.WithLabelValues(kind).Inc() }
+
 // Delivery implements events.Counters.
 func (c *eventCounters) Delivery(result string) { c.deliveries.WithLabelValues(result).Inc() }
+
 // Dropped implements events.Counters.
-func (c *eventCounters) Dropped(n int64)        { c.dropped.Add(float64(n)) }
+func (c *eventCounters) Dropped(n int64) { c.dropped.Add(float64(n)) }
 
 // serverSource reads events for delivery while a rule has events.
 type serverSource struct {

@@ -44,6 +44,7 @@ type eventsOf struct{ s *Store }
 
 // SetEventRules implements events.Store.
 func (e eventsOf) SetEventRules(rules map[string]events.Rule) error { return e.s.setEventRules(rules) }
+
 // Events implements events.Store.
 func (e eventsOf) Events(ctx context.Context, since string, n int) ([]events.Event, error) {
 	return e.s.events(ctx, since, n)
