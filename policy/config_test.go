@@ -118,7 +118,7 @@ deny:
 `
 	_, err := Parse([]byte(doc), "all.yaml")
 	var ce *config.Error
-	if !errors.As(err, &ce) || len(ce.Problems) != 1 || ce.Problems[0].Message != `unknown field "x-anchors" in the top level (want one of store, server, trusted_proxies, client_ip_header, headers, shadow, near_limit, instances, instances_floor, rules, protect, system, allow, deny, prices)` {
+	if !errors.As(err, &ce) || len(ce.Problems) != 1 || ce.Problems[0].Message != `unknown field "x-anchors" in the top level (want one of store, server, trusted_proxies, client_ip_header, headers, shadow, near_limit, instances, instances_floor, rules, protect, system, allow, deny, prices, events)` {
 		t.Fatalf("got %v", err)
 	}
 	cfg, err := Parse([]byte(strings.Replace(doc, "x-anchors:\n", "", 1)), "all.yaml")

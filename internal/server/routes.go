@@ -73,6 +73,7 @@ func (s *Server) routeTable() []route {
 			http.MethodDelete: s.admin(s.handleOverrideDelete),
 		}),
 		byMethod("/v1/usage", methods{http.MethodGet: s.admin(s.handleUsage)}),
+		byMethod("/v1/events", methods{http.MethodGet: s.admin(s.handleEvents)}),
 		byMethod("/v1/top", methods{http.MethodGet: s.handleTop}),
 		byMethod("/v1/spend", methods{http.MethodGet: s.admin(s.handleSpend)}),
 		byMethod("/v1/dashboard/snapshot", methods{http.MethodGet: s.handleSnapshot}),

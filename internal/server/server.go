@@ -126,6 +126,8 @@ type options struct {
 	fleetEvery time.Duration
 	rulesEvery time.Duration
 	probeEvery time.Duration
+	// Event delivery's timing (events.go); zero: the Deliverer's defaults.
+	eventPoll, webhookTimeout, webhookBackoff time.Duration
 }
 
 // WithConfig makes the server use cfg (from policy.Parse or built in Go).
@@ -289,6 +291,9 @@ type Server struct {
 
 	base   atomic.Pointer[config.Config] // the config file's (or WithConfig's) content
 	holder *policy.Holder
+	// evCfg is the events config in force (events.go); evCounters its metrics.
+	evCfg      evCfgPointer
+	evCounters *eventCounters
 	// The store stack (composeStore): every decision enters at stack.
 	stack weir.Store        // deny cache → guard → tracing → store
 	deny  *denycache.Store  // the deny cache in front of a Redis store; nil without
@@ -395,6 +400,7 @@ func (s *Server) init() error {
 	}
 	s.metrics = newMetrics(func() float64 { return breakerValue(s.guard.State()) }, s.protectStats)
 	s.metrics.buildInfo(s.version)
+	s.evCounters = newEventCounters(s.metrics.reg)
 	s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "weir_store_up",
 		Help: "1 while the store answers the health probe (every 2s and on GET /healthz/store), 0 while it does not; alert on it, never take instances out of rotation for it.",
@@ -433,6 +439,7 @@ func (s *Server) init() error {
 	s.goBackground(s.rules.run)
 	s.goBackground(s.probeLoop)
 	s.goBackground(s.overrideRefreshLoop)
+	s.goBackground(s.eventLoop)
 	return nil
 }
 
@@ -614,8 +621,15 @@ func (s *Server) build(cfg *config.Config) (*policy.Policy, error) {
 	if err := CheckConfig(eff, s.o.cfgPath); err != nil {
 		return nil, err
 	}
-	return policy.New(eff, s.stack, policy.WithGuard(s.guard), policy.WithObserver(s.observe), policy.WithLogger(s.log),
+	p, err := policy.New(eff, s.stack, policy.WithGuard(s.guard), policy.WithObserver(s.observe), policy.WithLogger(s.log),
 		policy.WithLocalBudgets(s.leases), policy.WithInstances(s.fleet.count))
+	if err != nil {
+		return nil, err
+	}
+	if err := s.applyEvents(eff); err != nil {
+		return nil, err
+	}
+	return p, nil
 }
 
 // instances is the instance count the policy in force divides by (0

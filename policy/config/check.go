@@ -3,11 +3,13 @@ package config
 import (
 	"fmt"
 	"net"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/weir-dev/weir/algorithm"
+	"github.com/weir-dev/weir/internal/events"
 	"github.com/weir-dev/weir/store/guard"
 )
 
@@ -104,6 +106,63 @@ func Check(cfg *Config, rep Reporter) {
 	for i := range cfg.Rules {
 		checkOnError(index("rules", i)+".on_error", cfg.Rules[i].OnError, rep)
 	}
+	checkEvents(cfg, rep)
+}
+
+// checkEvents checks the events section and the rules' events.
+func checkEvents(cfg *Config, rep Reporter) {
+	checkThresholds("events.thresholds", cfg.EventThresholds, rep)
+	webhook := checkWebhook("events.webhook", cfg.EventWebhook, rep)
+	if cfg.EventSecretEnv != "" && cfg.EventSecretFile != "" {
+		rep.AddKey("events.secret_file", "events takes secret_env or secret_file, not both")
+	}
+	for i := range cfg.Rules {
+		r := &cfg.Rules[i]
+		p := index("rules", i) + ".events"
+		if !r.Events && (r.EventThresholds != nil || r.EventWebhook != "") {
+			rep.Add(p, "thresholds and webhook need events on")
+		}
+		checkThresholds(p+".thresholds", r.EventThresholds, rep)
+		if checkWebhook(p+".webhook", r.EventWebhook, rep) {
+			webhook = true
+		}
+	}
+	if webhook && cfg.EventSecretEnv == "" && cfg.EventSecretFile == "" {
+		rep.AddKey("events.webhook", "webhooks are signed: events needs secret_env (the variable holding the secret) or secret_file")
+	}
+}
+
+// checkThresholds checks a list of thresholds: ascending shares of the
+// limit in (0, 1], at most events.MaxThresholds.
+func checkThresholds(path string, ts []float64, rep Reporter) {
+	if ts == nil {
+		return
+	}
+	r := events.Rule{Thresholds: ts}
+	if err := r.Check(); err != nil {
+		rep.Add(path, strings.TrimPrefix(err.Error(), "events: "))
+	}
+}
+
+// checkWebhook checks a webhook URL and reports whether there is one.
+func checkWebhook(path, v string, rep Reporter) bool {
+	if v == "" {
+		return false
+	}
+	u, err := url.Parse(v)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		rep.Add(path, fmt.Sprintf("webhook %s must be an http:// or https:// URL", quote(redactURL(v))))
+	}
+	return true
+}
+
+// redactURL drops a URL's user information (a password) for a message.
+func redactURL(v string) string {
+	if u, err := url.Parse(v); err == nil && u.User != nil {
+		u.User = nil
+		return u.String()
+	}
+	return v
 }
 
 func validPort(p string) bool {

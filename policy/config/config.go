@@ -72,6 +72,16 @@ type Config struct {
 	// Prices is the price table that budget and cost_expr rules price
 	// token usage by; nil for none.
 	Prices *PricesConfig
+	// EventWebhook (events.webhook) is the URL weir serve posts the
+	// events of rules with events to, unless a rule names its own; ""
+	// for none. EventSecretEnv names the environment variable, or
+	// EventSecretFile the file, holding the secret webhooks are signed
+	// with; one of them is required with any webhook.
+	EventWebhook, EventSecretEnv, EventSecretFile string
+	// EventThresholds (events.thresholds) are the shares of the limit
+	// whose crossing a rule with events records, unless it lists its own;
+	// nil means 0.8, 0.95 and 1.0.
+	EventThresholds []float64
 }
 
 // StoreConfig is the store section: where limiter state lives and what
@@ -388,6 +398,13 @@ type RuleConfig struct {
 	// (docs/budgets.md lists its variables) instead of the price table's
 	// sum; empty: the table's sum for a budget rule.
 	CostExpr string
+	// Events (events: on, or a mapping) makes the rule's decisions record
+	// threshold events: EventThresholds (nil: the global ones) and the
+	// first refusal in a window, delivered to EventWebhook (""; the
+	// global one).
+	Events          bool
+	EventThresholds []float64
+	EventWebhook    string
 }
 
 // LocalBudgetKey is the key LocalBudget was written with: "local_budget",

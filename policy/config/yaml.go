@@ -383,6 +383,55 @@ func (w *walker) config(n *yaml.Node, c *Config) {
 		{"allow", func(p string, v *yaml.Node) { c.Allow, c.AllowValues = w.list(p, v) }},
 		{"deny", func(p string, v *yaml.Node) { c.Deny, c.DenyValues = w.list(p, v) }},
 		{"prices", func(p string, v *yaml.Node) { c.Prices = w.prices(p, v) }},
+		{"events", func(p string, v *yaml.Node) {
+			w.mapping(v, p, "events", []field{
+				{"webhook", func(p string, v *yaml.Node) { c.EventWebhook = w.str(p, v) }},
+				{"secret_env", func(p string, v *yaml.Node) { c.EventSecretEnv = w.str(p, v) }},
+				{"secret_file", func(p string, v *yaml.Node) { c.EventSecretFile = w.str(p, v) }},
+				{"thresholds", func(p string, v *yaml.Node) { c.EventThresholds = w.thresholds(p, v) }},
+			}, nil)
+		}},
+	}, nil)
+}
+
+// thresholds decodes a list of shares of a limit: 0.8 or "80%".
+func (w *walker) thresholds(path string, n *yaml.Node) []float64 {
+	n = yamlnode.Resolve(n)
+	if n.Kind != yaml.SequenceNode {
+		w.add(n, path, "thresholds must be a list of shares of the limit, such as [0.8, 0.95, 1.0] or [80%, 100%], got "+yamlnode.Describe(n))
+		return nil
+	}
+	out := make([]float64, 0, len(n.Content))
+	for i, e := range n.Content {
+		e = yamlnode.Resolve(e)
+		ip := index(path, i)
+		w.nodes[ip] = e
+		if e.Kind == yaml.ScalarNode {
+			if pc, ok := strings.CutSuffix(e.Value, "%"); ok {
+				if v, err := strconv.ParseFloat(pc, 64); err == nil && v > 0 && v <= 100 {
+					out = append(out, v/100)
+					continue
+				}
+				w.add(e, ip, fmt.Sprintf("threshold %q must be a share of the limit above 0 and at most 100%%", e.Value))
+				continue
+			}
+		}
+		out = append(out, w.ratio(ip, e))
+	}
+	return out
+}
+
+// ruleEvents decodes a rule's events: on/off, or {thresholds, webhook}.
+func (w *walker) ruleEvents(path string, n *yaml.Node, r *RuleConfig) {
+	n = yamlnode.Resolve(n)
+	if n.Kind == yaml.ScalarNode {
+		r.Events = w.boolean(path, n)
+		return
+	}
+	r.Events = true
+	w.mapping(n, path, "events", []field{
+		{"thresholds", func(p string, v *yaml.Node) { r.EventThresholds = w.thresholds(p, v) }},
+		{"webhook", func(p string, v *yaml.Node) { r.EventWebhook = w.str(p, v) }},
 	}, nil)
 }
 
@@ -531,6 +580,7 @@ func (w *walker) rule(path string, n *yaml.Node, r *RuleConfig) {
 		{"count", func(p string, v *yaml.Node) { r.Count = w.count(p, v) }},
 		{"budget", func(p string, v *yaml.Node) { r.Budget = w.str(p, v) }},
 		{"cost_expr", func(p string, v *yaml.Node) { r.CostExpr = w.str(p, v) }},
+		{"events", func(p string, v *yaml.Node) { w.ruleEvents(p, v, r) }},
 	}, nil)
 }
 

@@ -253,6 +253,9 @@ func (s *Store) decideBatch(reqs []weir.Request, items []batchItem, results []we
 			results[i].Delay = 0
 			save = false
 		}
+		if e := s.evts.Load(); e != nil && save {
+			s.fire(e, it.sh, r.Key, it.n, it.c, &d, now)
+		}
 		if it.fresh {
 			if !save {
 				*it.st = algorithm.State{}

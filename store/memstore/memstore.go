@@ -50,6 +50,8 @@ type Store struct {
 	last atomic.Pointer[compiled]
 
 	ovrs atomic.Pointer[overrides] // nil until an override is set (override.go)
+	evts atomic.Pointer[evState]   // nil until event rules are set (events.go)
+	evMu sync.Mutex                // serialises SetEventRules
 }
 
 // maxCompiled bounds the shared-limit cache; beyond it (a program that
@@ -349,6 +351,9 @@ func (s *Store) take(req *weir.Request, l *weir.Limit, date bool, r *weir.Result
 		algorithm.TakeTo(&c.params, &sh.scratch, now, n, mode, &d)
 		storePacked(c.lay, &sh.scratch, &sl.v)
 		sl.expires = now + d.TTL
+		if e := s.evts.Load(); e != nil {
+			s.fire(e, sh, key, n, c, &d, now)
+		}
 		r.SetOutcome(&d)
 		if date && d.Allowed && n > 0 && d.Granted == n {
 			r.At = now
@@ -366,6 +371,9 @@ func (s *Store) take(req *weir.Request, l *weir.Limit, date bool, r *weir.Result
 		sl.expires = now + d.TTL
 	} else {
 		s.add(sh, key, tag, c, st, now, d.TTL, false)
+	}
+	if e := s.evts.Load(); e != nil {
+		s.fire(e, sh, key, n, c, &d, now)
 	}
 	r.SetOutcome(&d)
 	if date && d.Allowed && n > 0 && d.Granted == n {

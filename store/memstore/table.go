@@ -6,6 +6,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/algorithm"
+	"github.com/weir-dev/weir/internal/events"
 )
 
 // Each shard holds its keys in an open-addressed table: a slice of slots,
@@ -65,6 +66,9 @@ type shardData struct {
 	// up to the store's MaxKeys.
 	limit int
 	hand  int // where the next sweep or eviction sample starts
+	// ev holds the event markers of the shard's keys under rules with
+	// events (events.go); nil until one fires.
+	ev map[string]events.Marker
 }
 
 // shard is padded to a whole number of 64-byte lines, so that neighbours

@@ -80,16 +80,30 @@ func (s *Store) Do(ctx context.Context, reqs []weir.Request, results []weir.Resu
 		}
 		fill(results, g.idx, g.vals)
 		weir.StampAdmitted(reqs, results, g.vals[1])
+		if s.evts.Load() != nil {
+			s.markBatch(ctx, items, results, func(int) int64 { return g.vals[1] })
+		}
 		return nil
 	}
 	err = s.takeAcrossSlots(ctx, items, groups, results)
 	if err == nil {
 		// Each slot's takes by the TIME of the script that made them; a
 		// batch refunded across slots consumed nothing and stays undated.
+		ev := s.evts.Load() != nil
+		var at []int64 // with events: when each request was decided
+		if ev {
+			at = make([]int64, len(items))
+		}
 		for i := range groups {
 			for _, j := range groups[i].idx {
 				weir.StampAdmitted(reqs[j:j+1], results[j:j+1], groups[i].vals[1])
+				if ev {
+					at[j] = groups[i].vals[1]
+				}
 			}
+		}
+		if ev {
+			s.markBatch(ctx, items, results, func(i int) int64 { return at[i] })
 		}
 	}
 	return err

@@ -45,6 +45,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/algorithm"
+	"github.com/weir-dev/weir/internal/events"
 	"github.com/weir-dev/weir/internal/override"
 )
 
@@ -176,6 +177,7 @@ type Store struct {
 
 	overrides bool                              // Config.Overrides
 	patterns  atomic.Pointer[override.Patterns] // pattern overrides (override.go)
+	evts      atomic.Pointer[evState]           // rules with events (events.go); nil: none
 }
 
 // compiled is a Limit with its algorithm constants and their ARGV form,
@@ -551,7 +553,15 @@ func (s *Store) take(ctx context.Context, req *weir.Request) (algorithm.Outcome,
 		q = s.nodes.queue(k.tag) // nil until the store knows the slot's node
 	}
 	var vals [9]int64
-	if q != nil {
+	var er *redisEvRule
+	if e := s.evts.Load(); e != nil {
+		if r, ok := e.rules[events.RuleOf(key)]; ok {
+			er = &r
+		}
+	}
+	if er != nil {
+		vals, err = s.takeEvents(ctx, c, k, key, events.RuleOf(key), er, n, mode, id)
+	} else if q != nil {
 		vals, err = s.takeCoalesced(ctx, q, c, k, n, mode, id)
 	} else {
 		vals, err = s.takeAlone(ctx, c, [2]string{k.state, k.block}, n, mode, id)

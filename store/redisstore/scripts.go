@@ -77,6 +77,11 @@ var (
 	// takeRoutines[k] decides one request under algorithm k (index 0 is
 	// no algorithm).
 	takeRoutines []routine
+	// eventRoutines[k] decides one request under algorithm k and records
+	// its events (events.lua).
+	eventRoutines []routine
+	// markRoutine records the events of a decision made in a batch.
+	markRoutine routine
 	// batchRoutine decides the independent requests of many callers.
 	batchRoutine routine
 	// nodeBatchFn is the library function that decides the requests of
@@ -97,12 +102,12 @@ func init() {
 		all = append(all, k.String())
 	}
 	all = append(all, "warmup") // wraps the buckets' functions
-	body := source(append(all, "take", "batch", "multi", "release")...)
+	body := source(append(all, "take", "events", "batch", "multi", "release")...)
 	sum := sha1.Sum([]byte(body))
 	lib.name = "weir_" + hex.EncodeToString(sum[:6])
 	fn := func(driver string) string { return lib.name + "_" + driver }
 	var reg strings.Builder
-	for _, d := range []string{"take", "batch", "multi", "release"} {
+	for _, d := range []string{"take", "take_events", "events_mark", "batch", "multi", "release"} {
 		fmt.Fprintf(&reg, "redis.register_function('%s', weir_%s)\n", fn(d), d)
 	}
 	// limits reports the size of the library's parsed-limit cache (tests).
@@ -112,10 +117,13 @@ func init() {
 	lib.src = "#!lua name=" + lib.name + "\n" + body + reg.String()
 
 	takeRoutines = make([]routine, len(all))
+	eventRoutines = make([]routine, len(all))
 	for _, k := range algorithm.Kinds() {
 		takeRoutines[k] = routine{fn: fn("take"), script: newScript("weir_take", "prelude", k.String(), "warmup", "take")}
+		eventRoutines[k] = routine{fn: fn("take_events"), script: newScript("weir_take_events", "prelude", k.String(), "warmup", "take", "events")}
 	}
 	nodeBatchFn = fn("nbatch")
+	markRoutine = routine{fn: fn("events_mark"), script: newScript("weir_events_mark", "events")}
 	batchRoutine = routine{fn: fn("batch"), script: newScript("weir_batch", append(all, "batch")...)}
 	multiRoutine = routine{fn: fn("multi"), script: newScript("weir_multi", append(all, "multi")...)}
 	releaseRoutine = routine{fn: fn("release"), script: newScript("weir_release", "prelude", algorithm.Concurrency.String(), "release")}

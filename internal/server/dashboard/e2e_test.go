@@ -52,6 +52,7 @@ rules:
     limit: 3/30m
     algorithm: sliding_log
     block: 30m
+    events: true
   - name: api
     match: { path: /api/ }
     identity: ["header:X-API-Key"]
@@ -585,6 +586,14 @@ func TestDashboardInBrowser(t *testing.T) {
 		t.Fatalf("the snapshot with the token is not full: %q", identities)
 	}
 	logf("with the token: target in top-limited and in blocked-list")
+
+	// With the token the latest events show target's first refusal and
+	// the thresholds its third login crossed.
+	b.waitVisible(css(`[data-testid="latest-events"] li[data-kind="refused"][data-identity="`+target+`"]`), actionTimeout)
+	if s := b.innerText(css(`[data-testid="latest-events"]`)); !strings.Contains(s, target) || !strings.Contains(s, "100% of the limit") {
+		t.Fatalf("latest-events does not show %s's events: %s", target, s)
+	}
+	logf("with the token: target's events in latest-events")
 
 	// Unblock target with the button: the page asks first. Cancel keeps
 	// it blocked; confirmed, it leaves the list and stays gone.

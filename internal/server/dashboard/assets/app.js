@@ -86,6 +86,7 @@ async function poll() {
     }
     state.lastOk = Date.now();
     if (snap.now_ms) state.offset = snap.now_ms - Date.now();
+    pollEvents();
     try {
       render(snap);
       const outage = renderOutage(snap);
@@ -100,6 +101,50 @@ async function poll() {
     state.timer = setTimeout(poll, state.again ? 0 : POLL_MS);
     state.again = false;
   }
+}
+
+// The latest events (GET /v1/events, admin): read on from the last one
+// seen, the newest 20 kept.
+const events = { since: '', list: [], busy: false, token: '' };
+
+async function pollEvents() {
+  const token = state.token;
+  if (token !== events.token) Object.assign(events, { since: '', list: [], token });
+  if (!token || events.busy) {
+    renderEvents();
+    return;
+  }
+  events.busy = true;
+  try {
+    for (let i = 0; i < 12; i++) {
+      const q = events.since ? `&since=${encodeURIComponent(events.since)}` : '';
+      const r = await fetch(`v1/events?limit=1000${q}`, { cache: 'no-store', headers: { Authorization: `Bearer ${token}` } });
+      if (!r.ok || token !== events.token) return;
+      const body = await r.json();
+      if (body.events.length) {
+        events.list = events.list.concat(body.events).slice(-20);
+        events.since = body.next;
+      }
+      if (body.events.length < 1000) break;
+    }
+  } catch { /* the next poll tries again */ } finally {
+    events.busy = false;
+    renderEvents();
+  }
+}
+
+function renderEvents() {
+  const locked = !events.token;
+  $('events-locked').hidden = !locked;
+  $('events-empty').hidden = locked || events.list.length > 0;
+  const list = locked ? [] : events.list.slice().reverse();
+  syncList($('events'), list, (e) => e.id, (e) => h('li', { 'data-kind': e.kind, 'data-identity': e.key },
+    h('div', null,
+      h('div', { class: 'who' }, e.key),
+      h('div', { class: 'rule-tag' }, `rule ${e.rule}`)),
+    h('div', { class: 'right' },
+      h('div', null, e.kind === 'threshold' ? `${Math.round(e.threshold * 1000) / 10}% of the limit` : 'first refusal'),
+      h('div', { class: 'until' }, fmt.clock(Date.parse(e.time))))), () => {});
 }
 
 /** refreshSoon polls now instead of waiting for the next tick. */

@@ -1,0 +1,267 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/weir-dev/weir"
+	"github.com/weir-dev/weir/algorithm"
+	"github.com/weir-dev/weir/internal/events"
+)
+
+// Events (internal/events): a decision on a key whose rule has events
+// runs events.lua, which decides as take.lua does and then, in the same
+// atomic step, makes the crossing check against the key's marker, the
+// hash "<prefix>:{<tag>}:evt" (in the slot of the key's state, expiring
+// with its window), and appends what fires to the stream
+// "<prefix>:events", capped at about events.DefaultBound entries (XADD
+// MAXLEN ~). "<prefix>:events:seq" numbers the events. So each crossing
+// is recorded once per key, threshold and window whichever instance
+// decided. Every other decision runs take.lua unchanged, and a store
+// without event rules pays one atomic load.
+//
+// The stream is one key, so events need a single Redis (or Sentinel):
+// on a Cluster, SetEventRules fails with weir.ErrUnsupported. Decisions
+// of several requests at once (Do with a batch, multi.lua) record their
+// events after the batch (markBatch).
+
+func init() {
+	events.Register(func(x any) events.Store {
+		if s, ok := x.(*Store); ok {
+			return eventsOf{s}
+		}
+		return nil
+	})
+}
+
+// eventsOf is a Store's events.Store (events.Of finds it).
+type eventsOf struct{ s *Store }
+
+// SetEventRules implements events.Store.
+func (e eventsOf) SetEventRules(rules map[string]events.Rule) error { return e.s.setEventRules(rules) }
+
+// Events implements events.Store.
+func (e eventsOf) Events(ctx context.Context, since string, n int) ([]events.Event, error) {
+	return e.s.events(ctx, since, n)
+}
+
+// evState is the store's event rules, replaced whole.
+type evState struct {
+	rules map[string]redisEvRule
+}
+
+type redisEvRule struct {
+	rule events.Rule
+	arg  string // the thresholds as events.lua reads them
+}
+
+func (s *Store) evStream() string { return s.prefix + ":events" }
+
+// setEventRules implements events.Store.
+func (s *Store) setEventRules(rules map[string]events.Rule) error {
+	if err := events.CheckRules(rules); err != nil {
+		return err
+	}
+	if len(rules) == 0 {
+		s.evts.Store(nil)
+		return nil
+	}
+	if s.cluster || s.conn.clusterAsked {
+		return fmt.Errorf("%w: events need one Redis, not a Cluster", weir.ErrUnsupported)
+	}
+	st := &evState{rules: make(map[string]redisEvRule, len(rules))}
+	for name, r := range rules {
+		r.Thresholds = append([]float64(nil), r.Thresholds...)
+		st.rules[name] = redisEvRule{rule: r, arg: r.Arg()}
+	}
+	s.evts.Store(st)
+	return nil
+}
+
+// evArgs are events.lua's settings of a decision under c on key: the
+// thresholds, rule, identity, bound, how its window ends and the period.
+func (s *Store) evArgs(c *compiled, key, rule string, r *redisEvRule) []string {
+	end := "p"
+	switch {
+	case c.p.Kind == algorithm.FixedWindow && c.p.Calendar == 0:
+		end = "f"
+	case c.p.Kind == algorithm.FixedWindow:
+		end = "r"
+	}
+	return []string{r.arg, rule, events.IdentityOf(key), strconv.Itoa(events.DefaultBound), end, strconv.FormatInt(c.p.Period, 10)}
+}
+
+// evKeys are the marker, stream and counter keys of a key's events.
+func (s *Store) evKeys(k keyNames) []string {
+	return []string{s.prefix + ":{" + k.tag + "}:evt", s.evStream(), s.evStream() + ":seq"}
+}
+
+// markBatch records the events of a batch's decisions whose rules have
+// events (multi.lua records none): one events_mark call each, after the
+// batch, at now(i), the time request i was decided at. The marker keeps
+// each crossing to one event; an event is lost only if the call fails
+// (or the process stops) between the batch and its mark.
+func (s *Store) markBatch(ctx context.Context, items []item, results []weir.Result, now func(i int) int64) {
+	e := s.evts.Load()
+	if e == nil {
+		return
+	}
+	for i := range items {
+		it := &items[i]
+		rule := events.RuleOf(it.req.Key)
+		r, ok := e.rules[rule]
+		if !ok {
+			continue
+		}
+		res := &results[i]
+		allowed := "0"
+		if res.Allowed {
+			allowed = "1"
+		}
+		f := func(v int64) string { return strconv.FormatInt(v, 10) }
+		args := append(s.evArgs(it.c, it.req.Key, rule, &r), allowed, f(res.Granted), f(res.Limit), f(res.Remaining),
+			f(res.ResetAfter.Microseconds()), f(now(i)), f(it.n))
+		// The decision stands; a failed mark loses its events only.
+		_, _ = s.call(ctx, &markRoutine, s.evKeys(it.k), args)
+	}
+}
+
+// takeEvents is takeAlone for a key whose rule r has events.
+func (s *Store) takeEvents(ctx context.Context, c *compiled, k keyNames, key, rule string, r *redisEvRule, n int64, mode algorithm.Mode, id string) ([9]int64, error) {
+	keys := append([]string{k.state, k.block}, s.evKeys(k)...)
+	args := append([]string{s.nowArg(), strconv.FormatInt(n, 10), modeArg(mode), id, s.argOf(c)}, s.evArgs(c, key, rule, r)...)
+	var buf [9]int64
+	vals, err := s.eval(ctx, &eventRoutines[c.p.Kind], keys, args, buf[:0])
+	if err == nil && len(vals) != 9 {
+		err = fmt.Errorf("unexpected reply of %d values", len(vals))
+	}
+	if err != nil {
+		return [9]int64{}, err
+	}
+	return buf, nil
+}
+
+// events implements events.Store.
+func (s *Store) events(ctx context.Context, since string, n int) ([]events.Event, error) {
+	start := "-"
+	if since != "" {
+		if !validStreamID(since) {
+			return nil, fmt.Errorf("%w: %q", events.ErrSince, since)
+		}
+		start = "(" + since
+	}
+	n = min(max(n, 0), events.MaxList)
+	if n == 0 {
+		return nil, nil
+	}
+	ctx, cancel := s.withDeadline(ctx)
+	defer cancel()
+	es, err := s.client.Do(ctx, s.client.B().Xrange().Key(s.evStream()).Start(start).End("+").Count(int64(n)).Build()).AsXRange()
+	if err != nil {
+		return nil, fmt.Errorf("%w: events: %w", weir.ErrStore, err)
+	}
+	return decodeEvents(es), nil
+}
+
+// decodeEvents reads stream entries that events.lua wrote.
+func decodeEvents(es []rueidis.XRangeEntry) []events.Event {
+	out := make([]events.Event, 0, len(es))
+	for _, e := range es {
+		f := e.FieldValues
+		ev := events.Event{ID: e.ID, Rule: f["rule"], Key: f["key"], Kind: f["kind"]}
+		t, _ := strconv.ParseInt(f["t"], 10, 64)
+		ev.Time = time.UnixMicro(t).UTC()
+		if pm, err := strconv.ParseInt(f["pm"], 10, 64); err == nil {
+			ev.Threshold = float64(pm) / 1000
+		}
+		ev.Seq, _ = strconv.ParseUint(f["n"], 10, 64)
+		out = append(out, ev)
+	}
+	return out
+}
+
+// validStreamID reports whether id reads as a stream ID "<ms>-<seq>".
+func validStreamID(id string) bool {
+	ms, seq, ok := strings.Cut(id, "-")
+	if !ok {
+		return false
+	}
+	_, err1 := strconv.ParseUint(ms, 10, 64)
+	_, err2 := strconv.ParseUint(seq, 10, 64)
+	return err1 == nil && err2 == nil
+}
+
+// evGroup is the consumer group of the event stream that weir serve's
+// instances share: each event is delivered by one of them.
+const evGroup = "weir"
+
+// evIdle is how long an event may wait claimed by an instance before
+// another takes it over (the first crashed, or hangs on a receiver).
+const evIdle = time.Minute
+
+// Group implements events.Grouped.
+func (e eventsOf) Group(consumer string) events.Source {
+	return &groupSource{s: e.s, consumer: consumer}
+}
+
+// groupSource reads the event stream through the consumer group: XAUTOCLAIM
+// first takes over events another consumer claimed and left unacknowledged
+// past evIdle (its own, after a restart under the same name, too), then
+// XREADGROUP reads new ones; Ack is XACK.
+type groupSource struct {
+	s        *Store
+	consumer string
+	made     bool
+}
+
+// Claim implements events.Source.
+func (g *groupSource) Claim(ctx context.Context, n int) ([]events.Event, error) {
+	s := g.s
+	ctx, cancel := s.withDeadline(ctx)
+	defer cancel()
+	if !g.made {
+		// From "0": the first instance ever delivers what the stream keeps.
+		err := s.client.Do(ctx, s.client.B().XgroupCreate().Key(s.evStream()).Group(evGroup).Id("0").Mkstream().Build()).Error()
+		if err != nil && !strings.Contains(err.Error(), "BUSYGROUP") {
+			return nil, fmt.Errorf("%w: events group: %w", weir.ErrStore, err)
+		}
+		g.made = true
+	}
+	arr, err := s.client.Do(ctx, s.client.B().Xautoclaim().Key(s.evStream()).Group(evGroup).Consumer(g.consumer).
+		MinIdleTime(strconv.FormatInt(evIdle.Milliseconds(), 10)).Start("0").Count(int64(n)).Build()).ToArray()
+	if err != nil {
+		return nil, fmt.Errorf("%w: events claim: %w", weir.ErrStore, err)
+	}
+	if len(arr) >= 2 {
+		if es, err := arr[1].AsXRange(); err == nil && len(es) > 0 {
+			return decodeEvents(es), nil
+		}
+	}
+	res, err := s.client.Do(ctx, s.client.B().Xreadgroup().Group(evGroup, g.consumer).Count(int64(n)).Streams().Key(s.evStream()).Id(">").Build()).AsXRead()
+	if rueidis.IsRedisNil(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: events read: %w", weir.ErrStore, err)
+	}
+	return decodeEvents(res[s.evStream()]), nil
+}
+
+// Ack implements events.Source.
+func (g *groupSource) Ack(ctx context.Context, ids []string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	s := g.s
+	ctx, cancel := s.withDeadline(ctx)
+	defer cancel()
+	if err := s.client.Do(ctx, s.client.B().Xack().Key(s.evStream()).Group(evGroup).Id(ids...).Build()).Error(); err != nil {
+		return fmt.Errorf("%w: events ack: %w", weir.ErrStore, err)
+	}
+	return nil
+}
