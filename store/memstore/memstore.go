@@ -50,6 +50,8 @@ type Store struct {
 	last atomic.Pointer[compiled]
 
 	ovrs atomic.Pointer[overrides] // nil until an override is set (override.go)
+	// ovrMax is the bound on overrides, if not override.MaxOverrides (tests).
+	ovrMax int
 }
 
 // maxCompiled bounds the shared-limit cache; beyond it (a program that

@@ -2,7 +2,11 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -89,5 +93,86 @@ func TestOverridesTwoStores(t *testing.T) {
 	}
 	if got := limitOn(b, "r:exact"); got != 2 {
 		t.Fatalf("after the delete the other instance decided under %d, want 2", got)
+	}
+}
+
+// TestOverrideBound: two stores (two instances) on one Redis, and on a
+// cluster, set 160 overrides at once under a bound of 20: exactly 20
+// are stored and logged, every other PUT is refused with an error naming
+// the bound and writes nothing (its key decides under the rule).
+func TestOverrideBound(t *testing.T) {
+	t.Run("Standalone", func(t *testing.T) { overrideBound(t, []string{redistest.Standalone(t).Addr}) })
+	t.Run("Cluster", func(t *testing.T) { overrideBound(t, redistest.Cluster(t).Addrs) })
+}
+
+func overrideBound(t *testing.T, addrs []string) {
+	ctx := context.Background()
+	cfg := Config{Addrs: addrs, Prefix: fmt.Sprintf("ov%d", prefixSeq.Add(1)), Overrides: true}
+	a, b := newTestStore(t, cfg), newTestStore(t, cfg)
+	a.ovrMax, b.ovrMax = 20, 20
+	base := weir.Limit{Algorithm: weir.FixedWindow, Rate: 5, Period: time.Hour}
+	l := base
+	l.Rate = 50
+	var ok, refused atomic.Int64
+	stored := make([]atomic.Bool, 160)
+	var wg sync.WaitGroup
+	for g := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s := a
+			if g%2 == 1 {
+				s = b
+			}
+			for i := range 10 {
+				key := fmt.Sprintf("r:%d-%d", g, i)
+				if i%3 == 0 {
+					key += "*"
+				}
+				err := s.SetOverride(ctx, override.Override{Key: key, Limit: l})
+				var oe *override.Error
+				switch {
+				case err == nil:
+					ok.Add(1)
+					stored[g*10+i].Store(true)
+				case errors.As(err, &oe) && oe.Field == "key" && strings.Contains(oe.Reason, "the most it keeps (20)"):
+					refused.Add(1)
+				default:
+					t.Errorf("SetOverride(%s) = %v; want nil or the bound's error", key, err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	list, err := a.Overrides(ctx, "")
+	if err != nil || len(list) != 20 || ok.Load() != 20 || refused.Load() != 140 {
+		t.Fatalf("stored %d (%v), %d set, %d refused; want 20, 20, 140", len(list), err, ok.Load(), refused.Load())
+	}
+	if log, _ := b.OverrideLog(ctx, 1000); len(log) != 20 {
+		t.Fatalf("the log holds %d changes, want the 20 made", len(log))
+	}
+	// A refused exact override wrote nothing its key's decisions read.
+	for g := range 16 {
+		for i := 1; i < 10; i++ {
+			if i%3 == 0 || stored[g*10+i].Load() {
+				continue
+			}
+			if r, err := b.Take(ctx, fmt.Sprintf("r:%d-%d", g, i), base, 0); err != nil || r.Limit != 5 {
+				t.Fatalf("r:%d-%d, refused, decides under %d (%v); want the rule's 5", g, i, r.Limit, err)
+			}
+		}
+	}
+	l.Rate = 60
+	if err := b.SetOverride(ctx, override.Override{Key: list[0].Key, Limit: l}); err != nil {
+		t.Fatalf("replacing an override at the bound: %v", err)
+	}
+	if ok, err := a.DeleteOverride(ctx, list[1].Key); err != nil || !ok {
+		t.Fatalf("DeleteOverride = %v, %v", ok, err)
+	}
+	if err := b.SetOverride(ctx, override.Override{Key: "r:new", Limit: l}); err != nil {
+		t.Fatalf("after a delete, under the bound again: %v", err)
+	}
+	if r, err := a.Take(ctx, "r:new", base, 0); err != nil || r.Limit != 60 {
+		t.Fatalf("r:new decides under %d (%v), want 60", r.Limit, err)
 	}
 }

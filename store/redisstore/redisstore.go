@@ -176,6 +176,7 @@ type Store struct {
 
 	overrides bool                              // Config.Overrides
 	patterns  atomic.Pointer[override.Patterns] // pattern overrides (override.go)
+	ovrMax    int                               // the bound on overrides, if not override.MaxOverrides (tests)
 }
 
 // compiled is a Limit with its algorithm constants and their ARGV form,
