@@ -193,3 +193,72 @@ func checkFresh(base, rule, key string) (map[string]any, error) {
 	}
 	return d, nil
 }
+
+// auditChanges reads GET /v1/overrides/audit with query q.
+func auditChanges(t *testing.T, base, q string) []map[string]any {
+	t.Helper()
+	resp, b := call(t, "GET", base+"/v1/overrides/audit"+q, "", bearer(token)...)
+	if resp.StatusCode != 200 {
+		t.Fatalf("GET /v1/overrides/audit%s: %d %s", q, resp.StatusCode, b)
+	}
+	var out struct{ Changes []map[string]any }
+	if err := json.Unmarshal(b, &out); err != nil {
+		t.Fatal(err)
+	}
+	return out.Changes
+}
+
+// TestOverrideAudit: every set and delete, and nothing for a refused PUT,
+// is read back through GET /v1/overrides/audit, oldest first, with its
+// rule and identity; since (a change's id or a time) and limit page it;
+// bad parameters are 400 naming them; the admin token guards it.
+func TestOverrideAudit(t *testing.T) {
+	_, ts := newTestServer(t, WithAdminToken(token))
+	if c := auditChanges(t, ts.URL, ""); len(c) != 0 {
+		t.Fatalf("before any change: %v", c)
+	}
+	start := time.Now().UTC().Add(-time.Second).Format(time.RFC3339)
+	for _, body := range []map[string]any{
+		{"rule": "api", "key": "k1", "limit": "8/m", "note": "launch"},
+		{"rule": "api", "key": "k1", "limit": "9/m"},
+		{"rule": "api", "key": "team-*", "limit": "7/m"},
+		{"rule": "api", "key": "k2", "limit": "5/month"}, // refused
+	} {
+		putOverride(t, ts.URL, body)
+	}
+	call(t, "DELETE", ts.URL+"/v1/overrides?rule=api&key=k1", "", bearer(token)...)
+	all := auditChanges(t, ts.URL, "")
+	want := []string{"set api k1 8/m launch", "set api k1 9/m ", "set api team-* 7/m ", "delete api k1 9/m "}
+	if len(all) != len(want) {
+		t.Fatalf("audit: %v; want %d changes", all, len(want))
+	}
+	for i, c := range all {
+		if got := fmt.Sprintf("%v %v %v %v %v", c["op"], c["rule"], c["key"], c["limit"], c["note"]); strings.TrimSuffix(got, "<nil>") != want[i] {
+			t.Errorf("change %d: %q, want %q", i, got, want[i])
+		}
+	}
+	if c := auditChanges(t, ts.URL, "?limit=2"); len(c) != 2 || c[1]["id"] != all[3]["id"] {
+		t.Fatalf("?limit=2: %v; want the latest 2", c)
+	}
+	if c := auditChanges(t, ts.URL, "?limit=2&since="+all[0]["id"].(string)); len(c) != 2 || c[0]["id"] != all[1]["id"] {
+		t.Fatalf("?since=<first id>&limit=2: %v; want the 2nd and 3rd", c)
+	}
+	if c := auditChanges(t, ts.URL, "?since="+all[3]["id"].(string)); len(c) != 0 {
+		t.Fatalf("?since=<last id>: %v", c)
+	}
+	if c := auditChanges(t, ts.URL, "?since="+start); len(c) != 4 {
+		t.Fatalf("?since=%s: %d changes, want 4", start, len(c))
+	}
+	if c := auditChanges(t, ts.URL, "?since=2100-01-01T00:00:00Z"); len(c) != 0 {
+		t.Fatalf("?since= the future: %v", c)
+	}
+	for q, field := range map[string]string{"?since=yesterday": "since", "?limit=0": "limit", "?limit=1001": "limit", "?limit=x": "limit"} {
+		resp, b := call(t, "GET", ts.URL+"/v1/overrides/audit"+q, "", bearer(token)...)
+		if resp.StatusCode != 400 || !strings.Contains(string(b), "parameter "+field) {
+			t.Errorf("%s: %d %s; want 400 naming %s", q, resp.StatusCode, b, field)
+		}
+	}
+	if resp, _ := call(t, "GET", ts.URL+"/v1/overrides/audit", ""); resp.StatusCode != 401 {
+		t.Errorf("without the token: %d", resp.StatusCode)
+	}
+}
