@@ -22,7 +22,8 @@ func TestApply(t *testing.T) {
 		want string
 	}{
 		{tb, "7/m", "refill in the rule's units"},
-		{tb, "20/h", "period"},
+		{tb, "3/s", "refill in the rule's units"},
+		{weir.Limit{Algorithm: weir.SlidingLog, Rate: 10, Period: time.Minute}, "20/h", "period"},
 		{tb, "nonsense", ""},
 		{weir.Limit{Algorithm: weir.FixedWindow, Rate: 10, Period: time.Minute}, "10/m burst 3", "burst"},
 		{weir.Limit{Algorithm: weir.SlidingWindow, Rate: 10, Period: time.Minute, Buckets: 4}, "10/m buckets 6", "buckets"},
@@ -32,6 +33,14 @@ func TestApply(t *testing.T) {
 		var oe *Error
 		if !errors.As(err, &oe) || oe.Field != "limit" || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("Apply(%v, %q) = %v; want a limit error containing %q", c.base, c.spec, err, c.want)
+		}
+	}
+	// A bucket's period may change when its units do not: 10/m and 2/s
+	// both refill in µs.
+	for _, a := range []weir.Algorithm{weir.TokenBucket, weir.LeakyBucket, weir.GCRA, ""} {
+		base := weir.Limit{Algorithm: a, Rate: 10, Period: time.Minute}
+		if l, err := Apply(base, "2/s"); err != nil || l.Period != time.Second || l.Rate != 2 || !Compatible(base, l) || Shape(base) != Shape(l) {
+			t.Fatalf("Apply(%v, 2/s) = %+v, %v", base, l, err)
 		}
 	}
 	if l, err := Apply(weir.Limit{Algorithm: weir.FixedWindow, Calendar: algorithm.CalendarMonth, Rate: 10}, "5000/month"); err != nil || l.Rate != 5000 {
