@@ -50,9 +50,16 @@ func TestOverridesCluster(t *testing.T) {
 // pattern binds the instance that set it at once and the other from its
 // next RefreshOverrides (weir serve's, every second), not before.
 func TestOverridesTwoStores(t *testing.T) {
-	srv := redistest.Standalone(t)
+	t.Run("Standalone", func(t *testing.T) { overridesTwoStores(t, []string{redistest.Standalone(t).Addr}) })
+	// On a cluster the keys below fall in many slots: a pattern is
+	// applied in Go before the call, with the limit sent to the key's own
+	// slot, so it binds every slot alike, within the same refresh bound.
+	t.Run("Cluster", func(t *testing.T) { overridesTwoStores(t, redistest.Cluster(t).Addrs) })
+}
+
+func overridesTwoStores(t *testing.T, addrs []string) {
 	clock := storetest.NewClock(storetest.Epoch)
-	cfg := Config{Addrs: []string{srv.Addr}, Clock: clock.Now, Prefix: fmt.Sprintf("ov%d", prefixSeq.Add(1)), Overrides: true}
+	cfg := Config{Addrs: addrs, Clock: clock.Now, Prefix: fmt.Sprintf("ov%d", prefixSeq.Add(1)), Overrides: true}
 	a, b := newTestStore(t, cfg), newTestStore(t, cfg)
 	ctx := context.Background()
 	base := weir.Limit{Algorithm: weir.FixedWindow, Rate: 2, Period: time.Hour}
@@ -85,8 +92,18 @@ func TestOverridesTwoStores(t *testing.T) {
 	if err := b.RefreshOverrides(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := limitOn(b, "r:team-1"); got != 7 {
-		t.Fatalf("after its refresh the other instance decided under %d, want 7", got)
+	slots := map[uint16]bool{}
+	for i := range 64 {
+		k := fmt.Sprintf("r:team-%d", i)
+		slots[slot(k)] = true
+		for _, s := range []*Store{a, b} {
+			if got := limitOn(s, k); got != 7 {
+				t.Fatalf("after the refresh %s decided under %d, want 7", k, got)
+			}
+		}
+	}
+	if len(slots) < 32 {
+		t.Fatalf("the pattern's keys fell in only %d slots", len(slots))
 	}
 	if ok, err := a.DeleteOverride(ctx, "r:exact"); err != nil || !ok {
 		t.Fatalf("DeleteOverride = %v, %v", ok, err)
@@ -174,5 +191,33 @@ func overrideBound(t *testing.T, addrs []string) {
 	}
 	if r, err := a.Take(ctx, "r:new", base, 0); err != nil || r.Limit != 60 {
 		t.Fatalf("r:new decides under %d (%v), want 60", r.Limit, err)
+	}
+}
+
+// TestOverrideKeySlot: on a real cluster, an exact key's override lives in
+// the slot of the key's state and penalty box, whatever bytes the key
+// holds (braces, a long key hashed), so the decision script reads it in
+// the same atomic step; the index and the log share the slot {overrides}.
+func TestOverrideKeySlot(t *testing.T) {
+	c := redistest.Cluster(t)
+	s := newTestStore(t, Config{Addrs: c.Addrs, Prefix: "weir", Overrides: true})
+	ctx := context.Background()
+	keyslot := func(k string) int64 {
+		t.Helper()
+		n, err := s.client.Do(ctx, s.client.B().ClusterKeyslot().Key(k).Build()).AsInt64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for _, key := range []string{"api:acme", "r:{x}", "r:}{", "", "~t", strings.Repeat("k", 300), "login:2001:db8::1"} {
+		nm := s.names(key, "gcra")
+		want := keyslot(nm.state)
+		if got := keyslot(s.ovrKey(key)); got != want || keyslot(nm.block) != want {
+			t.Errorf("%q: the override's slot %d, the state's %d", key, got, want)
+		}
+	}
+	if keyslot(s.ovrIndex()) != keyslot(s.ovrLog()) {
+		t.Errorf("the index %s and the log %s are in two slots", s.ovrIndex(), s.ovrLog())
 	}
 }
