@@ -42,7 +42,9 @@ func TestOverrideAPI(t *testing.T) {
 		status int
 		want   string
 	}{
-		{map[string]any{"rule": "nope", "key": "k", "limit": "5/m"}, 404, "nope"},
+		{map[string]any{"rule": "nope", "key": "k", "limit": "5/m"}, 404, `field rule: no rule is named "nope"`},
+		{map[string]any{"key": "k", "limit": "5/m"}, 400, "field rule"},
+		{map[string]any{"rule": "api", "key": "k"}, 400, "field limit"},
 		{map[string]any{"rule": "api", "key": "k", "limit": "lots"}, 400, "field limit"},
 		{map[string]any{"rule": "api", "key": "k", "limit": "5/month"}, 400, "field limit"},
 		{map[string]any{"rule": "api", "key": "k", "limit": "-5/m"}, 400, "field limit"},
@@ -51,16 +53,32 @@ func TestOverrideAPI(t *testing.T) {
 		{map[string]any{"rule": "api", "key": "k", "limit": "5/m", "until": "2001-01-01T00:00:00Z"}, 400, "field until"},
 		{map[string]any{"rule": "api", "key": "k", "limit": "5/m", "until": "tomorrow"}, 400, "field until"},
 		{map[string]any{"rule": "api", "key": "k", "limit": "5/m", "note": strings.Repeat("n", 257)}, 400, "field note"},
+		{map[string]any{"rule": "api", "key": strings.Repeat("p", 300) + "*", "limit": "5/m"}, 400, "field key"},
+		{map[string]any{"rule": "api", "key": "k", "limit": "5/h"}, 400, "field limit"},     // a window keeps its period
+		{map[string]any{"rule": "tiered", "key": "k", "limit": "7/m"}, 400, "field limit"}, // gcra: another unit
 	} {
 		status, d := putOverride(t, ts.URL, c.body)
 		if status != c.status || !strings.Contains(fmt.Sprint(d["detail"]), c.want) {
 			t.Errorf("PUT %v: %d %v; want %d naming %q", c.body, status, d, c.status, c.want)
 		}
 	}
-	resp, b := call(t, "GET", ts.URL+"/v1/overrides?rule=api", "", bearer(token)...)
-	if resp.StatusCode != 200 || len(decode(t, b)["overrides"].([]any)) != 0 {
-		t.Fatalf("after bad input: %d %s", resp.StatusCode, b)
+	for _, rule := range []string{"api", "tiered"} {
+		resp, b := call(t, "GET", ts.URL+"/v1/overrides?rule="+rule, "", bearer(token)...)
+		if resp.StatusCode != 200 || len(decode(t, b)["overrides"].([]any)) != 0 {
+			t.Fatalf("after bad input: %d %s", resp.StatusCode, b)
+		}
 	}
+	if c := auditChanges(t, ts.URL, ""); len(c) != 0 {
+		t.Fatalf("bad input was logged: %v", c)
+	}
+	// A bucket's override may change its period in the same units:
+	// tiered is gcra 2/m; 2/s refills in µs too.
+	if status, d := putOverride(t, ts.URL, map[string]any{"rule": "tiered", "key": "k", "limit": "2/s"}); status != 200 || d["limit"] != "2/s" {
+		t.Fatalf("PUT 2/s on a 2/m gcra rule: %d %v", status, d)
+	}
+	call(t, "DELETE", ts.URL+"/v1/overrides?rule=tiered&key=k", "", bearer(token)...)
+	var resp *http.Response
+	var b []byte
 	// The rule's 5/m, all used; raised to 8/m: 3 more in the same window.
 	if n := admittedBy(t, ts.URL, "api", "k1"); n != 5 {
 		t.Fatalf("rule limit: %d admitted", n)
