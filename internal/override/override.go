@@ -165,15 +165,31 @@ func isBucket(k algorithm.Kind) bool {
 	return k == algorithm.TokenBucket || k == algorithm.LeakyBucket || k == algorithm.GCRA
 }
 
+// units returns the B of a bucket's l (algorithm.Params): its level
+// counts in units of 1/B µs of refill, B = rate / gcd(rate, period in µs).
+func units(l weir.Limit) int64 {
+	r, p := l.Rate, l.Period.Microseconds()
+	if r <= 0 || p <= 0 {
+		return 0
+	}
+	a, b := r, p
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return r / a
+}
+
 // Compatible reports whether l can replace base on a live key: the same
 // algorithm (the state's key and shape), the same period (so the same
-// windows; a bucket's may differ, its level being refill time), calendar,
+// windows; a bucket's may differ in the same units, its level being
+// refill time: an override made for a rule that a reload gave other
+// units stops applying), calendar,
 // buckets, warm-up, and shaping or policing. Apply's limits always are; an
 // override stops applying to a rule whose period a reload changed.
 func Compatible(base, l weir.Limit) bool {
 	bk, _ := base.Algorithm.Kind()
 	lk, _ := l.Algorithm.Kind()
-	return bk == lk && (base.Period == l.Period || isBucket(bk)) && base.Calendar == l.Calendar && base.Timezone == l.Timezone && base.ResetAt == l.ResetAt &&
+	return bk == lk && (!isBucket(bk) && base.Period == l.Period || isBucket(bk) && units(base) == units(l)) && base.Calendar == l.Calendar && base.Timezone == l.Timezone && base.ResetAt == l.ResetAt &&
 		base.Buckets == l.Buckets && (base.Warmup == 0) == (l.Warmup == 0) && (base.MaxDelay == 0) == (l.MaxDelay == 0)
 }
 
@@ -191,9 +207,9 @@ func Shape(l weir.Limit) string {
 		w += 2
 	}
 	tz := strings.NewReplacer("|", "%7C", ";", "%3B", ",", "%2C", "=", "%3D").Replace(l.Timezone)
-	period := l.Period
+	period := int64(l.Period)
 	if isBucket(k) {
-		period = 0 // Compatible leaves a bucket's period out
+		period = -units(l) // Compatible compares a bucket's units, not its period
 	}
 	return fmt.Sprintf("%s.%d.%d.%d.%d.%d.%s", k, period, l.Buckets, w, l.Calendar, l.ResetAt, tz)
 }

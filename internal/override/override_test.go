@@ -61,6 +61,17 @@ func TestShapeIsCompatible(t *testing.T) {
 		{Algorithm: weir.FixedWindow, Calendar: algorithm.CalendarMonth, Rate: 3},
 		{Algorithm: weir.FixedWindow, Calendar: algorithm.CalendarMonth, Rate: 3, Timezone: "Asia/Shanghai"},
 		{Algorithm: weir.FixedWindow, Calendar: algorithm.CalendarWeek, Rate: 3},
+		{Algorithm: weir.GCRA, Rate: 2, Period: time.Second},                           // the units of 1/s and 1/m
+		{Algorithm: weir.GCRA, Rate: 1_000_000_007, Period: time.Second, Burst: 3},     // other units
+		{Algorithm: weir.GCRA, Rate: 1_000_000_007, Period: time.Second / 2, Burst: 6}, // the same as the line above
+		{Algorithm: weir.TokenBucket, Rate: 7, Period: time.Minute},                    // 7/m: other units
+		{Algorithm: weir.TokenBucket, Rate: 10, Period: time.Minute},                   // 10/m
+		{Algorithm: weir.TokenBucket, Rate: 2, Period: time.Second},                    // 2/s: the same units as 10/m
+		{Algorithm: weir.SlidingLog, Rate: 2, Period: time.Second},                     // a window: its period counts
+		{Algorithm: weir.SlidingLog, Rate: 2, Period: time.Minute},
+	}
+	if Compatible(ls[len(ls)-5], ls[len(ls)-4]) || !Compatible(ls[len(ls)-4], ls[len(ls)-3]) || !Compatible(ls[len(ls)-7], ls[len(ls)-6]) || Compatible(ls[len(ls)-8], ls[len(ls)-7]) {
+		t.Fatal("a bucket's override must be compatible exactly when its units are the same")
 	}
 	for _, a := range ls {
 		for _, b := range ls {
