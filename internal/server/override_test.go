@@ -54,7 +54,7 @@ func TestOverrideAPI(t *testing.T) {
 		{map[string]any{"rule": "api", "key": "k", "limit": "5/m", "until": "tomorrow"}, 400, "field until"},
 		{map[string]any{"rule": "api", "key": "k", "limit": "5/m", "note": strings.Repeat("n", 257)}, 400, "field note"},
 		{map[string]any{"rule": "api", "key": strings.Repeat("p", 300) + "*", "limit": "5/m"}, 400, "field key"},
-		{map[string]any{"rule": "api", "key": "k", "limit": "5/h"}, 400, "field limit"},     // a window keeps its period
+		{map[string]any{"rule": "api", "key": "k", "limit": "5/h"}, 400, "field limit"},    // a window keeps its period
 		{map[string]any{"rule": "tiered", "key": "k", "limit": "7/m"}, 400, "field limit"}, // gcra: another unit
 	} {
 		status, d := putOverride(t, ts.URL, c.body)
