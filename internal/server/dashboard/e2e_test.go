@@ -656,7 +656,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	if !slices.Equal(ops, wantOps) {
 		t.Fatalf("audit entries %q, want %q", ops, wantOps)
 	}
-	if s := b.innerText(ovrCard.css("#overrides-audit li").first()); !strings.Contains(s, "deleted") || !strings.Contains(s, "upload · user-1") {
+	if s := b.innerText(ovrCard.css("#overrides-audit li").first()); !strings.Contains(s, "deleted") || !strings.Contains(s, "upload · user-1 was 20/m") {
 		t.Fatalf("the latest audit entry reads %q", s)
 	}
 	logf("overrides card: %d overrides, %d changes", b.count(ovrRows), len(ops))

@@ -88,7 +88,7 @@ function drawAudit(changes) {
     h('span', { class: 'when' }, new Date(c.time).toLocaleTimeString()),
     ' ',
     h('strong', null, c.op === 'set' ? 'set' : 'deleted'),
-    ` ${c.rule ? c.rule + ' · ' : ''}${c.key} → ${c.limit}`,
+    ` ${c.rule ? c.rule + ' · ' : ''}${c.key} ${c.op === 'set' ? '→' : 'was'} ${c.limit}`,
     c.note ? h('span', { class: 'note' }, ` “${c.note}”`) : null));
   replace($('overrides-audit'), items);
   $('overrides-audit-empty').hidden = items.length > 0;
