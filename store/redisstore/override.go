@@ -34,7 +34,8 @@ import (
 //     the log and, on a server that is not a cluster, the exact key's
 //     override, so that instances changing overrides at once never pass
 //     the bound. On a cluster the exact key's override lives in another
-//     slot and is written just after the script.
+//     slot and is written just after the script, only if no later change
+//     of it was written first (ovrPutScript), so it ends as the index says.
 //   - Patterns are read from the hash into each store's memory by
 //     RefreshOverrides (weir serve calls it every second) and applied in
 //     Go before the call: a pattern binds the instance that set it at
@@ -54,6 +55,9 @@ func (s *Store) ovrKey(key string) string {
 // log, in one slot.
 func (s *Store) ovrIndex() string { return s.prefix + ":{overrides}" }
 func (s *Store) ovrLog() string   { return s.prefix + ":{overrides}:log" }
+
+// ovrSeq counts the changes, numbering each (ovr_scripts.go).
+func (s *Store) ovrSeq() string { return s.prefix + ":{overrides}:seq" }
 
 // ovrNow is the store's clock for checking an override's expiry: the test
 // clock, or Redis TIME.
@@ -89,48 +93,54 @@ func (s *Store) SetOverride(ctx context.Context, ov override.Override) error {
 	if err != nil {
 		return err
 	}
-	keys := []string{s.ovrIndex(), s.ovrLog()}
+	keys := []string{s.ovrIndex(), s.ovrLog(), s.ovrSeq()}
 	args := []string{ov.Key, string(doc), strconv.Itoa(s.maxOverrides()), strconv.Itoa(override.MaxLog), "", "0"}
-	var set *rueidis.Completed // the exact key's override, on a cluster written after the index
-	if _, pat := ov.Pattern(); !pat {
+	var val, pxat string // the exact key's override, on a cluster written after the index
+	_, pat := ov.Pattern()
+	if !pat {
 		var until int64
 		if !ov.Until.IsZero() {
 			until = ov.Until.UnixMicro()
 		}
-		val := strconv.FormatInt(until, 10) + "|" + strconv.FormatInt(p.MaxCost(), 10) + "|" + override.Shape(ov.Limit) + "|" + limitArg(&p)
-		var pxat int64
+		val = strconv.FormatInt(until, 10) + "|" + strconv.FormatInt(p.MaxCost(), 10) + "|" + override.Shape(ov.Limit) + "|" + limitArg(&p)
+		pxat = "0"
 		if until != 0 && s.clock == nil {
 			// Redis drops it a second after it stops applying; the
 			// script's own check by its clock is what counts.
-			pxat = ov.Until.Add(time.Second).UnixMilli()
+			pxat = strconv.FormatInt(ov.Until.Add(time.Second).UnixMilli(), 10)
 		}
-		if s.cluster {
-			b := s.client.B().Set().Key(s.ovrKey(ov.Key)).Value(val)
-			var cmd rueidis.Completed
-			if pxat != 0 {
-				cmd = b.Pxat(time.UnixMilli(pxat)).Build()
-			} else {
-				cmd = b.Build()
-			}
-			set = &cmd
-		} else {
+		if !s.cluster {
 			keys = append(keys, s.ovrKey(ov.Key))
-			args[4], args[5] = val, strconv.FormatInt(pxat, 10)
+			args[4], args[5] = val, pxat
 		}
 	}
-	if err := ovrSetScript.Exec(ctx, s.client, keys, args).Error(); err != nil {
+	seq, err := ovrSetScript.Exec(ctx, s.client, keys, args).AsInt64()
+	if err != nil {
 		if n, ok := boundError(err); ok {
 			return &override.Error{Field: "key", Reason: fmt.Sprintf("the store holds %d overrides, the most it keeps (%d): delete one first", n, s.maxOverrides())}
 		}
 		return fmt.Errorf("%w: overrides: %w", weir.ErrStore, err)
 	}
-	if set != nil {
-		if err := s.client.Do(ctx, *set).Error(); err != nil {
-			return fmt.Errorf("%w: override of %s: %w", weir.ErrStore, keyRef(ov.Key), err)
+	if !pat && s.cluster {
+		if err := s.putOverride(ctx, ov.Key, seq, val, pxat); err != nil {
+			return err
 		}
 	}
 	if _, pat := ov.Pattern(); pat {
 		return s.RefreshOverrides(ctx)
+	}
+	return nil
+}
+
+// putOverride writes, on a cluster, the exact key's override as change
+// number seq left it (val "": deleted), unless a later change was
+// written first.
+func (s *Store) putOverride(ctx context.Context, key string, seq int64, val, pxat string) error {
+	k := s.ovrKey(key)
+	err := ovrPutScript.Exec(ctx, s.client, []string{k, k + "v"},
+		[]string{strconv.FormatInt(seq, 10), val, pxat, strconv.FormatInt(ovrSeqTTL.Milliseconds(), 10)}).Error()
+	if err != nil {
+		return fmt.Errorf("%w: override of %s: %w", weir.ErrStore, keyRef(key), err)
 	}
 	return nil
 }
@@ -165,12 +175,12 @@ func (s *Store) DeleteOverride(ctx context.Context, key string) (bool, error) {
 	}
 	ctx, cancel := s.withDeadline(ctx)
 	defer cancel()
-	keys := []string{s.ovrIndex(), s.ovrLog()}
+	keys := []string{s.ovrIndex(), s.ovrLog(), s.ovrSeq()}
 	_, pat := override.IsPattern(key)
 	if !pat && !s.cluster {
 		keys = append(keys, s.ovrKey(key))
 	}
-	err := ovrDeleteScript.Exec(ctx, s.client, keys, []string{key, strconv.Itoa(override.MaxLog)}).Error()
+	seq, err := ovrDeleteScript.Exec(ctx, s.client, keys, []string{key, strconv.Itoa(override.MaxLog)}).AsInt64()
 	if rueidis.IsRedisNil(err) {
 		return false, nil
 	}
@@ -178,8 +188,8 @@ func (s *Store) DeleteOverride(ctx context.Context, key string) (bool, error) {
 		return false, fmt.Errorf("%w: overrides: %w", weir.ErrStore, err)
 	}
 	if !pat && s.cluster {
-		if err := s.client.Do(ctx, s.client.B().Del().Key(s.ovrKey(key)).Build()).Error(); err != nil {
-			return true, fmt.Errorf("%w: override of %s: %w", weir.ErrStore, keyRef(key), err)
+		if err := s.putOverride(ctx, key, seq, "", "0"); err != nil {
+			return true, err
 		}
 	}
 	if pat {
