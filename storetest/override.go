@@ -30,6 +30,9 @@ func RunOverrides(t *testing.T, newHarness func(t *testing.T) Harness) {
 			overrideCarries(t, h, os, a)
 		})
 	}
+	for _, a := range []weir.Algorithm{weir.TokenBucket, weir.LeakyBucket, weir.GCRA} {
+		t.Run("Units/"+string(a), func(t *testing.T) { overrideUnits(t, newHarness(t), a) })
+	}
 	t.Run("Expiry", func(t *testing.T) { overrideExpiry(t, newHarness(t)) })
 	t.Run("Calendar", func(t *testing.T) { overrideCalendar(t, newHarness(t)) })
 	t.Run("PenaltyBox", func(t *testing.T) { overrideBox(t, newHarness(t)) })
@@ -106,6 +109,82 @@ func overrideCarries(t *testing.T, h Harness, s override.Store, a weir.Algorithm
 	// Another key under the same rule keeps the rule's limit.
 	if n := admitted(t, s, weir.Key(t.Name(), "other"), base); n != 10 {
 		t.Fatalf("a key without an override admitted %d, want 10", n)
+	}
+}
+
+// takeN takes 1 from key under l n times, all of which must be admitted
+// under the limit want.
+func takeN(t *testing.T, s weir.Store, key string, l weir.Limit, n int, want int64) {
+	t.Helper()
+	for i := range n {
+		r, err := s.Take(context.Background(), key, l, 1)
+		if err != nil || !r.Allowed || r.Limit != want {
+			t.Fatalf("take %d of %d: %+v, %v; want admitted under %d", i+1, n, r, err, want)
+		}
+	}
+}
+
+// overrideUnits: a bucket's override may change its period when its
+// units stay (10/m and 2/s both refill in µs); the level carries as
+// refill time (docs/algorithms.md, "Overrides"): the token bucket its
+// free time, capped at the new bucket's span; the leaky bucket and GCRA
+// their time to drain, read as a full bucket while it passes the new
+// span.
+func overrideUnits(t *testing.T, h Harness, a weir.Algorithm) {
+	s := h.Store.(override.Store)
+	base := weir.Limit{Algorithm: a, Rate: 10, Period: time.Minute} // a span of 60 s
+	key := weir.Key(t.Name(), "t")
+	takeN(t, s, key, base, 10, 10) // empty: 60 s of refill to full
+	// 2/s burst 120 keeps the span of 60 s: empty still, then one every 0.5 s.
+	set(t, s, key, base, "2/s burst 120", time.Time{})
+	if n := admitted(t, s, key, base); n != 0 {
+		t.Fatalf("10/m emptied, now 2/s burst 120: %d admitted at once, want 0", n)
+	}
+	h.Clock.Advance(500 * time.Millisecond)
+	takeN(t, s, key, base, 1, 120)
+	if n := admitted(t, s, key, base); n != 0 {
+		t.Fatalf("2/s burst 120, 0.5 s later: more than 1 admitted (%d more)", n)
+	}
+	// 2/s (burst 2: a span of 1 s).
+	set(t, s, key, base, "2/s", time.Time{})
+	h.Clock.Advance(500 * time.Millisecond)
+	if a == weir.TokenBucket {
+		// 0.5 s of refill carried: one token.
+		takeN(t, s, key, base, 1, 2)
+		if n := admitted(t, s, key, base); n != 0 {
+			t.Fatalf("2/s with 0.5 s refilled: %d more admitted", n)
+		}
+	} else {
+		// 59.5 s to drain, more than the span of 1 s: full until it is
+		// under 0.5 s (at t0 + 60 s, 59 s from now).
+		if n := admitted(t, s, key, base); n != 0 {
+			t.Fatalf("2/s with 59.5 s to drain: %d admitted", n)
+		}
+		h.Clock.Advance(58*time.Second + 999*time.Millisecond)
+		if n := admitted(t, s, key, base); n != 0 {
+			t.Fatalf("2/s, 1 ms before the level is under the span: %d admitted", n)
+		}
+		h.Clock.Advance(time.Millisecond)
+		takeN(t, s, key, base, 1, 2)
+	}
+	// Back to the rule: the time carries again.
+	if ok, err := s.DeleteOverride(context.Background(), key); err != nil || !ok {
+		t.Fatalf("DeleteOverride = %v, %v", ok, err)
+	}
+	if a == weir.TokenBucket {
+		// Empty: 6 s to a token of 10/m.
+		if n := admitted(t, s, key, base); n != 0 {
+			t.Fatalf("back to 10/m, empty: %d admitted", n)
+		}
+		h.Clock.Advance(6 * time.Second)
+		takeN(t, s, key, base, 1, 10)
+	} else {
+		// 1 s to drain (the last take's 0.5 s on 0.5 s left) of a span of
+		// 60 s: 9 admitted at 6 s each.
+		takeN(t, s, key, base, 9, 10)
+	}
+	if n := admitted(t, s, key, base); n != 0 {
+		t.Fatalf("back to 10/m: %d more admitted", n)
 	}
 }
 

@@ -9,12 +9,13 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 )
 
 func init() {
-	register("override", "set, list, delete or import per-identity limit overrides through weir serve's admin API", runOverride)
+	register("override", "set, list, delete, import or audit per-identity limit overrides through weir serve's admin API", runOverride)
 }
 
 const overrideUsage = `Usage:
@@ -22,6 +23,7 @@ const overrideUsage = `Usage:
   weir override list   --rule R
   weir override delete --rule R --key K
   weir override import FILE   (JSON lines: {"rule","key","limit","until","note"}; - reads stdin)
+  weir override audit  [--since ID|2030-01-31T00:00:00Z] [--count N]   (the log of changes, oldest first)
 
 Talks to weir serve's admin API (--url, default http://127.0.0.1:8080) with
 the bearer token in $WEIR_ADMIN_TOKEN (or the variable --token-env names).
@@ -51,6 +53,8 @@ func runOverride(args []string, stdout, stderr io.Writer) int {
 	limit := fs.String("limit", "", `the override's rate, period and burst, such as "20/m burst 5"`)
 	until := fs.String("until", "", "RFC 3339 time at which the override stops applying (default: never)")
 	note := fs.String("note", "", "who set it and why")
+	since := fs.String("since", "", "audit: the changes after this change's id, or at or after this RFC 3339 time")
+	count := fs.Int("count", 0, "audit: at most this many changes (default: the server's, 100)")
 	// Flags may follow the file of import: every flag here takes a value.
 	var flags, pos []string
 	for i := 1; i < len(args); i++ {
@@ -88,6 +92,20 @@ func runOverride(args []string, stdout, stderr io.Writer) int {
 	case "delete":
 		out, err := c.do("DELETE", "/v1/overrides?rule="+url.QueryEscape(*rule)+"&key="+url.QueryEscape(*key), nil)
 		return report(out, err, stdout, stderr)
+	case "audit":
+		q := url.Values{}
+		if *since != "" {
+			q.Set("since", *since)
+		}
+		if *count != 0 {
+			q.Set("limit", strconv.Itoa(*count))
+		}
+		path := "/v1/overrides/audit"
+		if len(q) > 0 {
+			path += "?" + q.Encode()
+		}
+		out, err := c.do("GET", path, nil)
+		return report(out, err, stdout, stderr)
 	case "import":
 		if fs.NArg() != 1 {
 			fmt.Fprintln(stderr, "weir override import: name one file (- for stdin)")
@@ -95,7 +113,7 @@ func runOverride(args []string, stdout, stderr io.Writer) int {
 		}
 		return c.importFile(fs.Arg(0), stdout, stderr)
 	}
-	fmt.Fprintf(stderr, "weir override: unknown action %q (set, list, delete or import)\n", verb)
+	fmt.Fprintf(stderr, "weir override: unknown action %q (set, list, delete, import or audit)\n", verb)
 	return 2
 }
 

@@ -58,4 +58,11 @@ func TestOverrideCommand(t *testing.T) {
 	if code, out, _ := cmd("list", "--rule", "api"); code != 0 || strings.Count(out, `"key"`) != 2 {
 		t.Fatalf("list after delete: %d %s", code, out)
 	}
+	// The audit log: acme, beta, team-* set, beta deleted; the latest 2.
+	if code, out, errs := cmd("audit", "--count", "2"); code != 0 || strings.Count(out, `"op"`) != 2 || !strings.Contains(out, `"key":"team-*"`) || !strings.Contains(out, `"op":"delete"`) {
+		t.Fatalf("audit --count 2: %d %s %s", code, out, errs)
+	}
+	if code, _, errs := cmd("audit", "--since", "yesterday"); code != 1 || !strings.Contains(errs, "since") {
+		t.Fatalf("audit --since yesterday: %d %s", code, errs)
+	}
 }

@@ -133,35 +133,63 @@ func Apply(base weir.Limit, spec string) (weir.Limit, error) {
 	if p.Buckets != 0 && p.Buckets != base.Buckets {
 		return weir.Limit{}, &Error{"limit", fmt.Sprintf("%q: an override keeps the rule's %d buckets", spec, base.Buckets)}
 	}
-	if p.Period != base.Period && p.Calendar == 0 {
+	bk, _ := base.Algorithm.Kind()
+	if p.Period != base.Period && p.Calendar == 0 && !isBucket(bk) {
 		return weir.Limit{}, &Error{"limit", fmt.Sprintf("%q: an override keeps the rule's period (%s), so that the count goes on in the same windows", spec, base.String())}
 	}
 	l := base
+	if isBucket(bk) {
+		l.Period = p.Period
+	}
 	l.Rate, l.Burst = p.Rate, p.Burst
 	po, err := l.Compile()
 	if err != nil {
 		return weir.Limit{}, &Error{"limit", err.Error()}
 	}
-	if po.Kind == algorithm.TokenBucket || po.Kind == algorithm.LeakyBucket || po.Kind == algorithm.GCRA {
+	if isBucket(po.Kind) {
 		// A bucket's state is a level in units of 1/B µs of refill: the
 		// override must count in the same units for its level to mean
-		// the same time to full (docs/algorithms.md, "Overrides").
+		// the same time of refill (docs/algorithms.md, "Overrides"). Its
+		// period may differ: 10/m and 2/s both count in µs.
 		pb, err := base.Compile()
 		if err == nil && pb.B != po.B {
-			return weir.Limit{}, &Error{"limit", fmt.Sprintf("%q: a %s override must refill in the rule's units: its rate divided by gcd(rate, period in µs) must be %d, as the rule's is, not %d (for a rule whose rate divides its period, pick a rate that divides the period in µs too)", spec, po.Kind, pb.B, po.B)}
+			return weir.Limit{}, &Error{"limit", fmt.Sprintf("%q: a %s override must refill in the rule's units: its rate divided by gcd(rate, period in µs) must be %d, as the rule's is, not %d (for a rule whose rate divides its period, pick a rate that divides its own period in µs too, such as 2/s or 30/m)", spec, po.Kind, pb.B, po.B)}
 		}
 	}
 	return l, nil
 }
 
+// isBucket reports whether k keeps a level in units of refill time (token
+// bucket, leaky bucket, GCRA) rather than a count in windows.
+func isBucket(k algorithm.Kind) bool {
+	return k == algorithm.TokenBucket || k == algorithm.LeakyBucket || k == algorithm.GCRA
+}
+
+// units returns the B of a bucket's l (algorithm.Params): its level
+// counts in units of 1/B µs of refill, B = rate / gcd(rate, period in µs).
+func units(l weir.Limit) int64 {
+	r, p := l.Rate, l.Period.Microseconds()
+	if r <= 0 || p <= 0 {
+		return 0
+	}
+	a, b := r, p
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return r / a
+}
+
 // Compatible reports whether l can replace base on a live key: the same
 // algorithm (the state's key and shape), the same period (so the same
-// windows), calendar, buckets, warm-up, and shaping or policing. Apply's limits always are; an
+// windows; a bucket's may differ in the same units, its level being
+// refill time: an override made for a rule that a reload gave other
+// units stops applying), calendar,
+// buckets, warm-up, and shaping or policing. Apply's limits always are; an
 // override stops applying to a rule whose period a reload changed.
 func Compatible(base, l weir.Limit) bool {
 	bk, _ := base.Algorithm.Kind()
 	lk, _ := l.Algorithm.Kind()
-	return bk == lk && base.Period == l.Period && base.Calendar == l.Calendar && base.Timezone == l.Timezone && base.ResetAt == l.ResetAt &&
+	return bk == lk && (!isBucket(bk) && base.Period == l.Period || isBucket(bk) && units(base) == units(l)) && base.Calendar == l.Calendar && base.Timezone == l.Timezone && base.ResetAt == l.ResetAt &&
 		base.Buckets == l.Buckets && (base.Warmup == 0) == (l.Warmup == 0) && (base.MaxDelay == 0) == (l.MaxDelay == 0)
 }
 
@@ -179,7 +207,11 @@ func Shape(l weir.Limit) string {
 		w += 2
 	}
 	tz := strings.NewReplacer("|", "%7C", ";", "%3B", ",", "%2C", "=", "%3D").Replace(l.Timezone)
-	return fmt.Sprintf("%s.%d.%d.%d.%d.%d.%s", k, l.Period, l.Buckets, w, l.Calendar, l.ResetAt, tz)
+	period := int64(l.Period)
+	if isBucket(k) {
+		period = -units(l) // Compatible compares a bucket's units, not its period
+	}
+	return fmt.Sprintf("%s.%d.%d.%d.%d.%d.%s", k, period, l.Buckets, w, l.Calendar, l.ResetAt, tz)
 }
 
 // Patterns is an immutable set of pattern overrides, longest prefix first.

@@ -22,7 +22,8 @@ func TestApply(t *testing.T) {
 		want string
 	}{
 		{tb, "7/m", "refill in the rule's units"},
-		{tb, "20/h", "period"},
+		{tb, "3/s", "refill in the rule's units"},
+		{weir.Limit{Algorithm: weir.SlidingLog, Rate: 10, Period: time.Minute}, "20/h", "period"},
 		{tb, "nonsense", ""},
 		{weir.Limit{Algorithm: weir.FixedWindow, Rate: 10, Period: time.Minute}, "10/m burst 3", "burst"},
 		{weir.Limit{Algorithm: weir.SlidingWindow, Rate: 10, Period: time.Minute, Buckets: 4}, "10/m buckets 6", "buckets"},
@@ -32,6 +33,14 @@ func TestApply(t *testing.T) {
 		var oe *Error
 		if !errors.As(err, &oe) || oe.Field != "limit" || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("Apply(%v, %q) = %v; want a limit error containing %q", c.base, c.spec, err, c.want)
+		}
+	}
+	// A bucket's period may change when its units do not: 10/m and 2/s
+	// both refill in µs.
+	for _, a := range []weir.Algorithm{weir.TokenBucket, weir.LeakyBucket, weir.GCRA, ""} {
+		base := weir.Limit{Algorithm: a, Rate: 10, Period: time.Minute}
+		if l, err := Apply(base, "2/s"); err != nil || l.Period != time.Second || l.Rate != 2 || !Compatible(base, l) || Shape(base) != Shape(l) {
+			t.Fatalf("Apply(%v, 2/s) = %+v, %v", base, l, err)
 		}
 	}
 	if l, err := Apply(weir.Limit{Algorithm: weir.FixedWindow, Calendar: algorithm.CalendarMonth, Rate: 10}, "5000/month"); err != nil || l.Rate != 5000 {
@@ -52,6 +61,17 @@ func TestShapeIsCompatible(t *testing.T) {
 		{Algorithm: weir.FixedWindow, Calendar: algorithm.CalendarMonth, Rate: 3},
 		{Algorithm: weir.FixedWindow, Calendar: algorithm.CalendarMonth, Rate: 3, Timezone: "Asia/Shanghai"},
 		{Algorithm: weir.FixedWindow, Calendar: algorithm.CalendarWeek, Rate: 3},
+		{Algorithm: weir.GCRA, Rate: 2, Period: time.Second},                           // the units of 1/s and 1/m
+		{Algorithm: weir.GCRA, Rate: 1_000_000_007, Period: time.Second, Burst: 3},     // other units
+		{Algorithm: weir.GCRA, Rate: 1_000_000_007, Period: time.Second / 2, Burst: 6}, // the same as the line above
+		{Algorithm: weir.TokenBucket, Rate: 7, Period: time.Minute},                    // 7/m: other units
+		{Algorithm: weir.TokenBucket, Rate: 10, Period: time.Minute},                   // 10/m
+		{Algorithm: weir.TokenBucket, Rate: 2, Period: time.Second},                    // 2/s: the same units as 10/m
+		{Algorithm: weir.SlidingLog, Rate: 2, Period: time.Second},                     // a window: its period counts
+		{Algorithm: weir.SlidingLog, Rate: 2, Period: time.Minute},
+	}
+	if Compatible(ls[len(ls)-5], ls[len(ls)-4]) || !Compatible(ls[len(ls)-4], ls[len(ls)-3]) || !Compatible(ls[len(ls)-7], ls[len(ls)-6]) || Compatible(ls[len(ls)-8], ls[len(ls)-7]) {
+		t.Fatal("a bucket's override must be compatible exactly when its units are the same")
 	}
 	for _, a := range ls {
 		for _, b := range ls {

@@ -131,6 +131,10 @@ func (s *Server) handleOverridePut(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	base, err := p.Limit(req.Rule, "")
+	if errors.Is(err, policy.ErrUnknownRule) {
+		writeError(w, http.StatusNotFound, codeUnknownRule, "field rule: no rule is named %q; the rules in force are: %s", req.Rule, ruleNames(p))
+		return
+	}
 	if err != nil {
 		s.writeRuleError(w, p, req.Rule, err)
 		return

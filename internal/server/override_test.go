@@ -42,7 +42,9 @@ func TestOverrideAPI(t *testing.T) {
 		status int
 		want   string
 	}{
-		{map[string]any{"rule": "nope", "key": "k", "limit": "5/m"}, 404, "nope"},
+		{map[string]any{"rule": "nope", "key": "k", "limit": "5/m"}, 404, `field rule: no rule is named "nope"`},
+		{map[string]any{"key": "k", "limit": "5/m"}, 400, "field rule"},
+		{map[string]any{"rule": "api", "key": "k"}, 400, "field limit"},
 		{map[string]any{"rule": "api", "key": "k", "limit": "lots"}, 400, "field limit"},
 		{map[string]any{"rule": "api", "key": "k", "limit": "5/month"}, 400, "field limit"},
 		{map[string]any{"rule": "api", "key": "k", "limit": "-5/m"}, 400, "field limit"},
@@ -51,16 +53,32 @@ func TestOverrideAPI(t *testing.T) {
 		{map[string]any{"rule": "api", "key": "k", "limit": "5/m", "until": "2001-01-01T00:00:00Z"}, 400, "field until"},
 		{map[string]any{"rule": "api", "key": "k", "limit": "5/m", "until": "tomorrow"}, 400, "field until"},
 		{map[string]any{"rule": "api", "key": "k", "limit": "5/m", "note": strings.Repeat("n", 257)}, 400, "field note"},
+		{map[string]any{"rule": "api", "key": strings.Repeat("p", 300) + "*", "limit": "5/m"}, 400, "field key"},
+		{map[string]any{"rule": "api", "key": "k", "limit": "5/h"}, 400, "field limit"},    // a window keeps its period
+		{map[string]any{"rule": "tiered", "key": "k", "limit": "7/m"}, 400, "field limit"}, // gcra: another unit
 	} {
 		status, d := putOverride(t, ts.URL, c.body)
 		if status != c.status || !strings.Contains(fmt.Sprint(d["detail"]), c.want) {
 			t.Errorf("PUT %v: %d %v; want %d naming %q", c.body, status, d, c.status, c.want)
 		}
 	}
-	resp, b := call(t, "GET", ts.URL+"/v1/overrides?rule=api", "", bearer(token)...)
-	if resp.StatusCode != 200 || len(decode(t, b)["overrides"].([]any)) != 0 {
-		t.Fatalf("after bad input: %d %s", resp.StatusCode, b)
+	for _, rule := range []string{"api", "tiered"} {
+		resp, b := call(t, "GET", ts.URL+"/v1/overrides?rule="+rule, "", bearer(token)...)
+		if resp.StatusCode != 200 || len(decode(t, b)["overrides"].([]any)) != 0 {
+			t.Fatalf("after bad input: %d %s", resp.StatusCode, b)
+		}
 	}
+	if c := auditChanges(t, ts.URL, ""); len(c) != 0 {
+		t.Fatalf("bad input was logged: %v", c)
+	}
+	// A bucket's override may change its period in the same units:
+	// tiered is gcra 2/m; 2/s refills in µs too.
+	if status, d := putOverride(t, ts.URL, map[string]any{"rule": "tiered", "key": "k", "limit": "2/s"}); status != 200 || d["limit"] != "2/s" {
+		t.Fatalf("PUT 2/s on a 2/m gcra rule: %d %v", status, d)
+	}
+	call(t, "DELETE", ts.URL+"/v1/overrides?rule=tiered&key=k", "", bearer(token)...)
+	var resp *http.Response
+	var b []byte
 	// The rule's 5/m, all used; raised to 8/m: 3 more in the same window.
 	if n := admittedBy(t, ts.URL, "api", "k1"); n != 5 {
 		t.Fatalf("rule limit: %d admitted", n)
@@ -192,4 +210,73 @@ func checkFresh(base, rule, key string) (map[string]any, error) {
 		return nil, fmt.Errorf("POST /v1/check: %d: %w", resp.StatusCode, err)
 	}
 	return d, nil
+}
+
+// auditChanges reads GET /v1/overrides/audit with query q.
+func auditChanges(t *testing.T, base, q string) []map[string]any {
+	t.Helper()
+	resp, b := call(t, "GET", base+"/v1/overrides/audit"+q, "", bearer(token)...)
+	if resp.StatusCode != 200 {
+		t.Fatalf("GET /v1/overrides/audit%s: %d %s", q, resp.StatusCode, b)
+	}
+	var out struct{ Changes []map[string]any }
+	if err := json.Unmarshal(b, &out); err != nil {
+		t.Fatal(err)
+	}
+	return out.Changes
+}
+
+// TestOverrideAudit: every set and delete, and nothing for a refused PUT,
+// is read back through GET /v1/overrides/audit, oldest first, with its
+// rule and identity; since (a change's id or a time) and limit page it;
+// bad parameters are 400 naming them; the admin token guards it.
+func TestOverrideAudit(t *testing.T) {
+	_, ts := newTestServer(t, WithAdminToken(token))
+	if c := auditChanges(t, ts.URL, ""); len(c) != 0 {
+		t.Fatalf("before any change: %v", c)
+	}
+	start := time.Now().UTC().Add(-time.Second).Format(time.RFC3339)
+	for _, body := range []map[string]any{
+		{"rule": "api", "key": "k1", "limit": "8/m", "note": "launch"},
+		{"rule": "api", "key": "k1", "limit": "9/m"},
+		{"rule": "api", "key": "team-*", "limit": "7/m"},
+		{"rule": "api", "key": "k2", "limit": "5/month"}, // refused
+	} {
+		putOverride(t, ts.URL, body)
+	}
+	call(t, "DELETE", ts.URL+"/v1/overrides?rule=api&key=k1", "", bearer(token)...)
+	all := auditChanges(t, ts.URL, "")
+	want := []string{"set api k1 8/m launch", "set api k1 9/m ", "set api team-* 7/m ", "delete api k1 9/m "}
+	if len(all) != len(want) {
+		t.Fatalf("audit: %v; want %d changes", all, len(want))
+	}
+	for i, c := range all {
+		if got := fmt.Sprintf("%v %v %v %v %v", c["op"], c["rule"], c["key"], c["limit"], c["note"]); strings.TrimSuffix(got, "<nil>") != want[i] {
+			t.Errorf("change %d: %q, want %q", i, got, want[i])
+		}
+	}
+	if c := auditChanges(t, ts.URL, "?limit=2"); len(c) != 2 || c[1]["id"] != all[3]["id"] {
+		t.Fatalf("?limit=2: %v; want the latest 2", c)
+	}
+	if c := auditChanges(t, ts.URL, "?limit=2&since="+all[0]["id"].(string)); len(c) != 2 || c[0]["id"] != all[1]["id"] {
+		t.Fatalf("?since=<first id>&limit=2: %v; want the 2nd and 3rd", c)
+	}
+	if c := auditChanges(t, ts.URL, "?since="+all[3]["id"].(string)); len(c) != 0 {
+		t.Fatalf("?since=<last id>: %v", c)
+	}
+	if c := auditChanges(t, ts.URL, "?since="+start); len(c) != 4 {
+		t.Fatalf("?since=%s: %d changes, want 4", start, len(c))
+	}
+	if c := auditChanges(t, ts.URL, "?since=2100-01-01T00:00:00Z"); len(c) != 0 {
+		t.Fatalf("?since= the future: %v", c)
+	}
+	for q, field := range map[string]string{"?since=yesterday": "since", "?limit=0": "limit", "?limit=1001": "limit", "?limit=x": "limit"} {
+		resp, b := call(t, "GET", ts.URL+"/v1/overrides/audit"+q, "", bearer(token)...)
+		if resp.StatusCode != 400 || !strings.Contains(string(b), "parameter "+field) {
+			t.Errorf("%s: %d %s; want 400 naming %s", q, resp.StatusCode, b, field)
+		}
+	}
+	if resp, _ := call(t, "GET", ts.URL+"/v1/overrides/audit", ""); resp.StatusCode != 401 {
+		t.Errorf("without the token: %d", resp.StatusCode)
+	}
 }

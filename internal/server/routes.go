@@ -72,6 +72,7 @@ func (s *Server) routeTable() []route {
 			http.MethodPut:    s.admin(s.handleOverridePut),
 			http.MethodDelete: s.admin(s.handleOverrideDelete),
 		}),
+		byMethod("/v1/overrides/audit", methods{http.MethodGet: s.admin(s.handleOverrideAudit)}),
 		byMethod("/v1/usage", methods{http.MethodGet: s.admin(s.handleUsage)}),
 		byMethod("/v1/events", methods{http.MethodGet: s.admin(s.handleEvents)}),
 		byMethod("/v1/top", methods{http.MethodGet: s.handleTop}),

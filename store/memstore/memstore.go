@@ -52,6 +52,8 @@ type Store struct {
 	ovrs atomic.Pointer[overrides] // nil until an override is set (override.go)
 	evts atomic.Pointer[evState]   // nil until event rules are set (events.go)
 	evMu sync.Mutex                // serialises SetEventRules
+	// ovrMax is the bound on overrides, if not override.MaxOverrides (tests).
+	ovrMax int
 }
 
 // maxCompiled bounds the shared-limit cache; beyond it (a program that

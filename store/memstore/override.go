@@ -85,8 +85,8 @@ func (s *Store) SetOverride(ctx context.Context, ov override.Override) error {
 	if _, pat := ov.Pattern(); pat {
 		ps := *o.patterns.Load()
 		i := slices.IndexFunc(ps, func(e override.Override) bool { return e.Key == ov.Key })
-		if i < 0 && o.count >= override.MaxOverrides {
-			return &override.Error{Field: "key", Reason: fmt.Sprintf("the store holds %d overrides, its most", o.count)}
+		if i < 0 && o.count >= s.maxOverrides() {
+			return s.boundError(o.count)
 		}
 		nps := slices.Clone(ps)
 		if i >= 0 {
@@ -104,9 +104,9 @@ func (s *Store) SetOverride(ctx context.Context, ov override.Override) error {
 		sh.mu.Lock()
 		m := o.exact[si]
 		_, had := m[ov.Key]
-		if !had && o.count >= override.MaxOverrides {
+		if !had && o.count >= s.maxOverrides() {
 			sh.mu.Unlock()
-			return &override.Error{Field: "key", Reason: fmt.Sprintf("the store holds %d overrides, its most", o.count)}
+			return s.boundError(o.count)
 		}
 		if m == nil {
 			m = map[string]*override.Override{}
@@ -121,6 +121,20 @@ func (s *Store) SetOverride(ctx context.Context, ov override.Override) error {
 	}
 	o.audit("set", ov, time.UnixMicro(s.micros()))
 	return nil
+}
+
+// maxOverrides is the most overrides the store keeps.
+func (s *Store) maxOverrides() int {
+	if s.ovrMax > 0 {
+		return s.ovrMax
+	}
+	return override.MaxOverrides
+}
+
+// boundError refuses an override beyond the bound, checked before
+// anything is written.
+func (s *Store) boundError(n int) error {
+	return &override.Error{Field: "key", Reason: fmt.Sprintf("the store holds %d overrides, the most it keeps (%d): delete one first", n, s.maxOverrides())}
 }
 
 // DeleteOverride implements override.Store.

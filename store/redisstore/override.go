@@ -27,9 +27,15 @@ import (
 //     key without one costs the script one GET of a missing key and no
 //     round trip.
 //   - Every override, patterns included, is also a field of the hash
-//     "<prefix>:overrides" (its JSON), which lists them and bounds their
+//     "<prefix>:{overrides}" (its JSON), which lists them and bounds their
 //     number, and every change is appended to the stream
-//     "<prefix>:overrides:log", capped at about override.MaxLog entries.
+//     "<prefix>:{overrides}:log", capped at about override.MaxLog entries.
+//     One script (ovr_scripts.go) checks the bound and writes the index,
+//     the log and, on a server that is not a cluster, the exact key's
+//     override, so that instances changing overrides at once never pass
+//     the bound. On a cluster the exact key's override lives in another
+//     slot and is written just after the script, only if no later change
+//     of it was written first (ovrPutScript), so it ends as the index says.
 //   - Patterns are read from the hash into each store's memory by
 //     RefreshOverrides (weir serve calls it every second) and applied in
 //     Go before the call: a pattern binds the instance that set it at
@@ -45,8 +51,13 @@ func (s *Store) ovrKey(key string) string {
 	return b.String()
 }
 
-func (s *Store) ovrIndex() string { return s.prefix + ":overrides" }
-func (s *Store) ovrLog() string   { return s.prefix + ":overrides:log" }
+// ovrIndex and ovrLog are the index of every override and the audit
+// log, in one slot.
+func (s *Store) ovrIndex() string { return s.prefix + ":{overrides}" }
+func (s *Store) ovrLog() string   { return s.prefix + ":{overrides}:log" }
+
+// ovrSeq counts the changes, numbering each (ovr_scripts.go).
+func (s *Store) ovrSeq() string { return s.prefix + ":{overrides}:seq" }
 
 // ovrNow is the store's clock for checking an override's expiry: the test
 // clock, or Redis TIME.
@@ -82,57 +93,79 @@ func (s *Store) SetOverride(ctx context.Context, ov override.Override) error {
 	if err != nil {
 		return err
 	}
-	exists, err := s.client.Do(ctx, s.client.B().Hexists().Key(s.ovrIndex()).Field(ov.Key).Build()).AsBool()
-	if err != nil {
-		return fmt.Errorf("%w: overrides: %w", weir.ErrStore, err)
-	}
-	if !exists {
-		n, err := s.client.Do(ctx, s.client.B().Hlen().Key(s.ovrIndex()).Build()).AsInt64()
-		if err != nil {
-			return fmt.Errorf("%w: overrides: %w", weir.ErrStore, err)
-		}
-		if n >= override.MaxOverrides {
-			return &override.Error{Field: "key", Reason: fmt.Sprintf("the store holds %d overrides, its most", n)}
-		}
-	}
-	if _, pat := ov.Pattern(); !pat {
+	keys := []string{s.ovrIndex(), s.ovrLog(), s.ovrSeq()}
+	args := []string{ov.Key, string(doc), strconv.Itoa(s.maxOverrides()), strconv.Itoa(override.MaxLog), "", "0"}
+	var val, pxat string // the exact key's override, on a cluster written after the index
+	_, pat := ov.Pattern()
+	if !pat {
 		var until int64
 		if !ov.Until.IsZero() {
 			until = ov.Until.UnixMicro()
 		}
-		val := strconv.FormatInt(until, 10) + "|" + strconv.FormatInt(p.MaxCost(), 10) + "|" + override.Shape(ov.Limit) + "|" + limitArg(&p)
-		set := s.client.B().Set().Key(s.ovrKey(ov.Key)).Value(val)
-		var cmd rueidis.Completed
+		val = strconv.FormatInt(until, 10) + "|" + strconv.FormatInt(p.MaxCost(), 10) + "|" + override.Shape(ov.Limit) + "|" + limitArg(&p)
+		pxat = "0"
 		if until != 0 && s.clock == nil {
 			// Redis drops it a second after it stops applying; the
 			// script's own check by its clock is what counts.
-			cmd = set.Pxat(ov.Until.Add(time.Second)).Build()
-		} else {
-			cmd = set.Build()
+			pxat = strconv.FormatInt(ov.Until.Add(time.Second).UnixMilli(), 10)
 		}
-		if err := s.client.Do(ctx, cmd).Error(); err != nil {
-			return fmt.Errorf("%w: override of %s: %w", weir.ErrStore, keyRef(ov.Key), err)
+		if !s.cluster {
+			keys = append(keys, s.ovrKey(ov.Key))
+			args[4], args[5] = val, pxat
 		}
 	}
-	if err := s.client.Do(ctx, s.client.B().Hset().Key(s.ovrIndex()).FieldValue().FieldValue(ov.Key, string(doc)).Build()).Error(); err != nil {
+	seq, err := ovrSetScript.Exec(ctx, s.client, keys, args).AsInt64()
+	if err != nil {
+		if n, ok := boundError(err); ok {
+			return &override.Error{Field: "key", Reason: fmt.Sprintf("the store holds %d overrides, the most it keeps (%d): delete one first", n, s.maxOverrides())}
+		}
 		return fmt.Errorf("%w: overrides: %w", weir.ErrStore, err)
 	}
-	if _, pat := ov.Pattern(); pat {
-		if err := s.RefreshOverrides(ctx); err != nil {
+	if !pat && s.cluster {
+		if err := s.putOverride(ctx, ov.Key, seq, val, pxat); err != nil {
 			return err
 		}
 	}
-	return s.audit(ctx, "set", doc)
-}
-
-// audit appends a change to the log stream.
-func (s *Store) audit(ctx context.Context, op string, doc []byte) error {
-	cmd := s.client.B().Xadd().Key(s.ovrLog()).Maxlen().Almost().Threshold(strconv.Itoa(override.MaxLog)).Id("*").
-		FieldValue().FieldValue("op", op).FieldValue("override", string(doc)).Build()
-	if err := s.client.Do(ctx, cmd).Error(); err != nil {
-		return fmt.Errorf("%w: overrides log: %w", weir.ErrStore, err)
+	if _, pat := ov.Pattern(); pat {
+		return s.RefreshOverrides(ctx)
 	}
 	return nil
+}
+
+// putOverride writes, on a cluster, the exact key's override as change
+// number seq left it (val "": deleted), unless a later change was
+// written first.
+func (s *Store) putOverride(ctx context.Context, key string, seq int64, val, pxat string) error {
+	k := s.ovrKey(key)
+	err := ovrPutScript.Exec(ctx, s.client, []string{k, k + "v"},
+		[]string{strconv.FormatInt(seq, 10), val, pxat, strconv.FormatInt(ovrSeqTTL.Milliseconds(), 10)}).Error()
+	if err != nil {
+		return fmt.Errorf("%w: override of %s: %w", weir.ErrStore, keyRef(key), err)
+	}
+	return nil
+}
+
+// maxOverrides is the most overrides the store keeps.
+func (s *Store) maxOverrides() int {
+	if s.ovrMax > 0 {
+		return s.ovrMax
+	}
+	return override.MaxOverrides
+}
+
+// boundError reports whether err is ovrSetScript's refusal beyond the
+// bound, and the count it found.
+func boundError(err error) (int, bool) {
+	var re *rueidis.RedisError
+	if !errors.As(err, &re) {
+		return 0, false
+	}
+	_, rest, ok := strings.Cut(re.Error(), "WEIRBOUND ")
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(rest))
+	return n, err == nil
 }
 
 // DeleteOverride implements override.Store.
@@ -142,27 +175,29 @@ func (s *Store) DeleteOverride(ctx context.Context, key string) (bool, error) {
 	}
 	ctx, cancel := s.withDeadline(ctx)
 	defer cancel()
-	doc, err := s.client.Do(ctx, s.client.B().Hget().Key(s.ovrIndex()).Field(key).Build()).ToString()
+	keys := []string{s.ovrIndex(), s.ovrLog(), s.ovrSeq()}
+	_, pat := override.IsPattern(key)
+	if !pat && !s.cluster {
+		keys = append(keys, s.ovrKey(key))
+	}
+	seq, err := ovrDeleteScript.Exec(ctx, s.client, keys, []string{key, strconv.Itoa(override.MaxLog)}).AsInt64()
 	if rueidis.IsRedisNil(err) {
 		return false, nil
 	}
 	if err != nil {
 		return false, fmt.Errorf("%w: overrides: %w", weir.ErrStore, err)
 	}
-	if _, pat := override.IsPattern(key); !pat {
-		if err := s.client.Do(ctx, s.client.B().Del().Key(s.ovrKey(key)).Build()).Error(); err != nil {
-			return false, fmt.Errorf("%w: override of %s: %w", weir.ErrStore, keyRef(key), err)
+	if !pat && s.cluster {
+		if err := s.putOverride(ctx, key, seq, "", "0"); err != nil {
+			return true, err
 		}
 	}
-	if err := s.client.Do(ctx, s.client.B().Hdel().Key(s.ovrIndex()).Field(key).Build()).Error(); err != nil {
-		return false, fmt.Errorf("%w: overrides: %w", weir.ErrStore, err)
-	}
-	if _, pat := override.IsPattern(key); pat {
+	if pat {
 		if err := s.RefreshOverrides(ctx); err != nil {
 			return true, err
 		}
 	}
-	return true, s.audit(ctx, "delete", []byte(doc))
+	return true, nil
 }
 
 // Overrides implements override.Store.

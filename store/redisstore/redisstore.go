@@ -178,6 +178,7 @@ type Store struct {
 	overrides bool                              // Config.Overrides
 	patterns  atomic.Pointer[override.Patterns] // pattern overrides (override.go)
 	evts      atomic.Pointer[evState]           // rules with events (events.go); nil: none
+	ovrMax    int                               // the bound on overrides, if not override.MaxOverrides (tests)
 }
 
 // compiled is a Limit with its algorithm constants and their ARGV form,

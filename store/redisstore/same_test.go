@@ -108,6 +108,30 @@ func lowered(l weir.Limit) (weir.Limit, bool) {
 	return l, l.Validate() == nil
 }
 
+// respanned returns a bucket's l in half its period with twice its burst:
+// twice the rate in the same units and the same span (burst × interval),
+// an override's change of period that carries the level as refill time
+// (docs/algorithms.md, "Overrides") alike on both stores.
+func respanned(l weir.Limit) (weir.Limit, bool) {
+	switch l.Algorithm {
+	case weir.TokenBucket, weir.GCRA, weir.LeakyBucket:
+	default:
+		return l, false
+	}
+	if l.Period%(2*time.Microsecond) != 0 || l.Warmup != 0 || l.MaxDelay != 0 {
+		return l, false
+	}
+	b := l.Burst
+	if b == 0 {
+		b = l.Rate
+	}
+	r := l
+	r.Period, r.Burst = l.Period/2, 2*b
+	p, err1 := l.Compile()
+	q, err2 := r.Compile()
+	return r, err1 == nil && err2 == nil && r.Validate() == nil && p.B == q.B && p.Burst*p.A == q.Burst*q.A
+}
+
 // TestSameAsMemstore drives memstore and redisstore with one clock through
 // the same random workload (takes, peeks, partial grants, batches, resets,
 // leases, limit changes on a live key, time jumps) and requires identical
@@ -284,6 +308,9 @@ func sameAsMemstoreWith(t *testing.T, cfg Config, steps int) {
 					}
 					var errs [2]error
 					lo, ok := lowered(keyLimit[k])
+					if rs, rok := respanned(keyLimit[k]); rok && rng.IntN(2) == 0 {
+						lo, ok = rs, true
+					}
 					set := ok && rng.IntN(3) > 0
 					for i, s := range stores {
 						os := s.(override.Store)

@@ -7,7 +7,9 @@
 // per second (allowed, limited, shadow-limited) over the last five minutes,
 // the rules in force, the most limited identities, the penalty box with an
 // Unblock button that calls the admin API, the store's health, the fleet of
-// instances and a form that sends a check. The chart is uPlot, vendored
+// instances and a form that sends a check; with the admin token, the
+// overrides of every rule and their latest changes, read from the admin API
+// every five seconds. The chart is uPlot, vendored
 // from npm under assets/vendor/uplot.
 //
 // Every response carries a strict Content-Security-Policy: scripts, styles,

@@ -131,7 +131,7 @@ func TestPageIsSelfContained(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, id := range []string{"decisions-chart", "rules-table", "top-limited", "blocked-list", "store-health", "try-it"} {
+	for _, id := range []string{"decisions-chart", "rules-table", "top-limited", "blocked-list", "store-health", "try-it", "overrides"} {
 		if !strings.Contains(html, `data-testid="`+id+`"`) {
 			t.Errorf("index.html lacks data-testid %q", id)
 		}

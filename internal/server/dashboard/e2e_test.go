@@ -212,6 +212,34 @@ func (c *checker) traffic(stop <-chan struct{}, attacker string, problem func(st
 	return sent
 }
 
+// adminCall sends an admin API request with body as JSON (nil: none) and
+// fails t unless it answers 200.
+func adminCall(t *testing.T, base, method, path string, body any) {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, base+path, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+e2eToken)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("%s %s: %d %s", method, path, resp.StatusCode, text)
+	}
+}
+
 // freePort returns a loopback address with a port nobody listens on now.
 func freePort(t *testing.T) string {
 	t.Helper()
@@ -559,6 +587,26 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 	logf("without a token: %d login tags in blocked-list, countdown %s, no identity on the page", len(tags), c1)
 
+	// Overrides, set and changed through the admin API: the card shows
+	// none of it without the token.
+	ovrCard := css(`[data-testid="overrides"]`)
+	b.waitVisible(ovrCard.css("#overrides-note"), actionTimeout)
+	if n := b.count(ovrCard.css("#overrides-body").visible()); n != 0 {
+		t.Fatal("the overrides card shows its body without the token")
+	}
+	for _, o := range []map[string]any{
+		{"rule": "api", "key": "key-alpha", "limit": "360/m", "note": "launch week"},
+		{"rule": "api", "key": "key-team-*", "limit": "720/m"},
+		{"rule": "upload", "key": "user-1", "limit": "20/m"},
+		{"rule": "api", "key": "key-alpha", "limit": "720/m", "note": "launch week, raised"},
+	} {
+		adminCall(t, base, "PUT", "/v1/overrides", o)
+	}
+	adminCall(t, base, "DELETE", "/v1/overrides?rule=upload&key=user-1", nil)
+	if s := b.innerText(ovrCard); strings.Contains(s, "key-alpha") {
+		t.Fatalf("the overrides card shows an identity without the token: %s", s)
+	}
+
 	// A wrong token is refused, the right one is kept for the tab.
 	tokenInput := doc.label("Admin token", false)
 	b.fill(tokenInput, "not-the-token")
@@ -594,6 +642,33 @@ func TestDashboardInBrowser(t *testing.T) {
 		t.Fatalf("latest-events does not show %s's events: %s", target, s)
 	}
 	logf("with the token: target's events in latest-events")
+
+	// With the token the overrides card lists the overrides in force per
+	// rule and the latest changes, newest first.
+	ovrRows := ovrCard.css("#overrides-rows tr")
+	b.waitFor("the overrides in the card", 60*time.Second, pollEvery, func() (bool, any, error) {
+		n := b.count(ovrRows)
+		return n == 2, n, nil
+	})
+	alpha := b.innerText(ovrCard.css(`tr[data-rule="api"][data-key="key-alpha"]`))
+	if !strings.Contains(alpha, "720/m") || !strings.Contains(alpha, "launch week, raised") || !strings.Contains(alpha, "no end") {
+		t.Fatalf("the override of key-alpha reads %q", alpha)
+	}
+	if b.count(ovrCard.css(`tr[data-rule="api"][data-key="key-team-*"]`)) != 1 || b.count(ovrCard.css(`tr[data-rule="upload"]`)) != 0 {
+		t.Fatalf("overrides card: %s", b.innerText(ovrCard))
+	}
+	var ops []string
+	if err := b.evalJS(`W.css([document], '#overrides-audit li').map((e) => e.dataset.op + ' ' + e.dataset.rule + ' ' + e.dataset.key)`, &ops); err != nil {
+		t.Fatal(err)
+	}
+	wantOps := []string{"delete upload user-1", "set api key-alpha", "set upload user-1", "set api key-team-*", "set api key-alpha"}
+	if !slices.Equal(ops, wantOps) {
+		t.Fatalf("audit entries %q, want %q", ops, wantOps)
+	}
+	if s := b.innerText(ovrCard.css("#overrides-audit li").first()); !strings.Contains(s, "deleted") || !strings.Contains(s, "upload · user-1 was 20/m") {
+		t.Fatalf("the latest audit entry reads %q", s)
+	}
+	logf("overrides card: %d overrides, %d changes", b.count(ovrRows), len(ops))
 
 	// Unblock target with the button: the page asks first. Cancel keeps
 	// it blocked; confirmed, it leaves the list and stays gone.

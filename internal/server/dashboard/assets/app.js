@@ -7,6 +7,7 @@ import { h, replace, setText, syncList } from './dom.js';
 import { sparkline, draw as drawSpark } from './spark.js';
 import * as fmt from './fmt.js';
 import { renderProtect } from './protect.js';
+import { renderOverrides } from './overrides.js';
 
 const POLL_MS = 1000;
 const TOKEN_KEY = 'weir.adminToken';
@@ -185,6 +186,7 @@ function render(snap) {
   renderStore(snap);
   renderFleet(snap);
   renderProtect(snap);
+  renderOverrides(adminMode(snap) === 'token' ? state.token : '', names);
   renderTryRules(names);
 }
 
