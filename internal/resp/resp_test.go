@@ -582,3 +582,30 @@ func TestPipelineWrittenBeforeRead(t *testing.T) {
 		}
 	}
 }
+
+// TestWorkersEnd checks that the goroutines kept to decide pipelines are
+// bounded while connections pipeline, and all end with the server.
+func TestWorkersEnd(t *testing.T) {
+	s := NewServer(&memBackend{st: memstore.New()}, Config{})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(l)
+	ExactUnderPipelines(t, []string{l.Addr().String()}, 8, 4, 50)
+	if n := s.workers.Load(); n < 1 || n > maxWorkers {
+		t.Errorf("%d workers after the pipelines; want 1 to %d", n, maxWorkers)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for s.workers.Load() != 0 {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%d workers still running after Shutdown", s.workers.Load())
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
