@@ -45,11 +45,16 @@ func stores(t *testing.T, f func(t *testing.T, redisURL string)) {
 	})
 }
 
-func withRedis(url string, opts ...Option) []Option {
-	if url != "" {
-		opts = append(opts, WithRedisURL(url))
+// withRedis adds the Redis store at url, if any, to opts, with a store
+// timeout loose enough for a loaded machine under -race (2s, as the
+// package's other Redis tests have; a WithConfig in opts replaces it): a
+// decision that times out answers an error, and may have been made.
+func withRedis(t testing.TB, url string, opts ...Option) []Option {
+	if url == "" {
+		return opts
 	}
-	return opts
+	cfg := WithConfig(mustParse(t, testConfig+"store:\n  timeout: 2s\n"))
+	return append(append([]Option{cfg}, opts...), WithRedisURL(url))
 }
 
 // TestRESPClients calls CL.THROTTLE, GCRA and WEIR.CHECK from clients
@@ -58,7 +63,7 @@ func withRedis(url string, opts ...Option) []Option {
 func TestRESPClients(t *testing.T) {
 	stores(t, func(t *testing.T, url string) {
 		const token = "resp-token-0123456789abcdef"
-		addr, httpURL := startRESP(t, withRedis(url, WithRESPToken(token))...)
+		addr, httpURL := startRESP(t, withRedis(t, url, WithRESPToken(token))...)
 		host, port, _ := net.SplitHostPort(addr)
 
 		c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, Password: token, DisableCache: true})
@@ -156,14 +161,10 @@ func TestRESPBenchmarkClient(t *testing.T) {
 // Redis, and from two instances sharing one Redis.
 func TestRESPExact(t *testing.T) {
 	stores(t, func(t *testing.T, url string) {
-		// A store timeout loose enough for a loaded machine under -race,
-		// as the package's other Redis tests have: a decision that times
-		// out may have been made, which exactness cannot count.
-		cfg := WithConfig(mustParse(t, testConfig+"store:\n  timeout: 2s\n"))
-		a, _ := startRESP(t, withRedis(url, cfg)...)
+		a, _ := startRESP(t, withRedis(t, url)...)
 		addrs := []string{a}
 		if url != "" {
-			b, _ := startRESP(t, withRedis(url, cfg, WithInstanceID("second"))...)
+			b, _ := startRESP(t, withRedis(t, url, WithInstanceID("second"))...)
 			addrs = append(addrs, b)
 		}
 		exactUnderPipelines(t, addrs, 16, 10, 20)
