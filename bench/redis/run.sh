@@ -24,6 +24,7 @@
 #   bench/redis/run.sh                 # N=200000 requests, BENCHTIME=3s
 #   N=500000 BENCHTIME=5s bench/redis/run.sh
 #   CLUSTER_ONLY=1 COUNT=5 bench/redis/run.sh   # only the second table, median of 5 runs (3 by default)
+#   ALGOS=gcra COUNT=1 bench/redis/run.sh       # only these algorithms
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -43,7 +44,7 @@ fn=$(cat "$tmp/take.fn")
 loaded=$(cli -x FUNCTION LOAD <"$tmp/library.lua")
 [ "$fn" = "${loaded}_take" ] || { echo "run.sh: FUNCTION LOAD gave $loaded, want the library of $fn" >&2; exit 1; }
 
-algos="fixed_window sliding_log sliding_window token_bucket leaky_bucket gcra concurrency"
+algos=${ALGOS:-"fixed_window sliding_log sliding_window token_bucket leaky_bucket gcra concurrency"}
 echo "Machine: $(nproc) cores, $(redis-server --version | cut -d' ' -f3), $(go version | cut -d' ' -f3), redis-benchmark -n $N -c 64 -P 1, go bench -benchtime $BENCHTIME"
 echo
 if [ -z "${CLUSTER_ONLY:-}" ]; then

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -392,16 +393,22 @@ func ExactUnderPipelines(t testing.TB, addrs []string, conns, pipes, depth int) 
 					return
 				}
 				for range depth {
-					var lines [6]string
-					for j := range lines {
-						lines[j], err = r.ReadString('\n')
-						if err != nil {
-							t.Error(err)
-							return
-						}
+					v, err := readReply(r)
+					if err != nil {
+						t.Error(err)
+						return
 					}
-					if lines[1] == ":0\r\n" {
-						admitted.Add(1)
+					switch v := v.(type) {
+					case []int64:
+						if len(v) != 5 {
+							t.Errorf("reply %v; want 5 integers", v)
+						} else if v[0] == 0 {
+							admitted.Add(1)
+						}
+					default:
+						// An error reply is one line: reading on keeps
+						// the stream in step, so the next replies count.
+						t.Errorf("reply %v; want 5 integers", v)
 					}
 				}
 			}
@@ -432,3 +439,173 @@ func (c *pipeConn) Close() error                     { return nil }
 func (c *pipeConn) SetReadDeadline(time.Time) error  { return nil }
 func (c *pipeConn) SetWriteDeadline(time.Time) error { return nil }
 func (c *pipeConn) RemoteAddr() net.Addr             { return &net.TCPAddr{} }
+
+// replyError is an error reply, as readReply returns it.
+type replyError string
+
+// readReply reads one reply: a string (simple or bulk), a replyError, an
+// int64, or an array of integers as []int64.
+func readReply(r *bufio.Reader) (any, error) {
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return nil, err
+	}
+	if len(line) < 3 || !strings.HasSuffix(line, "\r\n") {
+		return nil, fmt.Errorf("bad reply line %q", line)
+	}
+	body := line[1 : len(line)-2]
+	switch line[0] {
+	case '+':
+		return body, nil
+	case '-':
+		return replyError(body), nil
+	case ':':
+		v, ok := parseInt([]byte(body))
+		if !ok {
+			return nil, fmt.Errorf("bad integer %q", line)
+		}
+		return v, nil
+	case '$':
+		n, ok := parseInt([]byte(body))
+		if !ok || n < 0 {
+			return nil, fmt.Errorf("bad bulk header %q", line)
+		}
+		buf := make([]byte, n+2)
+		if _, err := io.ReadFull(r, buf); err != nil {
+			return nil, err
+		}
+		return string(buf[:n]), nil
+	case '*':
+		n, ok := parseInt([]byte(body))
+		if !ok || n < 0 {
+			return nil, fmt.Errorf("bad array header %q", line)
+		}
+		out := make([]int64, n)
+		for i := range out {
+			v, err := readReply(r)
+			if err != nil {
+				return nil, err
+			}
+			iv, ok := v.(int64)
+			if !ok {
+				return nil, fmt.Errorf("array element %d is %v; want an integer", i, v)
+			}
+			out[i] = iv
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("unknown reply type %q", line)
+}
+
+// failingBackend fails the takes of keys that start with "fail".
+type failingBackend struct{ *memBackend }
+
+func (b failingBackend) Take(ctx context.Context, command, key string, l weir.Limit, n int64) (weir.Result, error) {
+	if strings.HasPrefix(key, "fail") {
+		return weir.Result{}, fmt.Errorf("%w: deadline exceeded", weir.ErrStore)
+	}
+	return b.memBackend.Take(ctx, command, key, l, n)
+}
+
+// TestPipelineWrittenBeforeRead writes far more commands than the server
+// reads ahead (MaxPipeline) before reading any reply, with store errors
+// and connection commands among the decisions: every command gets one
+// reply, in order, and an error reply (one line) leaves the stream in
+// step.
+func TestPipelineWrittenBeforeRead(t *testing.T) {
+	b := failingBackend{&memBackend{st: memstore.New()}}
+	s := NewServer(b, Config{Limits: Limits{MaxPipeline: 8}})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(l)
+	defer s.Close()
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+
+	const n = 20000 // 2,500 times MaxPipeline; about 1 MB of commands
+	var want []string
+	var in strings.Builder
+	for i := range n {
+		switch {
+		case i%10 == 0:
+			e := strconv.Itoa(i)
+			fmt.Fprintf(&in, "*2\r\n$4\r\nECHO\r\n$%d\r\n%s\r\n", len(e), e)
+			want = append(want, e)
+		case i%7 == 0:
+			k := fmt.Sprintf("fail%d", i)
+			fmt.Fprintf(&in, "*5\r\n$11\r\nCL.THROTTLE\r\n$%d\r\n%s\r\n$1\r\n0\r\n$1\r\n1\r\n$2\r\n60\r\n", len(k), k)
+			want = append(want, "error")
+		default:
+			// Key i%3 under a burst of 1 a minute: the first take of
+			// each key is admitted, every later one limited.
+			k := fmt.Sprintf("k%d", i%3)
+			fmt.Fprintf(&in, "*5\r\n$11\r\nCL.THROTTLE\r\n$%d\r\n%s\r\n$1\r\n0\r\n$1\r\n1\r\n$2\r\n60\r\n", len(k), k)
+			if i < 3 || i < 6 && i%3 == 0 {
+				want = append(want, "[0 1 0 -1 60]")
+			} else {
+				want = append(want, "limited")
+			}
+		}
+	}
+	// Write everything first; a reader starts only once the last byte is
+	// written, so a server that stopped reading while its replies wait
+	// would fail here (by the write deadline) rather than hang.
+	_ = c.SetDeadline(time.Now().Add(time.Minute))
+	if _, err := io.WriteString(c, in.String()); err != nil {
+		t.Fatalf("writing %d commands before reading: %v", n, err)
+	}
+	r := bufio.NewReader(c)
+	for i, w := range want {
+		v, err := readReply(r)
+		if err != nil {
+			t.Fatalf("reply %d of %d: %v", i, n, err)
+		}
+		got := fmt.Sprint(v)
+		switch w {
+		case "error":
+			if e, ok := v.(replyError); !ok || !strings.Contains(string(e), "the store failed") {
+				t.Fatalf("reply %d: %q; want the store's error", i, got)
+			}
+		case "limited":
+			if a, ok := v.([]int64); !ok || len(a) != 5 || a[0] != 1 {
+				t.Fatalf("reply %d: %q; want a limited decision", i, got)
+			}
+		default:
+			if got != w {
+				t.Fatalf("reply %d: %q; want %q", i, got, w)
+			}
+		}
+	}
+}
+
+// TestWorkersEnd checks that the goroutines kept to decide pipelines are
+// bounded while connections pipeline, and all end with the server.
+func TestWorkersEnd(t *testing.T) {
+	s := NewServer(&memBackend{st: memstore.New()}, Config{})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(l)
+	ExactUnderPipelines(t, []string{l.Addr().String()}, 8, 4, 50)
+	if n := s.workers.Load(); n < 1 || n > maxWorkers {
+		t.Errorf("%d workers after the pipelines; want 1 to %d", n, maxWorkers)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for s.workers.Load() != 0 {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%d workers still running after Shutdown", s.workers.Load())
+		case <-time.After(time.Millisecond):
+		}
+	}
+}

@@ -71,7 +71,7 @@ func TestRESPNodeRedis(t *testing.T) {
 	}
 	stores(t, func(t *testing.T, url string) {
 		const token = "node-token-0123456789abcdef"
-		addr, _ := startRESP(t, withRedis(url, WithRESPToken(token))...)
+		addr, _ := startRESP(t, withRedis(t, url, WithRESPToken(token))...)
 		cmd := exec.Command("node", script, "redis://"+addr, token)
 		cmd.Env = append(os.Environ(), "NODE_PATH="+nodeModules)
 		out, err := cmd.CombinedOutput()

@@ -64,7 +64,7 @@ func rueidisTo(t *testing.T, addr string) rueidis.Client {
 // refusals name the bad value.
 func TestRESPReserveSettle(t *testing.T) {
 	stores(t, func(t *testing.T, url string) {
-		addr, httpURL := startRESP(t, withRedis(url, WithConfig(mustParse(t, respReserveRules)))...)
+		addr, httpURL := startRESP(t, withRedis(t, url, WithConfig(mustParse(t, respReserveRules)))...)
 		c := rueidisTo(t, addr)
 		d, id, err := respDo(c, "WEIR.RESERVE", "tokens", "r", "40")
 		if err != nil || d["allowed"] != 1 || d["remaining"] != 60 || d["limit"] != 100 || len(id) != 32 || d["expires_in_ms"] != ReservationTTL.Milliseconds() {
@@ -137,10 +137,10 @@ except redis.ResponseError as e:
 func TestRESPReserveExact(t *testing.T) {
 	stores(t, func(t *testing.T, url string) {
 		cfg := WithConfig(mustParse(t, respReserveRules))
-		a, _ := startRESP(t, withRedis(url, cfg)...)
+		a, _ := startRESP(t, withRedis(t, url, cfg)...)
 		addrs := []string{a}
 		if url != "" {
-			b, _ := startRESP(t, withRedis(url, cfg, WithInstanceID("second"))...)
+			b, _ := startRESP(t, withRedis(t, url, cfg, WithInstanceID("second"))...)
 			addrs = append(addrs, b)
 		}
 		reserveExactly(t, addrs, "hot", 100)
