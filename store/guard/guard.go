@@ -39,6 +39,9 @@ const (
 // BreakerConfig tunes the circuit breaker. Zero fields take the defaults.
 type BreakerConfig struct {
 	// Failures is how many consecutive failures open the breaker (default 5).
+	// Failures of calls that were in flight together count once: a
+	// coalescing store fails a whole batch, or every caller waiting on it,
+	// for one slow or failed call to the store, and that is one failure.
 	Failures int
 	// FailureRatio opens the breaker when at least this share of the calls
 	// in the current Window failed, once MinRequests calls were made
@@ -143,9 +146,13 @@ type Guard struct {
 	// The counters the breaker opens on, kept in atomics so that a healthy
 	// call takes no lock.
 	consecutive atomic.Int64
-	winStart    atomic.Int64 // unix nanos
-	winCalls    atomic.Int64
-	winFails    atomic.Int64
+	// failEpoch counts the failures counted: a call that fails after
+	// another failure was counted while it was in flight (the epoch moved
+	// since it started) failed in the same incident and is not counted.
+	failEpoch atomic.Int64
+	winStart  atomic.Int64 // unix nanos
+	winCalls  atomic.Int64
+	winFails  atomic.Int64
 
 	mu       sync.Mutex // guards transitions, openedAt, probing, pending and outage
 	openedAt time.Time
@@ -353,8 +360,9 @@ func classify(parent context.Context, err error) outcome {
 	return failure
 }
 
-// record feeds a call's outcome to the breaker.
-func (g *Guard) record(parent context.Context, probe bool, err error) {
+// record feeds a call's outcome to the breaker; epoch is failEpoch when
+// the call started.
+func (g *Guard) record(parent context.Context, probe bool, epoch int64, err error) {
 	o := classify(parent, err)
 	failed := o == failure
 	if failed {
@@ -362,6 +370,12 @@ func (g *Guard) record(parent context.Context, probe bool, err error) {
 	}
 	if !probe && BreakerState(g.state.Load()) == BreakerClosed {
 		if o == inconclusive {
+			return
+		}
+		if failed && !g.failEpoch.CompareAndSwap(epoch, epoch+1) {
+			// Another failure was counted while this call was in flight:
+			// the same incident (one batch, one stall), counted once.
+			g.logFailure(err)
 			return
 		}
 		calls, fails := g.count(failed)
@@ -517,6 +531,7 @@ func (g *Guard) call(ctx context.Context, f func(context.Context) error) error {
 	if err != nil {
 		return err
 	}
+	epoch := g.failEpoch.Load()
 	cctx := ctx
 	if !g.noDeadline {
 		var cancel context.CancelFunc
@@ -528,7 +543,7 @@ func (g *Guard) call(ctx context.Context, f func(context.Context) error) error {
 		// A store that reports its own error for a deadline still timed out.
 		err = fmt.Errorf("%w: %w", err, context.DeadlineExceeded)
 	}
-	g.record(ctx, probe, err)
+	g.record(ctx, probe, epoch, err)
 	return err
 }
 
