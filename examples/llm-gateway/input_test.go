@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"os"
@@ -98,6 +99,7 @@ func TestBadRequests(t *testing.T) {
 		{chatPath, `not json`, "not a JSON object"},
 		{messagesPath, `null`, "not a JSON object"},
 		{chatPath, `[1]`, "not a JSON object"},
+		{chatPath, `{"model":"gpt-t","max_tokens":1} {"model":"o3"}`, "more than one JSON value"},
 	} {
 		status, resp, _ := g.do(c.path, "sk-bad", c.body)
 		if status != 400 || !strings.Contains(errorMessage([]byte(resp)), c.want) {
@@ -107,8 +109,23 @@ func TestBadRequests(t *testing.T) {
 	if got := g.keyLeft("sk-bad"); got != keyBudget {
 		t.Fatalf("refused requests counted: %d left", got)
 	}
-	if status, _, _ := g.do("/v1/embeddings", "sk-bad", `{"x":{"status":418}}`); status != 418 || g.keyLeft("sk-bad") != keyBudget {
-		t.Fatalf("another path: %d", status)
+	for _, path := range []string{"/v1/embeddings", chatPath + "/", "/v1/messages/batches", "/v1/responses"} {
+		status, resp, _ := g.do(path, "sk-bad", `{"x":{"status":418}}`)
+		if status != 404 || !strings.Contains(errorMessage([]byte(resp)), "not POST "+path) {
+			t.Errorf("POST %s: %d %s, want 404", path, status, resp)
+		}
+	}
+	req, _ := http.NewRequest("GET", g.url+"/v1/models", nil)
+	resp, err := g.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 400 { // the fake upstream answers 400 to a GET's empty body: it went upstream
+		t.Fatalf("GET /v1/models: %d", resp.StatusCode)
+	}
+	if g.keyLeft("sk-bad") != keyBudget {
+		t.Fatalf("refused requests counted: %d left", g.keyLeft("sk-bad"))
 	}
 }
 
@@ -220,5 +237,29 @@ func TestEmbeddedRules(t *testing.T) {
 	}
 	if w := send(body("gpt-5-turbo", 10, knobs{}, "")); w.Code != 400 || !strings.Contains(w.Body.String(), `unknown model \"gpt-5-turbo\"`) {
 		t.Fatalf("unknown model: %d %s", w.Code, w.Body)
+	}
+}
+
+// TestPrepareWritesWhatItPriced: the body that goes upstream is the object
+// the gateway priced: a key given twice goes up once, with the value the
+// estimate used; numbers go up as they came.
+func TestPrepareWritesWhatItPriced(t *testing.T) {
+	est, out, err := prepare(openAI, []byte(`{"model":"gpt-4o-mini","max_tokens":1,"model":"o3","max_tokens":9000,"seed":12345678901234567890,"temperature":0.7,"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(out)
+	if est.Model != "o3" || est.OutputTokens != 9000 || est.InputTokens != int64(len(out)) ||
+		strings.Count(s, `"model"`) != 1 || strings.Count(s, `"max_tokens"`) != 1 || !strings.Contains(s, `"model":"o3"`) ||
+		!strings.Contains(s, `"max_tokens":9000`) || !strings.Contains(s, `"seed":12345678901234567890`) || !strings.Contains(s, `"stream_options":{"include_usage":true}`) {
+		t.Fatalf("%+v %s", est, out)
+	}
+	est, _, err = prepare(openAI, []byte(`{"model":"m","max_tokens":100,"max_completion_tokens":300,"n":4}`))
+	if err != nil || est.OutputTokens != 1200 {
+		t.Fatalf("max_completion_tokens × n: %+v %v", est, err)
+	}
+	est, _, err = prepare(anthropic, []byte(`{"model":"m","max_tokens":100,"n":4}`))
+	if err != nil || est.OutputTokens != 100 {
+		t.Fatalf("Anthropic has no n: %+v %v", est, err)
 	}
 }

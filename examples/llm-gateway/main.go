@@ -60,6 +60,12 @@
 //     charged, as does a 5xx or no answer at all from the upstream; a 4xx
 //     without a usage (the provider refused the request, and bills
 //     nothing) is refunded.
+//   - Only those two calls are metered, so only they, and GET and HEAD
+//     requests (GET /v1/models), go upstream: any other method or path
+//     (embeddings, batches, a trailing slash) gets 404. The body the
+//     upstream gets is the JSON object the gateway priced, written anew: a
+//     key given twice ("model", "max_tokens") goes up once, with the value
+//     priced.
 //   - A client that hangs up does not stop the metering: the gateway reads
 //     the rest of the upstream's answer, for at most two minutes, for its
 //     usage.
@@ -209,15 +215,16 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	var format api
 	switch {
-	case r.Method != http.MethodPost:
-		g.proxy.ServeHTTP(w, r)
+	case r.Method == http.MethodGet || r.Method == http.MethodHead:
+		g.proxy.ServeHTTP(w, r) // reads (GET /v1/models) cost nothing
 		return
-	case r.URL.Path == chatPath:
+	case r.Method == http.MethodPost && r.URL.Path == chatPath:
 		format = openAI
-	case r.URL.Path == messagesPath:
+	case r.Method == http.MethodPost && r.URL.Path == messagesPath:
 		format = anthropic
 	default:
-		g.proxy.ServeHTTP(w, r) // not metered
+		// Any other call may cost money the gateway cannot meter.
+		fail(w, http.StatusNotFound, fmt.Sprintf("the gateway serves POST %s and POST %s, and GET and HEAD requests; not %s %s", chatPath, messagesPath, r.Method, trim(r.URL.Path)))
 		return
 	}
 	if key == "" {
@@ -373,15 +380,21 @@ func keyID(key string) string {
 }
 
 // prepare returns the usage bound of a request in format f and the body
-// to send upstream (a streamed OpenAI request gets
-// stream_options.include_usage). The bound is the body's size in bytes as
+// to send upstream: the object read, written anew (a streamed OpenAI
+// request gets stream_options.include_usage). The bound is the body's size in bytes as
 // input tokens (the prompt's tokens cannot exceed it) and max_tokens (or
 // max_completion_tokens, whichever is larger) times n as output tokens.
 // A body that is not a JSON object, a missing model, or a missing or
 // invalid max_tokens or n is an error that names the value.
 func prepare(f api, body []byte) (policy.Usage, []byte, error) {
 	var req map[string]any
-	if err := json.Unmarshal(body, &req); err != nil {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber() // numbers go upstream as they came
+	err := dec.Decode(&req)
+	if err == nil && dec.Decode(new(any)) != io.EOF {
+		err = errors.New("more than one JSON value")
+	}
+	if err != nil {
 		return policy.Usage{}, nil, fmt.Errorf("request body is not a JSON object: %v", err)
 	}
 	if req == nil {
@@ -429,20 +442,25 @@ func prepare(f api, body []byte) (policy.Usage, []byte, error) {
 		}
 		opts["include_usage"] = true
 		req["stream_options"] = opts
-		b, err := json.Marshal(req)
-		if err != nil {
-			return policy.Usage{}, nil, fmt.Errorf("request body: %v", err)
-		}
-		body = b
 	}
-	return policy.Usage{Model: model, InputTokens: int64(len(body)), OutputTokens: maxTokens * choices}, body, nil
+	// The upstream gets the object the gateway priced: a key given twice
+	// ("model", "max_tokens") goes up once, with the value read here.
+	out, err := json.Marshal(req)
+	if err != nil {
+		return policy.Usage{}, nil, fmt.Errorf("request body: %v", err)
+	}
+	return policy.Usage{Model: model, InputTokens: int64(len(out)), OutputTokens: maxTokens * choices}, out, nil
 }
 
 // wholeNumber returns v as an integer if it is a JSON number that is a
 // whole number from lo to hi.
 func wholeNumber(v any, lo, hi int64) (int64, bool) {
-	f, ok := v.(float64)
-	if !ok || f != math.Trunc(f) || f < float64(lo) || f > float64(hi) {
+	num, ok := v.(json.Number)
+	if !ok {
+		return 0, false
+	}
+	f, err := num.Float64()
+	if err != nil || f != math.Trunc(f) || f < float64(lo) || f > float64(hi) {
 		return 0, false
 	}
 	return int64(f), true
