@@ -323,3 +323,34 @@ func TestGzipClientUsage(t *testing.T) {
 		t.Fatalf("%d, left %d", status, g.keyLeft("sk-z"))
 	}
 }
+
+// TestUsageOverEstimate: a usage over its estimate (an upstream that did
+// not honour max_tokens) is charged in full: the key passes its budget by
+// at most that request's excess, and is refused until its period ends.
+func TestUsageOverEstimate(t *testing.T) {
+	up := newFakeUpstream(t)
+	g := newTestGateway(t, up, "", nil, time.Minute)
+	x := knobs{In: 100, Out: 12_000}
+	b := body("gpt-t", 8000, x, "")
+	est, c := estimateOf("gpt-t", len(b), 8000), costOf("gpt-t", x)
+	if status, resp, _ := g.do(chatPath, "sk-o", b); status != 200 {
+		t.Fatalf("%d %s", status, resp)
+	}
+	// The estimate fit the budget, the usage passes it: by c − budget,
+	// less than the request's excess c − est.
+	if est > keyBudget || c <= keyBudget {
+		t.Fatalf("the test's figures: estimate %d, usage %d, budget %d", est, c, keyBudget)
+	}
+	if got := g.keyLeft("sk-o"); got != 0 {
+		t.Fatalf("left %d after a usage of %d over the budget", got, c)
+	}
+	status, resp, h := g.do(chatPath, "sk-o", body("gpt-t", 0, knobs{}, ""))
+	if status != 429 || !strings.Contains(resp, "key-budget") || h.Get("Retry-After") == "" {
+		t.Fatalf("a key over its budget: %d %s", status, resp)
+	}
+	// The next day, a new window, the key is admitted again.
+	g.clock.Advance(24 * time.Hour)
+	if status, _, _ := g.do(chatPath, "sk-o", body("gpt-t", 0, knobs{}, "")); status != 200 {
+		t.Fatalf("the next day: %d", status)
+	}
+}
