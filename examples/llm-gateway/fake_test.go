@@ -216,6 +216,7 @@ type testGateway struct {
 	served  sync.WaitGroup // the gateway's handlers, settlement included
 	hangUps atomic.Int64   // requests whose client went away while the gateway served them
 	client  *http.Client
+	h       *gateway
 }
 
 // newTestGateway runs the gateway under rules (nil: testRules) with the
@@ -231,7 +232,7 @@ func newTestGateway(t *testing.T, up *fakeUpstream, rules string, ts tenants, dr
 	}
 	u, _ := url.Parse(up.URL)
 	h := newGateway(p, ts, u, u, drain, discardLog)
-	g := &testGateway{t: t, p: p, clock: clock, client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}}
+	g := &testGateway{t: t, p: p, clock: clock, h: h, client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		g.served.Add(1)
 		defer g.served.Done()

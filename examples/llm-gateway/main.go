@@ -10,7 +10,8 @@
 //	curl localhost:8090/v1/messages -H 'x-api-key: sk-ant-…' -H 'anthropic-version: 2023-06-01' \
 //	  -d '{"model":"claude-haiku-4-5","max_tokens":200,"messages":[{"role":"user","content":"hi"}]}'
 //
-// It listens on $ADDR (default 127.0.0.1:8090). The rules (the embedded
+// It listens on $ADDR (default 127.0.0.1:8090; $UPSTREAM still names the
+// OpenAI upstream when $OPENAI_UPSTREAM is not set). The rules (the embedded
 // weir.yaml) price each model per million tokens and give a budget to
 // each level: 5 USD a day per key, 20 per user, 200 per team, 2000 per 30
 // days per organisation.
@@ -24,8 +25,12 @@
 //   - A key's user, team and organisation come from the tenants file
 //     ($TENANTS, JSON; see loadTenants): a list of {"sha256": hex of the
 //     key's SHA-256, "user", "team", "org"}, at most 100,000 keys, names
-//     of 1 to 128 printable bytes. A level a key lacks (or a key not
-//     listed) is skipped: only the levels it has are charged. The gateway
+//     of 1 to 128 printable ASCII bytes without spaces. A level a key
+//     lacks is skipped: only the levels it has are charged. A key not
+//     listed is charged at the key level only, or, with
+//     UNLISTED_KEYS=refuse, refused with 403 before anything is counted
+//     (a file that lists every key then holds every key to its
+//     organisation's budget). The gateway
 //     sets X-Weir-User, X-Weir-Team and X-Weir-Org from it, overwriting
 //     what the client sent, and never sends any X-Weir-* header upstream.
 //   - Before a chat completion (POST /v1/chat/completions) or a message
@@ -106,6 +111,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/weir-dev/weir"
@@ -172,6 +178,7 @@ const (
 type gateway struct {
 	p       *policy.Policy
 	tenants tenants
+	listed  atomic.Bool // refuse keys the tenants file does not list
 	proxy   http.Handler
 	resp    *httplimit.Responder
 	log     *slog.Logger
@@ -233,7 +240,12 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	id := keyID(key)
 	r.Header.Set(keyHeader, id)
-	if t, ok := g.tenants[id]; ok {
+	t, ok := g.tenants[id]
+	if !ok && g.listed.Load() {
+		fail(w, http.StatusForbidden, "the API key is not in the gateway's tenants file")
+		return
+	}
+	if ok {
 		for _, l := range [...]struct{ h, v string }{{userHeader, t.User}, {teamHeader, t.Team}, {orgHeader, t.Org}} {
 			if l.v != "" {
 				r.Header.Set(l.h, l.v)
@@ -846,8 +858,17 @@ func main() {
 		log.Error("rules", "err", err)
 		os.Exit(1)
 	}
+	g := newGateway(p, ts, oai, ant, drainTimeout, log)
+	switch v := os.Getenv("UNLISTED_KEYS"); v {
+	case "refuse":
+		g.listed.Store(true)
+	case "", "key":
+	default:
+		log.Error("UNLISTED_KEYS must be refuse or key (charged at the key level only)", "value", v)
+		os.Exit(1)
+	}
 	addr := envOr("ADDR", "127.0.0.1:8090")
-	srv := &http.Server{Addr: addr, Handler: newGateway(p, ts, oai, ant, drainTimeout, log), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Addr: addr, Handler: g, ReadHeaderTimeout: 10 * time.Second}
 	log.Info("llm-gateway listening", "addr", addr, "openai", oai.String(), "anthropic", ant.String(), "keys", len(ts))
 	if err := srv.ListenAndServe(); err != nil {
 		log.Error("serve", "err", err)

@@ -217,6 +217,15 @@ func TestHierarchy(t *testing.T) {
 	if got := g.keyLeft("sk-alice-1"); got != 100_000-c1 || g.left("team-budget", "search") != 500_000-c1-c2 {
 		t.Fatalf("a refused request took from another level: key left %d", got)
 	}
+	// A key the file does not list is charged at the key level only, or
+	// refused under UNLISTED_KEYS=refuse.
+	if status, _, _ := g.do(chatPath, "sk-stranger", body("gpt-t", 7000, x2, "")); status != 200 || g.keyLeft("sk-stranger") != 100_000-c2 || g.left("org-budget", "acme") != 1_000_000-c1-c2 {
+		t.Fatalf("an unlisted key: %d", status)
+	}
+	g.h.listed.Store(true)
+	if status, resp, _ := g.do(chatPath, "sk-stranger2", body("gpt-t", 7000, x2, "")); status != 403 || !strings.Contains(resp, "not in the gateway's tenants file") || g.keyLeft("sk-stranger2") != 100_000 {
+		t.Fatalf("an unlisted key under refuse: %d %s", status, resp)
+	}
 	// bob has no user level: his key, team and organisation are charged.
 	if status, _, _ := g.do(chatPath, "sk-bob", body("gpt-t", 7000, x2, "")); status != 200 || g.left("team-budget", "search") != 500_000-c1-2*c2 || g.left("org-budget", "acme") != 1_000_000-c1-2*c2 {
 		t.Fatalf("bob: %d, team left %d", status, g.left("team-budget", "search"))
