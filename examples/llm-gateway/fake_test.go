@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/policy"
 	"github.com/weir-dev/weir/store/memstore"
 	"github.com/weir-dev/weir/storetest"
@@ -211,7 +212,7 @@ func estimateOf(model string, bodyLen int, out int64) int64 {
 type testGateway struct {
 	t       *testing.T
 	p       *policy.Policy
-	clock   *storetest.Clock
+	clock   *storetest.Clock // nil over Redis
 	url     string
 	served  sync.WaitGroup // the gateway's handlers, settlement included
 	hangUps atomic.Int64   // requests whose client went away while the gateway served them
@@ -222,17 +223,24 @@ type testGateway struct {
 // newTestGateway runs the gateway under rules (nil: testRules) with the
 // tenants ts in front of up, reading on for drain after a hang-up.
 func newTestGateway(t *testing.T, up *fakeUpstream, rules string, ts tenants, drain time.Duration) *testGateway {
+	clock := storetest.NewClock(storetest.Epoch)
+	g := newTestGatewayOn(t, up, rules, ts, drain, memstore.New(memstore.WithClock(clock.Now)))
+	g.clock = clock
+	return g
+}
+
+// newTestGatewayOn is newTestGateway over store.
+func newTestGatewayOn(t *testing.T, up *fakeUpstream, rules string, ts tenants, drain time.Duration, store weir.Store) *testGateway {
 	if rules == "" {
 		rules = testRules
 	}
-	clock := storetest.NewClock(storetest.Epoch)
-	p, err := newPolicy([]byte(rules), memstore.New(memstore.WithClock(clock.Now)))
+	p, err := newPolicy([]byte(rules), store)
 	if err != nil {
 		t.Fatal(err)
 	}
 	u, _ := url.Parse(up.URL)
 	h := newGateway(p, ts, u, u, drain, discardLog)
-	g := &testGateway{t: t, p: p, clock: clock, h: h, client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}}
+	g := &testGateway{t: t, p: p, h: h, client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		g.served.Add(1)
 		defer g.served.Done()
