@@ -210,8 +210,24 @@ rules:
 			t.Errorf("%s %s: spent %d of %d and still %d left", l[0], l[1], s, b, left)
 		}
 	}
-	if !over && overruns > 0 || over && overruns == 0 {
-		t.Errorf("over %t: %d levels over their budgets", over, overruns)
+	totalExcess := int64(0)
+	for l, e := range excess {
+		if l[0] == "org-budget" {
+			totalExcess += e
+		}
+	}
+	t.Logf("%d levels over their budgets; admitted usage over its estimates by %d micro-units in all", overruns, totalExcess)
+	switch {
+	case !over && overruns > 0:
+		t.Errorf("%d levels over their budgets with usage within its estimates", overruns)
+	case over && totalExcess == 0:
+		t.Error("no admitted usage passed its estimate: the bound was not put to the test")
+	case over && len(gs) == 1 && overruns == 0:
+		// On one memstore, with these figures, some level ends past its
+		// budget (an admitted Anthropic request of i = 0 alone costs
+		// more than its key's budget at 4 streams). Through two
+		// gateways, racing refusals may leave every level short of it.
+		t.Error("no level passed its budget: the bound was not put to the test")
 	}
 	// Through two gateways, which level a refusal names depends on the
 	// order racing requests reach Redis: an organisation's budget may run
