@@ -221,13 +221,9 @@ rules:
 	case !over && overruns > 0:
 		t.Errorf("%d levels over their budgets with usage within its estimates", overruns)
 	case over && totalExcess == 0:
+		// Whether a level then ends past its budget depends on the order
+		// requests settle in; TestUsageOverEstimate passes one for sure.
 		t.Error("no admitted usage passed its estimate: the bound was not put to the test")
-	case over && len(gs) == 1 && overruns == 0:
-		// On one memstore, with these figures, some level ends past its
-		// budget (an admitted Anthropic request of i = 0 alone costs
-		// more than its key's budget at 4 streams). Through two
-		// gateways, racing refusals may leave every level short of it.
-		t.Error("no level passed its budget: the bound was not put to the test")
 	}
 	// Through two gateways, which level a refusal names depends on the
 	// order racing requests reach Redis: an organisation's budget may run
