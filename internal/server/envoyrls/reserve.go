@@ -216,9 +216,12 @@ func settleRequest(key string, r *rule, it *item) weir.Request {
 }
 
 // keepReservation keeps the reservation of the reserving item, if the
-// store admitted its take, and returns its id ("" for none). A
-// reservation that cannot be kept is refunded, and its error returned.
-func (s *Service) keepReservation(ctx context.Context, items []item, reqs []weir.Request, results []weir.Result, fallback []string) (string, error) {
+// store admitted its take, and returns its id ("" for none). When the
+// call is over its limit all the same (over: another descriptor refused
+// it), the stream never runs, so the take is refunded and no reservation
+// kept. A reservation that cannot be kept is refunded, and its error
+// returned.
+func (s *Service) keepReservation(ctx context.Context, items []item, reqs []weir.Request, results []weir.Result, fallback []string, over bool) (string, error) {
 	for i := range items {
 		it := &items[i]
 		if !it.reserving || it.req < 0 || !results[it.req].Allowed || fallback[it.req] != "" {
@@ -226,11 +229,18 @@ func (s *Service) keepReservation(ctx context.Context, items []item, reqs []weir
 		}
 		q := reqs[it.req]
 		st := results[it.req].Stamp(q.N)
+		undo := func() {
+			u := []weir.Request{{Key: q.Key, Limit: q.Limit, N: q.N, Mode: weir.ModeRefund, Stamp: st}}
+			_ = s.decide(context.WithoutCancel(ctx), u, make([]weir.Result, 1), make([]string, 1))
+		}
+		if over {
+			undo()
+			return "", nil
+		}
 		rec, _ := json.Marshal(reservation{Key: q.Key, Estimate: q.N, At: st.At, Remaining: st.Remaining})
 		id := newReservationID()
 		if err := s.resv.Put(ctx, id, rec, ReservationTTL); err != nil {
-			undo := []weir.Request{{Key: q.Key, Limit: q.Limit, N: q.N, Mode: weir.ModeRefund, Stamp: st}}
-			_ = s.decide(context.WithoutCancel(ctx), undo, make([]weir.Result, 1), make([]string, 1))
+			undo()
 			return "", fmt.Errorf("envoyrls: keeping a reservation: %w", err)
 		}
 		return id, nil

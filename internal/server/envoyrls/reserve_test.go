@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/weir-dev/weir"
@@ -285,5 +284,25 @@ func TestStripReservations(t *testing.T) {
 	if _, _, err := stripReservations(request("llm", 0, desc(ReservationKey, "a", ReservationKey, "b"))); err == nil || !strings.Contains(err.Error(), "descriptors[0] has two weir_reservation entries") {
 		t.Fatalf("two entries: %v", err)
 	}
-	var _ = rlcommon.RateLimitDescriptor{}
+}
+
+// TestReserveRefundedWhenCallRefused: a call refused by another
+// descriptor never runs its stream, so its reserve is given back and no
+// id answered.
+func TestReserveRefundedWhenCallRefused(t *testing.T) {
+	cfg := parseReserve(t, reserveYAML+"  - key: model\n    rate_limit: { unit: day, requests_per_unit: 1 }\n")
+	h := start(t, cfg, WithReservations(&mapReservations{}))
+	call := func() (*rlspb.RateLimitResponse, string) {
+		r := h.call(request("llm", 0, withHits(desc("tenant", "a"), 0), desc("model", "m")))
+		return r, r.GetDynamicMetadata().GetFields()[ReservationKey].GetStringValue()
+	}
+	if r, id := call(); r.OverallCode != rlspb.RateLimitResponse_OK || id == "" || counted(t, h.st, cfg, "a") != 100 {
+		t.Fatalf("first call: %v, id %q", r, id)
+	}
+	if r, id := call(); r.OverallCode != rlspb.RateLimitResponse_OVER_LIMIT || id != "" {
+		t.Fatalf("call refused by model: %v, id %q", r, id)
+	}
+	if got := counted(t, h.st, cfg, "a"); got != 100 {
+		t.Fatalf("the refused call's reserve stayed charged: %d counted, want 100", got)
+	}
 }

@@ -373,15 +373,16 @@ func (s *Service) Check(ctx context.Context, req *rlspb.RateLimitRequest) (*rlsp
 			return nil, err
 		}
 	}
-	id := ""
+	resp := s.respond(ctx, req, items, results, fallback)
 	if s.resv != nil {
-		if id, err = s.keepReservation(ctx, items, reqs, results, fallback); err != nil {
+		over := resp.OverallCode == rlspb.RateLimitResponse_OVER_LIMIT
+		id, err := s.keepReservation(ctx, items, reqs, results, fallback, over)
+		if err != nil {
 			return nil, fmt.Errorf("envoyrls: domain %q: %w", req.Domain, err)
 		}
-	}
-	resp := s.respond(ctx, req, items, results, fallback)
-	if id != "" {
-		withReservation(resp, id)
+		if id != "" {
+			withReservation(resp, id)
+		}
 	}
 	return resp, nil
 }
