@@ -49,6 +49,7 @@ type serveFlags struct {
 	refuseRoot                             bool
 	compatFlags                            // envoyxds.go
 	envoyDynamicMetadata                   bool
+	envoyReserve                           bool
 	envoy                                  envoyServeFlags // serve_envoy.go
 }
 
@@ -78,6 +79,7 @@ func newServeFlagSet(stderr io.Writer) (*flag.FlagSet, *serveFlags) {
 	fs.StringVar(&f.pprof, "pprof", "", `serve Go's profiler (/debug/pprof/) on this address, e.g. "127.0.0.1:6060"; off by default, never on a public address`)
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", server.DefaultShutdownTimeout, "on SIGTERM or SIGINT, how long the whole shutdown may take (the delay, then letting in-flight requests finish)")
 	fs.DurationVar(&f.shutdownDelay, "shutdown-delay", server.DefaultShutdownDelay, "on SIGTERM or SIGINT, how long to keep serving while unready (/readyz 503, gRPC health NOT_SERVING) before closing the listeners, so that load balancers stop sending first; 0 closes at once")
+	fs.BoolVar(&f.envoyReserve, "envoy-reserve", false, "honour reserve: on Envoy descriptors: the request path takes the estimate and answers a reservation id (dynamic metadata weir_reservation); the response path brings it back as a descriptor entry and settles the actual cost")
 	fs.BoolVar(&f.envoyDynamicMetadata, "envoy-dynamic-metadata", false, "return dynamic metadata on every Envoy rate limit response (domain, descriptors, the metadata: of the descriptors that passed), as envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA=true")
 	fs.BoolVar(&f.refuseRoot, "refuse-root", false, "exit with an error instead of serving when the effective user is root (uid 0); the container image sets it")
 	addCompatFlags(fs, &f.compatFlags)
@@ -368,6 +370,9 @@ func serverOptions(f *serveFlags, log *slog.Logger, lookup func(string) (string,
 	}
 	if f.envoyDynamicMetadata {
 		opts = append(opts, server.WithEnvoyDynamicMetadata(true))
+	}
+	if f.envoyReserve {
+		opts = append(opts, server.WithEnvoyReserve(true))
 	}
 	if f.storeTimeout > 0 {
 		opts = append(opts, server.WithStoreTimeout(f.storeTimeout))

@@ -29,12 +29,13 @@ func runValidate(args []string, stdout, stderr io.Writer) int {
 	quiet := fs.Bool("q", false, "print nothing for valid files")
 	middleware := fs.Bool("middleware", false, "check the files for Go's policy middleware, which settles cost: and count:, rather than for weir serve")
 	envoyDir := fs.String("envoy", "", "a directory of envoyproxy/ratelimit YAML files to check, as weir serve --envoy-config loads it")
+	envoyReserve := fs.Bool("envoy-reserve", false, "with --envoy, accept reserve: as weir serve --envoy-reserve does")
 	if code, ok := parseFlags(fs, args, stdout); !ok {
 		return code
 	}
 	status := 0
 	if *envoyDir != "" {
-		status = validateEnvoy(*envoyDir, *quiet, stdout, stderr)
+		status = validateEnvoy(*envoyDir, *envoyReserve, *quiet, stdout, stderr)
 		if fs.NArg() == 0 {
 			return status
 		}
@@ -96,8 +97,9 @@ func runValidate(args []string, stdout, stderr io.Writer) int {
 // loader weir serve uses, printing its first problem as file:line:
 // message (exit status 1), or "DIR: ok: ..." (0). A directory that
 // cannot be read, or holds no configuration file, is status 2.
-func validateEnvoy(dir string, quiet bool, stdout, stderr io.Writer) int {
-	cfg, err := envoyrls.LoadDir(dir)
+// reserve accepts reserve: (weir serve --envoy-reserve).
+func validateEnvoy(dir string, reserve, quiet bool, stdout, stderr io.Writer) int {
+	cfg, err := envoyrls.LoadDirWith(dir, envoyrls.LoadOptions{Reserve: reserve})
 	if err != nil {
 		var ce *envoyrls.ConfigError
 		if errors.As(err, &ce) {

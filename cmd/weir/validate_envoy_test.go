@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -29,6 +30,15 @@ func TestValidateEnvoy(t *testing.T) {
 	writeFile(t, dup, "b.yaml", "\ndomain: a\n")
 	if _, errs, code = runCLI(t, "validate", "--envoy", dup); code != 1 || errs != filepath.Join(dup, "b.yaml")+":2: domain \"a\" is already defined in "+filepath.Join(dup, "a.yaml")+":1\n" {
 		t.Fatalf("duplicate domain: exit %d, stderr %q", code, errs)
+	}
+
+	resv := t.TempDir()
+	writeFile(t, resv, "a.yaml", "domain: a\ndescriptors:\n  - key: k\n    debit: true\n    reserve: 10\n    rate_limit: {unit: day, requests_per_unit: 50}\n")
+	if _, errs, code = runCLI(t, "validate", "--envoy", resv); code != 1 || !strings.HasPrefix(errs, filepath.Join(resv, "a.yaml")+":5: reserve is off") || !strings.Contains(errs, "--envoy-reserve") {
+		t.Fatalf("reserve without --envoy-reserve: exit %d, stderr %q", code, errs)
+	}
+	if out, errs, code = runCLI(t, "validate", "--envoy-reserve", "--envoy", resv); code != 0 || errs != "" {
+		t.Fatalf("reserve with --envoy-reserve: exit %d, stdout %q, stderr %q", code, out, errs)
 	}
 
 	if _, errs, code = runCLI(t, "validate", "--envoy", filepath.Join(good, "missing")); code != 2 || errs == "" {

@@ -52,10 +52,32 @@ func (s *Server) envoyServiceOptions() []envoyrls.Option {
 	}
 }
 
+// envoyReservations is the envoyrls option of --envoy-reserve: the
+// reservations kept where POST /v1/reserve keeps its own, under ids of
+// their own.
+func (s *Server) envoyReservations() envoyrls.Option {
+	if !s.o.envoyReserve {
+		return func(*envoyrls.Service) {}
+	}
+	return envoyrls.WithReservations(envoyResv{s.resv})
+}
+
+// envoyResv keeps the Envoy service's reservations in r, under
+// "envoy:"+id, so that POST /v1/settle never takes one by its bare id.
+type envoyResv struct{ r reservations }
+
+func (e envoyResv) Put(ctx context.Context, id string, rec []byte, ttl time.Duration) error {
+	return e.r.put(ctx, "envoy:"+id, rec, ttl)
+}
+
+func (e envoyResv) Take(ctx context.Context, id string) ([]byte, bool, error) {
+	return e.r.take(ctx, "envoy:"+id)
+}
+
 // loadEnvoyDir loads the Envoy config directory with the settings, and a
 // digest of the bytes it parsed.
 func (s *Server) loadEnvoyDir(dir string) (*envoyrls.Config, [sha256.Size]byte, error) {
-	return envoyrls.LoadDirDigest(dir, envoyrls.LoadOptions{MergeDomains: s.o.envoySettings.MergeDomains})
+	return envoyrls.LoadDirDigest(dir, envoyrls.LoadOptions{MergeDomains: s.o.envoySettings.MergeDomains, Reserve: s.o.envoyReserve})
 }
 
 // registerEnvoyMetrics adds the Envoy service's own metrics.
@@ -69,6 +91,10 @@ func (s *Server) registerEnvoyMetrics() {
 			Name: "weir_envoy_shadow_mode_total",
 			Help: "Envoy calls over their limit answered OK because of --envoy-shadow-mode (envoyproxy/ratelimit's global_shadow_mode).",
 		}, func() float64 { return float64(s.envoy.ShadowedCalls()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "weir_envoy_unknown_reservation_total",
+			Help: "Envoy response-path calls whose weir_reservation was unknown, expired, already settled or another descriptor's (--envoy-reserve): each was answered as a plain charge, never a refund.",
+		}, func() float64 { return float64(s.envoy.UnknownReservations()) }),
 	)
 	if s.envoyDir == "" {
 		return

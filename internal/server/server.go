@@ -105,6 +105,7 @@ type options struct {
 	envoyAwait      bool // /healthcheck fails until SetEnvoyConfig (envoyhealth.go)
 	tlsGRPCOnly     bool // WithTLSOnGRPCOnly (envoyhealth.go)
 	envoyMetadata   bool
+	envoyReserve    bool
 	envoySettings   EnvoySettings
 	log             *slog.Logger
 	adminToken      *string
@@ -195,6 +196,12 @@ func WithEnvoyConfigDir(dir string) Option { return func(o *options) { o.envoyDi
 // WithEnvoyDynamicMetadata makes Envoy rate limit responses carry dynamic
 // metadata (envoyrls.WithDynamicMetadata).
 func WithEnvoyDynamicMetadata(on bool) Option { return func(o *options) { o.envoyMetadata = on } }
+
+// WithEnvoyReserve honours the reserve: of Envoy descriptors: the request
+// path reserves, the response path settles (envoyrls.WithReservations),
+// with the reservations of POST /v1/reserve's store. Without it, a
+// configuration with reserve: is refused.
+func WithEnvoyReserve(on bool) Option { return func(o *options) { o.envoyReserve = on } }
 
 // grpcOptions tunes the gRPC server for Envoy's traffic: many small unary
 // calls, each connection with a few in flight.
@@ -560,7 +567,7 @@ func (s *Server) initEnvoy() error {
 		maxOverride = defaultEnvoyMaxOverride
 	}
 	s.envoy = envoyrls.New(ecfg, s.stack, append(s.envoyServiceOptions(), envoyrls.WithFallbackDecider(s.envoyDecider),
-		envoyrls.WithObserver(s.envoyObserve), envoyrls.WithMaxOverridePeriod(maxOverride), envoyrls.WithDynamicMetadata(s.o.envoyMetadata))...)
+		envoyrls.WithObserver(s.envoyObserve), envoyrls.WithMaxOverridePeriod(maxOverride), envoyrls.WithDynamicMetadata(s.o.envoyMetadata), s.envoyReservations())...)
 	s.registerEnvoyMetrics()
 	if s.envoyDir != "" {
 		s.startEnvoyWatch()

@@ -43,6 +43,8 @@ type Config struct {
 	files   []string
 	rules   []*rule
 	merge   bool // files may share a domain (LoadOptions.MergeDomains)
+	// reserveOK: descriptors may say reserve: (LoadOptions.Reserve).
+	reserveOK bool
 }
 
 type domainConfig struct {
@@ -103,6 +105,9 @@ type rule struct {
 	deny      bool // requests_per_unit: 0 blocks every request
 	override  bool // a request's own limit (Envoy's limit override), not the config's
 	debit     bool // weir's debit: true: every matching call counts its hits, into debt if need be
+	// reserve is the descriptor's reserve: (reserve.go): the hits a
+	// request-path call takes and keeps as a reservation; 0 for none.
+	reserve int64
 	// metadata is the descriptor's metadata:, returned in the response's
 	// dynamic metadata when the descriptor passes (WithDynamicMetadata).
 	// nil when the descriptor has detailed_metric, as upstream loses it.
@@ -239,10 +244,12 @@ type parser struct {
 	domain string
 	rules  []*rule
 	depth  int
+	// reserveOK: reserve: is allowed (weir serve --envoy-reserve).
+	reserveOK bool
 }
 
 func (c *Config) add(data []byte, filename string) error {
-	p := &parser{file: filename}
+	p := &parser{file: filename, reserveOK: c.reserveOK}
 	d, err := p.load(c, data)
 	if err != nil {
 		// Every problem is a yamlnode error carrying its line.
@@ -324,7 +331,7 @@ var (
 
 	descriptorFields = yamlnode.Fields{What: "descriptor", Hints: misplaced, Names: []string{
 		"key", "value", "rate_limit", "descriptors", "shadow_mode", "detailed_metric",
-		"value_to_metric", "share_threshold", "quota_mode", "debit", "metadata",
+		"value_to_metric", "share_threshold", "quota_mode", "debit", "metadata", "reserve",
 	}}
 
 	rateLimitFields = yamlnode.Fields{What: "rate_limit", Hints: misplaced, Names: []string{
@@ -462,11 +469,17 @@ func (p *parser) descriptor(l *level, n *yaml.Node, parent string) error {
 			if err := debitOf(r, nd, f.Get("debit")); err != nil {
 				return err
 			}
+			if err := p.reserveOf(r, f.Get("reserve")); err != nil {
+				return err
+			}
 			nd.rule = r
 			p.rules = append(p.rules, r)
 		}
 	} else if nd.debit {
 		return yamlnode.Errorf(f.Get("debit"), "debit needs a rate_limit beside it, and descriptor %q has none", path)
+	}
+	if rn := f.Get("reserve"); rn != nil && nd.rule == nil {
+		return yamlnode.Errorf(rn, "reserve needs a rate_limit and debit: true beside it, and descriptor %q has no rate_limit", path)
 	}
 	if dn := f.Get("descriptors"); dn != nil {
 		if err := p.level(&nd.children, dn, path); err != nil {

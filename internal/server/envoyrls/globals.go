@@ -139,6 +139,9 @@ type LoadOptions struct {
 	// descriptors join the domain's. A descriptor that is already defined
 	// (same key and value) is still an error.
 	MergeDomains bool
+	// Reserve lets descriptors say reserve: (weir serve --envoy-reserve):
+	// without it, a descriptor that does is refused.
+	Reserve bool
 }
 
 // LoadDirWith is LoadDir with options.
@@ -157,7 +160,7 @@ func LoadDirDigest(dir string, o LoadOptions) (*Config, [sha256.Size]byte, error
 		return nil, sum, err
 	}
 	h := sha256.New()
-	c := &Config{domains: map[string]*domainConfig{}, merge: o.MergeDomains}
+	c := &Config{domains: map[string]*domainConfig{}, merge: o.MergeDomains, reserveOK: o.Reserve}
 	for _, p := range paths {
 		data, err := os.ReadFile(p)
 		if err != nil {

@@ -196,6 +196,10 @@ type Service struct {
 	// dynamicMetadata: responses carry dynamic metadata (WithDynamicMetadata).
 	dynamicMetadata bool
 	g               globals // weir serve's global settings (globals.go)
+	// resv keeps the reservations of reserve: (WithReservations); nil:
+	// reserve: is not honoured.
+	resv Reservations
+	reservationCounters
 }
 
 // New returns a Service answering from cfg with counters in store. A nil
@@ -315,6 +319,12 @@ type item struct {
 	peer     peerMode // how a fixed window is asked, as upstream counts
 	req      int      // index in the store batch, -1 if the store is not asked
 	refund   bool     // is_negative_hits on a debit descriptor: give the hits back
+	// reserving: a request-path call takes the rule's reserve, kept as a
+	// reservation (reserve.go); settling: a response-path call brought a
+	// reservation's id, and resv is the reservation it settles (nil:
+	// unknown, a plain charge).
+	reserving, settling bool
+	resv                *reservation
 }
 
 // Check decides req like ShouldRateLimit, returning plain errors: those
@@ -333,9 +343,21 @@ func (s *Service) Check(ctx context.Context, req *rlspb.RateLimitRequest) (*rlsp
 	if dom == nil {
 		s.g.unknownDomains.Add(1)
 	}
+	var ids []string
+	if s.resv != nil {
+		var err error
+		if req, ids, err = stripReservations(req); err != nil {
+			return nil, err
+		}
+	}
 	items, err := matchRules(dom, req, s.maxOverride)
 	if err != nil {
 		return nil, err
+	}
+	if s.resv != nil {
+		if err := s.planReservations(ctx, req, items, ids); err != nil {
+			return nil, fmt.Errorf("envoyrls: domain %q: %w", req.Domain, err)
+		}
 	}
 	reqs := storeRequests(req, items)
 	results := make([]weir.Result, len(reqs))
@@ -351,7 +373,18 @@ func (s *Service) Check(ctx context.Context, req *rlspb.RateLimitRequest) (*rlsp
 			return nil, err
 		}
 	}
-	return s.respond(ctx, req, items, results, fallback), nil
+	resp := s.respond(ctx, req, items, results, fallback)
+	if s.resv != nil {
+		over := resp.OverallCode == rlspb.RateLimitResponse_OVER_LIMIT
+		id, err := s.keepReservation(ctx, items, reqs, results, fallback, over)
+		if err != nil {
+			return nil, fmt.Errorf("envoyrls: domain %q: %w", req.Domain, err)
+		}
+		if id != "" {
+			withReservation(resp, id)
+		}
+	}
+	return resp, nil
 }
 
 // matchRules finds each descriptor's rule in dom (nil for a domain the
@@ -436,11 +469,24 @@ func storeRequests(req *rlspb.RateLimitRequest, items []item) []weir.Request {
 			// Every call counts its hits, into debt if need be (0: the
 			// request-path check, a peek).
 			it.req = len(reqs)
+			key := requestKey(req, r, descs[i].GetEntries(), it.shared)
+			switch {
+			case it.reserving:
+				// The request path's reserve: a plain take.
+				if n > r.maxCost {
+					n, it.forced = 0, true
+				}
+				reqs = append(reqs, weir.Request{Key: key, Limit: r.limit, N: n})
+				continue
+			case it.resv != nil:
+				reqs = append(reqs, settleRequest(key, r, it))
+				continue
+			}
 			mode := weir.ModeDebit
 			if it.refund {
 				mode = weir.ModeRefund
 			}
-			reqs = append(reqs, weir.Request{Key: requestKey(req, r, descs[i].GetEntries(), it.shared), Limit: r.limit, N: min(n, algorithm.MaxDebt), Mode: mode})
+			reqs = append(reqs, weir.Request{Key: key, Limit: r.limit, N: min(n, algorithm.MaxDebt), Mode: mode})
 			continue
 		}
 		if it.peer = peerModeOf(r, it); it.peer != peerTake {

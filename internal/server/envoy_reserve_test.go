@@ -1,0 +1,97 @@
+package server
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/weir-dev/weir/internal/redistest"
+	"github.com/weir-dev/weir/internal/server/envoyrls"
+)
+
+// envoyReserveYAML: a daily token budget, reserving 100 on the request
+// path. A day, so that no wall clock refills it during the test.
+const envoyReserveYAML = `domain: llm
+descriptors:
+  - key: tenant
+    debit: true
+    reserve: 100
+    rate_limit: {unit: day, requests_per_unit: 1000}
+`
+
+// TestEnvoyReserveOnRedis: with --envoy-reserve and Redis, one instance
+// reserves and another settles (the reservation is in Redis, taken with
+// GETDEL); a second settlement of the same id is a plain charge, never a
+// refund, and is counted.
+func TestEnvoyReserveOnRedis(t *testing.T) {
+	r := redistest.Standalone(t)
+	opts := []Option{WithRedisURL("redis://" + r.Addr + "/0"), WithEnvoyReserve(true),
+		WithConfig(mustParse(t, testConfig+"store:\n  timeout: 5s\n"))}
+	_, _, addrA := serveEnvoy(t, envoyReserveYAML, opts...)
+	sB, _, addrB := serveEnvoy(t, envoyReserveYAML, opts...)
+	client := func(addr string) rlspb.RateLimitServiceClient {
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		return rlspb.NewRateLimitServiceClient(conn)
+	}
+	a, b := client(addrA), client(addrB)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	call := func(c rlspb.RateLimitServiceClient, id string, hits uint64) *rlspb.RateLimitResponse {
+		t.Helper()
+		d := &rlcommon.RateLimitDescriptor{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "tenant", Value: "acme"}}, HitsAddend: wrapperspb.UInt64(hits)}
+		if id != "" {
+			d.Entries = append(d.Entries, &rlcommon.RateLimitDescriptor_Entry{Key: envoyrls.ReservationKey, Value: id})
+		}
+		resp, err := c.ShouldRateLimit(ctx, &rlspb.RateLimitRequest{Domain: "llm", Descriptors: []*rlcommon.RateLimitDescriptor{d}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	resp := call(a, "", 0)
+	id := resp.GetDynamicMetadata().GetFields()[envoyrls.ReservationKey].GetStringValue()
+	if resp.OverallCode != rlspb.RateLimitResponse_OK || id == "" || resp.Statuses[0].LimitRemaining != 900 {
+		t.Fatalf("request path: %v", resp)
+	}
+	// Settled on the other instance: 40 used of 100 reserved refunds 60.
+	if resp := call(b, id, 40); resp.Statuses[0].LimitRemaining != 960 {
+		t.Fatalf("settled 40 of 100: %v", resp)
+	}
+	// Again, on the first: a plain charge of 40, not a refund.
+	if resp := call(a, id, 40); resp.Statuses[0].LimitRemaining != 920 {
+		t.Fatalf("the same id settled twice: %v", resp)
+	}
+	if n := sB.Envoy().UnknownReservations(); n != 0 {
+		t.Fatalf("instance B counted %d unknown reservations", n)
+	}
+	// A forged id of /v1/reserve's shape: a plain charge.
+	if resp := call(b, "00000000000000000000000000000000", 0); resp.Statuses[0].LimitRemaining != 920 || sB.Envoy().UnknownReservations() != 1 {
+		t.Fatalf("forged id: %v, %d unknown", resp, sB.Envoy().UnknownReservations())
+	}
+}
+
+// TestEnvoyReserveOff: without --envoy-reserve, a configuration with
+// reserve: is refused at start, naming the file, the line and the flag.
+func TestEnvoyReserveOff(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "rl.yaml"), []byte(envoyReserveYAML), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := New(WithConfig(mustParse(t, testConfig)), WithEnvoyConfigDir(dir), WithLogger(quietLogger()))
+	if err == nil || !strings.Contains(err.Error(), "rl.yaml:5: reserve is off") || !strings.Contains(err.Error(), "--envoy-reserve") {
+		t.Fatalf("reserve: without --envoy-reserve: %v", err)
+	}
+}
