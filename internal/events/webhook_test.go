@@ -151,7 +151,14 @@ func TestDeliverHalfFailing(t *testing.T) {
 	done := make(chan struct{})
 	go func() { d.Run(ctx); close(done) }()
 	want := drive(t, s, "api", 100)
-	waitFor(t, "every event delivered", func() bool { return rc.count() >= want })
+	// Both sides: the receiver has every event, and the deliverer has
+	// read every answer (a cancel between the two would count the last
+	// delivery as failed though the receiver has it).
+	waitFor(t, "every event delivered", func() bool {
+		cs.mu.Lock()
+		defer cs.mu.Unlock()
+		return rc.count() >= want && cs.deliveries[events.ResultDelivered] >= want
+	})
 	cancel()
 	<-done
 	all, err := ev.Events(context.Background(), "", events.MaxList)

@@ -78,6 +78,7 @@ func TestTracingOTLP(t *testing.T) {
 			if run.store == "redis" {
 				cfg.Store.Type = config.StoreRedis
 				cfg.Store.Redis.Addrs = []string{redistest.Standalone(t).Addr}
+				cfg.Store.Timeout = 10 * time.Second // a loaded machine must not hand decisions to on_error
 			}
 			s, err := New(WithConfig(cfg), WithEnvoyConfigDir(dir), WithLogger(quietLogger()), WithAdminToken(""), WithTracing(tr))
 			if err != nil {
