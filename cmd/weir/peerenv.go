@@ -549,7 +549,7 @@ func asPeer(argv []string, stderr io.Writer) []string {
 		if f == nil {
 			const msg = "weir serve: envoy-compat: argument ignored, as envoyproxy/ratelimit ignores its arguments (not a weir serve flag)"
 			if strings.EqualFold(os.Getenv("LOG_FORMAT"), "json") {
-				slog.New(slog.NewJSONHandler(stderr, nil)).Warn(msg, "argument", a)
+				earlyLogger(stderr, "json").Warn(msg, "argument", a)
 			} else {
 				fmt.Fprintf(stderr, "%s: %q\n", msg, a)
 			}
