@@ -418,7 +418,8 @@ func (okServer) ShouldRateLimit(ctx context.Context, req *rls.RateLimitRequest) 
 }
 
 // TestBenchDefaultsHitADemoRule: weir bench with no flags but --addr calls
-// a rule of weir serve's demo rules, which decides every call.
+// a rule of weir serve's demo rules, which decides every call. One key, so
+// 200 calls outrun its 10/s even when each call takes 100 ms.
 func TestBenchDefaultsHitADemoRule(t *testing.T) {
 	srv, err := server.New(server.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
@@ -427,7 +428,7 @@ func TestBenchDefaultsHitADemoRule(t *testing.T) {
 	defer srv.Close()
 	hs := httptest.NewServer(srv.Handler())
 	defer hs.Close()
-	s := benchJSON(t, "--addr", hs.URL, "--requests", "200", "--concurrency", "2", "--keys", "10")
+	s := benchJSON(t, "--addr", hs.URL, "--requests", "200", "--concurrency", "2", "--keys", "1")
 	if s.Target != "check" || s.Ruled != 200 || len(s.Warnings) != 0 || s.Limited == 0 {
 		t.Fatalf("%+v", s)
 	}
