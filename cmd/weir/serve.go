@@ -177,6 +177,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, lookup 
 		debug.SetGCPercent(400)
 	}
 	jsonLog := f.logFormat == "json"
+	if jsonLog {
+		defer grpcLogs.toSlog(log, lookup)() // grpclog.go
+	}
 	fail := func(msg string) int {
 		failure(stderr, log, jsonLog, msg)
 		return 1
