@@ -440,8 +440,8 @@ func TestServeAsAIGatewayRatelimit(t *testing.T) {
 	}
 }
 
-// TestPeerEnvRedisTimeoutAndTLS: REDIS_TIMEOUT, when set, is the store's
-// deadline; the REDIS_TLS_* files are weir's Redis TLS settings, read, as
+// TestPeerEnvRedisTimeoutAndTLS: REDIS_TIMEOUT is the store's deadline,
+// the peer's 10s when unset unless weir's own setting is given; the REDIS_TLS_* files are weir's Redis TLS settings, read, as
 // the peer reads them, only with REDIS_TLS=true.
 func TestPeerEnvRedisTimeoutAndTLS(t *testing.T) {
 	base := map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "r:6379", "USE_STATSD": "false"}
@@ -452,8 +452,11 @@ func TestPeerEnvRedisTimeoutAndTLS(t *testing.T) {
 	}{
 		{"REDIS_TIMEOUT=250ms", []string{"--store-timeout=250ms"}, nil, ""},
 		{"REDIS_TIMEOUT=10s", []string{"--store-timeout=10s"}, nil, ""},
-		{"", nil, []string{"--store-timeout"}, ""},
-		{"REDIS_TIMEOUT=0", nil, []string{"--store-timeout"}, "REDIS_TIMEOUT"},
+		// Unset, the peer's default, unless weir's own setting is given.
+		{"", []string{"--store-timeout=10s"}, nil, ""},
+		{"WEIR_STORE_TIMEOUT=2s", nil, []string{"--store-timeout"}, ""},
+		{"WEIR_CONFIG=/weir.yaml", nil, []string{"--store-timeout"}, ""},
+		{"REDIS_TIMEOUT=0", []string{"--store-timeout=10s"}, nil, "REDIS_TIMEOUT"},
 		{"REDIS_TLS=true REDIS_TLS_CACERT=/ca.pem REDIS_TLS_CLIENT_CERT=/c.pem REDIS_TLS_CLIENT_KEY=/k.pem",
 			[]string{"--redis=rediss://r:6379", "--redis-tls-ca=/ca.pem", "--redis-tls-cert=/c.pem", "--redis-tls-key=/k.pem"},
 			[]string{"--redis-tls-skip-hostname-verification"}, ""},
@@ -495,6 +498,8 @@ func TestPeerEnvRedisTimeoutAndTLS(t *testing.T) {
 			t.Errorf("%s: %v", c.env, err)
 		} else if strings.Contains(c.env, "REDIS_TIMEOUT=250ms") && f.storeTimeout != 250*time.Millisecond {
 			t.Errorf("%s: store timeout %v", c.env, f.storeTimeout)
+		} else if c.env == "" && f.storeTimeout != 10*time.Second {
+			t.Errorf("REDIS_TIMEOUT unset: store timeout %v, want the peer's 10s", f.storeTimeout)
 		}
 	}
 	// A certificate without its key is refused, named.
