@@ -390,11 +390,16 @@ func peerRedis(e *peerEnv) {
 		u := url.URL{Scheme: "redis+sentinel", Host: strings.Join(addrs[1:], ","), Path: "/" + addrs[0], User: user}
 		e.flag("redis", u.String())
 	case "CLUSTER":
-		if auth != "" || tlsOn {
-			e.refuse = append(e.refuse, "REDIS_AUTH or REDIS_TLS with REDIS_TYPE=CLUSTER: weir's --redis has no such form for a cluster; "+configOnly)
+		if auth == "" && !tlsOn {
+			e.flag("redis", strings.Join(addrs, ","))
 			return
 		}
-		e.flag("redis", strings.Join(addrs, ","))
+		// Seed nodes with the password and TLS every node shares.
+		u := url.URL{Scheme: "redis", Host: strings.Join(addrs, ","), User: user}
+		if tlsOn {
+			u.Scheme = "rediss"
+		}
+		e.flag("redis", u.String())
 	default:
 		e.refuse = append(e.refuse, fmt.Sprintf("REDIS_TYPE=%q: want SINGLE, SENTINEL or CLUSTER", t))
 	}
