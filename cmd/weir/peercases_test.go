@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/weir-dev/weir/internal/certtest"
 	"github.com/weir-dev/weir/internal/envoyxds/xdstest"
 	"github.com/weir-dev/weir/internal/redistest"
 )
@@ -66,6 +67,9 @@ type pstep struct {
 	descs    []pd
 	want     string         // overall code | status | status ...
 	meta     map[string]any // the "metadata" of the dynamic metadata; nil for none
+	add      [2]string      // copy this file (testdata, then PEER_SRC path) into the config directory first
+	remove   string         // remove this file from the config directory first
+	poll     bool           // repeat the call until the answer is want (a reload under way)
 }
 
 // pcase is a service started once and the calls made to it in order.
@@ -77,6 +81,10 @@ type pcase struct {
 	env       map[string]string
 	steps     []pstep
 	slow      bool // waits for a new minute
+	// The Redis targets run on a Redis Cluster (REDIS_TYPE=CLUSTER) that
+	// requires this password, over TLS when clusterTLS.
+	cluster    string
+	clusterTLS bool
 }
 
 // peerTarget is one service under test.
@@ -84,7 +92,8 @@ type peerTarget struct {
 	name   string
 	xds    *xdstest.Server
 	client rlspb.RateLimitServiceClient
-	meta   bool // RESPONSE_DYNAMIC_METADATA
+	meta   bool   // RESPONSE_DYNAMIC_METADATA
+	dir    string // the config directory (CONFIG_TYPE=FILE)
 }
 
 func minute(n uint32) *rlsconfv3.RateLimitPolicy {
@@ -279,6 +288,15 @@ func scriptCases() []pcase {
 	}
 }
 
+// The config files of the peer's integration test (its reload.yaml is
+// added and removed by the reload case).
+var (
+	integFiles     = []string{"basic.yaml", "another.yaml", "share-threshold.yaml"}
+	integPeerFiles = []string{"test/integration/runtime/current/ratelimit/config/basic.yaml",
+		"test/integration/runtime/current/ratelimit/config/another.yaml",
+		"test/integration/runtime/current/ratelimit/config/share_threshold.yaml"}
+)
+
 func xdsCases() []pcase {
 	m, h, dy := rlsconfv3.RateLimitUnit_MINUTE, rlsconfv3.RateLimitUnit_HOUR, rlsconfv3.RateLimitUnit_DAY
 	reload := xdsDomain("reload", "reload", xdsDesc("key1", "", per(rlsconfv3.RateLimitUnit_SECOND, 50)),
@@ -330,6 +348,29 @@ func xdsCases() []pcase {
 		}},
 		{name: "xds/provider", snapshot: []*rlsconfv3.RateLimitConfig{k1(3)}, steps: provider(false)},
 		{name: "xds/provider-merge", snapshot: []*rlsconfv3.RateLimitConfig{k1(3)}, env: map[string]string{"MERGE_DOMAIN_CONFIG": "true"}, steps: provider(true)},
+		// The peer's integration test over files, on a Redis Cluster that
+		// requires a password (and over TLS), and its reload.
+		{name: "file/basic", files: integFiles, peerFiles: integPeerFiles, steps: basicSteps("")},
+		{name: "file/basic-cluster-auth", files: integFiles, peerFiles: integPeerFiles, steps: basicSteps(""), cluster: "password123"},
+		{name: "file/basic-cluster-tls-auth", files: integFiles, peerFiles: integPeerFiles, steps: basicSteps(""), cluster: "password123", clusterTLS: true},
+		{name: "file/reload", files: integFiles, peerFiles: integPeerFiles, env: map[string]string{"RUNTIME_WATCH_ROOT": "false"}, steps: []pstep{
+			{domain: "reload", descs: []pd{d("block", "foo")}, want: "OK|OK"},
+			{add: [2]string{"reload.yaml", "test/integration/runtime/current/ratelimit/reload.yaml"}, poll: true,
+				domain: "reload", descs: []pd{d("block", "foo")}, want: "OVER|OVER 0/SECOND 0"},
+			{domain: "reload", descs: []pd{d("key1", "foo")}, want: "OK|OK 50/SECOND 49"},
+			{remove: "reload.yaml", poll: true, domain: "reload", descs: []pd{d("block", "foo")}, want: "OK|OK"},
+		}},
+		{name: "file/share-threshold", files: integFiles, peerFiles: integPeerFiles, steps: func() []pstep {
+			var s []pstep
+			for i := range 10 {
+				s = append(s, pstep{domain: "share-threshold-test", descs: []pd{d("files", "files/a.pdf")}, want: fmt.Sprintf("OK|OK 10/HOUR %d", 9-i)})
+			}
+			s = append(s, pstep{domain: "share-threshold-test", descs: []pd{d("files", "files/b.csv")}, want: "OVER|OVER 10/HOUR 0"})
+			for i := range 10 {
+				s = append(s, pstep{domain: "share-threshold-test", descs: []pd{d("files_no_share", fmt.Sprintf("files_no_share/%d", i))}, want: "OK|OK 10/HOUR 9"})
+			}
+			return s
+		}()},
 		{name: "file/merge-domain", files: []string{"merge-a.yaml", "merge-b.yaml"},
 			peerFiles: []string{"test/config/merge_domain_key1.yaml", "test/config/merge_domain_key2.yaml"},
 			env:       map[string]string{"MERGE_DOMAIN_CONFIG": "true"},
@@ -386,25 +427,33 @@ func peerEnvFor(t *testing.T, c pcase) map[string]string {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	src := os.Getenv("PEER_SRC")
-	files := c.files
-	if src != "" {
-		files = c.peerFiles
-	}
-	for _, f := range files {
-		from := filepath.Join("testdata", "peercases", f)
-		if src != "" {
-			from = filepath.Join(src, f)
+	if os.Getenv("PEER_SRC") != "" {
+		for _, f := range c.peerFiles {
+			copyPeerFile(t, dir, "", f)
 		}
-		b, err := os.ReadFile(from)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, filepath.Base(f)), b, 0o644); err != nil {
-			t.Fatal(err)
+	} else {
+		for _, f := range c.files {
+			copyPeerFile(t, dir, f, "")
 		}
 	}
 	return env
+}
+
+// copyPeerFile copies testdata/peercases/own, or with PEER_SRC set the
+// peer's own file peer, into dir under the name of the one copied.
+func copyPeerFile(t *testing.T, dir, own, peer string) {
+	t.Helper()
+	from := filepath.Join("testdata", "peercases", own)
+	if src := os.Getenv("PEER_SRC"); src != "" {
+		from = filepath.Join(src, peer)
+	}
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, filepath.Base(from)), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // startTargets starts weir serve over memstore and over Redis, and the
@@ -413,7 +462,8 @@ func startTargets(t *testing.T, c pcase) []*peerTarget {
 	var targets []*peerTarget
 	mk := func(name string) (*peerTarget, map[string]string) {
 		env := peerEnvFor(t, c)
-		tg := &peerTarget{name: name, meta: env["RESPONSE_DYNAMIC_METADATA"] == "true"}
+		tg := &peerTarget{name: name, meta: env["RESPONSE_DYNAMIC_METADATA"] == "true",
+			dir: filepath.Join(env["RUNTIME_ROOT"], "ratelimit", "config")}
 		if c.snapshot != nil {
 			tg.xds = xdstest.Start(t, "127.0.0.1:0", nil, "peer-cases")
 			tg.xds.Set("1", c.snapshot...)
@@ -431,7 +481,7 @@ func startTargets(t *testing.T, c pcase) []*peerTarget {
 	}
 	if bin := os.Getenv("PEER_RATELIMIT"); bin != "" {
 		tg, env := mk("peer")
-		env["REDIS_URL"] = redistest.Standalone(t).Addr
+		peerRedisEnv(t, c, env)
 		httpAddr, grpcAddr, debugAddr := freeAddr(t), freeAddr(t), freeAddr(t)
 		env["PORT"], env["GRPC_PORT"], env["DEBUG_PORT"] = portOf(httpAddr), portOf(grpcAddr), portOf(debugAddr)
 		startPeerProcess(t, bin, env, httpAddr, tg.xds)
@@ -444,7 +494,7 @@ func startTargets(t *testing.T, c pcase) []*peerTarget {
 		env["GRPC_PORT"], env["PORT"] = portOf(grpcAddr), portOf(httpAddr)
 		var args []string
 		if store == "redis" {
-			env["REDIS_URL"] = redistest.Standalone(t).Addr
+			peerRedisEnv(t, c, env)
 			args = asPeer([]string{"/bin/ratelimit"}, io.Discard)[1:]
 		} else {
 			// The same environment, translated, without its Redis.
@@ -468,6 +518,23 @@ func startTargets(t *testing.T, c pcase) []*peerTarget {
 		targets = append(targets, tg)
 	}
 	return targets
+}
+
+// peerRedisEnv starts the Redis of one target and sets env to reach it.
+func peerRedisEnv(t *testing.T, c pcase, env map[string]string) {
+	t.Helper()
+	if c.cluster == "" {
+		env["REDIS_URL"] = redistest.Standalone(t).Addr
+		return
+	}
+	sec := redistest.ClusterSecurity{Password: c.cluster}
+	if c.clusterTLS {
+		pki := certtest.New(t)
+		sec.TLS = &redistest.TLS{CA: pki.CA, Cert: pki.Cert, Key: pki.Key, Client: pki.ClientConfig(false)}
+		env["REDIS_TLS"], env["REDIS_TLS_CACERT"] = "true", pki.CA
+	}
+	g := redistest.ClusterSecure(t, sec)
+	env["REDIS_TYPE"], env["REDIS_URL"], env["REDIS_AUTH"] = "CLUSTER", strings.Join(g.Addrs, ","), c.cluster
 }
 
 // startPeerProcess runs envoyproxy/ratelimit with env until the test
@@ -547,6 +614,16 @@ func runPeerCase(t *testing.T, c pcase) (calls, agreed int) {
 		if s.next {
 			nextMinute()
 		}
+		for _, tg := range targets {
+			if s.add[0] != "" {
+				copyPeerFile(t, tg.dir, s.add[0], s.add[1])
+			}
+			if s.remove != "" {
+				if err := os.Remove(filepath.Join(tg.dir, s.remove)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
 		req := &rlspb.RateLimitRequest{Domain: s.domain, HitsAddend: s.hits}
 		for _, p := range s.descs {
 			rd := &rlcommon.RateLimitDescriptor{}
@@ -560,11 +637,19 @@ func runPeerCase(t *testing.T, c pcase) (calls, agreed int) {
 		}
 		var first *rlspb.RateLimitResponse
 		for _, tg := range targets {
-			before := time.Now()
-			resp, err := tg.client.ShouldRateLimit(context.Background(), req)
-			after := time.Now()
-			if err != nil {
-				t.Fatalf("%s: step %d: %v", tg.name, i, err)
+			var resp *rlspb.RateLimitResponse
+			var before, after time.Time
+			for start := time.Now(); ; time.Sleep(50 * time.Millisecond) {
+				var err error
+				before = time.Now()
+				resp, err = tg.client.ShouldRateLimit(context.Background(), req)
+				after = time.Now()
+				if err != nil {
+					t.Fatalf("%s: step %d: %v", tg.name, i, err)
+				}
+				if !s.poll || renderPeerAnswer(resp) == s.want || time.Since(start) > 60*time.Second {
+					break
+				}
 			}
 			norm := checkPeerAnswer(t, fmt.Sprintf("%s: step %d (%s)", tg.name, i, prototext.Format(req)), tg, s, req, resp, before, after)
 			if first == nil {
