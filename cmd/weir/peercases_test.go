@@ -85,6 +85,10 @@ type pcase struct {
 	// requires this password, over TLS when clusterTLS.
 	cluster    string
 	clusterTLS bool
+	// metric, when set, is a counter weir must show at the end, as
+	// {metric name, label selector substrings..., value}: weir's
+	// counterpart of a statsd counter a script reads from the peer.
+	metric []string
 }
 
 // peerTarget is one service under test.
@@ -94,6 +98,7 @@ type peerTarget struct {
 	client rlspb.RateLimitServiceClient
 	meta   bool   // RESPONSE_DYNAMIC_METADATA
 	dir    string // the config directory (CONFIG_TYPE=FILE)
+	http   string // weir's HTTP address (/metrics); "" for the peer
 }
 
 func minute(n uint32) *rlsconfv3.RateLimitPolicy {
@@ -215,8 +220,15 @@ func scriptCases() []pcase {
 			"OK|OK 3/MINUTE 2", "OK|OK 3/MINUTE 1", "OK|OK 3/MINUTE 0", "OVER|OVER 3/MINUTE 0")),
 		rl("trigger-shadow-mode-key", false, repeatStep(6, call(twoHeader("pelle", "", "shady"), "", nil),
 			"OK|OK 3/MINUTE 2", "OK|OK 3/MINUTE 1", "OK|OK 3/MINUTE 0")),
-		rl("value-included-in-stats-key-when-unspecified", false, repeatStep(3, call([]pd{d("unspec", "unspecified_value")}, "", nil),
-			"OK|OK 2/MINUTE 1", "OK|OK 2/MINUTE 0", "OVER|OVER 2/MINUTE 0")),
+		func() pcase {
+			// The peer's script then reads the statsd counter whose name
+			// holds the value (detailed_metric); weir's counterpart is
+			// labelled by the rule, never by the value.
+			c := rl("value-included-in-stats-key-when-unspecified", false, repeatStep(3, call([]pd{d("unspec", "unspecified_value")}, "", nil),
+				"OK|OK 2/MINUTE 1", "OK|OK 2/MINUTE 0", "OVER|OVER 2/MINUTE 0"))
+			c.metric = []string{"weir_decisions_total", `rule="rl.unspec"`, `result="limited"`, "1"}
+			return c
+		}(),
 		rl("replaces", false,
 			[]pstep{call(banned, "OVER|OVER 0/MINUTE:banned_limit 0", nil),
 				call(fourHeader("bkthomps", "banned", "proxy", "mock"), "OVER|OVER 0/MINUTE:banned_limit 0|OK 1/MINUTE 0", nil)},
@@ -511,6 +523,7 @@ func startTargets(t *testing.T, c pcase) []*peerTarget {
 			env = map[string]string{}
 		}
 		startServe(t, env, args...)
+		tg.http = httpAddr
 		if tg.xds != nil {
 			tg.xds.WaitRequest("ACK of version 1", xdstest.ACK("1"))
 		}
@@ -663,7 +676,43 @@ func runPeerCase(t *testing.T, c pcase) (calls, agreed int) {
 			agreed++
 		}
 	}
+	if c.metric != nil {
+		for _, tg := range targets {
+			if tg.http != "" {
+				checkPeerMetric(t, tg, c.metric)
+			}
+		}
+	}
 	return calls, agreed
+}
+
+// checkPeerMetric finds the series of m (name, label substrings...,
+// value) in tg's /metrics.
+func checkPeerMetric(t *testing.T, tg *peerTarget, m []string) {
+	t.Helper()
+	resp, err := http.Get("http://" + tg.http + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	name, labels, want := m[0], m[1:len(m)-1], m[len(m)-1]
+	for _, line := range strings.Split(string(body), "\n") {
+		if !strings.HasPrefix(line, name+"{") {
+			continue
+		}
+		all := true
+		for _, l := range labels {
+			all = all && strings.Contains(line, l)
+		}
+		if all {
+			if f := strings.Fields(line); f[len(f)-1] != want {
+				t.Errorf("%s: %s, want the value %s", tg.name, line, want)
+			}
+			return
+		}
+	}
+	t.Errorf("%s: no %s series with %q in /metrics", tg.name, name, labels)
 }
 
 // checkPeerAnswer checks every field of resp against step s and returns
