@@ -267,7 +267,7 @@ var peerVars = []peerVar{
 			e.refuse = append(e.refuse, fmt.Sprintf("BACKEND_TYPE=%q: weir keeps its counters in Redis only", v))
 		}
 	}},
-	{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "false", "refused when true", refuseIfTrue("weir's algorithms decide what an over-limit request spends")},
+	{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "false", "refused when true: the peer then counts none of a call's descriptors when one is over; weir counts each descriptor by its own limit, as the peer's default does", refuseIfTrue("weir's algorithms decide what an over-limit request spends")},
 	{"LIMIT_RESPONSE_HEADERS_ENABLED", "false", "--envoy-response-headers", boolFlag("envoy-response-headers")},
 	{"LIMIT_LIMIT_HEADER", "RateLimit-Limit", "refused unless the default", refuseIfNot("RateLimit-Limit")},
 	{"LIMIT_REMAINING_HEADER", "RateLimit-Remaining", "refused unless the default", refuseIfNot("RateLimit-Remaining")},
