@@ -122,7 +122,7 @@ func TestEnvoySettleAcrossRedisOutage(t *testing.T) {
 	a, b := client(addrA), client(addrB)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	call := func(c rlspb.RateLimitServiceClient, tenant, id string, hits uint64) *rlspb.RateLimitResponse {
+	rls := func(c rlspb.RateLimitServiceClient, tenant, id string, hits uint64) *rlspb.RateLimitResponse {
 		t.Helper()
 		d := &rlcommon.RateLimitDescriptor{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "tenant", Value: tenant}}, HitsAddend: wrapperspb.UInt64(hits),
 			Limit: &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1000, Unit: typev3.RateLimitUnit_DAY}}
@@ -137,7 +137,7 @@ func TestEnvoySettleAcrossRedisOutage(t *testing.T) {
 	}
 	var ids []string
 	for range 2 {
-		resp := call(a, "acme", "", 0)
+		resp := rls(a, "acme", "", 0)
 		id := resp.GetDynamicMetadata().GetFields()[envoyrls.ReservationKey].GetStringValue()
 		if resp.OverallCode != rlspb.RateLimitResponse_OK || id == "" {
 			t.Fatalf("request path: %v", resp)
@@ -149,27 +149,37 @@ func TestEnvoySettleAcrossRedisOutage(t *testing.T) {
 	}
 	r.Stop()
 	for i, actual := range []uint64{150, 30} {
-		if resp := call(b, "acme", ids[i], actual); resp.OverallCode != rlspb.RateLimitResponse_OK {
+		if resp := rls(b, "acme", ids[i], actual); resp.OverallCode != rlspb.RateLimitResponse_OK {
 			t.Fatalf("settlement during the outage: %v", resp)
 		}
 	}
 	if n := sB.Envoy().PendingSettlements(); n != 2 {
 		t.Fatalf("%d settlements wait for Redis, want 2", n)
 	}
+	metricsB := httptestServe(t, sB) + "/metrics"
+	if _, body := call(t, "GET", metricsB, ""); !strings.Contains(string(body), "weir_envoy_pending_settlements 2") {
+		t.Errorf("/metrics lacks weir_envoy_pending_settlements 2")
+	}
 	r.Start()
 	for sB.Envoy().PendingSettlements() > 0 {
 		if ctx.Err() != nil {
 			t.Fatalf("%d settlements still wait after Redis came back", sB.Envoy().PendingSettlements())
 		}
-		call(b, "other", "", 1) // the store answers again, eventually
+		rls(b, "other", "", 1) // the store answers again, eventually
 		time.Sleep(20 * time.Millisecond)
 	}
 	// 200 reserved, +50 for 150 of 100, −70 for 30 of 100: 180. A
 	// forged id charges 0 and reports what is left.
-	if resp := call(a, "acme", "00000000000000000000000000000000", 0); resp.Statuses[0].LimitRemaining != 820 {
+	if resp := rls(a, "acme", "00000000000000000000000000000000", 0); resp.Statuses[0].LimitRemaining != 820 {
 		t.Fatalf("after the outage: %v, want 820 of 1000 left", resp)
 	}
 	if n := sB.Envoy().UnknownReservations(); n != 0 {
 		t.Fatalf("instance B counted %d unknown reservations", n)
+	}
+	_, body := call(t, "GET", metricsB, "")
+	for _, want := range []string{"weir_envoy_pending_settlements 0", "weir_envoy_dropped_settlements_total 0"} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
 	}
 }
