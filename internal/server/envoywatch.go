@@ -101,7 +101,7 @@ func (s *Server) registerEnvoyMetrics() {
 		}, func() float64 { return float64(s.envoy.PendingSettlements()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "weir_envoy_dropped_settlements_total",
-			Help: "Envoy settlements kept for the store's return and given up: more than 10,000 waiting, or not made within the reservation TTL (15 minutes).",
+			Help: "Envoy settlements kept for the store's return and given up: more than 10,000 (or 4 MiB of keys) waiting, or not made within the reservation TTL (15 minutes).",
 		}, func() float64 { return float64(s.envoy.DroppedSettlements()) }),
 	)
 	if s.envoyDir == "" {

@@ -24,14 +24,21 @@ import (
 //     estimate stays charged, so a late settlement can only charge more,
 //     never admit more.
 //
-// At most maxPendingSettlements are kept, each for ReservationTTL; one
-// more, or one kept longer, is dropped and counted (DroppedSettlements).
+// At most maxPendingSettlements are kept, of at most maxPendingBytes of
+// keys and ids (a descriptor's key may be long), each for ReservationTTL;
+// one more, or one kept longer, is dropped and counted
+// (DroppedSettlements).
 // They live in the instance's memory: an instance that stops loses its
 // own.
 
 // maxPendingSettlements bounds the settlements an instance keeps for
 // the store's return.
 const maxPendingSettlements = 10000
+
+// maxPendingBytes bounds the bytes of the keys and ids of the kept
+// settlements: 10,000 of the usual keys fit well within it, about 1,450
+// of the longest a call can make.
+const maxPendingBytes = 4 << 20
 
 // pendingSettle is a settlement waiting for the store.
 type pendingSettle struct {
@@ -42,10 +49,14 @@ type pendingSettle struct {
 	until  time.Time
 }
 
+// size is what p counts against maxPendingBytes.
+func (p *pendingSettle) size() int { return len(p.key) + len(p.id) + 64 }
+
 // pendingSettlements is the Service's queue of pendingSettle.
 type pendingSettlements struct {
 	mu       sync.Mutex
 	q        []pendingSettle
+	bytes    int // the sizes of q's settlements
 	draining bool
 }
 
@@ -64,11 +75,12 @@ func (s *Service) DroppedSettlements() uint64 { return s.droppedSettles.Load() }
 func (s *Service) keepSettle(p pendingSettle) {
 	s.pend.mu.Lock()
 	defer s.pend.mu.Unlock()
-	if len(s.pend.q) >= maxPendingSettlements {
+	if len(s.pend.q) >= maxPendingSettlements || s.pend.bytes+p.size() > maxPendingBytes {
 		s.droppedSettles.Add(1)
 		return
 	}
 	s.pend.q = append(s.pend.q, p)
+	s.pend.bytes += p.size()
 }
 
 // deferSettlements keeps the settlements of a call the store did not
@@ -110,6 +122,7 @@ func (s *Service) drainSettlements() {
 			for _, p := range s.pend.q {
 				if now.After(p.until) {
 					s.droppedSettles.Add(1)
+					s.pend.bytes -= p.size()
 					continue
 				}
 				q = append(q, p)
@@ -122,10 +135,12 @@ func (s *Service) drainSettlements() {
 			}
 			p := q[0]
 			s.pend.q = q[1:]
+			s.pend.bytes -= p.size()
 			s.pend.mu.Unlock()
 			if !s.replaySettle(&p) {
 				s.pend.mu.Lock()
 				s.pend.q = append([]pendingSettle{p}, s.pend.q...)
+				s.pend.bytes += p.size()
 				s.pend.draining = false
 				s.pend.mu.Unlock()
 				return

@@ -3,9 +3,13 @@ package envoyrls
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 
 	"github.com/weir-dev/weir"
 )
@@ -121,4 +125,58 @@ func TestSettleWaitsForTheStore(t *testing.T) {
 		t.Fatalf("%d settlements dropped, want 1", n)
 	}
 	want("the expired settlement", 550)
+}
+
+// TestPendingSettlementsBounded: the settlements kept for the store are
+// bounded in number and in the bytes of their keys, which a caller
+// chooses: past either, they are dropped and counted.
+func TestPendingSettlementsBounded(t *testing.T) {
+	cfg := parseReserve(t, reserveYAML)
+	outage := func(t *testing.T) *harness {
+		resv := &failingReservations{}
+		resv.down.Store(true)
+		return start(t, cfg, WithReservations(resv),
+			WithFallbackDecider(func(ctx context.Context, reqs []weir.Request, res []weir.Result, fallback []string) error {
+				for i := range reqs {
+					res[i], fallback[i] = weir.Result{Allowed: true}, "allow"
+				}
+				return nil
+			}))
+	}
+	t.Run("count", func(t *testing.T) {
+		h := outage(t)
+		for i := range maxPendingSettlements + 5 {
+			if _, err := h.svc.Check(context.Background(), request("llm", 0, withHits(desc("tenant", "a", ReservationKey, fmt.Sprint(i)), 7))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n, d := h.svc.PendingSettlements(), h.svc.DroppedSettlements(); n != maxPendingSettlements || d != 5 {
+			t.Fatalf("%d kept and %d dropped, want %d and 5", n, d, maxPendingSettlements)
+		}
+	})
+	t.Run("bytes", func(t *testing.T) {
+		h := outage(t)
+		// Limit overrides of MaxEntries long entries: every one settles
+		// under a key of about 3 KiB (weir.Key hashes a long part).
+		long := strings.Repeat("x", MaxEntryValueLen)
+		const calls = 1600
+		var kv []string
+		for j := range MaxEntries - 1 {
+			kv = append(kv, fmt.Sprintf("k%d%s", j, long[:MaxEntryKeyLen-3]), long)
+		}
+		size := 0
+		for i := range calls {
+			d := withOverride(withHits(desc(append(kv[:len(kv):len(kv)], ReservationKey, fmt.Sprintf("%04d", i))...), 7), 100, typev3.RateLimitUnit_HOUR, 0)
+			if _, err := h.svc.Check(context.Background(), request("llm", 0, d)); err != nil {
+				t.Fatal(err)
+			}
+			if i == 0 {
+				size = h.svc.pend.bytes
+			}
+		}
+		n, dropped := h.svc.PendingSettlements(), h.svc.DroppedSettlements()
+		if want := maxPendingBytes / size; n != want || int(dropped) != calls-want {
+			t.Fatalf("%d kept and %d dropped, want %d (of %d bytes each) and %d", n, dropped, want, size, calls-want)
+		}
+	})
 }
