@@ -82,6 +82,34 @@ func TestEnvoyReserveOnRedis(t *testing.T) {
 	if resp := call(b, "00000000000000000000000000000000", 0); resp.Statuses[0].LimitRemaining != 920 || sB.Envoy().UnknownReservations() != 1 {
 		t.Fatalf("forged id: %v, %d unknown", resp, sB.Envoy().UnknownReservations())
 	}
+	// A limit override (limit.fromMetadata): reserved on A under 500 a
+	// day, settled on B under 800 a day (the tenant's limit changed in
+	// between): the same counter, so 160 of 100 charges 60 more.
+	override := func(c rlspb.RateLimitServiceClient, id string, rpu uint32, hits uint64) *rlspb.RateLimitResponse {
+		t.Helper()
+		d := &rlcommon.RateLimitDescriptor{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "tenant", Value: "acme"}}, HitsAddend: wrapperspb.UInt64(hits),
+			Limit: &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: rpu, Unit: typev3.RateLimitUnit_DAY}}
+		if id != "" {
+			d.Entries = append(d.Entries, &rlcommon.RateLimitDescriptor_Entry{Key: envoyrls.ReservationKey, Value: id})
+		}
+		resp, err := c.ShouldRateLimit(ctx, &rlspb.RateLimitRequest{Domain: "llm", Descriptors: []*rlcommon.RateLimitDescriptor{d}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	resp = override(a, "", 500, 0)
+	id = resp.GetDynamicMetadata().GetFields()[envoyrls.ReservationKey].GetStringValue()
+	if resp.OverallCode != rlspb.RateLimitResponse_OK || id == "" || resp.Statuses[0].LimitRemaining != 400 {
+		t.Fatalf("override's request path: %v", resp)
+	}
+	if resp := override(b, id, 800, 160); resp.Statuses[0].LimitRemaining != 640 || sB.Envoy().UnknownReservations() != 1 {
+		t.Fatalf("override settled 160 of 100 on B: %v, %d unknown", resp, sB.Envoy().UnknownReservations())
+	}
+	// The configured descriptor's counter is apart: still 920 left.
+	if resp := call(b, "00000000000000000000000000000000", 0); resp.Statuses[0].LimitRemaining != 920 {
+		t.Fatalf("the configured counter after the override's: %v", resp)
+	}
 }
 
 // TestEnvoyReserveOff: without --envoy-reserve, a configuration with
