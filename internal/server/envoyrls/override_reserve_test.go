@@ -103,12 +103,24 @@ func TestOverrideReserveSettle(t *testing.T) {
 		if n := h.svc.UnknownReservations(); n != 5 {
 			t.Fatalf("%d unknown reservations, want 5", n)
 		}
+		// The tenant's limit drops to 0 before the response: what the
+		// stream used past its estimate still counts; nothing is refunded.
+		_, id5 := reserve(hourly(500))
+		settle(hourly(0, ReservationKey, id5), 130)
+		settle(hourly(500, ReservationKey, id5), 1) // reused: a plain charge
+		want("settled 130 of 100 under a limit of 0", 426)
+		_, id6 := reserve(hourly(1000))
+		settle(hourly(0, ReservationKey, id6), 30)
+		want("settled 30 of 100 under a limit of 0: no refund", 526)
+		if n := h.svc.UnknownReservations(); n != 6 {
+			t.Fatalf("%d unknown reservations, want 6", n)
+		}
 		// A reserve that does not fit the override's limit is refused,
 		// takes nothing and answers no id.
-		if r, id := reserve(hourly(350)); r.OverallCode != over || id != "" {
-			t.Fatalf("reserve of 100 with 55 left: %v, id %q", r, id)
+		if r, id := reserve(hourly(600)); r.OverallCode != over || id != "" {
+			t.Fatalf("reserve of 100 with 74 left: %v, id %q", r, id)
 		}
-		want("refused reserve", 295)
+		want("refused reserve", 526)
 		// An override below the reserve reserves all of it.
 		if r, id := reserve(tenant("tiny", 40, typev3.RateLimitUnit_HOUR)); r.OverallCode != ok || id == "" || r.Statuses[0].LimitRemaining != 0 {
 			t.Fatalf("reserve under 40/h: %v, id %q", r, id)

@@ -235,7 +235,10 @@ func settleOf(key string, r *rule, actual int64, res *reservation) weir.Request 
 	d := actual
 	if res != nil {
 		d = actual - res.Estimate
-		if d < 0 {
+		switch {
+		case d < 0 && r.deny:
+			d = 0 // an override's limit of 0 has no refund to give: a peek
+		case d < 0:
 			return weir.Request{Key: key, Limit: r.limit, N: -d, Mode: weir.ModeRefund, Stamp: res.stamp()}
 		}
 	}

@@ -480,11 +480,9 @@ func storeRequests(req *rlspb.RateLimitRequest, items []item) []weir.Request {
 			it.rule = nil
 			continue
 		}
-		if r.deny {
-			continue
-		}
 		if r.override && (it.reserving || it.settling && it.deferred == nil) {
-			// An override's reserve, or its settlement (reserve.go).
+			// An override's reserve, or its settlement (reserve.go), even
+			// under a limit of 0: what the stream used still counts.
 			it.req = len(reqs)
 			key := requestKey(req, r, descs[i].GetEntries(), it.shared)
 			if it.reserving {
@@ -496,6 +494,9 @@ func storeRequests(req *rlspb.RateLimitRequest, items []item) []weir.Request {
 				it.peer = peerCount
 			}
 			reqs = append(reqs, q)
+			continue
+		}
+		if r.deny {
 			continue
 		}
 		n := it.hits
