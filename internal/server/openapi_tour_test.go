@@ -244,7 +244,7 @@ descriptors:
 	want(got, b, 200, "rules replaced")
 	got, b = do("DELETE", "/v1/rules", "", adm...)
 	want(got, b, 200, "rules restored")
-	for _, p := range []string{"/openapi.json", "/metrics", "/healthz", "/readyz", "/healthz/store", "/"} {
+	for _, p := range []string{"/openapi.json", "/metrics", "/healthz", "/readyz", "/healthz/store", "/healthcheck", "/"} {
 		got, b = do("GET", p, "")
 		want(got, b, 200, p)
 	}
