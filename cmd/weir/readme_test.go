@@ -1,0 +1,75 @@
+package main
+
+import (
+	"io"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/weir-dev/weir/internal/server"
+)
+
+// TestReadmeFirstCommands holds the README's first two commands to what
+// they do: `go run ./cmd/weir serve` with no flag serves the dashboard on
+// :8080 (the address its comment gives) on the in-memory store with the
+// built-in demo rules, and `make test` is a target of the Makefile whose
+// dependency step is the one the comment describes.
+func TestReadmeFirstCommands(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, block, ok := strings.Cut(string(readme), "```sh\n")
+	block, _, _ = strings.Cut(block, "```")
+	lines := strings.Split(strings.TrimSpace(block), "\n")
+	if !ok || len(lines) < 2 {
+		t.Fatalf("README.md starts with no sh block of two commands: %q", block)
+	}
+	cmd, comment, _ := strings.Cut(lines[0], "#")
+	if f := strings.Fields(cmd); strings.Join(f, " ") != "go run ./cmd/weir serve" {
+		t.Fatalf("the README's first command is %q; this test knows `go run ./cmd/weir serve`", cmd)
+	}
+	if !strings.Contains(comment, "in-memory store") || !strings.Contains(comment, "http://localhost:8080") {
+		t.Errorf("the first command's comment %q does not name the store and the dashboard's address", comment)
+	}
+	f, log, code := parseServeArgs(nil, io.Discard, io.Discard, func(string) (string, bool) { return "", false })
+	if f == nil {
+		t.Fatalf("weir serve with no flag: exit %d", code)
+	}
+	srv, err := server.New(serverOptions(f, log, func(string) (string, bool) { return "", false })...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	if got := srv.HTTPAddr(); got != ":8080" {
+		t.Errorf("weir serve with no flag listens on %q; the README says :8080", got)
+	}
+	if got := srv.StoreDescription(); got != "memory" {
+		t.Errorf("weir serve with no flag uses the store %q; the README says in-memory", got)
+	}
+	if got := srv.RulesSource(); got != "built-in demo" {
+		t.Errorf("weir serve with no flag runs the rules of %q; the demo needs the built-in demo rules", got)
+	}
+
+	cmd, comment, _ = strings.Cut(lines[1], "#")
+	if strings.TrimSpace(cmd) != "make test" {
+		t.Fatalf("the README's second command is %q; this test knows `make test`", cmd)
+	}
+	mk, err := os.ReadFile("../../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := regexp.MustCompile(`(?m)^test:(.*)$`).FindSubmatch(mk)
+	if target == nil || !strings.Contains(string(target[1]), "deps") {
+		t.Fatalf("the Makefile has no test target that runs deps: %q", target)
+	}
+	deps, err := os.ReadFile("../../scripts/deps.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(comment, "Debian") || !strings.Contains(comment, "elsewhere it names") ||
+		!strings.Contains(string(deps), "apt-get") || !strings.Contains(string(deps), "install them with your package manager") {
+		t.Errorf("make test's comment %q and scripts/deps.sh disagree: deps.sh installs with apt-get and names what is missing elsewhere", comment)
+	}
+}
