@@ -73,3 +73,69 @@ func TestReadmeFirstCommands(t *testing.T) {
 		t.Errorf("make test's comment %q and scripts/deps.sh disagree: deps.sh installs with apt-get and names what is missing elsewhere", comment)
 	}
 }
+
+// readmeSession returns the README's sh block that starts with first: the
+// commands (lines starting "$ ") and the output each printed.
+func readmeSession(t *testing.T, first string) (cmds []string, outs [][]string) {
+	t.Helper()
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, block, ok := strings.Cut(string(readme), "```sh\n"+first)
+	if !ok {
+		t.Fatalf("README.md has no sh block starting %q", first)
+	}
+	block, _, _ = strings.Cut(first+block, "```")
+	for line := range strings.Lines(block) {
+		line = strings.TrimSuffix(line, "\n")
+		if c, ok := strings.CutPrefix(line, "$ "); ok {
+			cmds = append(cmds, c)
+			outs = append(outs, nil)
+		} else if len(outs) > 0 {
+			outs[len(outs)-1] = append(outs[len(outs)-1], line)
+		}
+	}
+	return cmds, outs
+}
+
+// TestReadmeValidateExample: the README's weir validate example prints
+// what weir validate prints for its file, the field list included.
+func TestReadmeValidateExample(t *testing.T) {
+	cmds, outs := readmeSession(t, "$ cat bad.yaml\n")
+	if len(cmds) != 2 || cmds[1] != "go run ./cmd/weir validate bad.yaml" {
+		t.Fatalf("the README's validate example runs %q", cmds)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(dir+"/bad.yaml", []byte(strings.Join(outs[0], "\n")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(dir)
+	out, errs, code := runCLI(t, "validate", "bad.yaml")
+	if got, want := strings.TrimSpace(out+errs), strings.Join(outs[1], "\n"); code != 1 || got != want {
+		t.Errorf("weir validate bad.yaml: exit %d\n%s\nthe README shows:\n%s", code, got, want)
+	}
+}
+
+// TestReadmeReplayExample: the README's weir replay example shows the
+// table weir replay prints for the example log, and the limit --suggest
+// prints.
+func TestReadmeReplayExample(t *testing.T) {
+	cmds, outs := readmeSession(t, "$ go run ./cmd/weir replay ")
+	if len(cmds) != 2 {
+		t.Fatalf("the README's replay example runs %q", cmds)
+	}
+	t.Chdir("../..")
+	for i, c := range cmds {
+		args := strings.Fields(strings.TrimPrefix(c, "go run ./cmd/weir "))
+		out, errs, code := runCLI(t, args...)
+		if code != 0 {
+			t.Fatalf("weir %s: exit %d: %s", c, code, errs)
+		}
+		for _, line := range outs[i] {
+			if line != "..." && !strings.Contains(out, line+"\n") {
+				t.Errorf("weir %s prints no line %q:\n%s", c, line, out)
+			}
+		}
+	}
+}
