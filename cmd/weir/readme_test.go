@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"io"
 	"os"
 	"regexp"
@@ -136,6 +137,26 @@ func TestReadmeReplayExample(t *testing.T) {
 			if line != "..." && !strings.Contains(out, line+"\n") {
 				t.Errorf("weir %s prints no line %q:\n%s", c, line, out)
 			}
+		}
+	}
+}
+
+// TestReadmeEndpointTable: the README's table of endpoints names every
+// route of the API reference.
+func TestReadmeEndpointTable(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, table, ok := strings.Cut(string(readme), "| endpoint | what it does |")
+	table, _, _ = strings.Cut(table, "\n\n")
+	var doc struct{ Paths map[string]any }
+	if err := json.Unmarshal(server.OpenAPI(), &doc); err != nil || !ok {
+		t.Fatalf("openapi.json: %v; README's table found: %v", err, ok)
+	}
+	for path := range doc.Paths {
+		if !regexp.MustCompile("[ `,/]" + regexp.QuoteMeta(path) + "[`, ]").MatchString(table) {
+			t.Errorf("the README's endpoint table does not name %s", path)
 		}
 	}
 }
