@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"io"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -157,6 +158,36 @@ func TestReadmeEndpointTable(t *testing.T) {
 	for path := range doc.Paths {
 		if !regexp.MustCompile("[ `,/]" + regexp.QuoteMeta(path) + "[`, ]").MatchString(table) {
 			t.Errorf("the README's endpoint table does not name %s", path)
+		}
+	}
+}
+
+// TestDocsShowErrorsAndReferenceExamples: the README and docs/ never
+// show redisstore.New without taking its error, and every config file
+// directly under examples/ is referenced from them.
+func TestDocsShowErrorsAndReferenceExamples(t *testing.T) {
+	docs, _ := filepath.Glob("../../docs/*.md")
+	var all strings.Builder
+	for _, p := range append(docs, "../../README.md") {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all.Write(b)
+		for i, line := range strings.Split(string(b), "\n") {
+			if strings.Contains(line, "redisstore.New(") && !strings.Contains(line, "err :=") && !strings.Contains(line, "err =") {
+				t.Errorf("%s:%d shows redisstore.New without its error: %s", filepath.Base(p), i+1, strings.TrimSpace(line))
+			}
+		}
+	}
+	examples, _ := filepath.Glob("../../examples/*.yaml")
+	if len(examples) == 0 {
+		t.Fatal("no examples/*.yaml")
+	}
+	for _, p := range examples {
+		name := "examples/" + filepath.Base(p)
+		if !strings.Contains(all.String(), name) {
+			t.Errorf("%s is referenced from neither README.md nor docs/", name)
 		}
 	}
 }
