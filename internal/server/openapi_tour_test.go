@@ -85,7 +85,7 @@ func TestOpenAPITour(t *testing.T) {
 domain: edge
 descriptors:
   - key: remote_address
-    rate_limit: {unit: minute, requests_per_unit: 1}
+    rate_limit: {unit: day, requests_per_unit: 1}
   - key: path
     value: /health
     rate_limit: {unlimited: true}
