@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"unicode"
 
 	"github.com/weir-dev/weir/policy/config"
 )
@@ -89,4 +90,49 @@ func TestDocExamples(t *testing.T) {
 	if n < 10 {
 		t.Fatalf("only %d yaml blocks checked", n)
 	}
+}
+
+// TestConfigurationContents: the list of contents at the top of
+// docs/configuration.md links every ## and ### section, in order, by the
+// anchor GitHub gives its heading, and nothing else.
+func TestConfigurationContents(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("..", "docs", "configuration.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var headings, contents []string
+	inCode := false
+	for line := range strings.Lines(string(data)) {
+		line = strings.TrimRight(line, "\n")
+		if strings.HasPrefix(line, "```") {
+			inCode = !inCode
+		}
+		switch {
+		case inCode:
+		case strings.HasPrefix(line, "## "), strings.HasPrefix(line, "### "):
+			level, title, _ := strings.Cut(line, " ")
+			headings = append(headings, fmt.Sprintf("%d [%s](#%s)", len(level)-2, title, anchor(title)))
+		case len(headings) == 0 && (strings.HasPrefix(line, "- [") || strings.HasPrefix(line, "  - [")):
+			indent := len(line) - len(strings.TrimLeft(line, " "))
+			contents = append(contents, fmt.Sprintf("%d %s", indent/2, strings.TrimPrefix(strings.TrimSpace(line), "- ")))
+		}
+	}
+	if len(headings) < 10 || strings.Join(contents, "\n") != strings.Join(headings, "\n") {
+		t.Errorf("docs/configuration.md's contents list:\n%s\nwant one line per section:\n%s", strings.Join(contents, "\n"), strings.Join(headings, "\n"))
+	}
+}
+
+// anchor is the fragment GitHub gives a heading: lower case, spaces as
+// hyphens, punctuation other than - and _ dropped.
+func anchor(title string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(title) {
+		switch {
+		case r == ' ':
+			b.WriteByte('-')
+		case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }

@@ -41,8 +41,24 @@ func register(name, summary string, run func(args []string, stdout, stderr io.Wr
 	commands[name] = command{summary, run}
 }
 
+const versionUsage = `Usage: weir version
+
+Prints weir's version, the VCS revision it was built from and the Go version.
+
+Flags:
+  -h, --help
+    	this help`
+
 func init() {
 	register("version", "print weir's version", func(args []string, stdout, stderr io.Writer) int {
+		fs := newFlagSet("weir version", versionUsage, stderr)
+		if code, ok := parseFlags(fs, args, stdout); !ok {
+			return code
+		}
+		if fs.NArg() > 0 {
+			fmt.Fprintf(stderr, "weir version: unexpected argument %q\n", fs.Arg(0))
+			return 2
+		}
 		in := buildinfo.Read()
 		fmt.Fprintln(stdout, "weir", binaryVersion())
 		if in.Revision != "" {
@@ -64,8 +80,12 @@ func usage(w io.Writer) {
 		names = append(names, n)
 	}
 	sort.Strings(names)
+	width := 0
 	for _, n := range names {
-		fmt.Fprintf(w, "  %-9s %s\n", n, commands[n].summary)
+		width = max(width, len(n))
+	}
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-*s  %s\n", width, n, commands[n].summary)
 	}
 	fmt.Fprintln(w, "\nRun 'weir <command> -h' for a command's flags.")
 }

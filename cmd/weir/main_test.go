@@ -101,19 +101,56 @@ func TestVersion(t *testing.T) {
 
 // TestSubcommandHelpOnStdout: -h and --help print a subcommand's usage to
 // stdout and exit 0 ("weir serve --help | less"); a usage error prints the
-// error and the usage to stderr and exits 2.
+// error and the usage to stderr and exits 2. Every registered command is
+// asked, and each action of weir override.
 func TestSubcommandHelpOnStdout(t *testing.T) {
-	for _, cmd := range []string{"bench", "check", "healthcheck", "replay", "serve", "validate"} {
+	var cmds [][]string
+	for name := range commands {
+		cmds = append(cmds, []string{name})
+	}
+	for _, action := range []string{"set", "list", "delete", "import", "audit"} {
+		cmds = append(cmds, []string{"override", action})
+	}
+	if len(cmds) < 13 {
+		t.Fatalf("only %d commands to ask: %v", len(cmds), cmds)
+	}
+	for _, cmd := range cmds {
+		name := strings.Join(cmd, " ")
 		for _, h := range []string{"-h", "--help"} {
-			out, errs, code := runCLI(t, cmd, h)
-			if code != 0 || errs != "" || !strings.HasPrefix(out, "Usage: weir "+cmd) || !strings.Contains(out, "-h") && !strings.Contains(out, "  -") {
-				t.Errorf("weir %s %s: exit %d, stderr %q, stdout %.60q; want 0 and the usage on stdout", cmd, h, code, errs, out)
+			out, errs, code := runCLI(t, append(cmd, h)...)
+			if code != 0 || errs != "" || !strings.HasPrefix(out, "Usage: weir "+cmd[0]) || !strings.Contains(out, "  -") {
+				t.Errorf("weir %s %s: exit %d, stderr %q, stdout %.60q; want 0 and the usage on stdout", name, h, code, errs, out)
 			}
 		}
-		out, errs, code := runCLI(t, cmd, "--no-such-flag")
-		if code != 2 || out != "" || !strings.Contains(errs, "flag provided but not defined: -no-such-flag") || !strings.Contains(errs, "Usage: weir "+cmd) {
-			t.Errorf("weir %s --no-such-flag: exit %d, stdout %.60q, stderr %.80q; want 2 and the error and usage on stderr", cmd, code, out, errs)
+		out, errs, code := runCLI(t, append(cmd, "--no-such-flag")...)
+		if code != 2 || out != "" || !strings.Contains(errs, "-no-such-flag") || !strings.Contains(errs, "Usage: weir "+cmd[0]) {
+			t.Errorf("weir %s --no-such-flag: exit %d, stdout %.60q, stderr %.80q; want 2 and the error and usage on stderr", name, code, out, errs)
 		}
+	}
+}
+
+// TestUsageListsEveryCommandAligned: weir --help lists every command, the
+// summaries in one column.
+func TestUsageListsEveryCommandAligned(t *testing.T) {
+	out, _, code := runCLI(t, "--help")
+	col := -1
+	n := 0
+	for line := range strings.Lines(out) {
+		fields := strings.Fields(line)
+		if len(fields) < 2 || !strings.HasPrefix(line, "  ") || commands[fields[0]].run == nil {
+			continue
+		}
+		n++
+		rest := line[2+len(fields[0]):]
+		at := 2 + len(fields[0]) + strings.Index(rest, fields[1])
+		if col == -1 {
+			col = at
+		} else if at != col {
+			t.Errorf("summary of %s at column %d, the others at %d:\n%s", fields[0], at, col, out)
+		}
+	}
+	if code != 0 || n != len(commands) {
+		t.Errorf("weir --help: exit %d, %d of %d commands listed:\n%s", code, n, len(commands), out)
 	}
 }
 

@@ -18,7 +18,8 @@ func init() {
 	register("override", "set, list, delete, import or audit per-identity limit overrides through weir serve's admin API", runOverride)
 }
 
-const overrideUsage = `Usage:
+const overrideUsage = `Usage: weir override <action> [flags]
+
   weir override set    --rule R --key K --limit "20/m burst 5" [--until 2030-01-31T00:00:00Z] [--note TEXT]
   weir override list   --rule R
   weir override delete --rule R --key K
@@ -39,6 +40,11 @@ func runOverride(args []string, stdout, stderr io.Writer) int {
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
 			fmt.Fprintln(stdout, overrideUsage)
 			return 0
+		}
+		if len(args) == 0 {
+			fmt.Fprint(stderr, "weir override: name an action: set, list, delete, import or audit\n\n")
+		} else {
+			fmt.Fprintf(stderr, "weir override: %q is no action; name one first: set, list, delete, import or audit\n\n", args[0])
 		}
 		fmt.Fprintln(stderr, overrideUsage)
 		return 2

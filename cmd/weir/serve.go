@@ -95,12 +95,15 @@ with built-in demo rules: HTTP on :8080 (API and dashboard at /) and gRPC on
 :8081, and prints where to look.
 
   POST /v1/check               decide {"rule","key","hits"}, or Envoy-style {"domain","descriptors"}
+  POST /v1/reserve, /v1/settle reserve an estimate, then settle the actual cost
   GET  /v1/auth                nginx auth_request, Traefik ForwardAuth, Caddy forward_auth (?status=429)
   GET  /v1/rules, /v1/top      the rules in force; the most limited identities
   GET  /v1/dashboard/snapshot  the dashboard's data
-  GET  /metrics, /healthz, /readyz, /healthz/store
-  GET  /openapi.json           the API's OpenAPI 3 document
-  /v1/state, /v1/blocked, PUT/DELETE /v1/rules   the admin API (Authorization: Bearer $WEIR_ADMIN_TOKEN)
+  GET  /metrics, /healthz, /readyz, /healthz/store, /healthcheck (envoyproxy/ratelimit's)
+  GET  /openapi.json           the API's OpenAPI 3.1 document, every route and answer
+  the admin API (Authorization: Bearer $WEIR_ADMIN_TOKEN): /v1/state, /v1/blocked,
+       PUT/DELETE /v1/rules, /v1/overrides, /v1/overrides/audit, /v1/usage,
+       /v1/events, /v1/spend
 
 SIGHUP reloads the config files. SIGTERM and SIGINT make the instance unready
 (/readyz 503, gRPC health NOT_SERVING) while it keeps serving for

@@ -71,6 +71,16 @@ func TestServeHelpDocumentsEveryFlag(t *testing.T) {
 			t.Errorf("--help does not mention %s", want)
 		}
 	}
+	// Every route of the API reference, but the dashboard's page.
+	var doc struct{ Paths map[string]any }
+	if err := json.Unmarshal(server.OpenAPI(), &doc); err != nil || len(doc.Paths) < 10 {
+		t.Fatalf("openapi.json: %v, %d paths", err, len(doc.Paths))
+	}
+	for path := range doc.Paths {
+		if path != "/" && !regexp.MustCompile(regexp.QuoteMeta(path)+`\b([^/]|$)`).MatchString(help) {
+			t.Errorf("--help does not list the route %s", path)
+		}
+	}
 	if envName("envoy-config") != "WEIR_ENVOY_CONFIG" || envName("http") != "WEIR_HTTP" {
 		t.Fatal(envName("envoy-config"))
 	}

@@ -75,7 +75,7 @@ func TestCheckRejectsBadInput(t *testing.T) {
 		{"negative hits", `{"rule":"login","key":"a","hits":-1}`, "", 400, "bad_request", "-1"},
 		{"hits type", `{"rule":"login","key":"a","hits":"2"}`, "", 400, "bad_request", `"hits"`},
 		{"fractional hits", `{"rule":"login","key":"a","hits":1.5}`, "", 400, "bad_request", `"hits"`},
-		{"too many hits", `{"rule":"login","key":"a","hits":4}`, "", 400, "bad_request", "4"},
+		{"too many hits", `{"rule":"login","key":"a","hits":4}`, "", 400, "bad_request", `rule "login": cost 4 for key "login:a" is outside 0..3`},
 		{"no rule", `{"key":"a"}`, "", 400, "bad_request", `"rule"`},
 		{"no key", `{"rule":"login"}`, "", 400, "bad_request", `"key"`},
 		{"unknown rule", `{"rule":"nope","key":"a"}`, "", 404, "unknown_rule", "login"},
@@ -93,6 +93,10 @@ func TestCheckRejectsBadInput(t *testing.T) {
 			d := decode(t, b)
 			if resp.StatusCode != tc.status || d["error"] != tc.code || !strings.Contains(d["detail"].(string), tc.mention) {
 				t.Fatalf("got %d %s; want %d %s mentioning %q", resp.StatusCode, b, tc.status, tc.code, tc.mention)
+			}
+			// Each layer's context once: no Go package prefixes.
+			if detail := d["detail"].(string); strings.Contains(detail, "policy: ") || strings.Contains(detail, "weir: ") {
+				t.Errorf("detail %q names Go packages", detail)
 			}
 			if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
 				t.Fatalf("Content-Type %q", ct)

@@ -228,11 +228,23 @@ func ruleError(p *policy.Policy, rule string, err error) *bodyError {
 	case errors.Is(err, policy.ErrUnknownRule):
 		return &bodyError{http.StatusNotFound, codeUnknownRule, fmt.Sprintf("no rule is named %q; the rules in force are: %s", rule, ruleNames(p))}
 	case errors.Is(err, weir.ErrInvalidCost) || errors.Is(err, weir.ErrInvalidLimit):
-		return &bodyError{http.StatusBadRequest, codeBadRequest, err.Error()}
+		return &bodyError{http.StatusBadRequest, codeBadRequest, invalidText(err)}
 	case errors.Is(err, weir.ErrStore):
 		return &bodyError{http.StatusServiceUnavailable, codeStore, fmt.Sprintf("the store failed: %v", err)}
 	}
 	return &bodyError{http.StatusBadRequest, codeBadRequest, err.Error()}
+}
+
+// invalidText is the sentence of an invalid cost or limit, each layer's
+// context said once: `rule "api": cost 1000 for key "api:k" is outside
+// 0..5, ...` rather than `policy: rule "api": weir: invalid cost: cost
+// 1000 ...`.
+func invalidText(err error) string {
+	msg := strings.TrimPrefix(err.Error(), "policy: ")
+	for _, sentinel := range []error{weir.ErrInvalidCost, weir.ErrInvalidLimit} {
+		msg = strings.Replace(msg, sentinel.Error()+": ", "", 1)
+	}
+	return msg
 }
 
 // ruleNames lists the rules in force for an error message.

@@ -1,8 +1,6 @@
 package server
 
 import (
-	"io"
-	"net/http"
 	"testing"
 
 	"github.com/weir-dev/weir/internal/server/envoyrls"
@@ -13,14 +11,7 @@ import (
 // WithEnvoyAwaitConfig, also 500 until the first Envoy config.
 func TestHealthcheck(t *testing.T) {
 	health := func(base string) (int, string) {
-		// Not through call: /healthcheck is upstream's probe, outside
-		// weir's API reference.
-		resp, err := http.Get(base + "/healthcheck")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
+		resp, b := call(t, "GET", base+"/healthcheck", "")
 		return resp.StatusCode, string(b)
 	}
 	s, ts := newTestServer(t)

@@ -83,6 +83,9 @@ func (s *Server) routeTable() []route {
 		byMethod("/healthz", methods{http.MethodGet: s.handleHealthz}),
 		byMethod("/readyz", methods{http.MethodGet: s.handleReadyz}),
 		byMethod("/healthz/store", methods{http.MethodGet: s.handleStoreHealth}),
+		// envoyproxy/ratelimit's health check, for its probes: any method,
+		// as upstream's.
+		{Pattern: "/healthcheck", Handler: http.HandlerFunc(s.handleHealthcheck)},
 		// The dashboard: its page and assets (the handler answers the
 		// other methods itself).
 		{Pattern: "/", Methods: []string{http.MethodGet}, Handler: dashboard.Handler()},
@@ -96,8 +99,6 @@ func (s *Server) routes() http.Handler {
 	for _, rt := range s.routeTable() {
 		mux.Handle(rt.Pattern, rt.Handler)
 	}
-	// envoyproxy/ratelimit's health check, for its probes; off the API reference.
-	mux.HandleFunc("/healthcheck", s.handleHealthcheck)
 	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, codeNotFound, "no endpoint %s; see GET /v1/rules, POST /v1/check, GET /v1/auth", r.URL.Path)
 	})

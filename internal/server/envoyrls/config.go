@@ -632,7 +632,11 @@ func (r *rule) limitOf(ln *yaml.Node, f yamlnode.Entries) (weir.Limit, error) {
 	}
 	pl, err := weir.ParseLimit(s)
 	if err != nil {
-		return l, yamlnode.Errorf(ln, "%v", err)
+		var le *weir.LimitError
+		if errors.As(err, &le) {
+			return l, yamlnode.Errorf(ln, "invalid limit %q: %s", le.Input, le.Reason)
+		}
+		return l, yamlnode.Errorf(ln, "%s", strings.TrimPrefix(err.Error(), "weir: "))
 	}
 	if pl.Rate > math.MaxUint32 {
 		return l, yamlnode.Errorf(ln, "limit %q: the rate must fit requests_per_unit (at most %d)", s, uint32(math.MaxUint32))

@@ -62,7 +62,7 @@ func TestConfigErrors(t *testing.T) {
 		{"zero unit_multiplier", rl("unit: second", "requests_per_unit: 3", "unit_multiplier: 0"), "f.yaml:7: unit_multiplier 0 is out of range (at least 1)"},
 		{"huge unit_multiplier", rl("unit: year", "unit_multiplier: 4294967295", "requests_per_unit: 1"), "f.yaml:6: unit_multiplier 4294967295 makes the period too long"},
 		{"limit and unit", rl("limit: 100/30s", "unit: second"), "f.yaml:6: give either limit or unit and requests_per_unit, not both (unit is set)"},
-		{"bad limit", rl("limit: 100/fortnight"), `f.yaml:5: weir: invalid limit "100/fortnight": period "fortnight" is not a duration (use s, m, h, d, 30s, 15m, 7d)`},
+		{"bad limit", rl("limit: 100/fortnight"), `f.yaml:5: invalid limit "100/fortnight": period "fortnight" is not a duration (use s, m, h, d, 30s, 15m, 7d)`},
 		{"sub-second limit", rl("limit: 100/1500ms"), `f.yaml:5: limit "100/1500ms": the period must be a whole number of seconds to be reported to Envoy`},
 		{"bad algorithm", rl("limit: 100/m", "algorithm: leaky"), `f.yaml:6: unknown algorithm "leaky" (want fixed_window, sliding_log, sliding_window, token_bucket, leaky_bucket, gcra)`},
 		{"concurrency", rl("limit: 100/m", "algorithm: concurrency"), "f.yaml:6: algorithm concurrency cannot be used from Envoy: the protocol has no way to release a slot"},
