@@ -78,6 +78,7 @@ type Config struct {
 	// TLS, when not nil, makes every connection use TLS with this config.
 	TLS *tls.Config
 	// Timeout is the deadline of each store call; DefaultTimeout if zero.
+	// A connection's dial and handshake may take 2s, or Timeout if longer.
 	Timeout time.Duration
 	// Prefix starts every key ("weir" if empty). It must not contain a
 	// brace, which would break the hash tags.
@@ -231,7 +232,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		TLSConfig:    cfg.TLS,
 		ClientName:   "weir",
 		DisableCache: true, // no client-side caching: every decision is a script
-		Dialer:       net.Dialer{Timeout: 2 * time.Second, KeepAlive: time.Second},
+		Dialer:       net.Dialer{Timeout: max(2*time.Second, cfg.Timeout), KeepAlive: time.Second},
 	}
 	if cfg.MasterName != "" {
 		opt.Sentinel = rueidis.SentinelOption{
