@@ -89,6 +89,8 @@ func loginBurst(t *testing.T, p *policy.Policy, n, limit, status int) (int64, ma
 					code = -resp.ProtoMajor
 				}
 				resp.Body.Close()
+			} else {
+				t.Logf("a client call failed: %v", err) // says why in the failure's output
 			}
 			if code != status {
 				refused.Add(1)
