@@ -247,6 +247,7 @@ func TestDeliverHangingReceiver(t *testing.T) {
 type ringStore struct{ r *events.Ring }
 
 func (r ringStore) SetEventRules(map[string]events.Rule) error { return nil }
+func (r ringStore) Sweep(context.Context) (int, error)         { return 0, nil }
 func (r ringStore) Events(ctx context.Context, since string, n int) ([]events.Event, error) {
 	return r.r.Since(since, n)
 }

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -192,6 +193,46 @@ func (s *Server) eventLoop(ctx context.Context) {
 	}
 	d.MinBackoff = s.o.webhookBackoff
 	d.Run(ctx)
+}
+
+// sweepLoop runs the store's events sweeper (events.Store.Sweep) every
+// poll interval (a second by default) until ctx ends: it records the
+// unblocked event of each penalty box that ended and the override_expired
+// event of each override whose until passed. Every instance sweeps; the
+// store gives each due item to one of them.
+func (s *Server) sweepLoop(ctx context.Context) {
+	es, ok := events.Of(s.store)
+	if !ok {
+		return
+	}
+	every := s.o.eventPoll
+	if every <= 0 {
+		every = time.Second
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if ec := s.evCfg.Load(); ec == nil || !ec.on {
+			continue
+		}
+		for {
+			n, err := es.Sweep(ctx)
+			if err != nil {
+				if ctx.Err() == nil {
+					s.log.Warn("weir: the events sweep failed", "err", err)
+				}
+				break
+			}
+			if n == 0 {
+				break
+			}
+		}
+	}
 }
 
 // handleEvents serves GET /v1/events?since=&limit=: the events the store

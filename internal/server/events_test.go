@@ -203,3 +203,67 @@ func TestEventsServeRedis(t *testing.T) {
 		}
 	}
 }
+
+const boxedEventsConfig = `
+events:
+  thresholds: [0.5, 1.0]
+rules:
+  - name: boxed
+    identity: [header:X-API-Key]
+    limit: 2/d
+    algorithm: fixed_window
+    block: 1h
+    events: true
+store:
+  timeout: 10s
+`
+
+// DELETE /v1/state clears the identity's event markers with its state:
+// its thresholds and first refusal fire again, and the penalty box it
+// clears is announced left, once.
+func TestEventsStateDelete(t *testing.T) {
+	run := func(t *testing.T, base string) {
+		for range 3 {
+			check(t, base, "boxed", "alice", 1)
+		}
+		resp, b := call(t, "DELETE", base+"/v1/state?rule=boxed&key=alice", "", bearer(token)...)
+		if resp.StatusCode != 200 {
+			t.Fatalf("DELETE /v1/state: %d %s", resp.StatusCode, b)
+		}
+		for range 3 {
+			check(t, base, "boxed", "alice", 1)
+		}
+		resp, b = call(t, "GET", base+"/v1/events", "", bearer(token)...)
+		if resp.StatusCode != 200 {
+			t.Fatalf("GET /v1/events: %d %s", resp.StatusCode, b)
+		}
+		var list struct{ Events []events.Event }
+		if err := json.Unmarshal(b, &list); err != nil {
+			t.Fatal(err)
+		}
+		var kinds []string
+		for _, e := range list.Events {
+			if e.Key != "alice" || e.Rule != "boxed" {
+				t.Fatalf("event %+v", e)
+			}
+			k := e.Kind
+			if k == events.KindThreshold {
+				k += fmt.Sprint(e.Threshold)
+			}
+			kinds = append(kinds, k)
+		}
+		want := "threshold0.5 threshold1 refused blocked unblocked threshold0.5 threshold1 refused blocked"
+		if got := strings.Join(kinds, " "); got != want {
+			t.Fatalf("events:\n got %s\nwant %s", got, want)
+		}
+	}
+	t.Run("memory", func(t *testing.T) {
+		_, ts := newTestServer(t, WithConfig(mustParse(t, boxedEventsConfig)), WithAdminToken(token))
+		run(t, ts.URL)
+	})
+	t.Run("redis", func(t *testing.T) {
+		r := redistest.Standalone(t)
+		_, base := newRedisServer(t, r.Addr, "a", WithConfig(mustParse(t, boxedEventsConfig)))
+		run(t, base)
+	})
+}

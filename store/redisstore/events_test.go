@@ -253,3 +253,27 @@ func TestEventsBatchExact(t *testing.T) {
 		t.Fatalf("admitted %d, %d events; want %d and %d", admitted.Load(), len(all), ids*10, ids*4)
 	}
 }
+
+// Penalty boxes on four instances: one blocked and one unblocked event
+// per identity and box, every instance sweeping at once.
+func TestEventsBoxes(t *testing.T) {
+	srv := redistest.Standalone(t)
+	clock := storetest.NewClock(storetest.Epoch)
+	var stores []weir.Store
+	for range 4 {
+		stores = append(stores, newTestStore(t, Config{Addrs: []string{srv.Addr}, Prefix: "ev", Clock: clock.Now, Timeout: 10 * time.Second}))
+	}
+	eventtest.Boxes(t, "api", stores, clock.Advance, eventSize())
+}
+
+// Override expiries on two instances: one event per override at its
+// until, whichever instance sweeps.
+func TestEventsOverrideExpiry(t *testing.T) {
+	srv := redistest.Standalone(t)
+	clock := storetest.NewClock(storetest.Epoch)
+	var stores []weir.Store
+	for range 2 {
+		stores = append(stores, newTestStore(t, Config{Addrs: []string{srv.Addr}, Prefix: "ev", Clock: clock.Now, Overrides: true, Timeout: 10 * time.Second}))
+	}
+	eventtest.Expiries(t, "api", stores[0].(*Store), stores, clock.Now, clock.Advance, 200)
+}
