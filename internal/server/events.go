@@ -169,11 +169,13 @@ func (s *Server) eventLoop(ctx context.Context) {
 		return
 	}
 	var src events.Source = &events.Cursor{Store: es}
-	if g, ok := es.(events.Grouped); ok {
+	g, grouped := es.(events.Grouped)
+	if grouped {
 		src = g.Group(s.id)
 	}
 	d := &events.Deliverer{
-		Source: serverSource{s, src},
+		Source:  serverSource{s, src},
+		Requeue: grouped,
 		URL: func(rule string) string {
 			if ec := s.evCfg.Load(); ec != nil {
 				return ec.hooks[rule]
