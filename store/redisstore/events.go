@@ -28,7 +28,7 @@ import (
 // The stream is one key, so events need a single Redis (or Sentinel):
 // on a Cluster, SetEventRules fails with weir.ErrUnsupported. Decisions
 // of several requests at once (Do with a batch, multi.lua) record their
-// events after the batch (markBatch).
+// events in the batch's own script call, after its decisions.
 
 func init() {
 	events.Register(func(x any) events.Store {
@@ -124,40 +124,6 @@ func (s *Store) evDue() string { return s.evStream() + ":due" }
 // owes (score: until in µs; member: the override's key), in the
 // overrides' slot and written by their scripts.
 func (s *Store) ovrDue() string { return s.prefix + ":{overrides}:due" }
-
-// markBatch records the events of a batch's decisions whose rules have
-// events (multi.lua records none): one events_mark call each, after the
-// batch, at now(i), the time request i was decided at. The marker keeps
-// each crossing to one event; an event is lost only if the call fails
-// (or the process stops) between the batch and its mark.
-func (s *Store) markBatch(ctx context.Context, items []item, results []weir.Result, now func(i int) int64) {
-	e := s.evts.Load()
-	if e == nil {
-		return
-	}
-	for i := range items {
-		it := &items[i]
-		rule := events.RuleOf(it.req.Key)
-		r, ok := e.rules[rule]
-		if !ok {
-			continue
-		}
-		res := &results[i]
-		allowed := "0"
-		if res.Allowed {
-			allowed = "1"
-		}
-		f := func(v int64) string { return strconv.FormatInt(v, 10) }
-		var blocked int64
-		if !res.BlockedUntil.IsZero() {
-			blocked = res.BlockedUntil.UnixMicro()
-		}
-		args := append(s.evArgs(it.c, it.req.Key, rule, &r), allowed, f(res.Granted), f(res.Limit), f(res.Remaining),
-			f(res.ResetAfter.Microseconds()), f(now(i)), f(it.n), f(blocked))
-		// The decision stands; a failed mark loses its events only.
-		_, _ = s.call(ctx, &markRoutine, s.evKeys(it.k), args)
-	}
-}
 
 // takeEvents is takeAlone for a key whose rule r has events.
 func (s *Store) takeEvents(ctx context.Context, c *compiled, k keyNames, key, rule string, r *redisEvRule, n int64, mode algorithm.Mode, id string) ([9]int64, error) {

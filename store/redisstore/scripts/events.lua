@@ -29,15 +29,6 @@
 --
 -- Reply: take.lua's.
 --
--- events_mark: the same check after a decision made elsewhere (a batch of
--- several rules, multi.lua), in a call of its own: the marker makes it
--- fire once per key, threshold and window all the same.
---
--- KEYS[1..4]  as KEYS[3..6] above
--- ARGV[1..8]  as ARGV[6..13] above
--- ARGV[9..16] the decision: allowed (1/0), granted, limit, remaining,
---             reset_after_us, now_us, n, blocked_until_us
-
 local REFUSED = 32768
 
 local function ev_fmt(x)
@@ -151,13 +142,4 @@ local function weir_take_events(KEYS, ARGV)
     {ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10], ARGV[11], ARGV[12], ARGV[13]},
     out[1], out[2], out[3], out[4], out[6], out[9], tonumber(ARGV[2]), out[8])
   return out
-end
-
-local function weir_events_mark(KEYS, ARGV)
-  local v = {}
-  for i = 9, 16 do
-    v[i] = tonumber(ARGV[i])
-  end
-  events_check(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV, v[9], v[10], v[11], v[12], v[13], v[14], v[15], v[16])
-  return {}
 end
