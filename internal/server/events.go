@@ -121,7 +121,7 @@ func newEventCounters(reg *prometheus.Registry) *eventCounters {
 	c := &eventCounters{
 		kinds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "weir_events_total",
-			Help: "Threshold events this instance read for delivery, by kind (threshold, refused). On Redis the instances share the stream: the fleet's sum counts each event once.",
+			Help: "Threshold events this instance read for delivery, by kind (threshold, refused, blocked, unblocked, override_expired). On Redis the instances share the stream: the fleet's sum counts each event once.",
 		}, []string{"kind"}),
 		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "weir_webhook_deliveries_total",
