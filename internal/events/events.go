@@ -39,7 +39,25 @@ const (
 	KindThreshold = "threshold"
 	// KindRefused: the key's first refusal in its window.
 	KindRefused = "refused"
+	// KindBlocked: a decision put the key in its rule's penalty box (one
+	// event per box, however long debt extends it).
+	KindBlocked = "blocked"
+	// KindUnblocked: the key's penalty box ended (Time is its end), or
+	// was cleared by a reset (Time is the reset's).
+	KindUnblocked = "unblocked"
+	// KindOverrideExpired: the key's override (Key may be a pattern)
+	// stopped applying at its until (Time).
+	KindOverrideExpired = "override_expired"
 )
+
+// MaxDue is the most penalty-box ends and override expiries a store
+// keeps waiting for its sweeper. A box entered while as many wait fires
+// neither its blocked nor its unblocked event.
+const MaxDue = 1 << 20
+
+// Grace is how long past a box's end its marker is kept for the sweeper
+// to announce the end: a sweeper stopped longer loses that event.
+const Grace = time.Hour
 
 // refusedBit is the marker bit of KindRefused; thresholds use bits 0..7.
 const refusedBit = 1 << 15
@@ -124,6 +142,40 @@ func Need(pm, limit int64) int64 {
 type Marker struct {
 	Bits uint16
 	End  int64
+	// Box is the end (µs) of the penalty box whose blocked event fired
+	// and whose unblocked event has not: 0 if none.
+	Box int64
+}
+
+// BoxCheck is the penalty-box test a store makes beside Check, in the
+// same atomic step: blocked is the decision's BlockedUntil (0 if none).
+// It returns left, the end of an earlier box whose unblocked event fires
+// now (it lapsed and the sweeper has not announced it yet), entered if a
+// new box's blocked event fires, and moved if the announced box in force
+// now ends later (debt extends it). m is updated.
+func BoxCheck(m *Marker, now, blocked int64) (left int64, entered, moved bool) {
+	if m.Box != 0 && m.Box <= now {
+		left, m.Box = m.Box, 0
+	}
+	if blocked > now {
+		switch {
+		case m.Box == 0:
+			m.Box, entered = blocked, true
+		case blocked != m.Box:
+			m.Box, moved = blocked, true
+		}
+	}
+	return left, entered, moved
+}
+
+// Box makes a blocked (or, with left, unblocked) event of key under rule
+// at t (µs).
+func Box(rule, key string, t int64, left bool) Event {
+	e := Event{Time: time.UnixMicro(t).UTC(), Rule: rule, Key: IdentityOf(key), Kind: KindBlocked}
+	if left {
+		e.Kind = KindUnblocked
+	}
+	return e
 }
 
 // Fired is one event a Check fires: a threshold's index, or -1 for the
@@ -198,6 +250,12 @@ type Store interface {
 	// Events returns up to n events recorded after the event since ("" for
 	// the oldest kept), oldest first.
 	Events(ctx context.Context, since string, n int) ([]Event, error)
+	// Sweep records the events of what fell due without a decision: the
+	// unblocked event of each penalty box that ended, and the
+	// override_expired event of each override whose until passed. Each is
+	// claimed once, however many instances sweep at once. It returns how
+	// many it recorded.
+	Sweep(ctx context.Context) (int, error)
 }
 
 var (

@@ -90,7 +90,6 @@ type Cursor struct {
 	Store Store
 	Since string
 	mu    sync.Mutex
-	last  string // the last claimed
 }
 
 // Claim implements Source.
@@ -102,20 +101,14 @@ func (c *Cursor) Claim(ctx context.Context, n int) ([]Event, error) {
 		return nil, err
 	}
 	if len(evs) > 0 {
-		c.last = evs[len(evs)-1].ID
+		c.Since = evs[len(evs)-1].ID
 	}
 	return evs, nil
 }
 
-// Ack implements Source: the cursor moves past the last claimed event.
-func (c *Cursor) Ack(ctx context.Context, ids []string) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if len(ids) > 0 && ids[len(ids)-1] == c.last {
-		c.Since = c.last
-	}
-	return nil
-}
+// Ack implements Source. The cursor moved past what it handed out when
+// it did: the Deliverer then holds the events in its receivers' queues.
+func (c *Cursor) Ack(ctx context.Context, ids []string) error { return nil }
 
 // A Grouped store shares delivery among the instances of a fleet: each
 // event goes to one of them (redisstore, with a Redis consumer group).
@@ -134,11 +127,13 @@ type Counters interface {
 // A Deliverer posts events as webhooks: one JSON Event per POST, signed
 // (SignatureHeader) and carrying its ID (IdempotencyHeader), retried with
 // exponential backoff and full jitter until the receiver answers 2xx, so
-// delivery is at least once. It runs on its own goroutine and reads the
+// delivery is at least once. It runs on its own goroutines and reads the
 // store's events after the decisions made them: a slow or failing
-// receiver delays only delivery, never a decision. While it waits, the
-// store keeps at most its bound of events; what the bound dropped
-// counts in Counters.Dropped.
+// receiver delays only delivery, never a decision. Each receiver (URL)
+// has its own queue of up to LaneQueue events and its own goroutine, so
+// a receiver that hangs delays only its own events. While it waits, the
+// store keeps at most its bound of events; what the bound dropped counts
+// in Counters.Dropped.
 type Deliverer struct {
 	Source Source
 	// URL returns the webhook of a rule's events, "" for none.
@@ -159,16 +154,81 @@ type Deliverer struct {
 	Log      *slog.Logger
 	// Now is the clock of signatures (tests); nil is time.Now.
 	Now func() time.Time
+	// Requeue says that the Source hands out again, later, an event
+	// claimed and never acknowledged (a Redis consumer group): an event
+	// whose receiver's queue is full is then left for later; otherwise it
+	// is dropped and counted in Counters.Dropped.
+	Requeue bool
 
 	lastSeq uint64
 }
 
-// batch is how many events a Deliverer claims at once: its queue.
+// batch is how many events a Deliverer claims at once.
 const batch = 100
+
+// LaneQueue is the most events a Deliverer holds for one receiver.
+const LaneQueue = 10000
+
+// lanes are a Run's receivers' queues and the events in them.
+type lanes struct {
+	d      *Deliverer
+	ctx    context.Context
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	queues map[string]chan Event
+	queued map[string]bool // IDs in a queue or being delivered
+}
+
+// add queues e for url; false if url's queue is full.
+func (l *lanes) add(url string, e Event) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.queued[e.ID] {
+		return true // claimed again while still queued
+	}
+	q, ok := l.queues[url]
+	if !ok {
+		q = make(chan Event, LaneQueue)
+		l.queues[url] = q
+		l.wg.Add(1)
+		go l.run(url, q)
+	}
+	select {
+	case q <- e:
+		l.queued[e.ID] = true
+		return true
+	default:
+		return false
+	}
+}
+
+// run delivers url's queue in order until the Run ends.
+func (l *lanes) run(url string, q chan Event) {
+	defer l.wg.Done()
+	d := l.d
+	for {
+		select {
+		case <-l.ctx.Done():
+			return
+		case e := <-q:
+			if !d.deliver(l.ctx, url, &e) {
+				return // ctx ended
+			}
+			if err := d.Source.Ack(l.ctx, []string{e.ID}); err != nil && d.Log != nil && l.ctx.Err() == nil {
+				d.Log.Warn("events: acknowledging failed", "err", err)
+			}
+			l.mu.Lock()
+			delete(l.queued, e.ID)
+			l.mu.Unlock()
+		}
+	}
+}
 
 // Run delivers until ctx ends.
 func (d *Deliverer) Run(ctx context.Context) {
 	poll := cmp(d.Poll, 250*time.Millisecond)
+	ls := &lanes{d: d, ctx: ctx, queues: map[string]chan Event{}, queued: map[string]bool{}}
+	defer ls.wg.Wait()
 	for ctx.Err() == nil {
 		evs, err := d.Source.Claim(ctx, batch)
 		if err != nil {
@@ -183,6 +243,7 @@ func (d *Deliverer) Run(ctx context.Context) {
 			continue
 		}
 		ids := make([]string, 0, len(evs))
+		full := false
 		for i := range evs {
 			e := &evs[i]
 			if e.Seq > 0 {
@@ -194,15 +255,26 @@ func (d *Deliverer) Run(ctx context.Context) {
 			if d.Counters != nil {
 				d.Counters.Event(e.Kind)
 			}
-			if url := d.URL(e.Rule); url != "" {
-				if !d.deliver(ctx, url, e) {
-					return // ctx ended
+			url := d.URL(e.Rule)
+			if url == "" {
+				ids = append(ids, e.ID)
+				continue
+			}
+			if !ls.add(url, *e) {
+				full = true
+				if !d.Requeue {
+					if d.Counters != nil {
+						d.Counters.Dropped(1)
+					}
+					ids = append(ids, e.ID)
 				}
 			}
-			ids = append(ids, e.ID)
 		}
 		if err := d.Source.Ack(ctx, ids); err != nil && d.Log != nil && ctx.Err() == nil {
 			d.Log.Warn("events: acknowledging failed", "err", err)
+		}
+		if full {
+			sleep(ctx, poll) // a receiver is behind: let its queue drain
 		}
 	}
 }

@@ -247,6 +247,7 @@ func TestDeliverHangingReceiver(t *testing.T) {
 type ringStore struct{ r *events.Ring }
 
 func (r ringStore) SetEventRules(map[string]events.Rule) error { return nil }
+func (r ringStore) Sweep(context.Context) (int, error)         { return 0, nil }
 func (r ringStore) Events(ctx context.Context, since string, n int) ([]events.Event, error) {
 	return r.r.Since(since, n)
 }
@@ -281,5 +282,58 @@ func TestDeliverCountsDropped(t *testing.T) {
 	<-done
 	if cs.dropped != 7 {
 		t.Fatalf("dropped %d, want 7", cs.dropped)
+	}
+}
+
+// A receiver that hangs delays only its own events: a healthy receiver
+// beside it gets every one of its events while the first still holds its
+// first call.
+func TestDeliverHangingBesideHealthy(t *testing.T) {
+	s := memstore.New()
+	ev, _ := events.Of(s)
+	if err := ev.SetEventRules(map[string]events.Rule{"slow": {Thresholds: []float64{0.5, 1}}, "fast": {Thresholds: []float64{0.5, 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	arrived := make(chan struct{}, 1)
+	release := make(chan struct{})
+	hanging := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case arrived <- struct{}{}:
+		default:
+		}
+		<-release
+	}))
+	defer hanging.Close()
+	defer close(release)
+	rc := &receiver{t: t, got: map[string]events.Event{}, fail: func(int64) bool { return false }}
+	healthy := httptest.NewServer(rc)
+	defer healthy.Close()
+	d := &events.Deliverer{
+		Source: &events.Cursor{Store: ev},
+		URL: func(rule string) string {
+			if rule == "slow" {
+				return hanging.URL
+			}
+			return healthy.URL
+		},
+		Secret: func() []byte { return secret }, Timeout: time.Hour, Poll: time.Millisecond,
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	drive(t, s, "slow", 50) // first in the store: the hanging receiver takes one and holds it
+	<-arrived
+	want := drive(t, s, "fast", 50)
+	waitFor(t, "every event of the healthy receiver", func() bool { return rc.count() >= want })
+	if n := rc.count(); n != want {
+		t.Fatalf("healthy receiver got %d events, want %d", n, want)
+	}
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	for _, e := range rc.got {
+		if e.Rule != "fast" {
+			t.Fatalf("healthy receiver got %+v", e)
+		}
 	}
 }

@@ -1,9 +1,12 @@
 package server
 
 import (
+	"encoding/json"
 	"fmt"
+	"sync"
 	"testing"
 
+	"github.com/weir-dev/weir/internal/events"
 	"github.com/weir-dev/weir/internal/redistest"
 )
 
@@ -123,5 +126,117 @@ func TestBudgetTopSpenders(t *testing.T) {
 	}
 	if resp, body := call(t, "GET", base+"/v1/spend?rule=nope", "", bearer(token)...); resp.StatusCode != 404 {
 		t.Errorf("unknown rule: %d %s", resp.StatusCode, body)
+	}
+}
+
+const budgetEventsConfig = `
+store: {timeout: 10s}
+prices:
+  currency: EUR
+  models:
+    gpt-4o: {input: 2.50, output: 10}
+rules:
+  - name: monthly
+    identity: [header:X-Key]
+    budget: 10 EUR/month
+    events: true
+`
+
+// TestBudgetEventsOnSettle: a budget rule's 80%, 95% and 100% events fire
+// on the settle path (each crossing made by a settlement over its
+// estimate), exactly once per identity and period, with each identity's
+// settlements racing on several goroutines, on memstore and on Redis
+// (two instances).
+func TestBudgetEventsOnSettle(t *testing.T) {
+	for _, store := range []string{"memory", "redis"} {
+		t.Run(store, func(t *testing.T) {
+			var bases []string
+			if store == "redis" {
+				addr := redistest.Standalone(t).Addr
+				for _, id := range []string{"a", "b"} {
+					_, base := newRedisServer(t, addr, id, WithConfig(mustParse(t, budgetEventsConfig)))
+					bases = append(bases, base)
+				}
+			} else {
+				_, ts := newTestServer(t, WithConfig(mustParse(t, budgetEventsConfig)), WithAdminToken(token))
+				bases = []string{ts.URL}
+			}
+			// Each identity: reserve 1 micro-unit and settle 8.5 EUR (80%
+			// crossed on the settle), then four racing pairs of reserve 1
+			// and settle 0.5 EUR: usage is 8.5 EUR + 0.5 EUR per settled
+			// pair + 1 per pending reserve, so 95% and 100% are crossed on
+			// settles, never on a reserve.
+			settle := func(base, key string, est, actual int) {
+				code, d, b := post(t, base+"/v1/reserve", fmt.Sprintf(`{"rule":"monthly","key":%q,"estimate":%d}`, key, est))
+				id, _ := d["reservation"].(string)
+				if code == 429 {
+					return // the budget is spent
+				}
+				if code != 200 || id == "" {
+					t.Errorf("reserve %s: %d %s", key, code, b)
+					return
+				}
+				if code, _, b = post(t, base+"/v1/settle", fmt.Sprintf(`{"reservation":%q,"actual":%d}`, id, actual)); code != 200 {
+					t.Errorf("settle %s: %d %s", key, code, b)
+				}
+			}
+			const ids = 40
+			var wg sync.WaitGroup
+			for i := range ids {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					key := fmt.Sprint("k", i)
+					settle(bases[i%len(bases)], key, 1, 8_500_000)
+					var inner sync.WaitGroup
+					for j := range 4 {
+						inner.Add(1)
+						go func() {
+							defer inner.Done()
+							settle(bases[j%len(bases)], key, 1, 500_000)
+						}()
+					}
+					inner.Wait()
+				}()
+			}
+			wg.Wait()
+			if t.Failed() {
+				return
+			}
+			counts := map[string]int{}
+			since := ""
+			for {
+				resp, b := call(t, "GET", bases[0]+"/v1/events?limit=1000&since="+since, "", bearer(token)...)
+				if resp.StatusCode != 200 {
+					t.Fatalf("GET /v1/events: %d %s", resp.StatusCode, b)
+				}
+				var list struct {
+					Events []events.Event
+					Next   string
+				}
+				if err := json.Unmarshal(b, &list); err != nil {
+					t.Fatal(err)
+				}
+				if len(list.Events) == 0 {
+					break
+				}
+				for _, e := range list.Events {
+					if e.Kind == events.KindThreshold {
+						counts[fmt.Sprint(e.Key, " ", e.Threshold)]++
+					}
+				}
+				since = list.Next
+			}
+			for i := range ids {
+				for _, th := range []float64{0.8, 0.95, 1} {
+					if n := counts[fmt.Sprint("k", i, " ", th)]; n != 1 {
+						t.Errorf("k%d: %d events at %v, want 1 (all: %v)", i, n, th, counts)
+					}
+				}
+			}
+			if len(counts) != ids*3 {
+				t.Errorf("%d threshold events, want %d", len(counts), ids*3)
+			}
+		})
 	}
 }

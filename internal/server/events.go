@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -120,7 +121,7 @@ func newEventCounters(reg *prometheus.Registry) *eventCounters {
 	c := &eventCounters{
 		kinds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "weir_events_total",
-			Help: "Threshold events this instance read for delivery, by kind (threshold, refused). On Redis the instances share the stream: the fleet's sum counts each event once.",
+			Help: "Threshold events this instance read for delivery, by kind (threshold, refused, blocked, unblocked, override_expired). On Redis the instances share the stream: the fleet's sum counts each event once.",
 		}, []string{"kind"}),
 		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "weir_webhook_deliveries_total",
@@ -168,11 +169,13 @@ func (s *Server) eventLoop(ctx context.Context) {
 		return
 	}
 	var src events.Source = &events.Cursor{Store: es}
-	if g, ok := es.(events.Grouped); ok {
+	g, grouped := es.(events.Grouped)
+	if grouped {
 		src = g.Group(s.id)
 	}
 	d := &events.Deliverer{
-		Source: serverSource{s, src},
+		Source:  serverSource{s, src},
+		Requeue: grouped,
 		URL: func(rule string) string {
 			if ec := s.evCfg.Load(); ec != nil {
 				return ec.hooks[rule]
@@ -192,6 +195,46 @@ func (s *Server) eventLoop(ctx context.Context) {
 	}
 	d.MinBackoff = s.o.webhookBackoff
 	d.Run(ctx)
+}
+
+// sweepLoop runs the store's events sweeper (events.Store.Sweep) every
+// poll interval (a second by default) until ctx ends: it records the
+// unblocked event of each penalty box that ended and the override_expired
+// event of each override whose until passed. Every instance sweeps; the
+// store gives each due item to one of them.
+func (s *Server) sweepLoop(ctx context.Context) {
+	es, ok := events.Of(s.store)
+	if !ok {
+		return
+	}
+	every := s.o.eventPoll
+	if every <= 0 {
+		every = time.Second
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if ec := s.evCfg.Load(); ec == nil || !ec.on {
+			continue
+		}
+		for {
+			n, err := es.Sweep(ctx)
+			if err != nil {
+				if ctx.Err() == nil {
+					s.log.Warn("weir: the events sweep failed", "err", err)
+				}
+				break
+			}
+			if n == 0 {
+				break
+			}
+		}
+	}
 }
 
 // handleEvents serves GET /v1/events?since=&limit=: the events the store

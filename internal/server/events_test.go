@@ -203,3 +203,146 @@ func TestEventsServeRedis(t *testing.T) {
 		}
 	}
 }
+
+const boxedEventsConfig = `
+events:
+  thresholds: [0.5, 1.0]
+rules:
+  - name: boxed
+    identity: [header:X-API-Key]
+    limit: 2/d
+    algorithm: fixed_window
+    block: 1h
+    events: true
+store:
+  timeout: 10s
+`
+
+// DELETE /v1/state clears the identity's event markers with its state:
+// its thresholds and first refusal fire again, and the penalty box it
+// clears is announced left, once.
+func TestEventsStateDelete(t *testing.T) {
+	run := func(t *testing.T, base string) {
+		for range 3 {
+			check(t, base, "boxed", "alice", 1)
+		}
+		resp, b := call(t, "DELETE", base+"/v1/state?rule=boxed&key=alice", "", bearer(token)...)
+		if resp.StatusCode != 200 {
+			t.Fatalf("DELETE /v1/state: %d %s", resp.StatusCode, b)
+		}
+		for range 3 {
+			check(t, base, "boxed", "alice", 1)
+		}
+		resp, b = call(t, "GET", base+"/v1/events", "", bearer(token)...)
+		if resp.StatusCode != 200 {
+			t.Fatalf("GET /v1/events: %d %s", resp.StatusCode, b)
+		}
+		var list struct{ Events []events.Event }
+		if err := json.Unmarshal(b, &list); err != nil {
+			t.Fatal(err)
+		}
+		var kinds []string
+		for _, e := range list.Events {
+			if e.Key != "alice" || e.Rule != "boxed" {
+				t.Fatalf("event %+v", e)
+			}
+			k := e.Kind
+			if k == events.KindThreshold {
+				k += fmt.Sprint(e.Threshold)
+			}
+			kinds = append(kinds, k)
+		}
+		want := "threshold0.5 threshold1 refused blocked unblocked threshold0.5 threshold1 refused blocked"
+		if got := strings.Join(kinds, " "); got != want {
+			t.Fatalf("events:\n got %s\nwant %s", got, want)
+		}
+	}
+	t.Run("memory", func(t *testing.T) {
+		_, ts := newTestServer(t, WithConfig(mustParse(t, boxedEventsConfig)), WithAdminToken(token))
+		run(t, ts.URL)
+	})
+	t.Run("redis", func(t *testing.T) {
+		r := redistest.Standalone(t)
+		_, base := newRedisServer(t, r.Addr, "a", WithConfig(mustParse(t, boxedEventsConfig)))
+		run(t, base)
+	})
+}
+
+const sweptEventsConfig = `
+events:
+  thresholds: [1.0]
+rules:
+  - name: boxed
+    identity: [header:X-API-Key]
+    limit: 1/d
+    algorithm: fixed_window
+    block: 1s
+    events: true
+store:
+  timeout: 10s
+`
+
+// weir serve's sweeper announces a penalty box's end and an override's
+// expiry, with no decision on the identity, once across two instances on
+// Redis.
+func TestEventsSweptByServe(t *testing.T) {
+	fast := func(o *options) { o.eventPoll = 5 * time.Millisecond }
+	list := func(t *testing.T, base string) map[string][]events.Event {
+		t.Helper()
+		resp, b := call(t, "GET", base+"/v1/events?limit=1000", "", bearer(token)...)
+		if resp.StatusCode != 200 {
+			t.Fatalf("GET /v1/events: %d %s", resp.StatusCode, b)
+		}
+		var l struct{ Events []events.Event }
+		if err := json.Unmarshal(b, &l); err != nil {
+			t.Fatal(err)
+		}
+		by := map[string][]events.Event{}
+		for _, e := range l.Events {
+			by[e.Kind] = append(by[e.Kind], e)
+		}
+		return by
+	}
+	run := func(t *testing.T, bases []string) {
+		check(t, bases[0], "boxed", "alice", 1)
+		check(t, bases[0], "boxed", "alice", 1) // refused: a box of 1s
+		until := time.Now().Add(3 * time.Second).UTC().Truncate(time.Second)
+		if status, d := putOverride(t, bases[len(bases)-1], map[string]any{"rule": "boxed", "key": "bob", "limit": "5/d", "until": until.Format(time.RFC3339)}); status != 200 {
+			t.Fatalf("override: %d %v", status, d)
+		}
+		// Polled with a generous bound (a loaded machine), never a timing
+		// assertion.
+		for end := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			by := list(t, bases[0])
+			if len(by[events.KindUnblocked]) > 0 && len(by[events.KindOverrideExpired]) > 0 {
+				break
+			}
+			if time.Now().After(end) {
+				t.Fatalf("no unblocked or override_expired event: %v", by)
+			}
+		}
+		// More sweeps run on every instance meanwhile; still one of each.
+		time.Sleep(200 * time.Millisecond)
+		by := list(t, bases[0])
+		if len(by[events.KindBlocked]) != 1 || len(by[events.KindUnblocked]) != 1 || len(by[events.KindOverrideExpired]) != 1 {
+			t.Fatalf("events %v", by)
+		}
+		b, u := by[events.KindBlocked][0], by[events.KindUnblocked][0]
+		if b.Key != "alice" || u.Key != "alice" || !u.Time.After(b.Time) {
+			t.Fatalf("blocked %+v, unblocked %+v", b, u)
+		}
+		if o := by[events.KindOverrideExpired][0]; o.Key != "bob" || o.Rule != "boxed" || !o.Time.Equal(until) {
+			t.Fatalf("override_expired %+v, want bob at %v", o, until)
+		}
+	}
+	t.Run("memory", func(t *testing.T) {
+		_, ts := newTestServer(t, WithConfig(mustParse(t, sweptEventsConfig)), WithAdminToken(token), fast)
+		run(t, []string{ts.URL})
+	})
+	t.Run("redis", func(t *testing.T) {
+		r := redistest.Standalone(t)
+		_, a := newRedisServer(t, r.Addr, "a", WithConfig(mustParse(t, sweptEventsConfig)), fast)
+		_, b := newRedisServer(t, r.Addr, "b", WithConfig(mustParse(t, sweptEventsConfig)), fast)
+		run(t, []string{a, b})
+	})
+}

@@ -447,6 +447,7 @@ func (s *Server) init() error {
 	s.goBackground(s.probeLoop)
 	s.goBackground(s.overrideRefreshLoop)
 	s.goBackground(s.eventLoop)
+	s.goBackground(s.sweepLoop)
 	return nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/weir-dev/weir/internal/events"
 	"github.com/weir-dev/weir/internal/events/eventtest"
 	"github.com/weir-dev/weir/store/memstore"
+	"github.com/weir-dev/weir/storetest"
 )
 
 func eventSize() eventtest.Size {
@@ -114,4 +115,19 @@ func ev(t *testing.T, s *memstore.Store) events.Store {
 		t.Fatal("memstore records no events")
 	}
 	return e
+}
+
+// Penalty boxes: one blocked and one unblocked event per identity and
+// box, four goroutines sweeping at once.
+func TestEventsBoxes(t *testing.T) {
+	clock := storetest.NewClock(storetest.Epoch)
+	s := memstore.New(memstore.WithClock(clock.Now))
+	eventtest.Boxes(t, "api", []weir.Store{s, s, s, s}, clock.Advance, eventSize())
+}
+
+// Override expiries: one event per override at its until.
+func TestEventsOverrideExpiry(t *testing.T) {
+	clock := storetest.NewClock(storetest.Epoch)
+	s := memstore.New(memstore.WithClock(clock.Now))
+	eventtest.Expiries(t, "api", s, []weir.Store{s, s}, clock.Now, clock.Advance, 200)
 }

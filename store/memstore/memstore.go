@@ -52,6 +52,7 @@ type Store struct {
 	ovrs atomic.Pointer[overrides] // nil until an override is set (override.go)
 	evts atomic.Pointer[evState]   // nil until event rules are set (events.go)
 	evMu sync.Mutex                // serialises SetEventRules
+	due  dueHeap                   // box ends and override expiries for the sweeper (events.go)
 	// ovrMax is the bound on overrides, if not override.MaxOverrides (tests).
 	ovrMax int
 }
@@ -561,6 +562,7 @@ func (s *Store) reset(key string, l weir.Limit) error {
 	sh, tag := s.hash(key)
 	sh.mu.Lock()
 	sh.removeKind(key, tag, k)
+	s.resetEvents(sh, key, s.micros())
 	sh.mu.Unlock()
 	return nil
 }

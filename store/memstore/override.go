@@ -119,6 +119,11 @@ func (s *Store) SetOverride(ctx context.Context, ov override.Override) error {
 			o.count++
 		}
 	}
+	var until int64
+	if !ov.Until.IsZero() {
+		until = ov.Until.UnixMicro()
+	}
+	s.due.setOverride(ov.Key, until)
 	o.audit("set", ov, time.UnixMicro(s.micros()))
 	return nil
 }
@@ -165,6 +170,7 @@ func (s *Store) DeleteOverride(ctx context.Context, key string) (bool, error) {
 		sh.mu.Unlock()
 	}
 	if found {
+		s.due.setOverride(key, 0)
 		o.count--
 		o.audit("delete", old, time.UnixMicro(s.micros()))
 	}

@@ -28,7 +28,7 @@ import (
 // The stream is one key, so events need a single Redis (or Sentinel):
 // on a Cluster, SetEventRules fails with weir.ErrUnsupported. Decisions
 // of several requests at once (Do with a batch, multi.lua) record their
-// events after the batch (markBatch).
+// events in the batch's own script call, after its decisions.
 
 func init() {
 	events.Register(func(x any) events.Store {
@@ -45,6 +45,9 @@ type eventsOf struct{ s *Store }
 // SetEventRules implements events.Store.
 func (e eventsOf) SetEventRules(rules map[string]events.Rule) error { return e.s.setEventRules(rules) }
 
+// Sweep implements events.Store.
+func (e eventsOf) Sweep(ctx context.Context) (int, error) { return e.s.sweep(ctx) }
+
 // Events implements events.Store.
 func (e eventsOf) Events(ctx context.Context, since string, n int) ([]events.Event, error) {
 	return e.s.events(ctx, since, n)
@@ -53,6 +56,15 @@ func (e eventsOf) Events(ctx context.Context, since string, n int) ([]events.Eve
 // evState is the store's event rules, replaced whole.
 type evState struct {
 	rules map[string]redisEvRule
+}
+
+// names returns the rules as events.Sorted takes them.
+func (e *evState) names() map[string]events.Rule {
+	m := make(map[string]events.Rule, len(e.rules))
+	for n, r := range e.rules {
+		m[n] = r.rule
+	}
+	return m
 }
 
 type redisEvRule struct {
@@ -93,43 +105,25 @@ func (s *Store) evArgs(c *compiled, key, rule string, r *redisEvRule) []string {
 	case c.p.Kind == algorithm.FixedWindow:
 		end = "r"
 	}
-	return []string{r.arg, rule, events.IdentityOf(key), strconv.Itoa(events.DefaultBound), end, strconv.FormatInt(c.p.Period, 10)}
+	return []string{r.arg, rule, events.IdentityOf(key), strconv.Itoa(events.DefaultBound), end, strconv.FormatInt(c.p.Period, 10),
+		strconv.Itoa(events.MaxDue), strconv.FormatInt(events.Grace.Microseconds(), 10)}
 }
 
-// evKeys are the marker, stream and counter keys of a key's events.
+// evKeys are the marker, stream, counter and due keys of a key's events.
 func (s *Store) evKeys(k keyNames) []string {
-	return []string{s.prefix + ":{" + k.tag + "}:evt", s.evStream(), s.evStream() + ":seq"}
+	return []string{s.evMarker(k.tag), s.evStream(), s.evStream() + ":seq", s.evDue()}
 }
 
-// markBatch records the events of a batch's decisions whose rules have
-// events (multi.lua records none): one events_mark call each, after the
-// batch, at now(i), the time request i was decided at. The marker keeps
-// each crossing to one event; an event is lost only if the call fails
-// (or the process stops) between the batch and its mark.
-func (s *Store) markBatch(ctx context.Context, items []item, results []weir.Result, now func(i int) int64) {
-	e := s.evts.Load()
-	if e == nil {
-		return
-	}
-	for i := range items {
-		it := &items[i]
-		rule := events.RuleOf(it.req.Key)
-		r, ok := e.rules[rule]
-		if !ok {
-			continue
-		}
-		res := &results[i]
-		allowed := "0"
-		if res.Allowed {
-			allowed = "1"
-		}
-		f := func(v int64) string { return strconv.FormatInt(v, 10) }
-		args := append(s.evArgs(it.c, it.req.Key, rule, &r), allowed, f(res.Granted), f(res.Limit), f(res.Remaining),
-			f(res.ResetAfter.Microseconds()), f(now(i)), f(it.n))
-		// The decision stands; a failed mark loses its events only.
-		_, _ = s.call(ctx, &markRoutine, s.evKeys(it.k), args)
-	}
-}
+// evMarker is the event marker of the key whose hash tag is tag.
+func (s *Store) evMarker(tag string) string { return s.prefix + ":{" + tag + "}:evt" }
+
+// evDue is the sorted set of the penalty boxes whose end the sweeper owes.
+func (s *Store) evDue() string { return s.evStream() + ":due" }
+
+// ovrDue is the sorted set of the overrides whose expiry the sweeper
+// owes (score: until in µs; member: the override's key), in the
+// overrides' slot and written by their scripts.
+func (s *Store) ovrDue() string { return s.prefix + ":{overrides}:due" }
 
 // takeEvents is takeAlone for a key whose rule r has events.
 func (s *Store) takeEvents(ctx context.Context, c *compiled, k keyNames, key, rule string, r *redisEvRule, n int64, mode algorithm.Mode, id string) ([9]int64, error) {
@@ -264,4 +258,116 @@ func (g *groupSource) Ack(ctx context.Context, ids []string) error {
 		return fmt.Errorf("%w: events ack: %w", weir.ErrStore, err)
 	}
 	return nil
+}
+
+// sweepBatch is the most penalty boxes and overrides one sweep claims.
+const sweepBatch = 1000
+
+// sweepScript claims what fell due and records its events, in one atomic
+// step: KEYS[1] the boxes due (evDue), KEYS[2] the stream, KEYS[3] its
+// counter, KEYS[4] the overrides due (ovrDue); ARGV[1] now in µs ("":
+// Redis TIME), ARGV[2] the most to claim, ARGV[3] the stream's bound,
+// ARGV[4] the rules with events, "\n"-separated. Each member is removed
+// as it is read, so two instances sweeping at once never claim one
+// twice. A box's unblocked event fires only if its marker still names
+// that box's end (a decision after it ended, or a reset, announced it
+// already; debt that extended it moved its score). An override's
+// override_expired event fires if its rule has events. It returns how
+// many events it recorded.
+var sweepScript = rueidis.NewLuaScript(`
+local now = tonumber(ARGV[1])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local max, bound = tonumber(ARGV[2]), ARGV[3]
+local rules = {}
+for r in string.gmatch(ARGV[4], '[^\n]+') do
+  rules[r] = true
+end
+local fired = 0
+local function add(key, kind, t)
+  local c = string.find(key, ':', 1, true)
+  local rule, ident = key, ''
+  if c then
+    rule, ident = string.sub(key, 1, c - 1), string.sub(key, c + 1)
+  end
+  if kind ~= 'unblocked' and not rules[rule] then
+    return
+  end
+  local seq = redis.call('INCR', KEYS[3])
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', bound, '*', 'rule', rule, 'key', ident,
+    'kind', kind, 't', string.format('%d', t), 'n', seq)
+  fired = fired + 1
+end
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, max)
+for i = 1, #due, 2 do
+  local member, at = due[i], tonumber(due[i + 1])
+  redis.call('ZREM', KEYS[1], member)
+  local c = string.find(member, ':', 1, true)
+  local l = tonumber(string.sub(member, 1, c - 1))
+  local mk = string.sub(member, c + 1, c + l)
+  local x = tonumber(redis.call('HGET', mk, 'x') or '0')
+  if x == at then
+    redis.call('HSET', mk, 'x', 0)
+    add(string.sub(member, c + l + 1), 'unblocked', at)
+  end
+end
+due = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'WITHSCORES', 'LIMIT', 0, max)
+for i = 1, #due, 2 do
+  redis.call('ZREM', KEYS[4], due[i])
+  add(due[i], 'override_expired', tonumber(due[i + 1]))
+end
+return fired
+`)
+
+// sweep implements events.Store: one sweepScript call.
+func (s *Store) sweep(ctx context.Context) (int, error) {
+	if s.cluster || s.conn.clusterAsked {
+		return 0, nil // events are refused on a Cluster
+	}
+	var rules []string
+	if e := s.evts.Load(); e != nil {
+		rules = events.Sorted(e.names())
+	}
+	ctx, cancel := s.withDeadline(ctx)
+	defer cancel()
+	n, err := sweepScript.Exec(ctx, s.client, []string{s.evDue(), s.evStream(), s.evStream() + ":seq", s.ovrDue()},
+		[]string{s.nowArg(), strconv.Itoa(sweepBatch), strconv.Itoa(events.DefaultBound), strings.Join(rules, "\n")}).AsInt64()
+	if err != nil {
+		return 0, fmt.Errorf("%w: events sweep: %w", weir.ErrStore, err)
+	}
+	return int(n), nil
+}
+
+// resetScript is reset for a key whose marker may name a box: it deletes
+// the state, box and marker (KEYS[1..3]) and, if the marker named a box,
+// records its unblocked event at now (or the box's end, if earlier) and
+// drops it from the boxes due. KEYS[4..6] the stream, counter and boxes
+// due; ARGV[1] now ("" for TIME), ARGV[2] the rule, ARGV[3] the identity,
+// ARGV[4] the stream's bound, ARGV[5] the due member.
+var resetScript = rueidis.NewLuaScript(`
+local x = tonumber(redis.call('HGET', KEYS[3], 'x') or '0')
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+if x == 0 then
+  return 0
+end
+local now = tonumber(ARGV[1])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+redis.call('ZREM', KEYS[6], ARGV[5])
+local seq = redis.call('INCR', KEYS[5])
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[4], '*', 'rule', ARGV[2], 'key', ARGV[3],
+  'kind', 'unblocked', 't', string.format('%d', math.min(now, x)), 'n', seq)
+return 1
+`)
+
+// resetEvents is reset's deletion when events are on: resetScript.
+func (s *Store) resetEvents(ctx context.Context, key string, k keyNames) error {
+	mk := s.evMarker(k.tag)
+	member := strconv.Itoa(len(mk)) + ":" + mk + key
+	return resetScript.Exec(ctx, s.client, []string{k.state, k.block, mk, s.evStream(), s.evStream() + ":seq", s.evDue()},
+		[]string{s.nowArg(), events.RuleOf(key), events.IdentityOf(key), strconv.Itoa(events.DefaultBound), member}).Error()
 }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -251,5 +252,82 @@ func TestEventsBatchExact(t *testing.T) {
 	}
 	if admitted.Load() != ids*10 || len(all) != ids*4 {
 		t.Fatalf("admitted %d, %d events; want %d and %d", admitted.Load(), len(all), ids*10, ids*4)
+	}
+}
+
+// Penalty boxes on four instances: one blocked and one unblocked event
+// per identity and box, every instance sweeping at once.
+func TestEventsBoxes(t *testing.T) {
+	srv := redistest.Standalone(t)
+	clock := storetest.NewClock(storetest.Epoch)
+	var stores []weir.Store
+	for range 4 {
+		stores = append(stores, newTestStore(t, Config{Addrs: []string{srv.Addr}, Prefix: "ev", Clock: clock.Now, Timeout: 10 * time.Second}))
+	}
+	eventtest.Boxes(t, "api", stores, clock.Advance, eventSize())
+}
+
+// Override expiries on two instances: one event per override at its
+// until, whichever instance sweeps.
+func TestEventsOverrideExpiry(t *testing.T) {
+	srv := redistest.Standalone(t)
+	clock := storetest.NewClock(storetest.Epoch)
+	var stores []weir.Store
+	for range 2 {
+		stores = append(stores, newTestStore(t, Config{Addrs: []string{srv.Addr}, Prefix: "ev", Clock: clock.Now, Overrides: true, Timeout: 10 * time.Second}))
+	}
+	eventtest.Expiries(t, "api", stores[0].(*Store), stores, clock.Now, clock.Advance, 200)
+}
+
+// A batch's events are recorded by the batch's own script call: one
+// FCALL (or EVALSHA) per batch, whatever fires, and the events of a batch
+// that entered a penalty box are all there.
+func TestEventsBatchOneCall(t *testing.T) {
+	for _, eval := range []bool{false, true} {
+		t.Run(fmt.Sprint("eval=", eval), func(t *testing.T) {
+			srv := redistest.Standalone(t)
+			s := newTestStore(t, Config{Addrs: []string{srv.Addr}, Prefix: "ev", Timeout: 10 * time.Second, evalOnly: eval})
+			if err := (eventsOf{s}).SetEventRules(map[string]events.Rule{"a": {Thresholds: []float64{0.5, 1}}, "b": {Thresholds: []float64{1}}}); err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			la := weir.Limit{Algorithm: weir.FixedWindow, Rate: 2, Period: 24 * time.Hour}
+			lb := weir.Limit{Algorithm: weir.SlidingWindow, Rate: 4, Period: 24 * time.Hour, Block: time.Hour}
+			lq := weir.Limit{Algorithm: weir.TokenBucket, Rate: 100, Period: time.Hour}
+			reqs := []weir.Request{
+				{Key: weir.Key("a", "x"), Limit: la, N: 1},
+				{Key: weir.Key("b", "x"), Limit: lb, N: 2},
+				{Key: weir.Key("quiet", "x"), Limit: lq, N: 1},
+			}
+			res := make([]weir.Result, len(reqs))
+			if err := s.Do(ctx, reqs, res); err != nil { // warm the scripts
+				t.Fatal(err)
+			}
+			if _, err := srv.Do("CONFIG", "RESETSTAT"); err != nil {
+				t.Fatal(err)
+			}
+			const batches = 3 // a at 2/2, b at 4/4; then both refuse and b boxes; then b is boxed
+			for range batches {
+				if err := s.Do(ctx, reqs, res); err != nil {
+					t.Fatal(err)
+				}
+			}
+			calls := commandCalls(t, srv)
+			if n := calls["fcall"] + calls["evalsha"] + calls["eval"]; n != batches {
+				t.Fatalf("%d script calls for %d batches: %v", n, batches, calls)
+			}
+			evs, err := (eventsOf{s}).Events(ctx, "", 100)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, e := range evs {
+				got = append(got, fmt.Sprint(e.Rule, " ", e.Kind, " ", e.Threshold))
+			}
+			want := "a threshold 0.5 a threshold 1 b threshold 1 a refused 0 b refused 0 b blocked 0"
+			if g := strings.Join(got, " "); g != want {
+				t.Fatalf("events:\n got %s\nwant %s", g, want)
+			}
+		})
 	}
 }

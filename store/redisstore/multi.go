@@ -10,6 +10,7 @@ import (
 
 	"github.com/weir-dev/weir"
 	"github.com/weir-dev/weir/algorithm"
+	"github.com/weir-dev/weir/internal/events"
 )
 
 // item is one request of a batch, resolved.
@@ -80,30 +81,16 @@ func (s *Store) Do(ctx context.Context, reqs []weir.Request, results []weir.Resu
 		}
 		fill(results, g.idx, g.vals)
 		weir.StampAdmitted(reqs, results, g.vals[1])
-		if s.evts.Load() != nil {
-			s.markBatch(ctx, items, results, func(int) int64 { return g.vals[1] })
-		}
 		return nil
 	}
 	err = s.takeAcrossSlots(ctx, items, groups, results)
 	if err == nil {
 		// Each slot's takes by the TIME of the script that made them; a
 		// batch refunded across slots consumed nothing and stays undated.
-		ev := s.evts.Load() != nil
-		var at []int64 // with events: when each request was decided
-		if ev {
-			at = make([]int64, len(items))
-		}
 		for i := range groups {
 			for _, j := range groups[i].idx {
 				weir.StampAdmitted(reqs[j:j+1], results[j:j+1], groups[i].vals[1])
-				if ev {
-					at[j] = groups[i].vals[1]
-				}
 			}
-		}
-		if ev {
-			s.markBatch(ctx, items, results, func(i int) int64 { return at[i] })
 		}
 	}
 	return err
@@ -327,6 +314,28 @@ func (s *Store) runGroup(ctx context.Context, items []item, idx []int, op, takeN
 		}
 		args = append(args, strconv.FormatInt(it.n, 10), modeArg(it.mode), it.id, granted)
 		args = append(args, s.argOf(it.c))
+	}
+	if e := s.evts.Load(); e != nil && op == "take" {
+		// The events of the requests whose rules have them, in the same
+		// call (multi.lua).
+		first := true
+		for j, i := range idx {
+			it := &items[i]
+			rule := events.RuleOf(it.req.Key)
+			r, ok := e.rules[rule]
+			if !ok {
+				continue
+			}
+			if first {
+				args[2] = strconv.Itoa(len(idx))
+				ek := s.evKeys(it.k)
+				keys = append(keys, ek[1], ek[2], ek[3])
+				first = false
+			}
+			keys = append(keys, s.evMarker(it.k.tag))
+			args = append(args, strconv.Itoa(j+1))
+			args = append(args, s.evArgs(it.c, it.req.Key, rule, &r)...)
+		}
 	}
 	vals, err := s.eval(ctx, &multiRoutine, keys, args, make([]int64, 0, 2+8*len(idx)))
 	if err == nil && len(vals) != 2+8*len(idx) {

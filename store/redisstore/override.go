@@ -93,8 +93,12 @@ func (s *Store) SetOverride(ctx context.Context, ov override.Override) error {
 	if err != nil {
 		return err
 	}
-	keys := []string{s.ovrIndex(), s.ovrLog(), s.ovrSeq()}
-	args := []string{ov.Key, string(doc), strconv.Itoa(s.maxOverrides()), strconv.Itoa(override.MaxLog), "", "0"}
+	keys := []string{s.ovrIndex(), s.ovrLog(), s.ovrSeq(), s.ovrDue()}
+	untilArg := "0"
+	if !ov.Until.IsZero() {
+		untilArg = strconv.FormatInt(ov.Until.UnixMicro(), 10)
+	}
+	args := []string{ov.Key, string(doc), strconv.Itoa(s.maxOverrides()), strconv.Itoa(override.MaxLog), "", "0", untilArg}
 	var val, pxat string // the exact key's override, on a cluster written after the index
 	_, pat := ov.Pattern()
 	if !pat {
@@ -175,7 +179,7 @@ func (s *Store) DeleteOverride(ctx context.Context, key string) (bool, error) {
 	}
 	ctx, cancel := s.withDeadline(ctx)
 	defer cancel()
-	keys := []string{s.ovrIndex(), s.ovrLog(), s.ovrSeq()}
+	keys := []string{s.ovrIndex(), s.ovrLog(), s.ovrSeq(), s.ovrDue()}
 	_, pat := override.IsPattern(key)
 	if !pat && !s.cluster {
 		keys = append(keys, s.ovrKey(key))

@@ -13,16 +13,17 @@ import (
 // make.
 //
 // KEYS[1] is the index hash, KEYS[2] the log stream, KEYS[3] the counter
-// of changes (one slot: all are tagged {overrides}); on a server that is
-// not a cluster, KEYS[4] is the exact key's override, written in the same
-// step. On a cluster that key lives in its identity's slot: the scripts
+// of changes, KEYS[4] the expiries the events sweeper owes (one slot: all
+// are tagged {overrides}); on a server that is not a cluster, KEYS[5] is
+// the exact key's override, written in the same step. On a cluster that key lives in its identity's slot: the scripts
 // return the change's number, and ovrPutScript writes the key only if no
 // later change of it was written first, so that the key ends as the
 // index says whatever order two instances' writes arrive in.
 
 // ovrSetScript stores an override: ARGV[1] the field (the override's
 // key), ARGV[2] its JSON, ARGV[3] the bound, ARGV[4] the log's length,
-// ARGV[5] the value of KEYS[4] and ARGV[6] its PXAT in ms ("0": none).
+// ARGV[5] the value of KEYS[5], ARGV[6] its PXAT in ms ("0": none) and
+// ARGV[7] its until in µs ("0": none), the score of its expiry in KEYS[4].
 // An override beyond the bound is refused ("WEIRBOUND <count>") before
 // anything is written; else it returns the change's number.
 var ovrSetScript = rueidis.NewLuaScript(`
@@ -30,12 +31,17 @@ local n = redis.call('HLEN', KEYS[1])
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 and n >= tonumber(ARGV[3]) then
   return redis.error_reply('WEIRBOUND ' .. n)
 end
-if KEYS[4] then
+if KEYS[5] then
   if ARGV[6] ~= '0' then
-    redis.call('SET', KEYS[4], ARGV[5], 'PXAT', ARGV[6])
+    redis.call('SET', KEYS[5], ARGV[5], 'PXAT', ARGV[6])
   else
-    redis.call('SET', KEYS[4], ARGV[5])
+    redis.call('SET', KEYS[5], ARGV[5])
   end
+end
+if ARGV[7] ~= '0' then
+  redis.call('ZADD', KEYS[4], ARGV[7], ARGV[1])
+else
+  redis.call('ZREM', KEYS[4], ARGV[1])
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'op', 'set', 'override', ARGV[2])
@@ -48,7 +54,8 @@ return redis.call('INCR', KEYS[3])
 var ovrDeleteScript = rueidis.NewLuaScript(`
 local doc = redis.call('HGET', KEYS[1], ARGV[1])
 if not doc then return false end
-if KEYS[4] then redis.call('DEL', KEYS[4]) end
+if KEYS[5] then redis.call('DEL', KEYS[5]) end
+redis.call('ZREM', KEYS[4], ARGV[1])
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'op', 'delete', 'override', doc)
 return redis.call('INCR', KEYS[3])

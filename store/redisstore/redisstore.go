@@ -793,7 +793,12 @@ func (s *Store) reset(ctx context.Context, key string, l weir.Limit) error {
 	defer cancel()
 	rs := retries{backoff: time.Millisecond}
 	for {
-		err := s.client.Do(ctx, s.client.B().Del().Key(k.state, k.block).Build()).Error()
+		var err error
+		if s.evts.Load() != nil && !s.cluster {
+			err = s.resetEvents(ctx, key, k)
+		} else {
+			err = s.client.Do(ctx, s.client.B().Del().Key(k.state, k.block).Build()).Error()
+		}
 		if err == nil {
 			return nil
 		}

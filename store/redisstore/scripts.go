@@ -80,8 +80,6 @@ var (
 	// eventRoutines[k] decides one request under algorithm k and records
 	// its events (events.lua).
 	eventRoutines []routine
-	// markRoutine records the events of a decision made in a batch.
-	markRoutine routine
 	// batchRoutine decides the independent requests of many callers.
 	batchRoutine routine
 	// nodeBatchFn is the library function that decides the requests of
@@ -107,7 +105,7 @@ func init() {
 	lib.name = "weir_" + hex.EncodeToString(sum[:6])
 	fn := func(driver string) string { return lib.name + "_" + driver }
 	var reg strings.Builder
-	for _, d := range []string{"take", "take_events", "events_mark", "batch", "multi", "release"} {
+	for _, d := range []string{"take", "take_events", "batch", "multi", "release"} {
 		fmt.Fprintf(&reg, "redis.register_function('%s', weir_%s)\n", fn(d), d)
 	}
 	// limits reports the size of the library's parsed-limit cache (tests).
@@ -123,9 +121,8 @@ func init() {
 		eventRoutines[k] = routine{fn: fn("take_events"), script: newScript("weir_take_events", "prelude", k.String(), "warmup", "take", "events")}
 	}
 	nodeBatchFn = fn("nbatch")
-	markRoutine = routine{fn: fn("events_mark"), script: newScript("weir_events_mark", "events")}
 	batchRoutine = routine{fn: fn("batch"), script: newScript("weir_batch", append(all, "batch")...)}
-	multiRoutine = routine{fn: fn("multi"), script: newScript("weir_multi", append(all, "multi")...)}
+	multiRoutine = routine{fn: fn("multi"), script: newScript("weir_multi", append(all, "events", "multi")...)}
 	releaseRoutine = routine{fn: fn("release"), script: newScript("weir_release", "prelude", algorithm.Concurrency.String(), "release")}
 }
 

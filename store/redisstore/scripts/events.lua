@@ -5,10 +5,16 @@
 -- KEYS[1..2]  as take.lua
 -- KEYS[3]     the key's event marker  <prefix>:{<key>}:evt, a hash:
 --             b = the bits fired in its window (a bit per threshold,
---             1<<15 for the first refusal), e = the window's end in µs
+--             1<<15 for the first refusal), e = the window's end in µs,
+--             x = the end of the penalty box whose blocked event fired and
+--             whose unblocked event has not (0: none)
 -- KEYS[4]     the event stream        <prefix>:events
 -- KEYS[5]     its sequence counter    <prefix>:events:seq, which numbers
 --             every event so that a reader can count those trimmed away
+-- KEYS[6]     the penalty boxes due   <prefix>:events:due, a sorted set:
+--             per key whose blocked event fired, the box's end (µs) as
+--             score and "<#marker>:<marker><key>" as member, for the
+--             sweeper (events_sweep in events.go) to announce its end
 -- ARGV[1..5]  as take.lua
 -- ARGV[6]     the thresholds, in thousandths of the limit: "800,950,1000"
 -- ARGV[7]     the rule
@@ -18,27 +24,38 @@
 --             end (ARGV[11] its period in µs), 'r' after the decision's
 --             reset_after, 'p' one period (ARGV[11]) on
 -- ARGV[11]    the period in µs
+-- ARGV[12]    the most boxes KEYS[6] holds (events.MaxDue)
+-- ARGV[13]    how long past a box's end its marker is kept, µs
 --
 -- Reply: take.lua's.
 --
--- events_mark: the same check after a decision made elsewhere (a batch of
--- several rules, multi.lua), in a call of its own: the marker makes it
--- fire once per key, threshold and window all the same.
---
--- KEYS[1..3]  as KEYS[3..5] above
--- ARGV[1..6]  as ARGV[6..11] above
--- ARGV[7..13] the decision: allowed (1/0), granted, limit, remaining,
---             reset_after_us, now_us, n
-
 local REFUSED = 32768
 
+local function ev_fmt(x)
+  return string.format('%d', x)
+end
+
+-- ev_add appends one event to the stream: kind, threshold (pm, or nil),
+-- time t; a: the settings.
+local function ev_add(stream, seqkey, bound, rule, ident, kind, pm, t)
+  local seq = redis.call('INCR', seqkey)
+  if pm then
+    redis.call('XADD', stream, 'MAXLEN', '~', bound, '*', 'rule', rule, 'key', ident,
+      'kind', kind, 'pm', pm, 't', ev_fmt(t), 'n', seq)
+  else
+    redis.call('XADD', stream, 'MAXLEN', '~', bound, '*', 'rule', rule, 'key', ident,
+      'kind', kind, 't', ev_fmt(t), 'n', seq)
+  end
+end
+
 -- events_check fires what the decision {allowed, granted, limit,
--- remaining, reset_after, now} of cost n crossed. mk, stream, seq: the
--- marker, stream and counter keys; a: the settings (thresholds, rule,
--- identity, bound, end mode, period) in a[1..6].
-local function events_check(mk, stream, seqkey, a, allowed, granted, limit, remaining, reset_after, now, n)
-  local m = redis.call('HMGET', mk, 'b', 'e')
-  local bits, wend = tonumber(m[1]) or 0, tonumber(m[2]) or 0
+-- remaining, reset_after, now, blocked} of cost n crossed, and the
+-- penalty box's events (events.BoxCheck). mk, stream, seq, due: the
+-- marker, stream, counter and due keys; a: the settings (thresholds,
+-- rule, identity, bound, end mode, period, due bound, grace) in a[1..8].
+local function events_check(mk, stream, seqkey, due, a, allowed, granted, limit, remaining, reset_after, now, n, blocked)
+  local m = redis.call('HMGET', mk, 'b', 'e', 'x')
+  local bits, wend, box = tonumber(m[1]) or 0, tonumber(m[2]) or 0, tonumber(m[3]) or 0
   if wend <= now then
     bits, wend = 0, 0
   end
@@ -62,46 +79,67 @@ local function events_check(mk, stream, seqkey, a, allowed, granted, limit, rema
     fire = fire + REFUSED
     fired[#fired + 1] = 'r'
   end
-  if fire == 0 then
+  local left, entered, moved = 0, false, false
+  if box ~= 0 and box <= now then
+    left, box = box, 0
+  end
+  if blocked > now then
+    if box == 0 then
+      if redis.call('ZCARD', due) < tonumber(a[7]) then
+        box, entered = blocked, true
+      end
+    elseif blocked ~= box then
+      box, moved = blocked, true
+    end
+  end
+  if fire == 0 and left == 0 and not entered and not moved then
     return
   end
-  if bits == 0 then
-    local p = tonumber(a[6])
-    if a[5] == 'f' then
-      wend = (math.floor(now / p) + 1) * p
-    elseif a[5] == 'r' and reset_after > 0 then
-      wend = now + reset_after
+  if fire ~= 0 then
+    if bits == 0 then
+      local p = tonumber(a[6])
+      if a[5] == 'f' then
+        wend = (math.floor(now / p) + 1) * p
+      elseif a[5] == 'r' and reset_after > 0 then
+        wend = now + reset_after
+      else
+        wend = now + p
+      end
+    end
+    bits = bits + fire
+  end
+  redis.call('HSET', mk, 'b', bits, 'e', ev_fmt(wend), 'x', ev_fmt(box))
+  local keep = math.max(wend, now)
+  if box ~= 0 then
+    keep = math.max(keep, box + tonumber(a[8]))
+  end
+  redis.call('PEXPIREAT', mk, ev_fmt(math.floor(keep / 1000) + 1))
+  local member = #mk .. ':' .. mk .. a[2] .. ':' .. a[3]
+  if left ~= 0 then
+    if box == 0 then
+      redis.call('ZREM', due, member)
+    end
+    ev_add(stream, seqkey, a[4], a[2], a[3], 'unblocked', nil, left)
+  end
+  for _, f in ipairs(fired) do
+    if f ~= 'r' then
+      ev_add(stream, seqkey, a[4], a[2], a[3], 'threshold', f, now)
     else
-      wend = now + p
+      ev_add(stream, seqkey, a[4], a[2], a[3], 'refused', nil, now)
     end
   end
-  bits = bits + fire
-  redis.call('HSET', mk, 'b', bits, 'e', string.format('%d', wend))
-  redis.call('PEXPIREAT', mk, string.format('%d', math.floor(wend / 1000) + 1))
-  for _, f in ipairs(fired) do
-    local seq = redis.call('INCR', seqkey)
-    if f ~= 'r' then
-      redis.call('XADD', stream, 'MAXLEN', '~', a[4], '*', 'rule', a[2], 'key', a[3],
-        'kind', 'threshold', 'pm', f, 't', string.format('%d', now), 'n', seq)
-    else
-      redis.call('XADD', stream, 'MAXLEN', '~', a[4], '*', 'rule', a[2], 'key', a[3],
-        'kind', 'refused', 't', string.format('%d', now), 'n', seq)
-    end
+  if entered or moved then
+    redis.call('ZADD', due, ev_fmt(box), member)
+  end
+  if entered then
+    ev_add(stream, seqkey, a[4], a[2], a[3], 'blocked', nil, now)
   end
 end
 
 local function weir_take_events(KEYS, ARGV)
   local out = weir_take(KEYS, ARGV)
-  events_check(KEYS[3], KEYS[4], KEYS[5], {ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10], ARGV[11]},
-    out[1], out[2], out[3], out[4], out[6], out[9], tonumber(ARGV[2]))
+  events_check(KEYS[3], KEYS[4], KEYS[5], KEYS[6],
+    {ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10], ARGV[11], ARGV[12], ARGV[13]},
+    out[1], out[2], out[3], out[4], out[6], out[9], tonumber(ARGV[2]), out[8])
   return out
-end
-
-local function weir_events_mark(KEYS, ARGV)
-  local v = {}
-  for i = 7, 13 do
-    v[i] = tonumber(ARGV[i])
-  end
-  events_check(KEYS[1], KEYS[2], KEYS[3], ARGV, v[7], v[8], v[9], v[10], v[11], v[12], v[13])
-  return {}
 end

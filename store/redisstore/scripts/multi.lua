@@ -5,10 +5,16 @@
 -- KEYS[2i-1], KEYS[2i]  request i's state and penalty-box keys
 -- ARGV[1]  'take' or 'refund'
 -- ARGV[2]  now in µs, or '' to read Redis TIME
--- ARGV[3]  refund only: the now at which the refunded take ran
+-- ARGV[3]  refund: the now at which the refunded take ran; take: '' or,
+--          when some requests' rules have events, the number of requests m
 -- then 5 values per request:
 --   n, mode, member id, granted (refund only), the compiled limit packed
 --   (see limit_of)
+-- With events (take only), after the 2m keys: KEYS[2m+1..2m+3] the event
+-- stream, its counter and the boxes due, then one marker key per request
+-- with events; after the 5m values, 9 per such request: its number i and
+-- events.lua's settings (ARGV[6..13] of take_events). Their events are
+-- recorded after phase 2, in the same call (events_check).
 --
 -- take:   phase 1 checks every request without writing (algorithm.Check);
 --         if all are admitted, phase 2 takes them all; otherwise nothing is
@@ -24,6 +30,11 @@ local function weir_multi(KEYS, ARGV)
   local op = ARGV[1]
   local now = clock(ARGV[2])
   local m = #KEYS / 2
+  local evn = 0 -- requests with events
+  if op == 'take' and ARGV[3] ~= '' then
+    m = tonumber(ARGV[3])
+    evn = #KEYS - 2 * m - 3
+  end
   local reqs = {}
   for i = 1, m do
     local b = 4 + (i - 1) * W
@@ -78,6 +89,7 @@ local function weir_multi(KEYS, ARGV)
   end
   -- Phase 2: take them all, or only the rejected ones (which consume nothing
   -- but start their penalty boxes); the rest report their check.
+  local ds = {}
   for i = 1, m do
     local r = reqs[i]
     local d = checks[i]
@@ -88,9 +100,22 @@ local function weir_multi(KEYS, ARGV)
       d.granted, d.delay = 0, 0
     end
     put(out, d)
+    ds[i] = d
   end
   if all then
     out[1] = 1
+  end
+  local base = 3 + W * m
+  for j = 1, evn do
+    local a = base + (j - 1) * 9
+    local i = tonumber(ARGV[a + 1])
+    local d, allowed = ds[i], 0
+    if d.allowed then
+      allowed = 1
+    end
+    events_check(KEYS[2 * m + 3 + j], KEYS[2 * m + 1], KEYS[2 * m + 2], KEYS[2 * m + 3],
+      {ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8], ARGV[a + 9]},
+      allowed, d.granted, d.limit, d.remaining, d.reset, now, reqs[i].n, d.blocked)
   end
   return out
 end
