@@ -29,6 +29,7 @@ func TestBudgetValidationPositions(t *testing.T) {
   models:
     gpt-4o: {input: 2.5x, output: 10}
     o1: {input: 1}
+    claude: {input: 3, output: 15, cache_write: -3.75}
   unknown: maybe
 rules:
   - {name: a, identity: header:X-Key, budget: 10 USD/fortnight}
@@ -45,11 +46,12 @@ rules:
 		`weir.yaml:2:13: prices needs a currency of 3 upper-case letters`,
 		`weir.yaml:4:21: price "2.5x" is not a decimal number`,
 		`weir.yaml:5:9: a model's prices need input and output`,
-		`weir.yaml:6:12: unknown must be refuse or prices`,
-		`weir.yaml:8:47: budget "10 USD/fortnight": period "fortnight"`,
-		`weir.yaml:9:47: budget "ten dollars" is not an amount`,
-		`weir.yaml:10:64: cost_expr "input_tokens + bogus": at line 1, column 16 of the expression: undeclared reference to 'bogus'`,
-		`weir.yaml:11:64: cost_expr "double(output_tokens)": the cost expression gives double`,
+		`weir.yaml:6:49: price "-3.75" is not a decimal number`,
+		`weir.yaml:7:12: unknown must be refuse or prices`,
+		`weir.yaml:9:47: budget "10 USD/fortnight": period "fortnight"`,
+		`weir.yaml:10:47: budget "ten dollars" is not an amount`,
+		`weir.yaml:11:64: cost_expr "input_tokens + bogus": at line 1, column 16 of the expression: undeclared reference to 'bogus'`,
+		`weir.yaml:12:64: cost_expr "double(output_tokens)": the cost expression gives double`,
 		`limit and budget are exclusive`,
 	} {
 		if !strings.Contains(err.Error(), want) {
@@ -111,6 +113,32 @@ rules:
 	rr, _ = p.CheckKey(ctx, KeyRequest{Rule: "spend", Key: "k1", N: 0})
 	if rr.Result.Remaining != 50_000-spent {
 		t.Errorf("a refused request took %d", 50_000-spent-rr.Result.Remaining)
+	}
+}
+
+// TestBudgetCacheWrites: a usage's cache writes settle at the model's
+// cache_write price, or at its input price when the table gives none.
+func TestBudgetCacheWrites(t *testing.T) {
+	p := mustPolicy(t, strings.Replace(budgetPrices, "    o3:", "    claude: {input: 3, cached_input: 0.3, output: 15, cache_write: 3.75}\n    o3:", 1)+`
+rules:
+  - {name: spend, identity: header:X-Key, budget: 1 USD/d}
+`, memstore.New())
+	for _, c := range []struct {
+		model string
+		want  int64 // 1000 cache writes, 100 input, 10 output
+	}{{"claude", 3750 + 300 + 150}, {"gpt-4o", 2500 + 250 + 100}} {
+		key := "k-" + c.model
+		v := p.Check(WithUsage(ctx, Usage{Model: c.model, InputTokens: 1100, OutputTokens: 10}), req("POST", "/", "X-Key", key))
+		if !v.Allowed {
+			t.Fatalf("%s: %+v", c.model, v)
+		}
+		if err := p.Finish(ctx, &v, Charges{Usage: &Usage{Model: c.model, InputTokens: 100, CacheWriteTokens: 1000, OutputTokens: 10}}); err != nil {
+			t.Fatal(err)
+		}
+		rr, err := p.CheckKey(ctx, KeyRequest{Rule: "spend", Key: key, N: 0})
+		if err != nil || rr.Result.Remaining != 1_000_000-c.want {
+			t.Errorf("%s: spent %d (%v), want %d", c.model, 1_000_000-rr.Result.Remaining, err, c.want)
+		}
 	}
 }
 

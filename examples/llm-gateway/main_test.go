@@ -72,14 +72,15 @@ func TestOpenAIStreamUsage(t *testing.T) {
 // TestAnthropicUsage: a message's usage, from JSON or split across a
 // stream's message_start (input, cache writes and reads) and
 // message_delta (the final output count), is settled at the model's
-// prices: cache writes as input, cache reads as cached input. Text in the
-// stream that looks like a usage is not one. A key is read from x-api-key.
+// prices: cache writes at the cache write price, cache reads as cached
+// input. Text in the stream that looks like a usage is not one. A key is
+// read from x-api-key.
 func TestAnthropicUsage(t *testing.T) {
 	up := newFakeUpstream(t)
 	close(up.release)
 	g := newTestGateway(t, up, "", nil, time.Minute)
 	x := knobs{In: 120, CacheW: 500, Cached: 3000, Out: 777}
-	want := ceilDiv(620*cIn+3000*cCached+777*cOut, 1_000_000)
+	want := ceilDiv(120*cIn+500*cWrite+3000*cCached+777*cOut, 1_000_000)
 	for _, c := range []struct{ key, extra string }{{"sk-ant-json", ""}, {"sk-ant-sse", `"stream":true`}} {
 		b := body("claude-t", 1000, x, c.extra)
 		status, resp, h := g.do(messagesPath, "", b, "X-Api-Key", c.key, "Anthropic-Version", "2023-06-01")
@@ -91,6 +92,31 @@ func TestAnthropicUsage(t *testing.T) {
 		}
 		if got := g.keyLeft(c.key); got != keyBudget-want || costOf("claude-t", x) != want {
 			t.Fatalf("%s: left %d, want %d", c.key, got, keyBudget-want)
+		}
+	}
+}
+
+// TestAnthropicCacheWriteDefault: a model whose prices give no
+// cache_write prices its cache writes at its input price, in JSON and in
+// a stream, and its estimate is as without cache writes.
+func TestAnthropicCacheWriteDefault(t *testing.T) {
+	up := newFakeUpstream(t)
+	close(up.release)
+	rules := strings.Replace(testRules, "    claude-t:", "    claude-d: {input: 3, output: 15}\n    claude-t:", 1)
+	g := newTestGateway(t, up, rules, nil, time.Minute)
+	x := knobs{In: 7, CacheW: 1001, Out: 10}
+	want := ceilDiv(7*3_000_000+1001*3_000_000+10*15_000_000, 1_000_000)
+	for _, c := range []struct{ key, extra string }{{"sk-d-json", ""}, {"sk-d-sse", `"stream":true`}} {
+		b := body("claude-d", 100, x, c.extra)
+		status, resp, h := g.do(messagesPath, "", b, "X-Api-Key", c.key, "Anthropic-Version", "2023-06-01")
+		if status != 200 {
+			t.Fatalf("%s: %d %s", c.key, status, resp)
+		}
+		if est := ceilDiv(int64(len(b))*3_000_000+100*15_000_000, 1_000_000); !strings.Contains(h.Get("RateLimit"), fmt.Sprintf("r=%d;", keyBudget-est)) {
+			t.Fatalf("%s: RateLimit %q, want the estimate %d taken", c.key, h.Get("RateLimit"), est)
+		}
+		if got := g.keyLeft(c.key); got != keyBudget-want {
+			t.Fatalf("%s: left %d, want %d (cache writes at the input price)", c.key, got, keyBudget-want)
 		}
 	}
 }
