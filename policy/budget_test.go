@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -11,7 +14,9 @@ import (
 
 	"github.com/weir-dev/weir/internal/price"
 	"github.com/weir-dev/weir/internal/redistest"
+	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/store/memstore"
+	"github.com/weir-dev/weir/storetest"
 )
 
 const budgetPrices = `
@@ -142,24 +147,53 @@ rules:
 	}
 }
 
+// TestBudgetPricesReloadKeepsCounts: new prices written to the watched
+// config file reach the policy by a reload (Watch), on memstore and on
+// Redis: what was spent stays counted, later requests cost the new prices.
 func TestBudgetPricesReloadKeepsCounts(t *testing.T) {
-	store := memstore.New()
-	p1 := mustPolicy(t, budgetPrices+"rules:\n  - {name: spend, identity: header:X-Key, budget: 1 USD/day}\n", store)
-	v := p1.Check(WithUsage(ctx, Usage{Model: "gpt-4o", InputTokens: 100_000}), req("POST", "/", "X-Key", "k"))
-	if !v.Allowed {
-		t.Fatal(v)
-	}
-	// The same rule under doubled prices: what was spent stays, new
-	// requests cost the new prices.
-	doubled := strings.Replace(budgetPrices, "gpt-4o: {input: 2.50", "gpt-4o: {input: 5", 1)
-	p2 := mustPolicy(t, doubled+"rules:\n  - {name: spend, identity: header:X-Key, budget: 1 USD/day}\n", store)
-	v = p2.Check(WithUsage(ctx, Usage{Model: "gpt-4o", InputTokens: 100_000}), req("POST", "/", "X-Key", "k"))
-	if !v.Allowed || v.Results[0].Cost != 500_000 {
-		t.Fatalf("after the reload: %+v", v)
-	}
-	rr, _ := p2.CheckKey(ctx, KeyRequest{Rule: "spend", Key: "k", N: 0})
-	if rr.Result.Remaining != 1_000_000-250_000-500_000 {
-		t.Errorf("remaining %d, want %d", rr.Result.Remaining, 250_000)
+	clock := storetest.NewClock(mustTime(t, "2030-01-15T12:00:00Z"))
+	for name, store := range calendarStores(t, clock) {
+		t.Run(name, func(t *testing.T) {
+			const rules = "rules:\n  - {name: spend, identity: header:X-Key, budget: 1 USD/month, timezone: Europe/Paris}\nstore: {timeout: 10s}\n"
+			path := filepath.Join(t.TempDir(), "weir.yaml")
+			if err := os.WriteFile(path, []byte(budgetPrices+rules), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			wctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			h, err := Watch(wctx, path, func(c *config.Config) (*Policy, error) { return New(c, store) }, nil, WatchLogger(slog.New(slog.DiscardHandler)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// 100,000 input tokens at 2.50 per million: 250,000 micro-units.
+			v := h.Load().Check(WithUsage(ctx, Usage{Model: "gpt-4o", InputTokens: 100_000}), req("POST", "/", "X-Key", "k"))
+			if !v.Allowed || v.Results[0].Cost != 250_000 {
+				t.Fatalf("before the reload: %+v", v)
+			}
+			doubled := strings.Replace(budgetPrices, "gpt-4o: {input: 2.50", "gpt-4o: {input: 5", 1)
+			if err := os.WriteFile(path, []byte(doubled+rules), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			for h.ReloadsOK() == 0 {
+				if h.ReloadsFailed() > 0 {
+					t.Fatal("the reload failed")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			p2 := h.Load()
+			rr, err := p2.CheckKey(ctx, KeyRequest{Rule: "spend", Key: "k", N: 0})
+			if err != nil || rr.Result.Remaining != 1_000_000-250_000 {
+				t.Fatalf("after the reload %d left (%v), want %d: the spend was lost", rr.Result.Remaining, err, 750_000)
+			}
+			v = p2.Check(WithUsage(ctx, Usage{Model: "gpt-4o", InputTokens: 100_000}), req("POST", "/", "X-Key", "k"))
+			if !v.Allowed || v.Results[0].Cost != 500_000 {
+				t.Fatalf("after the reload: %+v", v)
+			}
+			rr, _ = p2.CheckKey(ctx, KeyRequest{Rule: "spend", Key: "k", N: 0})
+			if rr.Result.Remaining != 1_000_000-250_000-500_000 {
+				t.Errorf("remaining %d, want %d", rr.Result.Remaining, 250_000)
+			}
+		})
 	}
 }
 

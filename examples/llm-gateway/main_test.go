@@ -389,3 +389,53 @@ func TestUsageOverEstimate(t *testing.T) {
 		t.Fatalf("the next day: %d", status)
 	}
 }
+
+// TestBudgetResetsInZone: a calendar budget resets at the start of its
+// period in its time zone: a key that spent its New York day is refused
+// until New York's midnight (05:00 UTC in winter), not UTC's, and then
+// admitted with the whole budget.
+func TestBudgetResetsInZone(t *testing.T) {
+	up := newFakeUpstream(t)
+	close(up.release)
+	g := newTestGateway(t, up, testPrices+`
+rules:
+  - {name: key-budget, identity: header:X-Weir-Key, on_missing: deny, budget: 0.05 USD/day, timezone: America/New_York}
+`, nil, time.Minute)
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.clock.Set(time.Date(2030, 1, 14, 18, 0, 0, 0, ny)) // 23:00 UTC on the 14th
+	x := knobs{In: 100, Out: 900}
+	b := body("gpt-t", 1000, x, "")
+	admitted := 0
+	for {
+		status, resp, _ := g.do(chatPath, "sk-ny", b)
+		if status == 429 {
+			break
+		}
+		if status != 200 {
+			t.Fatalf("%d %s", status, resp)
+		}
+		if admitted++; admitted > 100 {
+			t.Fatal("the budget never bound")
+		}
+	}
+	if admitted == 0 {
+		t.Fatal("the first request was refused")
+	}
+	// Past UTC's midnight, and a microsecond before New York's: refused.
+	for _, at := range []time.Time{time.Date(2030, 1, 15, 0, 30, 0, 0, time.UTC), time.Date(2030, 1, 14, 23, 59, 59, 999_999_000, ny)} {
+		g.clock.Set(at)
+		if status, resp, _ := g.do(chatPath, "sk-ny", b); status != 429 {
+			t.Fatalf("at %v: %d %s", at, status, resp)
+		}
+	}
+	g.clock.Set(time.Date(2030, 1, 15, 0, 0, 0, 0, ny))
+	if got := g.keyLeft("sk-ny"); got != 50_000 {
+		t.Fatalf("at New York's midnight %d left, want the whole 50000", got)
+	}
+	if status, resp, _ := g.do(chatPath, "sk-ny", b); status != 200 {
+		t.Fatalf("after New York's midnight: %d %s", status, resp)
+	}
+}
