@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -216,5 +217,45 @@ func TestSpendCapped(t *testing.T) {
 	}
 	if uncertain == 0 {
 		t.Fatal("no member took a place given up: the test did not pass the cap")
+	}
+}
+
+// TestSpendFleetWideCluster: on Redis Cluster each rule's sorted set and
+// error hash share a slot (one hash tag), so the flush script runs there;
+// two instances' settlements of several rules add up exactly.
+func TestSpendFleetWideCluster(t *testing.T) {
+	c := redistest.Cluster(t)
+	cfg := WithConfig(mustParse(t, budgetConfig+`  - {name: weekly, identity: [header:X-Key], budget: 5 EUR/week}
+  - {name: daily, identity: [header:X-Key], budget: 1 EUR/day, timezone: Asia/Tokyo}
+`))
+	slow := func(o *options) { o.spendEvery = time.Hour }
+	url := WithRedisURL(strings.Join(c.Addrs, ","))
+	a, baseA := newRedisServer(t, "", "a", cfg, slow, url)
+	b, baseB := newRedisServer(t, "", "b", cfg, slow, url)
+	rules := []string{"monthly", "weekly", "daily"}
+	want := map[string]map[string]int64{}
+	for i := range 30 {
+		rule, key := rules[i%3], "k"+strconv.Itoa(i%4)
+		if want[rule] == nil {
+			want[rule] = map[string]int64{}
+		}
+		settleFor(t, []string{baseA, baseB}[i%2], rule, key, int64(100*(i+1)))
+		want[rule][key] += int64(100 * (i + 1))
+	}
+	for _, srv := range []*Server{a, b} {
+		if err := srv.flushSpend(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, rule := range rules {
+		_, top, _ := spendOf(t, baseB, rule, 10)
+		if len(top) != len(want[rule]) {
+			t.Fatalf("%s: %v, want %v", rule, top, want[rule])
+		}
+		for k, w := range want[rule] {
+			if top[k]["count"] != float64(w) {
+				t.Errorf("%s %s: %v, want %d", rule, k, top[k], w)
+			}
+		}
 	}
 }

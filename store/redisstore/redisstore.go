@@ -78,6 +78,9 @@ type Config struct {
 	// TLS, when not nil, makes every connection use TLS with this config.
 	TLS *tls.Config
 	// Timeout is the deadline of each store call; DefaultTimeout if zero.
+	// A new connection's TCP dial may take the larger of it and 2s: a
+	// store given a long Timeout for a loaded host does not fail calls
+	// that wait for a connection the host is slow to set up.
 	Timeout time.Duration
 	// Prefix starts every key ("weir" if empty). It must not contain a
 	// brace, which would break the hash tags.
@@ -231,7 +234,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		TLSConfig:    cfg.TLS,
 		ClientName:   "weir",
 		DisableCache: true, // no client-side caching: every decision is a script
-		Dialer:       net.Dialer{Timeout: 2 * time.Second, KeepAlive: time.Second},
+		Dialer:       net.Dialer{Timeout: max(2*time.Second, s.timeout), KeepAlive: time.Second},
 	}
 	if cfg.MasterName != "" {
 		opt.Sentinel = rueidis.SentinelOption{
