@@ -92,17 +92,18 @@ func newSpendBook() *spendBook { return &spendBook{m: map[string]*spendSketch{}}
 // (the ranking shows the current period), a later one starts afresh.
 func (b *spendBook) add(rule, identity string, per spendPeriod, w, e int64) {
 	identity = keys.ShortIdentity(identity)
+	// Under b.mu, so that a flush's take never leaves an add behind in
+	// the sketch it has just read.
 	b.mu.Lock()
+	defer b.mu.Unlock()
 	sk := b.m[rule]
 	switch {
 	case sk != nil && per.start < sk.per.start:
-		b.mu.Unlock()
 		return
 	case sk == nil || per.start > sk.per.start:
 		sk = &spendSketch{per: per, tk: NewTopK(spendCap)}
 		b.m[rule] = sk
 	}
-	b.mu.Unlock()
 	sk.tk.addUncertain(identity, w, e)
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -257,5 +258,62 @@ func TestSpendFleetWideCluster(t *testing.T) {
 				t.Errorf("%s %s: %v, want %d", rule, k, top[k], w)
 			}
 		}
+	}
+}
+
+// TestSpendFlushCountsOnce: settlements added while flushes run back to
+// back are each counted once in the fleet's set: none twice (a flush takes
+// what it sends out of the book), none lost.
+func TestSpendFlushCountsOnce(t *testing.T) {
+	r := redistest.Standalone(t)
+	slow := func(o *options) { o.spendEvery = time.Hour }
+	a, _ := newRedisServer(t, r.Addr, "a", WithConfig(mustParse(t, budgetConfig)), slow)
+	per, err := a.spendPeriod(a.Policy(), "monthly")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const adders, each = 8, 2000
+	stop, done := make(chan struct{}), make(chan struct{})
+	var flushes int
+	go func() {
+		defer close(done)
+		for ctx := context.Background(); ; flushes++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if err := a.flushSpend(ctx); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	for g := range adders {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				a.spend.add("monthly", "k"+strconv.Itoa((g+i)%7), per, 1, 0)
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	<-done
+	if err := a.flushSpend(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	all, err := a.spendTop(context.Background(), "monthly", per, spendCap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum int64
+	for _, e := range all {
+		sum += e.Count
+	}
+	if sum != adders*each {
+		t.Fatalf("the set holds %d, want %d (%d flushes ran)", sum, adders*each, flushes)
 	}
 }
