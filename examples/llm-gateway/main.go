@@ -295,17 +295,28 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	b := &bill{api: format}
+	// Settled in a defer: when writing to a client that went away fails,
+	// the reverse proxy aborts the handler by panicking with
+	// http.ErrAbortHandler, after the meter has read the rest of the
+	// answer; the settlement must still run.
+	defer g.settle(ctx, &v, est.Model, b)
 	g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(ctx, billKey{}, b)))
+}
+
+// settle charges a metered request's levels by what the meter read of
+// its answer: the usage, nothing for a 4xx without one, else the whole
+// estimate stays charged.
+func (g *gateway) settle(ctx context.Context, v *policy.Verdict, model string, b *bill) {
 	ch := policy.Charges{Status: b.status}
 	switch {
 	case b.found:
 		u := b.usage
-		u.Model = est.Model
+		u.Model = model
 		ch.Usage = &u
 	case b.status >= 400 && b.status < 500:
-		ch.Usage = &policy.Usage{Model: est.Model} // refused upstream: nothing billed
+		ch.Usage = &policy.Usage{Model: model} // refused upstream: nothing billed
 	}
-	if err := g.p.Finish(context.WithoutCancel(ctx), &v, ch); err != nil {
+	if err := g.p.Finish(context.WithoutCancel(ctx), v, ch); err != nil {
 		// The store failed, or the usage could not be priced: the estimate
 		// stays charged. The error names rules and hashed keys only.
 		g.log.Warn("llm-gateway: settling a request failed", "err", err)

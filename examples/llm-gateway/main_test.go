@@ -3,10 +3,12 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -437,5 +439,49 @@ rules:
 	}
 	if status, resp, _ := g.do(chatPath, "sk-ny", b); status != 200 {
 		t.Fatalf("after New York's midnight: %d %s", status, resp)
+	}
+}
+
+// failingWriter is a client that went away after the first write: every
+// later write fails, as on a connection the client reset.
+type failingWriter struct {
+	h      http.Header
+	writes int
+}
+
+func (f *failingWriter) Header() http.Header { return f.h }
+func (f *failingWriter) WriteHeader(int)     {}
+func (f *failingWriter) Flush()              {}
+func (f *failingWriter) Write(p []byte) (int, error) {
+	if f.writes++; f.writes > 1 {
+		return 0, errors.New("connection reset by peer")
+	}
+	return len(p), nil
+}
+
+// TestWriteErrorStillSettles: when writing a stream to a client that went
+// away fails, the reverse proxy aborts the handler (a panic with
+// http.ErrAbortHandler, as under a real server); the gateway still reads
+// the answer's usage and settles it, rather than keeping the estimate.
+func TestWriteErrorStillSettles(t *testing.T) {
+	up := newFakeUpstream(t)
+	close(up.release)
+	g := newTestGateway(t, up, "", nil, time.Minute)
+	for _, c := range []struct{ path, model, key string }{{chatPath, "gpt-t", "sk-w1"}, {messagesPath, "claude-t", "sk-w2"}} {
+		x := knobs{In: 600, Out: 4000}
+		r := httptest.NewRequest("POST", c.path, strings.NewReader(body(c.model, 5000, x, `"stream":true`)))
+		r.Header.Set("Authorization", "Bearer "+c.key)
+		r = r.WithContext(context.WithValue(r.Context(), http.ServerContextKey, &http.Server{}))
+		func() {
+			defer func() {
+				if p := recover(); p != nil && p != http.ErrAbortHandler {
+					panic(p)
+				}
+			}()
+			g.h.ServeHTTP(&failingWriter{h: http.Header{}}, r)
+		}()
+		if got, want := g.keyLeft(c.key), keyBudget-costOf(c.model, x); got != want {
+			t.Errorf("%s: left %d, want %d (the usage, not the estimate)", c.path, got, want)
+		}
 	}
 }
