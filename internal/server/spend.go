@@ -57,7 +57,7 @@ func spendPeriodOf(l weir.Limit, now time.Time) (spendPeriod, error) {
 		return spendPeriod{start: b[1], end: b[2], loc: loc}, nil
 	}
 	if p.Period <= 0 {
-		return spendPeriod{}, fmt.Errorf("rule has no period")
+		return spendPeriod{}, fmt.Errorf("its limit has no period to rank spend in")
 	}
 	start := us / p.Period * p.Period
 	if us < 0 && us%p.Period != 0 {
@@ -144,7 +144,11 @@ func (s *Server) spendPeriod(p *policy.Policy, rule string) (spendPeriod, error)
 	if err != nil {
 		return spendPeriod{}, err
 	}
-	return spendPeriodOf(l, s.now())
+	per, err := spendPeriodOf(l, s.now())
+	if err != nil {
+		return spendPeriod{}, fmt.Errorf("rule %q: %w", rule, err)
+	}
+	return per, nil
 }
 
 // spendKeys returns the sorted set and the error hash of rule's period
