@@ -8,7 +8,7 @@ export WEIR_DEPS_EXTRA ?= nginx caddy chromium prometheus
 # Modules of their own (peer libraries stay out of weir's go.mod).
 NESTED     := bench examples/gin examples/echo
 
-.PHONY: all build release release-check image compose-images demo test-fleet test deps vet lint unit nested promtool-test test-helm tidy bench bench-debt bench-redis bench-overload bench-serve bench-serve-ab bench-peer bench-resp bench-flood bench-sizing bench-lease bench-window bench-replay fuzz same-long test-gateway-full fmt clean
+.PHONY: all build release release-check image compose-images demo test-fleet test deps vet lint unit nested promtool-test test-helm tidy bench bench-debt bench-redis bench-overload bench-serve bench-serve-ab bench-peer test-peer bench-resp bench-flood bench-sizing bench-lease bench-window bench-replay fuzz same-long test-gateway-full fmt clean
 
 all: build
 
@@ -166,6 +166,12 @@ bench-serve-ab:
 PEER_SRC ?= https://github.com/envoyproxy/ratelimit
 bench-peer:
 	PEER_SRC=$(PEER_SRC) ./bench/peer/run.sh
+
+# envoyproxy/ratelimit's own cases against weir serve and the peer, side by
+# side, the peer built from PEER_SRC in a temporary directory (docs/envoy.md,
+# Differences).
+test-peer:
+	PEER_SRC=$(PEER_SRC) ./scripts/test-peer.sh
 
 # One hot key at 10,000/s with lease: 100 and without: Redis time per
 # decision (INFO commandstats); the hot-key part of the flood figures.

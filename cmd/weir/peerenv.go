@@ -267,7 +267,7 @@ var peerVars = []peerVar{
 			e.refuse = append(e.refuse, fmt.Sprintf("BACKEND_TYPE=%q: weir keeps its counters in Redis only", v))
 		}
 	}},
-	{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "false", "refused when true", refuseIfTrue("weir's algorithms decide what an over-limit request spends")},
+	{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "false", "refused when true: the peer then counts none of a call's descriptors when one is over; weir counts each descriptor by its own limit, as the peer's default does", refuseIfTrue("weir's algorithms decide what an over-limit request spends")},
 	{"LIMIT_RESPONSE_HEADERS_ENABLED", "false", "--envoy-response-headers", boolFlag("envoy-response-headers")},
 	{"LIMIT_LIMIT_HEADER", "RateLimit-Limit", "refused unless the default", refuseIfNot("RateLimit-Limit")},
 	{"LIMIT_REMAINING_HEADER", "RateLimit-Remaining", "refused unless the default", refuseIfNot("RateLimit-Remaining")},
@@ -305,7 +305,7 @@ var peerVars = []peerVar{
 	{"REDIS_PERSECOND_PIPELINE_LIMIT", "0", "not used (REDIS_PERSECOND)", nil},
 	{"REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM", "1", "not used (REDIS_PERSECOND)", nil},
 	{"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "false", "/healthcheck does not follow Redis (on_error decides meanwhile); /healthz/store does", nil},
-	{"REDIS_TIMEOUT", "10s", "set: --store-timeout, the deadline of every Redis call (then on_error decides); unset: weir's store.timeout, else 50ms, not the peer's 10s", peerTimeout},
+	{"REDIS_TIMEOUT", "10s", "--store-timeout, the deadline of every Redis call (then on_error decides); unset, the peer's 10s too, unless WEIR_STORE_TIMEOUT or WEIR_CONFIG's weir.yaml (store.timeout, else 50ms) gives weir's own", peerTimeout},
 	{"REDIS_PERSECOND_TIMEOUT", "10s", "not used (REDIS_PERSECOND)", nil},
 	{"REDIS_POOL_ON_EMPTY_BEHAVIOR", "WAIT", unusedTuning, nil},
 	{"REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", "WAIT", "not used (REDIS_PERSECOND)", nil},
@@ -390,11 +390,16 @@ func peerRedis(e *peerEnv) {
 		u := url.URL{Scheme: "redis+sentinel", Host: strings.Join(addrs[1:], ","), Path: "/" + addrs[0], User: user}
 		e.flag("redis", u.String())
 	case "CLUSTER":
-		if auth != "" || tlsOn {
-			e.refuse = append(e.refuse, "REDIS_AUTH or REDIS_TLS with REDIS_TYPE=CLUSTER: weir's --redis has no such form for a cluster; "+configOnly)
+		if auth == "" && !tlsOn {
+			e.flag("redis", strings.Join(addrs, ","))
 			return
 		}
-		e.flag("redis", strings.Join(addrs, ","))
+		// Seed nodes with the password and TLS every node shares.
+		u := url.URL{Scheme: "redis", Host: strings.Join(addrs, ","), User: user}
+		if tlsOn {
+			u.Scheme = "rediss"
+		}
+		e.flag("redis", u.String())
 	default:
 		e.refuse = append(e.refuse, fmt.Sprintf("REDIS_TYPE=%q: want SINGLE, SENTINEL or CLUSTER", t))
 	}
@@ -428,13 +433,21 @@ func peerRedisTLS(e *peerEnv, tlsOn bool) {
 	}
 }
 
-// peerTimeout maps REDIS_TIMEOUT, when set, onto --store-timeout: the
-// peer's timeout of Redis connections and I/O, weir's deadline of every
-// store call. Unset, weir's own deadline stays: the peer's 10s default
-// would hold callers for up to 10s on a stalled Redis instead of letting
-// on_error decide.
+// peerTimeout maps REDIS_TIMEOUT onto --store-timeout: the peer's
+// timeout of Redis connections and I/O, weir's deadline of every store
+// call. Unset, it is the peer's default, 10s: a Redis that is slow but
+// alive (load, a failover) keeps deciding by its counters, as the peer
+// does, instead of handing decisions to on_error after weir's own 50ms;
+// Envoy's filter timeout bounds how long Envoy waits either way. A weir
+// setting wins: WEIR_STORE_TIMEOUT, or a weir.yaml given with WEIR_CONFIG
+// (its store.timeout, else 50ms).
 func peerTimeout(e *peerEnv, v string, set bool) {
 	if !set {
+		_, cfg := e.lookup("WEIR_CONFIG")
+		_, own := e.lookup(envName("store-timeout"))
+		if !cfg && !own {
+			e.flag("store-timeout", peerRedisTimeout.String())
+		}
 		return
 	}
 	d, err := time.ParseDuration(v)
@@ -442,11 +455,15 @@ func peerTimeout(e *peerEnv, v string, set bool) {
 	case err != nil || d < 0:
 		e.refuse = append(e.refuse, fmt.Sprintf("=%q: want a duration such as 100ms or 10s", v))
 	case d == 0:
-		note(e, "REDIS_TIMEOUT", "0 (no timeout for the peer): weir keeps a deadline, store.timeout's, else 50ms")
+		note(e, "REDIS_TIMEOUT", "0 (no timeout for the peer): weir keeps a deadline, the peer's default 10s")
+		e.flag("store-timeout", peerRedisTimeout.String())
 	default:
 		e.flag("store-timeout", d.String())
 	}
 }
+
+// peerRedisTimeout is the peer's default REDIS_TIMEOUT.
+const peerRedisTimeout = 10 * time.Second
 
 // translatePeerEnv turns the peer's environment into weir serve flags.
 // hasFlag reports whether weir serve defines a flag. The error names

@@ -132,6 +132,9 @@ func TestPeerEnvRedis(t *testing.T) {
 		{"REDIS_URL=r:6379 REDIS_AUTH=bob:pw REDIS_TLS=true", "--redis=rediss://bob:pw@r:6379"},
 		{"REDIS_URL=mymaster,s1:26379,s2:26379 REDIS_TYPE=SENTINEL", "--redis=redis+sentinel://s1:26379,s2:26379/mymaster"},
 		{"REDIS_URL=n1:7000,n2:7000 REDIS_TYPE=cluster", "--redis=n1:7000,n2:7000"},
+		{"REDIS_URL=n1:7000,n2:7000 REDIS_TYPE=CLUSTER REDIS_AUTH=s3cr@t", "--redis=redis://:s3cr%40t@n1:7000,n2:7000"},
+		{"REDIS_URL=n1:7000,n2:7000,n3:7000 REDIS_TYPE=CLUSTER REDIS_TLS=true", "--redis=rediss://n1:7000,n2:7000,n3:7000"},
+		{"REDIS_URL=n1:7000 REDIS_TYPE=CLUSTER REDIS_AUTH=bob:pw REDIS_TLS=true", "--redis=rediss://bob:pw@n1:7000"},
 	} {
 		env := map[string]string{"REDIS_SOCKET_TYPE": "tcp", "USE_STATSD": "false"}
 		for _, kv := range strings.Fields(c.env) {
@@ -440,8 +443,8 @@ func TestServeAsAIGatewayRatelimit(t *testing.T) {
 	}
 }
 
-// TestPeerEnvRedisTimeoutAndTLS: REDIS_TIMEOUT, when set, is the store's
-// deadline; the REDIS_TLS_* files are weir's Redis TLS settings, read, as
+// TestPeerEnvRedisTimeoutAndTLS: REDIS_TIMEOUT is the store's deadline,
+// the peer's 10s when unset unless weir's own setting is given; the REDIS_TLS_* files are weir's Redis TLS settings, read, as
 // the peer reads them, only with REDIS_TLS=true.
 func TestPeerEnvRedisTimeoutAndTLS(t *testing.T) {
 	base := map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "r:6379", "USE_STATSD": "false"}
@@ -452,8 +455,11 @@ func TestPeerEnvRedisTimeoutAndTLS(t *testing.T) {
 	}{
 		{"REDIS_TIMEOUT=250ms", []string{"--store-timeout=250ms"}, nil, ""},
 		{"REDIS_TIMEOUT=10s", []string{"--store-timeout=10s"}, nil, ""},
-		{"", nil, []string{"--store-timeout"}, ""},
-		{"REDIS_TIMEOUT=0", nil, []string{"--store-timeout"}, "REDIS_TIMEOUT"},
+		// Unset, the peer's default, unless weir's own setting is given.
+		{"", []string{"--store-timeout=10s"}, nil, ""},
+		{"WEIR_STORE_TIMEOUT=2s", nil, []string{"--store-timeout"}, ""},
+		{"WEIR_CONFIG=/weir.yaml", nil, []string{"--store-timeout"}, ""},
+		{"REDIS_TIMEOUT=0", []string{"--store-timeout=10s"}, nil, "REDIS_TIMEOUT"},
 		{"REDIS_TLS=true REDIS_TLS_CACERT=/ca.pem REDIS_TLS_CLIENT_CERT=/c.pem REDIS_TLS_CLIENT_KEY=/k.pem",
 			[]string{"--redis=rediss://r:6379", "--redis-tls-ca=/ca.pem", "--redis-tls-cert=/c.pem", "--redis-tls-key=/k.pem"},
 			[]string{"--redis-tls-skip-hostname-verification"}, ""},
@@ -495,6 +501,8 @@ func TestPeerEnvRedisTimeoutAndTLS(t *testing.T) {
 			t.Errorf("%s: %v", c.env, err)
 		} else if strings.Contains(c.env, "REDIS_TIMEOUT=250ms") && f.storeTimeout != 250*time.Millisecond {
 			t.Errorf("%s: store timeout %v", c.env, f.storeTimeout)
+		} else if c.env == "" && f.storeTimeout != 10*time.Second {
+			t.Errorf("REDIS_TIMEOUT unset: store timeout %v, want the peer's 10s", f.storeTimeout)
 		}
 	}
 	// A certificate without its key is refused, named.
@@ -664,5 +672,100 @@ func TestServeAsPeerSentinelTLS(t *testing.T) {
 	}
 	if n, err := g.Primary.Do("DBSIZE"); err != nil || n.(int64) == 0 {
 		t.Fatalf("primary DBSIZE %v %v: nothing counted in Sentinel's Redis", n, err)
+	}
+}
+
+// TestServeAsPeerClusterSecure: REDIS_TYPE=CLUSTER with REDIS_AUTH, and
+// with REDIS_TLS and REDIS_TLS_CACERT too, reaches a Redis Cluster whose
+// nodes require the password (and speak TLS only, the cluster bus
+// included); 30 concurrent calls on each of 3 descriptors are decided in
+// the cluster, exactly 3 per descriptor.
+func TestServeAsPeerClusterSecure(t *testing.T) {
+	pki := certtest.New(t)
+	for _, withTLS := range []bool{false, true} {
+		t.Run("tls="+strconv.FormatBool(withTLS), func(t *testing.T) {
+			sec := redistest.ClusterSecurity{Password: "p@ss word"}
+			if withTLS {
+				sec.TLS = &redistest.TLS{CA: pki.CA, Cert: pki.Cert, Key: pki.Key, Client: pki.ClientConfig(false)}
+			}
+			c := redistest.ClusterSecure(t, sec)
+			root := t.TempDir()
+			if err := os.MkdirAll(filepath.Join(root, "config"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(root, "config", "rl.yaml"), []byte("domain: c\ndescriptors:\n  - key: path\n    rate_limit: {unit: hour, requests_per_unit: 3}\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			httpAddr, grpcAddr := freeAddr(t), freeAddr(t)
+			env := map[string]string{
+				"HOST": "127.0.0.1", "PORT": portOf(httpAddr), "GRPC_HOST": "127.0.0.1", "GRPC_PORT": portOf(grpcAddr),
+				"USE_STATSD": "false", "RUNTIME_ROOT": root,
+				"REDIS_SOCKET_TYPE": "tcp", "REDIS_TYPE": "CLUSTER", "REDIS_URL": strings.Join(c.Addrs, ","),
+				"REDIS_AUTH": sec.Password,
+			}
+			if withTLS {
+				env["REDIS_TLS"], env["REDIS_TLS_CACERT"] = "true", pki.CA
+			}
+			base, _, _ := startServe(t, env, "--envoy-compat")
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				resp, err := http.Get(base + "/healthz/store")
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				if resp.StatusCode == 200 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("/healthz/store %d after 30s: no connection to the cluster", resp.StatusCode)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			cl := rlspb.NewRateLimitServiceClient(conn)
+			var mu sync.Mutex
+			admitted := map[string]int{}
+			var wg sync.WaitGroup
+			for i := range 90 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					path := "/p" + strconv.Itoa(i%3)
+					resp, err := cl.ShouldRateLimit(context.Background(), &rlspb.RateLimitRequest{Domain: "c",
+						Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "path", Value: path}}}}})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if resp.GetOverallCode() == rlspb.RateLimitResponse_OK {
+						mu.Lock()
+						admitted[path]++
+						mu.Unlock()
+					}
+				}()
+			}
+			wg.Wait()
+			for _, p := range []string{"/p0", "/p1", "/p2"} {
+				if admitted[p] != 3 {
+					t.Errorf("3/hour on %s admitted %d of 30 concurrent calls", p, admitted[p])
+				}
+			}
+			var keys int64
+			for _, n := range c.Nodes {
+				v, err := n.Do("DBSIZE")
+				if err != nil {
+					t.Fatal(err)
+				}
+				keys += v.(int64)
+			}
+			if keys == 0 {
+				t.Fatal("nothing counted in the cluster")
+			}
+		})
 	}
 }

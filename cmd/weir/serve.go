@@ -61,7 +61,7 @@ func newServeFlagSet(stderr io.Writer) (*flag.FlagSet, *serveFlags) {
 	fs.StringVar(&f.envoyConfig, "envoy-config", "", "directory of envoyproxy/ratelimit YAML files to serve over gRPC ShouldRateLimit and POST /v1/check; reloaded when a file in it changes and on SIGHUP")
 	fs.StringVar(&f.http, "http", "", `HTTP listen address for the API, /v1/auth, metrics and the dashboard (default: server.http in the config, else ":8080")`)
 	fs.StringVar(&f.grpc, "grpc", "", `gRPC listen address for Envoy's rate limit service and gRPC health, or "off" (default: server.grpc in the config, else ":8081")`)
-	fs.StringVar(&f.redis, "redis", "", "keep state in Redis at this URL instead of what the config says (its store.redis prefix and tuning stay): redis://[user:pass@]host:port/db, rediss://..., redis+sentinel://host:port,host:port/master, or host:port,host:port,... for a cluster")
+	fs.StringVar(&f.redis, "redis", "", "keep state in Redis at this URL instead of what the config says (its store.redis prefix and tuning stay): redis://[user:pass@]host:port/db, rediss://..., redis+sentinel://host:port,host:port/master, or host:port,host:port,... (or redis[s]://[user:pass@]host:port,host:port,...) for a cluster")
 	fs.DurationVar(&f.storeTimeout, "store-timeout", 0, "deadline of every store call, after which on_error decides (default: store.timeout in the config, else 50ms)")
 	fs.StringVar(&f.redisTLSCA, "redis-tls-ca", "", "PEM CA bundle Redis's certificates must chain to; turns TLS to Redis on (default: store.redis.tls_ca in the config)")
 	fs.StringVar(&f.redisTLSCert, "redis-tls-cert", "", "PEM client certificate to present to Redis, with --redis-tls-key; turns TLS to Redis on (default: store.redis.tls_cert in the config)")
@@ -177,6 +177,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, lookup 
 		debug.SetGCPercent(400)
 	}
 	jsonLog := f.logFormat == "json"
+	if jsonLog {
+		defer grpcLogs.toSlog(log, lookup)() // grpclog.go
+	}
 	fail := func(msg string) int {
 		failure(stderr, log, jsonLog, msg)
 		return 1

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -196,4 +197,50 @@ func TestServeAsPeerLogFormatJSON(t *testing.T) {
 			t.Fatalf("last record %v: want an ERROR naming the argument", last)
 		}
 	})
+}
+
+// TestServeGRPCLogJSON: under --log-format json, grpc-go's own log lines
+// (here its line about a client that does not speak HTTP/2, shown with
+// GRPC_GO_LOG_SEVERITY_LEVEL=info as grpc-go reads it) are JSON
+// records on weir's stderr too.
+func TestServeGRPCLogJSON(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stdout, stderr := &syncBuffer{}, &syncBuffer{}
+	env := map[string]string{"WEIR_SHUTDOWN_DELAY": "0", "GRPC_GO_LOG_SEVERITY_LEVEL": "info"}
+	grpcAddr := freeAddr(t)
+	done := make(chan int, 1)
+	go func() {
+		done <- serve(ctx, []string{"--log-format", "json", "--http", "127.0.0.1:0", "--grpc", grpcAddr},
+			stdout, stderr, func(k string) (string, bool) { v, ok := env[k]; return v, ok }, nil)
+	}()
+	deadline := time.Now().Add(20 * time.Second)
+	var grpcRec map[string]any
+	for grpcRec == nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("no grpc-go record after 20s: stderr %q", stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+		if !strings.Contains(stderr.String(), "weir serve started") {
+			continue
+		}
+		// A client that does not send the HTTP/2 preface.
+		if c, err := net.Dial("tcp", grpcAddr); err == nil {
+			c.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"))
+			c.Close()
+		}
+		for _, r := range jsonLines(t, stderr.String()) {
+			if m, _ := r["msg"].(string); r["source"] == "grpc-go" && strings.Contains(m, "ServerTransport") {
+				grpcRec = r
+			}
+		}
+	}
+	cancel()
+	if code := <-done; code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	jsonLines(t, stderr.String()) // every line, to the end
+	if msg, _ := grpcRec["msg"].(string); grpcRec["level"] != "INFO" || !strings.Contains(msg, "bogus greeting") {
+		t.Errorf("grpc-go's record: %v", grpcRec)
+	}
 }

@@ -1,6 +1,7 @@
 package redistest
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -22,6 +23,8 @@ type ClusterGroup struct {
 	// Replicas are the replicas AddReplica started (after a Failover, the
 	// demoted primary stands in its replica's place).
 	Replicas []*Server
+
+	sec ClusterSecurity // of every node, replicas included
 }
 
 // clusterSlotRanges is the initial slot assignment of the three nodes.
@@ -34,15 +37,33 @@ var clusterSlotRanges = [3][2]int{{0, 5460}, {5461, 10922}, {10923, 16383}}
 // the test ends. Skip rules are those of Standalone.
 func Cluster(t testing.TB) *ClusterGroup {
 	t.Helper()
-	c := &ClusterGroup{}
+	return newCluster(t, ClusterSecurity{})
+}
+
+// ClusterSecurity is what ClusterSecure turns on.
+type ClusterSecurity struct {
+	// TLS, if not nil, makes every node speak TLS only, to clients and
+	// to one another on the cluster bus (tls-cluster yes).
+	TLS *TLS
+	// Password, if set, is required of clients (requirepass) and used
+	// between primaries and replicas (masterauth).
+	Password string
+}
+
+// ClusterSecure is Cluster with TLS and/or a password, as sec says. The
+// helper's own connections use sec.TLS.Client and the password.
+func ClusterSecure(t testing.TB, sec ClusterSecurity) *ClusterGroup {
+	t.Helper()
+	return newCluster(t, sec)
+}
+
+func newCluster(t testing.TB, sec ClusterSecurity) *ClusterGroup {
+	t.Helper()
+	c := &ClusterGroup{sec: sec}
 	for range 3 {
-		n := newServer(t, "cluster node", true, func(port int, dir string) ([]string, error) {
-			return append(baseArgs(port, dir),
-				"--cluster-enabled", "yes",
-				"--cluster-config-file", "nodes.conf",
-				"--cluster-node-timeout", "2000",
-			), nil
-		})
+		n := newServerAuth(t, "cluster node", true, func(port int, dir string) ([]string, error) {
+			return append(baseArgs(port, dir), sec.args(port)...), nil
+		}, sec.client(), sec.Password)
 		c.Nodes = append(c.Nodes, n)
 		c.Addrs = append(c.Addrs, n.Addr)
 	}
@@ -65,6 +86,32 @@ func Cluster(t testing.TB) *ClusterGroup {
 	}
 	waitForGroup(t, c.Nodes, c.healthy, "cluster did not become healthy")
 	return c
+}
+
+// client is the TLS config of the helper's own connections, if any.
+func (sec ClusterSecurity) client() *tls.Config {
+	if sec.TLS == nil {
+		return nil
+	}
+	return sec.TLS.Client
+}
+
+// args are a cluster node's redis-server arguments beyond baseArgs.
+func (sec ClusterSecurity) args(port int) []string {
+	a := []string{
+		"--cluster-enabled", "yes",
+		"--cluster-config-file", "nodes.conf",
+		"--cluster-node-timeout", "2000",
+		"--cluster-port", strconv.Itoa(port + 10000),
+	}
+	if sec.TLS != nil {
+		a = append(a, sec.TLS.args(port)...)
+		a = append(a, "--tls-cluster", "yes")
+	}
+	if sec.Password != "" {
+		a = append(a, "--requirepass", sec.Password, "--masterauth", sec.Password)
+	}
+	return a
 }
 
 // healthy reports nil when every node says cluster_state:ok with all slots

@@ -144,7 +144,8 @@ type Server struct {
 	connMu sync.Mutex
 	conn   *respConn
 
-	tls *tls.Config // the helper's own connections use TLS with this, if set
+	tls      *tls.Config // the helper's own connections use TLS with this, if set
+	password string      // and authenticate with this, if set
 }
 
 // argsFunc builds the redis-server arguments for a server on port with its
@@ -178,6 +179,13 @@ func newServer(t testing.TB, name string, bus bool, build argsFunc) *Server {
 // helper's own connections (readiness, Do) use clientTLS.
 func newServerTLS(t testing.TB, name string, bus bool, build argsFunc, clientTLS *tls.Config) *Server {
 	t.Helper()
+	return newServerAuth(t, name, bus, build, clientTLS, "")
+}
+
+// newServerAuth is newServerTLS for a server that may also require a
+// password, which the helper's own connections then give.
+func newServerAuth(t testing.TB, name string, bus bool, build argsFunc, clientTLS *tls.Config, password string) *Server {
+	t.Helper()
 	bin := requireRedis(t)
 	var lastErr error
 	for range startRetries {
@@ -191,15 +199,16 @@ func newServerTLS(t testing.TB, name string, bus bool, build argsFunc, clientTLS
 			t.Fatalf("redistest: %s: %v", name, err)
 		}
 		s := &Server{
-			Addr:    net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
-			t:       t,
-			name:    name,
-			bin:     bin,
-			dir:     dir,
-			args:    args,
-			logPath: filepath.Join(dir, "redis.log"),
-			outPath: filepath.Join(dir, "stdout.log"),
-			tls:     clientTLS,
+			Addr:     net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
+			t:        t,
+			name:     name,
+			bin:      bin,
+			dir:      dir,
+			args:     args,
+			logPath:  filepath.Join(dir, "redis.log"),
+			outPath:  filepath.Join(dir, "stdout.log"),
+			tls:      clientTLS,
+			password: password,
 		}
 		t.Cleanup(s.cleanup)
 		lastErr = s.start()
@@ -295,7 +304,7 @@ func (s *Server) waitReady() error {
 			return fmt.Errorf("process exited: %v", s.cmd.ProcessState)
 		default:
 		}
-		c, err := dialRESP(s.Addr, time.Second, s.tls)
+		c, err := s.dial(time.Second)
 		if err == nil {
 			var v any
 			v, err = c.do(2*time.Second, "PING")
@@ -313,6 +322,19 @@ func (s *Server) waitReady() error {
 		}
 		time.Sleep(pollInterval)
 	}
+}
+
+// dial connects the helper to the server, authenticated if it needs it.
+func (s *Server) dial(timeout time.Duration) (*respConn, error) {
+	c, err := dialRESP(s.Addr, timeout, s.tls)
+	if err != nil || s.password == "" {
+		return c, err
+	}
+	if _, err := c.do(2*time.Second, "AUTH", s.password); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
 }
 
 // Stop shuts the server down gracefully (SIGTERM; with persistence disabled
@@ -378,7 +400,7 @@ func (s *Server) Do(args ...string) (any, error) {
 	s.connMu.Lock()
 	defer s.connMu.Unlock()
 	if s.conn == nil {
-		c, err := dialRESP(s.Addr, dialTimeout, s.tls)
+		c, err := s.dial(dialTimeout)
 		if err != nil {
 			return nil, err
 		}

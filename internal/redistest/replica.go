@@ -16,13 +16,9 @@ import (
 // cluster's topology.
 func (c *ClusterGroup) AddReplica(t testing.TB, primary *Server) *Server {
 	t.Helper()
-	r := newServer(t, "cluster replica", true, func(port int, dir string) ([]string, error) {
-		return append(baseArgs(port, dir),
-			"--cluster-enabled", "yes",
-			"--cluster-config-file", "nodes.conf",
-			"--cluster-node-timeout", "2000",
-		), nil
-	})
+	r := newServerAuth(t, "cluster replica", true, func(port int, dir string) ([]string, error) {
+		return append(baseArgs(port, dir), c.sec.args(port)...), nil
+	}, c.sec.client(), c.sec.Password)
 	primaryID, err := primary.doString("CLUSTER", "MYID")
 	if err != nil {
 		t.Fatalf("redistest: AddReplica: %v", err)

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -56,5 +57,48 @@ func TestSentinelTLS(t *testing.T) {
 	addr, err := g.MasterAddr()
 	if err != nil || addr != g.Primary.Addr {
 		t.Fatalf("MasterAddr = %q, %v; want %s", addr, err, g.Primary.Addr)
+	}
+}
+
+// TestClusterSecure: a cluster whose nodes speak TLS only (bus included)
+// and require a password becomes healthy; a client without the password
+// is refused, and a plaintext one gets no answer.
+func TestClusterSecure(t *testing.T) {
+	t.Parallel()
+	pki := certtest.New(t)
+	c := redistest.ClusterSecure(t, redistest.ClusterSecurity{
+		TLS:      &redistest.TLS{CA: pki.CA, Cert: pki.Cert, Key: pki.Key, Client: pki.ClientConfig(false)},
+		Password: "s3cret",
+	})
+	if v, err := c.Nodes[0].Do("CLUSTER", "INFO"); err != nil || !strings.Contains(v.(string), "cluster_state:ok") {
+		t.Fatalf("CLUSTER INFO: %v %v", v, err)
+	}
+	// Over TLS without AUTH: NOAUTH.
+	tc, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", c.Addrs[0], pki.ClientConfig(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tc.Close()
+	tc.SetDeadline(time.Now().Add(5 * time.Second))
+	tc.Write([]byte("PING\r\n"))
+	buf := make([]byte, 64)
+	n, _ := tc.Read(buf)
+	if !strings.HasPrefix(string(buf[:n]), "-NOAUTH") {
+		t.Fatalf("PING without the password: %q", buf[:n])
+	}
+	// Plaintext gets no PONG.
+	if pc, err := net.DialTimeout("tcp", c.Addrs[1], 5*time.Second); err == nil {
+		pc.SetDeadline(time.Now().Add(5 * time.Second))
+		pc.Write([]byte("PING\r\n"))
+		n, _ := pc.Read(buf)
+		pc.Close()
+		if strings.Contains(string(buf[:n]), "PONG") {
+			t.Fatal("a TLS cluster node answered plaintext")
+		}
+	}
+	// The bus is TLS too: the cluster could not have formed otherwise,
+	// but say so.
+	if v, err := c.Nodes[2].Do("CONFIG", "GET", "tls-cluster"); err != nil || len(v.([]any)) != 2 || v.([]any)[1] != "yes" {
+		t.Fatalf("tls-cluster: %v %v", v, err)
 	}
 }

@@ -95,6 +95,14 @@ func (s *Server) registerEnvoyMetrics() {
 			Name: "weir_envoy_unknown_reservation_total",
 			Help: "Envoy response-path calls whose weir_reservation was unknown, expired, already settled or another descriptor's (--envoy-reserve): each was answered as a plain charge, never a refund.",
 		}, func() float64 { return float64(s.envoy.UnknownReservations()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "weir_envoy_pending_settlements",
+			Help: "Envoy response-path settlements (--envoy-reserve) the store did not decide, kept by this instance until the store answers again.",
+		}, func() float64 { return float64(s.envoy.PendingSettlements()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "weir_envoy_dropped_settlements_total",
+			Help: "Envoy settlements kept for the store's return and given up: more than 10,000 (or 4 MiB of keys) waiting, or not made within the reservation TTL (15 minutes).",
+		}, func() float64 { return float64(s.envoy.DroppedSettlements()) }),
 	)
 	if s.envoyDir == "" {
 		return

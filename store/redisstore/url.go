@@ -14,6 +14,10 @@ import (
 //
 //	redis://[user:password@]host[:port][/db]     a standalone server (or one node of a cluster)
 //	rediss://[user:password@]host[:port][/db]    the same over TLS
+//	redis://[user:password@]host:port,host:port,...
+//	                                             a Redis Cluster, given a few of its nodes
+//	rediss://[user:password@]host:port,host:port,...
+//	                                             the same over TLS
 //	redis+sentinel://[user:password@]host:port,host:port,.../master[/db]
 //	                                             Sentinels watching the master named master
 //	host:port,host:port,...                      a Redis Cluster, given a few of its nodes
@@ -74,9 +78,6 @@ func ParseURL(s string) (Config, error) {
 		defPort = "26379"
 	}
 	hosts := strings.Split(authority, ",")
-	if len(hosts) > 1 && !sentinel {
-		return fail("several hosts need redis+sentinel:// (Sentinel) or no scheme at all (cluster: host:port,host:port)")
-	}
 	for _, h := range hosts {
 		addr, err := hostPort(h, defPort, false)
 		if err != nil {
@@ -84,13 +85,18 @@ func ParseURL(s string) (Config, error) {
 		}
 		cfg.Addrs = append(cfg.Addrs, addr)
 	}
-	if cfg.TLS != nil {
+	if cfg.TLS != nil && len(cfg.Addrs) == 1 {
+		// A cluster's nodes each have their own name: each connection
+		// then checks the name it dialled.
 		host, _, _ := net.SplitHostPort(cfg.Addrs[0])
 		cfg.TLS.ServerName = host
 	}
 	var err error
 	if cfg.MasterName, cfg.DB, err = masterAndDB(path, sentinel); err != nil {
 		return fail("%v", err)
+	}
+	if len(cfg.Addrs) > 1 && !sentinel && cfg.DB != 0 {
+		return fail("database %d: several hosts are a Redis Cluster, which only has database 0", cfg.DB)
 	}
 	return cfg, nil
 }

@@ -24,6 +24,9 @@ func TestParseURL(t *testing.T) {
 		{"redis+sentinel://u:p@s1,s2/mymaster/4", Config{Addrs: []string{"s1:26379", "s2:26379"}, MasterName: "mymaster", Username: "u", Password: "p", DB: 4}},
 		{"10.0.0.1:7000,10.0.0.2:7001,10.0.0.3:7002", Config{Addrs: []string{"10.0.0.1:7000", "10.0.0.2:7001", "10.0.0.3:7002"}}},
 		{"127.0.0.1:6390", Config{Addrs: []string{"127.0.0.1:6390"}}},
+		// A cluster with a password.
+		{"redis://:pw@n1:7000,n2:7001,n3", Config{Addrs: []string{"n1:7000", "n2:7001", "n3:6379"}, Password: "pw"}},
+		{"redis://n1:7000,n2:7001/0", Config{Addrs: []string{"n1:7000", "n2:7001"}}},
 	} {
 		got, err := ParseURL(tc.in)
 		if err != nil {
@@ -39,10 +42,15 @@ func TestParseURL(t *testing.T) {
 	if err != nil || tlsCfg.TLS == nil || tlsCfg.TLS.ServerName != "cache.example.com" || tlsCfg.DB != 1 || tlsCfg.Addrs[0] != "cache.example.com:6380" {
 		t.Errorf("rediss: %+v %v", tlsCfg, err)
 	}
+	// A cluster over TLS: each connection checks the name it dialled.
+	tlsCfg, err = ParseURL("rediss://:pw@n1.example.com:7000,n2.example.com:7001")
+	if err != nil || tlsCfg.TLS == nil || tlsCfg.TLS.ServerName != "" || len(tlsCfg.Addrs) != 2 || tlsCfg.Password != "pw" {
+		t.Errorf("rediss cluster: %+v %v", tlsCfg, err)
+	}
 
 	for _, bad := range []string{
 		"", " ", "http://h:1", "redis://", "redis://h:1/x", "redis://h:1/-1", "redis://h:1/1/2",
-		"redis://h:99999", "redis://h:0", "redis://h:port", "redis://a:1,b:2", "redis://h:1?db=2",
+		"redis://h:99999", "redis://h:0", "redis://h:port", "redis://a:1,b:2/3", "redis://a:1,,b:2", "redis://h:1?db=2",
 		"redis+sentinel://s1:1", "redis+sentinel://s1:1/", "h1", "h1:1,,h2:2", "h1:1,h2",
 	} {
 		_, err := ParseURL(bad)

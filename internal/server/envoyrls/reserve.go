@@ -62,7 +62,19 @@ func (s *Service) UnknownReservations() uint64 { return s.unknownResv.Load() }
 
 // reservationCounters are the Service's reservation counters.
 type reservationCounters struct {
-	unknownResv atomic.Uint64
+	unknownResv    atomic.Uint64
+	droppedSettles atomic.Uint64
+}
+
+// storeAnswered reports whether the store itself answered at least one
+// request of a call (fallback names none for it).
+func storeAnswered(fallback []string) bool {
+	for _, f := range fallback {
+		if f == "" {
+			return true
+		}
+	}
+	return false
 }
 
 // reservation is what the store keeps under an id: the store key and the
@@ -152,7 +164,7 @@ func (s *Service) planReservations(ctx context.Context, req *rlspb.RateLimitRequ
 	for i := range items {
 		it := &items[i]
 		r := it.rule
-		if r == nil || !r.debit || it.refund {
+		if r == nil || !r.debit && !r.override || it.refund {
 			continue
 		}
 		if ids != nil && ids[i] != "" {
@@ -191,7 +203,16 @@ func (s *Service) takeReservation(ctx context.Context, req *rlspb.RateLimitReque
 	if len(id) <= maxReservationID {
 		var err error
 		if rec, found, err = s.resv.Take(ctx, id); err != nil {
-			return err
+			if ctx.Err() != nil {
+				return err
+			}
+			// The store failed: the reservation stays where it is, and
+			// the settlement waits for the store (deferSettlements);
+			// this call only peeks.
+			key := requestKey(req, it.rule, req.GetDescriptors()[i].GetEntries(), it.shared)
+			it.deferred = &pendingSettle{id: id, key: key, rule: it.rule, amount: it.hits}
+			it.hits = 0
+			return nil
 		}
 	}
 	var res reservation
@@ -204,13 +225,27 @@ func (s *Service) takeReservation(ctx context.Context, req *rlspb.RateLimitReque
 	return nil
 }
 
-// settleRequest is the store request that settles it: the debit of what
-// the actual cost passes the estimate by, the refund of what it falls
-// short by (dated by the take), or a peek when they are equal.
-func settleRequest(key string, r *rule, it *item) weir.Request {
-	d := it.hits - it.resv.Estimate
-	if d < 0 {
-		return weir.Request{Key: key, Limit: r.limit, N: -d, Mode: weir.ModeRefund, Stamp: it.resv.stamp()}
+// settleOf is the store request that settles reservation res (nil: a
+// plain charge of actual) under key and r: the charge of what the actual
+// cost passes the estimate by, the refund of what it falls short by
+// (dated by the take), or a peek when they are equal. A debit rule
+// charges into debt; a limit override charges as its window counts a
+// response-path cost (peerCount: past the limit, within the window).
+func settleOf(key string, r *rule, actual int64, res *reservation) weir.Request {
+	d := actual
+	if res != nil {
+		d = actual - res.Estimate
+		switch {
+		case d < 0 && r.deny:
+			d = 0 // an override's limit of 0 has no refund to give: a peek
+		case d < 0:
+			return weir.Request{Key: key, Limit: r.limit, N: -d, Mode: weir.ModeRefund, Stamp: res.stamp()}
+		}
+	}
+	if r.override {
+		l := r.limit
+		l.Rate = countRate
+		return weir.Request{Key: key, Limit: l, N: min(d, countRate)}
 	}
 	return weir.Request{Key: key, Limit: r.limit, N: min(d, algorithm.MaxDebt), Mode: weir.ModeDebit}
 }

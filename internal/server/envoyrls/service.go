@@ -200,6 +200,7 @@ type Service struct {
 	// reserve: is not honoured.
 	resv Reservations
 	reservationCounters
+	pend pendingSettlements // settlements waiting for the store
 }
 
 // New returns a Service answering from cfg with counters in store. A nil
@@ -325,6 +326,10 @@ type item struct {
 	// unknown, a plain charge).
 	reserving, settling bool
 	resv                *reservation
+	// deferred: the settling call's reservation could not be read (the
+	// store failed), so the call only peeks, and this settlement waits
+	// for the store (settle_pending.go).
+	deferred *pendingSettle
 }
 
 // Check decides req like ShouldRateLimit, returning plain errors: those
@@ -364,6 +369,9 @@ func (s *Service) Check(ctx context.Context, req *rlspb.RateLimitRequest) (*rlsp
 	fallback := make([]string, len(reqs))
 	if len(reqs) > 0 {
 		if err := s.decide(ctx, reqs, results, fallback); err != nil {
+			if s.resv != nil && !badInput(err) && ctx.Err() == nil {
+				s.deferSettlements(items, reqs, fallback, true)
+			}
 			err = fmt.Errorf("envoyrls: domain %q: %w", req.Domain, err)
 			// A limit or cost the store refused is the request's fault:
 			// no decision failed.
@@ -375,6 +383,10 @@ func (s *Service) Check(ctx context.Context, req *rlspb.RateLimitRequest) (*rlsp
 	}
 	resp := s.respond(ctx, req, items, results, fallback)
 	if s.resv != nil {
+		s.deferSettlements(items, reqs, fallback, false)
+		if storeAnswered(fallback) {
+			s.drainSettlements()
+		}
 		over := resp.OverallCode == rlspb.RateLimitResponse_OVER_LIMIT
 		id, err := s.keepReservation(ctx, items, reqs, results, fallback, over)
 		if err != nil {
@@ -404,6 +416,13 @@ func matchRules(dom *domainConfig, req *rlspb.RateLimitRequest, maxOverride time
 			r, err := overrideRule(dom, i, desc, maxOverride)
 			if err != nil {
 				return nil, err
+			}
+			if r.rpu > 0 {
+				// reserve: of the configured descriptor the override's
+				// entries match (reserve.go).
+				if tr, _, _ := dom.match(desc.GetEntries()); tr != nil && tr.reserve > 0 {
+					r.reserve = min(tr.reserve, r.maxCost)
+				}
 			}
 			it.rule = r
 		} else {
@@ -461,6 +480,22 @@ func storeRequests(req *rlspb.RateLimitRequest, items []item) []weir.Request {
 			it.rule = nil
 			continue
 		}
+		if r.override && (it.reserving || it.settling && it.deferred == nil) {
+			// An override's reserve, or its settlement (reserve.go), even
+			// under a limit of 0: what the stream used still counts.
+			it.req = len(reqs)
+			key := requestKey(req, r, descs[i].GetEntries(), it.shared)
+			if it.reserving {
+				reqs = append(reqs, weir.Request{Key: key, Limit: r.limit, N: it.hits})
+				continue
+			}
+			q := settleOf(key, r, it.hits, it.resv)
+			if q.Mode != weir.ModeRefund {
+				it.peer = peerCount
+			}
+			reqs = append(reqs, q)
+			continue
+		}
 		if r.deny {
 			continue
 		}
@@ -479,7 +514,7 @@ func storeRequests(req *rlspb.RateLimitRequest, items []item) []weir.Request {
 				reqs = append(reqs, weir.Request{Key: key, Limit: r.limit, N: n})
 				continue
 			case it.resv != nil:
-				reqs = append(reqs, settleRequest(key, r, it))
+				reqs = append(reqs, settleOf(key, r, it.hits, it.resv))
 				continue
 			}
 			mode := weir.ModeDebit
