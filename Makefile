@@ -8,7 +8,7 @@ export WEIR_DEPS_EXTRA ?= nginx caddy chromium prometheus
 # Modules of their own (peer libraries stay out of weir's go.mod).
 NESTED     := bench examples/gin examples/echo
 
-.PHONY: all build release release-check image compose-images demo test-fleet test deps vet lint unit nested promtool-test test-helm tidy bench bench-debt bench-redis bench-overload bench-serve bench-serve-ab bench-peer test-peer bench-resp bench-flood bench-sizing bench-lease bench-window bench-replay fuzz same-long fmt clean
+.PHONY: all build release release-check image compose-images demo test-fleet test deps vet lint unit nested promtool-test test-helm tidy bench bench-debt bench-redis bench-overload bench-serve bench-serve-ab bench-peer test-peer bench-resp bench-flood bench-sizing bench-lease bench-window bench-replay fuzz same-long test-gateway-full fmt clean
 
 all: build
 
@@ -192,6 +192,15 @@ SAME_SEED ?= 99
 same-long:
 	WEIR_SAME_STEPS=$(SAME_STEPS) WEIR_SAME_SEED=$(SAME_SEED) $(GO) test -count=1 -timeout 60m \
 	  -run 'TestSameAsMemstore|TestCluster/SameAsMemstore' ./store/redisstore/
+
+# The LLM gateway's budgets at the full size: 100 tenants, each sending
+# GATEWAY_STREAMS concurrent requests (streamed and JSON, some hanging up),
+# over memstore and through two gateways sharing one Redis; `make test`
+# runs 4 per tenant. docs/budgets.md records a run. Never part of `make test`.
+GATEWAY_STREAMS ?= 64
+test-gateway-full:
+	WEIR_GATEWAY_STREAMS=$(GATEWAY_STREAMS) $(GO) test -count=1 -timeout 30m -v \
+	  -run 'TestConcurrentTenants' ./examples/llm-gateway/
 
 # Fuzzing: long runs live here, not in `make test` (which replays the seed
 # corpus). Every target runs for FUZZTIME in turn; docs/operations.md records

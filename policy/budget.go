@@ -14,7 +14,8 @@ import (
 
 // Usage is a request's token usage, for the rules that count money
 // (budget:) or price usage (cost_expr:). Its counts are disjoint: Input
-// excludes the cached input tokens, Output the reasoning tokens (OpenAI's
+// excludes the cached input tokens and the cache writes (Anthropic's
+// input_tokens already exclude both), Output the reasoning tokens (OpenAI's
 // prompt_tokens include its cached tokens and its completion_tokens its
 // reasoning tokens: subtract them). Before the response, the estimate is
 // the prompt's tokens as Input and max_tokens × n as Output.
@@ -22,6 +23,10 @@ type Usage struct {
 	Model                                        string
 	InputTokens, CachedInputTokens, OutputTokens int64
 	ReasoningTokens                              int64
+	// CacheWriteTokens are input tokens written to the provider's prompt
+	// cache (Anthropic's cache_creation_input_tokens), priced at the
+	// model's cache_write price.
+	CacheWriteTokens int64
 }
 
 type usageKey struct{}
@@ -35,7 +40,7 @@ func WithUsage(ctx context.Context, u Usage) context.Context {
 }
 
 func (u Usage) internal() price.Usage {
-	return price.Usage{Model: u.Model, Input: u.InputTokens, CachedInput: u.CachedInputTokens, Output: u.OutputTokens, Reasoning: u.ReasoningTokens}
+	return price.Usage{Model: u.Model, Input: u.InputTokens, CachedInput: u.CachedInputTokens, Output: u.OutputTokens, Reasoning: u.ReasoningTokens, CacheWrite: u.CacheWriteTokens}
 }
 
 // pricer prices a rule's usage: by the table's sum, or by expr.
@@ -86,7 +91,7 @@ func checkPrices(pc *config.PricesConfig, rep reporter) *price.Table {
 		for _, f := range []struct {
 			name, v string
 			dst     *int64
-		}{{"input", mp.Input, &m.Input}, {"cached_input", mp.CachedInput, &m.CachedInput}, {"output", mp.Output, &m.Output}, {"reasoning", mp.Reasoning, &m.Reasoning}} {
+		}{{"input", mp.Input, &m.Input}, {"cached_input", mp.CachedInput, &m.CachedInput}, {"output", mp.Output, &m.Output}, {"reasoning", mp.Reasoning, &m.Reasoning}, {"cache_write", mp.CacheWrite, &m.CacheWrite}} {
 			if f.v == "" {
 				continue
 			}
@@ -105,6 +110,9 @@ func checkPrices(pc *config.PricesConfig, rep reporter) *price.Table {
 		}
 		if mp.Reasoning == "" {
 			m.Reasoning = m.Output
+		}
+		if mp.CacheWrite == "" {
+			m.CacheWrite = m.Input
 		}
 		return m
 	}

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -11,7 +14,9 @@ import (
 
 	"github.com/weir-dev/weir/internal/price"
 	"github.com/weir-dev/weir/internal/redistest"
+	"github.com/weir-dev/weir/policy/config"
 	"github.com/weir-dev/weir/store/memstore"
+	"github.com/weir-dev/weir/storetest"
 )
 
 const budgetPrices = `
@@ -29,6 +34,7 @@ func TestBudgetValidationPositions(t *testing.T) {
   models:
     gpt-4o: {input: 2.5x, output: 10}
     o1: {input: 1}
+    claude: {input: 3, output: 15, cache_write: -3.75}
   unknown: maybe
 rules:
   - {name: a, identity: header:X-Key, budget: 10 USD/fortnight}
@@ -45,11 +51,12 @@ rules:
 		`weir.yaml:2:13: prices needs a currency of 3 upper-case letters`,
 		`weir.yaml:4:21: price "2.5x" is not a decimal number`,
 		`weir.yaml:5:9: a model's prices need input and output`,
-		`weir.yaml:6:12: unknown must be refuse or prices`,
-		`weir.yaml:8:47: budget "10 USD/fortnight": period "fortnight"`,
-		`weir.yaml:9:47: budget "ten dollars" is not an amount`,
-		`weir.yaml:10:64: cost_expr "input_tokens + bogus": at line 1, column 16 of the expression: undeclared reference to 'bogus'`,
-		`weir.yaml:11:64: cost_expr "double(output_tokens)": the cost expression gives double`,
+		`weir.yaml:6:49: price "-3.75" is not a decimal number`,
+		`weir.yaml:7:12: unknown must be refuse or prices`,
+		`weir.yaml:9:47: budget "10 USD/fortnight": period "fortnight"`,
+		`weir.yaml:10:47: budget "ten dollars" is not an amount`,
+		`weir.yaml:11:64: cost_expr "input_tokens + bogus": at line 1, column 16 of the expression: undeclared reference to 'bogus'`,
+		`weir.yaml:12:64: cost_expr "double(output_tokens)": the cost expression gives double`,
 		`limit and budget are exclusive`,
 	} {
 		if !strings.Contains(err.Error(), want) {
@@ -114,24 +121,79 @@ rules:
 	}
 }
 
+// TestBudgetCacheWrites: a usage's cache writes settle at the model's
+// cache_write price, or at its input price when the table gives none.
+func TestBudgetCacheWrites(t *testing.T) {
+	p := mustPolicy(t, strings.Replace(budgetPrices, "    o3:", "    claude: {input: 3, cached_input: 0.3, output: 15, cache_write: 3.75}\n    o3:", 1)+`
+rules:
+  - {name: spend, identity: header:X-Key, budget: 1 USD/d}
+`, memstore.New())
+	for _, c := range []struct {
+		model string
+		want  int64 // 1000 cache writes, 100 input, 10 output
+	}{{"claude", 3750 + 300 + 150}, {"gpt-4o", 2500 + 250 + 100}} {
+		key := "k-" + c.model
+		v := p.Check(WithUsage(ctx, Usage{Model: c.model, InputTokens: 1100, OutputTokens: 10}), req("POST", "/", "X-Key", key))
+		if !v.Allowed {
+			t.Fatalf("%s: %+v", c.model, v)
+		}
+		if err := p.Finish(ctx, &v, Charges{Usage: &Usage{Model: c.model, InputTokens: 100, CacheWriteTokens: 1000, OutputTokens: 10}}); err != nil {
+			t.Fatal(err)
+		}
+		rr, err := p.CheckKey(ctx, KeyRequest{Rule: "spend", Key: key, N: 0})
+		if err != nil || rr.Result.Remaining != 1_000_000-c.want {
+			t.Errorf("%s: spent %d (%v), want %d", c.model, 1_000_000-rr.Result.Remaining, err, c.want)
+		}
+	}
+}
+
+// TestBudgetPricesReloadKeepsCounts: new prices written to the watched
+// config file reach the policy by a reload (Watch), on memstore and on
+// Redis: what was spent stays counted, later requests cost the new prices.
 func TestBudgetPricesReloadKeepsCounts(t *testing.T) {
-	store := memstore.New()
-	p1 := mustPolicy(t, budgetPrices+"rules:\n  - {name: spend, identity: header:X-Key, budget: 1 USD/day}\n", store)
-	v := p1.Check(WithUsage(ctx, Usage{Model: "gpt-4o", InputTokens: 100_000}), req("POST", "/", "X-Key", "k"))
-	if !v.Allowed {
-		t.Fatal(v)
-	}
-	// The same rule under doubled prices: what was spent stays, new
-	// requests cost the new prices.
-	doubled := strings.Replace(budgetPrices, "gpt-4o: {input: 2.50", "gpt-4o: {input: 5", 1)
-	p2 := mustPolicy(t, doubled+"rules:\n  - {name: spend, identity: header:X-Key, budget: 1 USD/day}\n", store)
-	v = p2.Check(WithUsage(ctx, Usage{Model: "gpt-4o", InputTokens: 100_000}), req("POST", "/", "X-Key", "k"))
-	if !v.Allowed || v.Results[0].Cost != 500_000 {
-		t.Fatalf("after the reload: %+v", v)
-	}
-	rr, _ := p2.CheckKey(ctx, KeyRequest{Rule: "spend", Key: "k", N: 0})
-	if rr.Result.Remaining != 1_000_000-250_000-500_000 {
-		t.Errorf("remaining %d, want %d", rr.Result.Remaining, 250_000)
+	clock := storetest.NewClock(mustTime(t, "2030-01-15T12:00:00Z"))
+	for name, store := range calendarStores(t, clock) {
+		t.Run(name, func(t *testing.T) {
+			const rules = "rules:\n  - {name: spend, identity: header:X-Key, budget: 1 USD/month, timezone: Europe/Paris}\nstore: {timeout: 10s}\n"
+			path := filepath.Join(t.TempDir(), "weir.yaml")
+			if err := os.WriteFile(path, []byte(budgetPrices+rules), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			wctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			h, err := Watch(wctx, path, func(c *config.Config) (*Policy, error) { return New(c, store) }, nil, WatchLogger(slog.New(slog.DiscardHandler)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// 100,000 input tokens at 2.50 per million: 250,000 micro-units.
+			v := h.Load().Check(WithUsage(ctx, Usage{Model: "gpt-4o", InputTokens: 100_000}), req("POST", "/", "X-Key", "k"))
+			if !v.Allowed || v.Results[0].Cost != 250_000 {
+				t.Fatalf("before the reload: %+v", v)
+			}
+			doubled := strings.Replace(budgetPrices, "gpt-4o: {input: 2.50", "gpt-4o: {input: 5", 1)
+			if err := os.WriteFile(path, []byte(doubled+rules), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			for h.ReloadsOK() == 0 {
+				if h.ReloadsFailed() > 0 {
+					t.Fatal("the reload failed")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			p2 := h.Load()
+			rr, err := p2.CheckKey(ctx, KeyRequest{Rule: "spend", Key: "k", N: 0})
+			if err != nil || rr.Result.Remaining != 1_000_000-250_000 {
+				t.Fatalf("after the reload %d left (%v), want %d: the spend was lost", rr.Result.Remaining, err, 750_000)
+			}
+			v = p2.Check(WithUsage(ctx, Usage{Model: "gpt-4o", InputTokens: 100_000}), req("POST", "/", "X-Key", "k"))
+			if !v.Allowed || v.Results[0].Cost != 500_000 {
+				t.Fatalf("after the reload: %+v", v)
+			}
+			rr, _ = p2.CheckKey(ctx, KeyRequest{Rule: "spend", Key: "k", N: 0})
+			if rr.Result.Remaining != 1_000_000-250_000-500_000 {
+				t.Errorf("remaining %d, want %d", rr.Result.Remaining, 250_000)
+			}
+		})
 	}
 }
 

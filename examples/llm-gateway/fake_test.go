@@ -165,7 +165,7 @@ func (g gzipWriter) Write(b []byte) (int, error) { return g.zw.Write(b) }
 // Test prices, in micro-units per million tokens (USD/M × 10^6).
 const (
 	pIn, pCached, pOut, pReasoning = 2_000_000, 500_000, 10_000_000, 12_000_000
-	cIn, cCached, cOut             = 3_000_000, 300_000, 15_000_000
+	cIn, cCached, cOut, cWrite     = 3_000_000, 300_000, 15_000_000, 3_750_000
 )
 
 // testPrices prices gpt-t and claude-t; a test's rules follow.
@@ -174,7 +174,7 @@ prices:
   currency: USD
   models:
     gpt-t:    {input: 2, cached_input: 0.5, output: 10, reasoning: 12}
-    claude-t: {input: 3, cached_input: 0.3, output: 15}
+    claude-t: {input: 3, cached_input: 0.3, output: 15, cache_write: 3.75}
   unknown: refuse
 `
 
@@ -194,17 +194,18 @@ func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
 // cost, computed apart from the gateway and policy.
 func costOf(model string, x knobs) int64 {
 	if model == "claude-t" {
-		return ceilDiv((x.In+x.CacheW)*cIn+x.Cached*cCached+x.Out*cOut, 1_000_000)
+		return ceilDiv(x.In*cIn+x.CacheW*cWrite+x.Cached*cCached+x.Out*cOut, 1_000_000)
 	}
 	return ceilDiv(x.In*pIn+x.Cached*pCached+x.Out*pOut+x.Reasoning*pReasoning, 1_000_000)
 }
 
 // estimateOf is the estimate of a request of body bytes with max_tokens ×
 // n output tokens: all input at the higher input price, all output at
-// the higher output price.
+// the higher output price (claude-t's highest input price is its cache
+// write price).
 func estimateOf(model string, bodyLen int, out int64) int64 {
 	if model == "claude-t" {
-		return ceilDiv(int64(bodyLen)*cIn+out*cOut, 1_000_000)
+		return ceilDiv(int64(bodyLen)*cWrite+out*cOut, 1_000_000)
 	}
 	return ceilDiv(int64(bodyLen)*pIn+out*pReasoning, 1_000_000)
 }

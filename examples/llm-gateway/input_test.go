@@ -133,29 +133,29 @@ func TestBadRequests(t *testing.T) {
 // in a top-level message) however the JSON is cut into pieces, and
 // ignores "usage" in strings and in other nested objects.
 func TestUsageScanner(t *testing.T) {
-	type u = [4]int64 // input, cached, output, reasoning
+	type u = [5]int64 // input, cached, output, reasoning, cache writes
 	for _, c := range []struct {
 		api   api
 		in    string
 		found bool
 		want  u
 	}{
-		{openAI, `{"id":"x","usage":{"prompt_tokens":10,"completion_tokens":4}}`, true, u{10, 0, 4, 0}},
-		{openAI, `{"usage":{"prompt_tokens":10,"completion_tokens":9,"prompt_tokens_details":{"cached_tokens":6},"completion_tokens_details":{"reasoning_tokens":5}}}`, true, u{4, 6, 4, 5}},
+		{openAI, `{"id":"x","usage":{"prompt_tokens":10,"completion_tokens":4}}`, true, u{10, 0, 4, 0, 0}},
+		{openAI, `{"usage":{"prompt_tokens":10,"completion_tokens":9,"prompt_tokens_details":{"cached_tokens":6},"completion_tokens_details":{"reasoning_tokens":5}}}`, true, u{4, 6, 4, 5, 0}},
 		{openAI, `{"usage":{"total_tokens":42}}`, false, u{}},
 		{openAI, `{"usage":{"prompt_tokens":3,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":4}}}`, false, u{}},
 		{openAI, `{"usage":{"prompt_tokens":-3,"completion_tokens":1}}`, false, u{}},
 		{openAI, `{"usage":null}`, false, u{}},
-		{openAI, `{"content":"\"usage\":{\"prompt_tokens\":9}","usage" : {"prompt_tokens":5,"completion_tokens":0} }`, true, u{5, 0, 0, 0}},
+		{openAI, `{"content":"\"usage\":{\"prompt_tokens\":9}","usage" : {"prompt_tokens":5,"completion_tokens":0} }`, true, u{5, 0, 0, 0, 0}},
 		{openAI, `{"choices":[{"usage":{"prompt_tokens":9,"completion_tokens":9}}]}`, false, u{}},
 		{openAI, `{"message":{"usage":{"prompt_tokens":9,"completion_tokens":9}}}`, false, u{}},
 		{openAI, `{"usage":{"prompt_tokens":8,"completion_tokens":1}`, false, u{}}, // cut before the usage ends
-		{openAI, `{"usage":null}{"usage":{"prompt_tokens":6,"completion_tokens":1}}`, true, u{6, 0, 1, 0}},
-		{anthropic, `{"type":"message","usage":{"input_tokens":10,"cache_creation_input_tokens":3,"cache_read_input_tokens":20,"output_tokens":7}}`, true, u{13, 20, 7, 0}},
-		{anthropic, `{"type":"message_start","message":{"id":"m","content":[],"usage":{"input_tokens":10,"cache_read_input_tokens":20,"output_tokens":1}}}`, false, u{10, 20, 1, 0}},
-		{anthropic, `{"type":"message_start","message":{"id":"m","usage":{"input_tokens":10,"cache_read_input_tokens":20,"output_tokens":1}}}{"type":"message_delta","usage":{"output_tokens":99}}`, true, u{10, 20, 99, 0}},
+		{openAI, `{"usage":null}{"usage":{"prompt_tokens":6,"completion_tokens":1}}`, true, u{6, 0, 1, 0, 0}},
+		{anthropic, `{"type":"message","usage":{"input_tokens":10,"cache_creation_input_tokens":3,"cache_read_input_tokens":20,"output_tokens":7}}`, true, u{10, 20, 7, 0, 3}},
+		{anthropic, `{"type":"message_start","message":{"id":"m","content":[],"usage":{"input_tokens":10,"cache_read_input_tokens":20,"output_tokens":1}}}`, false, u{10, 20, 1, 0, 0}},
+		{anthropic, `{"type":"message_start","message":{"id":"m","usage":{"input_tokens":10,"cache_read_input_tokens":20,"output_tokens":1}}}{"type":"message_delta","usage":{"output_tokens":99}}`, true, u{10, 20, 99, 0, 0}},
 		{anthropic, `{"message":{"content":[{"usage":{"output_tokens":5}}],"x":{"usage":{"input_tokens":5}},"message":{"usage":{"input_tokens":6}}}}`, false, u{}},
-		{anthropic, `{"message":"usage","usage":{"output_tokens":2}}`, true, u{0, 0, 2, 0}},
+		{anthropic, `{"message":"usage","usage":{"output_tokens":2}}`, true, u{0, 0, 2, 0, 0}},
 		{anthropic, `{"type":"message_delta","usage":{"output_tokens":-1}}`, false, u{}},
 	} {
 		for _, step := range []int{1, 2, 7, len(c.in)} {
@@ -164,7 +164,7 @@ func TestUsageScanner(t *testing.T) {
 				s.write([]byte(c.in[i:min(i+step, len(c.in))]))
 			}
 			got := s.usage()
-			if s.found != c.found || (u{got.InputTokens, got.CachedInputTokens, got.OutputTokens, got.ReasoningTokens}) != c.want {
+			if s.found != c.found || (u{got.InputTokens, got.CachedInputTokens, got.OutputTokens, got.ReasoningTokens, got.CacheWriteTokens}) != c.want {
 				t.Errorf("%s in pieces of %d: found %t %+v, want %t %v", c.in, step, s.found, got, c.found, c.want)
 			}
 		}

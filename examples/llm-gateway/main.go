@@ -40,7 +40,8 @@
 //     around the text is longer than the few tokens per message a chat
 //     template adds), and max_tokens (or max_completion_tokens) times n as
 //     output tokens. policy prices that estimate pessimistically: all
-//     input at the higher of the input and cached input prices, all output
+//     input at the highest of the input, cached input and cache write
+//     prices, all output
 //     at the higher of the output and reasoning prices, in micro-units,
 //     and takes it from every level in one atomic step, all or nothing. A
 //     request without a model or max_tokens, or with a max_tokens or n
@@ -56,8 +57,9 @@
 //     priced as cached input, and completion_tokens, of which
 //     completion_tokens_details.reasoning_tokens are priced as reasoning.
 //     Anthropic's is read from a JSON body or from the stream's
-//     message_start (input_tokens, cache_creation_input_tokens, priced as
-//     input, and cache_read_input_tokens, priced as cached input) and
+//     message_start (input_tokens, priced as input,
+//     cache_creation_input_tokens, priced at the model's cache_write price,
+//     and cache_read_input_tokens, priced as cached input) and
 //     message_delta (the final output_tokens) events; a stream that ends
 //     before message_delta has no usage. Usage is read as it passes, from
 //     a body of any size, keeping at most 64 KiB of it.
@@ -89,8 +91,11 @@
 // usage × prices, each rounded up to the micro-unit.
 //
 // Counting is by the upstream's own usage report: the gateway never
-// tokenizes. The price table has no price for Anthropic's cache writes
-// (1.25 times the input price): they are priced as input.
+// tokenizes. Anthropic's cache writes are priced at each model's
+// cache_write price (the input price when the table gives none;
+// Anthropic bills a five-minute write at 1.25 × input and an hour-long
+// one at 2 × input: weir.yaml gives the five-minute price, so give the
+// hour's when the gateway's clients write hour-long caches).
 package main
 
 import (
@@ -290,17 +295,28 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	b := &bill{api: format}
+	// Settled in a defer: when writing to a client that went away fails,
+	// the reverse proxy aborts the handler by panicking with
+	// http.ErrAbortHandler, after the meter has read the rest of the
+	// answer; the settlement must still run.
+	defer g.settle(ctx, &v, est.Model, b)
 	g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(ctx, billKey{}, b)))
+}
+
+// settle charges a metered request's levels by what the meter read of
+// its answer: the usage, nothing for a 4xx without one, else the whole
+// estimate stays charged.
+func (g *gateway) settle(ctx context.Context, v *policy.Verdict, model string, b *bill) {
 	ch := policy.Charges{Status: b.status}
 	switch {
 	case b.found:
 		u := b.usage
-		u.Model = est.Model
+		u.Model = model
 		ch.Usage = &u
 	case b.status >= 400 && b.status < 500:
-		ch.Usage = &policy.Usage{Model: est.Model} // refused upstream: nothing billed
+		ch.Usage = &policy.Usage{Model: model} // refused upstream: nothing billed
 	}
-	if err := g.p.Finish(context.WithoutCancel(ctx), &v, ch); err != nil {
+	if err := g.p.Finish(context.WithoutCancel(ctx), v, ch); err != nil {
 		// The store failed, or the usage could not be priced: the estimate
 		// stays charged. The error names rules and hashed keys only.
 		g.log.Warn("llm-gateway: settling a request failed", "err", err)
@@ -825,7 +841,7 @@ func (s *usageScanner) usage() policy.Usage {
 	if s.api == openAI {
 		return policy.Usage{InputTokens: s.openai[0], CachedInputTokens: s.openai[1], OutputTokens: s.openai[2], ReasoningTokens: s.openai[3]}
 	}
-	return policy.Usage{InputTokens: s.input + s.cacheWrite, CachedInputTokens: s.cacheRead, OutputTokens: s.outputTokens}
+	return policy.Usage{InputTokens: s.input, CacheWriteTokens: s.cacheWrite, CachedInputTokens: s.cacheRead, OutputTokens: s.outputTokens}
 }
 
 // reset forgets a JSON text that ended, or was cut, keeping what was found.

@@ -3,10 +3,12 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -72,14 +74,15 @@ func TestOpenAIStreamUsage(t *testing.T) {
 // TestAnthropicUsage: a message's usage, from JSON or split across a
 // stream's message_start (input, cache writes and reads) and
 // message_delta (the final output count), is settled at the model's
-// prices: cache writes as input, cache reads as cached input. Text in the
-// stream that looks like a usage is not one. A key is read from x-api-key.
+// prices: cache writes at the cache write price, cache reads as cached
+// input. Text in the stream that looks like a usage is not one. A key is
+// read from x-api-key.
 func TestAnthropicUsage(t *testing.T) {
 	up := newFakeUpstream(t)
 	close(up.release)
 	g := newTestGateway(t, up, "", nil, time.Minute)
 	x := knobs{In: 120, CacheW: 500, Cached: 3000, Out: 777}
-	want := ceilDiv(620*cIn+3000*cCached+777*cOut, 1_000_000)
+	want := ceilDiv(120*cIn+500*cWrite+3000*cCached+777*cOut, 1_000_000)
 	for _, c := range []struct{ key, extra string }{{"sk-ant-json", ""}, {"sk-ant-sse", `"stream":true`}} {
 		b := body("claude-t", 1000, x, c.extra)
 		status, resp, h := g.do(messagesPath, "", b, "X-Api-Key", c.key, "Anthropic-Version", "2023-06-01")
@@ -91,6 +94,31 @@ func TestAnthropicUsage(t *testing.T) {
 		}
 		if got := g.keyLeft(c.key); got != keyBudget-want || costOf("claude-t", x) != want {
 			t.Fatalf("%s: left %d, want %d", c.key, got, keyBudget-want)
+		}
+	}
+}
+
+// TestAnthropicCacheWriteDefault: a model whose prices give no
+// cache_write prices its cache writes at its input price, in JSON and in
+// a stream, and its estimate is as without cache writes.
+func TestAnthropicCacheWriteDefault(t *testing.T) {
+	up := newFakeUpstream(t)
+	close(up.release)
+	rules := strings.Replace(testRules, "    claude-t:", "    claude-d: {input: 3, output: 15}\n    claude-t:", 1)
+	g := newTestGateway(t, up, rules, nil, time.Minute)
+	x := knobs{In: 7, CacheW: 1001, Out: 10}
+	want := ceilDiv(7*3_000_000+1001*3_000_000+10*15_000_000, 1_000_000)
+	for _, c := range []struct{ key, extra string }{{"sk-d-json", ""}, {"sk-d-sse", `"stream":true`}} {
+		b := body("claude-d", 100, x, c.extra)
+		status, resp, h := g.do(messagesPath, "", b, "X-Api-Key", c.key, "Anthropic-Version", "2023-06-01")
+		if status != 200 {
+			t.Fatalf("%s: %d %s", c.key, status, resp)
+		}
+		if est := ceilDiv(int64(len(b))*3_000_000+100*15_000_000, 1_000_000); !strings.Contains(h.Get("RateLimit"), fmt.Sprintf("r=%d;", keyBudget-est)) {
+			t.Fatalf("%s: RateLimit %q, want the estimate %d taken", c.key, h.Get("RateLimit"), est)
+		}
+		if got := g.keyLeft(c.key); got != keyBudget-want {
+			t.Fatalf("%s: left %d, want %d (cache writes at the input price)", c.key, got, keyBudget-want)
 		}
 	}
 }
@@ -361,5 +389,99 @@ func TestUsageOverEstimate(t *testing.T) {
 	g.clock.Advance(24 * time.Hour)
 	if status, _, _ := g.do(chatPath, "sk-o", body("gpt-t", 0, knobs{}, "")); status != 200 {
 		t.Fatalf("the next day: %d", status)
+	}
+}
+
+// TestBudgetResetsInZone: a calendar budget resets at the start of its
+// period in its time zone: a key that spent its New York day is refused
+// until New York's midnight (05:00 UTC in winter), not UTC's, and then
+// admitted with the whole budget.
+func TestBudgetResetsInZone(t *testing.T) {
+	up := newFakeUpstream(t)
+	close(up.release)
+	g := newTestGateway(t, up, testPrices+`
+rules:
+  - {name: key-budget, identity: header:X-Weir-Key, on_missing: deny, budget: 0.05 USD/day, timezone: America/New_York}
+`, nil, time.Minute)
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.clock.Set(time.Date(2030, 1, 14, 18, 0, 0, 0, ny)) // 23:00 UTC on the 14th
+	x := knobs{In: 100, Out: 900}
+	b := body("gpt-t", 1000, x, "")
+	admitted := 0
+	for {
+		status, resp, _ := g.do(chatPath, "sk-ny", b)
+		if status == 429 {
+			break
+		}
+		if status != 200 {
+			t.Fatalf("%d %s", status, resp)
+		}
+		if admitted++; admitted > 100 {
+			t.Fatal("the budget never bound")
+		}
+	}
+	if admitted == 0 {
+		t.Fatal("the first request was refused")
+	}
+	// Past UTC's midnight, and a microsecond before New York's: refused.
+	for _, at := range []time.Time{time.Date(2030, 1, 15, 0, 30, 0, 0, time.UTC), time.Date(2030, 1, 14, 23, 59, 59, 999_999_000, ny)} {
+		g.clock.Set(at)
+		if status, resp, _ := g.do(chatPath, "sk-ny", b); status != 429 {
+			t.Fatalf("at %v: %d %s", at, status, resp)
+		}
+	}
+	g.clock.Set(time.Date(2030, 1, 15, 0, 0, 0, 0, ny))
+	if got := g.keyLeft("sk-ny"); got != 50_000 {
+		t.Fatalf("at New York's midnight %d left, want the whole 50000", got)
+	}
+	if status, resp, _ := g.do(chatPath, "sk-ny", b); status != 200 {
+		t.Fatalf("after New York's midnight: %d %s", status, resp)
+	}
+}
+
+// failingWriter is a client that went away after the first write: every
+// later write fails, as on a connection the client reset.
+type failingWriter struct {
+	h      http.Header
+	writes int
+}
+
+func (f *failingWriter) Header() http.Header { return f.h }
+func (f *failingWriter) WriteHeader(int)     {}
+func (f *failingWriter) Flush()              {}
+func (f *failingWriter) Write(p []byte) (int, error) {
+	if f.writes++; f.writes > 1 {
+		return 0, errors.New("connection reset by peer")
+	}
+	return len(p), nil
+}
+
+// TestWriteErrorStillSettles: when writing a stream to a client that went
+// away fails, the reverse proxy aborts the handler (a panic with
+// http.ErrAbortHandler, as under a real server); the gateway still reads
+// the answer's usage and settles it, rather than keeping the estimate.
+func TestWriteErrorStillSettles(t *testing.T) {
+	up := newFakeUpstream(t)
+	close(up.release)
+	g := newTestGateway(t, up, "", nil, time.Minute)
+	for _, c := range []struct{ path, model, key string }{{chatPath, "gpt-t", "sk-w1"}, {messagesPath, "claude-t", "sk-w2"}} {
+		x := knobs{In: 600, Out: 4000}
+		r := httptest.NewRequest("POST", c.path, strings.NewReader(body(c.model, 5000, x, `"stream":true`)))
+		r.Header.Set("Authorization", "Bearer "+c.key)
+		r = r.WithContext(context.WithValue(r.Context(), http.ServerContextKey, &http.Server{}))
+		func() {
+			defer func() {
+				if p := recover(); p != nil && p != http.ErrAbortHandler {
+					panic(p)
+				}
+			}()
+			g.h.ServeHTTP(&failingWriter{h: http.Header{}}, r)
+		}()
+		if got, want := g.keyLeft(c.key), keyBudget-costOf(c.model, x); got != want {
+			t.Errorf("%s: left %d, want %d (the usage, not the estimate)", c.path, got, want)
+		}
 	}
 }

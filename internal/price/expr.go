@@ -15,10 +15,12 @@ var Variables = []struct{ Name, Doc string }{
 	{"cached_input_tokens", "input tokens read from the provider's cache"},
 	{"output_tokens", "output tokens, not reasoning"},
 	{"reasoning_tokens", "reasoning tokens"},
+	{"cache_write_tokens", "input tokens written to the provider's cache"},
 	{"input_price", "the model's input price, micro-units per million tokens"},
 	{"cached_input_price", "the model's cached input price, micro-units per million tokens"},
 	{"output_price", "the model's output price, micro-units per million tokens"},
 	{"reasoning_price", "the model's reasoning price, micro-units per million tokens"},
+	{"cache_write_price", "the model's cache write price, micro-units per million tokens"},
 	{"estimate", "true when pricing the estimate taken before the response (bool)"},
 }
 
@@ -113,10 +115,12 @@ func (x *Expr) Eval(m Model, u Usage, estimate bool) (int64, error) {
 		"cached_input_tokens": u.CachedInput,
 		"output_tokens":       u.Output,
 		"reasoning_tokens":    u.Reasoning,
+		"cache_write_tokens":  u.CacheWrite,
 		"input_price":         m.Input,
 		"cached_input_price":  m.CachedInput,
 		"output_price":        m.Output,
 		"reasoning_price":     m.Reasoning,
+		"cache_write_price":   m.CacheWrite,
 		"estimate":            estimate,
 	})
 	if err != nil {

@@ -24,15 +24,19 @@ const MaxPerMillion = 1_000_000 * Micro
 const MaxTokens = 1 << 40
 
 // Model is one model's prices, in micro-units per million tokens.
+// CacheWrite prices the input tokens written to the provider's prompt
+// cache (Anthropic's cache_creation_input_tokens).
 type Model struct {
-	Input, CachedInput, Output, Reasoning int64
+	Input, CachedInput, Output, Reasoning, CacheWrite int64
 }
 
 // Usage is what a request used or may use. Its counts are disjoint:
-// Input excludes the cached input tokens, Output the reasoning tokens.
+// Input excludes the cached input tokens and the cache writes, Output the
+// reasoning tokens.
 type Usage struct {
 	Model                                 string
 	Input, CachedInput, Output, Reasoning int64
+	CacheWrite                            int64
 }
 
 // Table is a price table. Unknown, when not nil, prices the models the
@@ -65,8 +69,8 @@ func (t *Table) Lookup(model string) (Model, error) {
 // the sum of each count times its price per million tokens, over a
 // million. It fails for a negative or too large count.
 func Cost(m Model, u Usage) (int64, error) {
-	counts := [4]int64{u.Input, u.CachedInput, u.Output, u.Reasoning}
-	prices := [4]int64{m.Input, m.CachedInput, m.Output, m.Reasoning}
+	counts := [5]int64{u.Input, u.CachedInput, u.Output, u.Reasoning, u.CacheWrite}
+	prices := [5]int64{m.Input, m.CachedInput, m.Output, m.Reasoning, m.CacheWrite}
 	var sum, x big.Int
 	for i, c := range counts {
 		if c < 0 || c > MaxTokens {
@@ -86,14 +90,15 @@ func Cost(m Model, u Usage) (int64, error) {
 }
 
 // Estimate returns the most a request may cost at m's prices before its
-// usage is known: its prompt (input, all of it priced as uncached input
-// unless cached input costs more) and its most output (max_tokens × n),
+// usage is known: its prompt (input, all of it priced at the highest of
+// the input, cached input and cache write prices, since any prompt token
+// may turn out to be any of them) and its most output (max_tokens × n),
 // priced at the higher of the output and reasoning prices, since the
 // output may be spent on either.
 func Estimate(m Model, u Usage) (int64, error) {
-	in := max(m.Input, m.CachedInput)
+	in := max(m.Input, m.CachedInput, m.CacheWrite)
 	out := max(m.Output, m.Reasoning)
-	return Cost(Model{Input: in, Output: out}, Usage{Input: u.Input + u.CachedInput, Output: u.Output + u.Reasoning})
+	return Cost(Model{Input: in, Output: out}, Usage{Input: u.Input + u.CachedInput + u.CacheWrite, Output: u.Output + u.Reasoning})
 }
 
 // ParsePerMillion reads a price per million tokens written as a decimal

@@ -32,6 +32,34 @@ func TestCostRoundsUpAndIsExact(t *testing.T) {
 	}
 }
 
+// TestCacheWrites: cache writes cost their own price, and the estimate
+// prices a prompt at the highest input price, so that a prompt written
+// to the cache whole stays within it.
+func TestCacheWrites(t *testing.T) {
+	// Claude-like: 3 input, 0.30 cache reads, 3.75 cache writes, 15 output.
+	m := Model{Input: 3_000_000, CachedInput: 300_000, Output: 15_000_000, Reasoning: 15_000_000, CacheWrite: 3_750_000}
+	got, err := Cost(m, Usage{Input: 100, CachedInput: 1000, CacheWrite: 2000, Output: 10})
+	if want := int64(300 + 300 + 7500 + 150); err != nil || got != want {
+		t.Errorf("Cost = %d, %v; want %d", got, err, want)
+	}
+	est, err := Estimate(m, Usage{Input: 2000, Output: 10})
+	if want := int64(7500 + 150); err != nil || est != want {
+		t.Errorf("Estimate = %d, %v; want %d", est, err, want)
+	}
+	for _, u := range []Usage{{CacheWrite: 2000, Output: 10}, {Input: 1000, CacheWrite: 1000, Output: 10}, {CachedInput: 2000, Output: 10}} {
+		if c, _ := Cost(m, u); c > est {
+			t.Errorf("usage %+v costs %d, more than the estimate %d", u, c, est)
+		}
+	}
+	x, err := Compile("cache_write_tokens * cache_write_price / 1000000 + input_tokens")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := x.Eval(m, Usage{Input: 5, CacheWrite: 2000}, false); err != nil || n != 7500+5 {
+		t.Errorf("cost_expr with cache writes = %d, %v", n, err)
+	}
+}
+
 func TestEstimateIsAnUpperBound(t *testing.T) {
 	m := Model{Input: 3_000_000, CachedInput: 300_000, Output: 15_000_000, Reasoning: 20_000_000}
 	est, err := Estimate(m, Usage{Input: 1000, Output: 500})

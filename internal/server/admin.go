@@ -315,9 +315,9 @@ type spendEntry struct {
 }
 
 // handleSpend serves GET /v1/spend?rule=&n=: the identities that settled
-// the most under rule (POST /v1/settle, WEIR.SETTLE) since this instance
-// started, heaviest first, from a space-saving sketch of topK identities
-// per rule (count overestimates the true sum by at most error).
+// the most under rule (POST /v1/settle, WEIR.SETTLE) in the rule's
+// current period, heaviest first, fleet-wide on Redis and per instance
+// otherwise (spend.go); count overestimates the true sum by at most error.
 func (s *Server) handleSpend(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	rule := q.Get("rule")
@@ -339,16 +339,30 @@ func (s *Server) handleSpend(w http.ResponseWriter, r *http.Request) {
 		s.writeRuleError(w, p, rule, err)
 		return
 	}
+	per, err := s.spendPeriod(p, rule)
+	if err != nil {
+		s.writeRuleError(w, p, rule, err)
+		return
+	}
+	top, err := s.spendTop(r.Context(), rule, per, n)
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, codeStore, "%v", err)
+		return
+	}
 	currency := ruleCurrency(p, rule)
 	out := []spendEntry{}
-	for _, e := range s.spend.all(n)[rule] {
+	for _, e := range top {
 		se := spendEntry{Identity: e.Identity, Count: e.Count, Error: e.Error}
 		if currency != "" {
 			se.Amount = price.Format(e.Count)
 		}
 		out = append(out, se)
 	}
-	body := map[string]any{"rule": rule, "n": n, "top": out}
+	scope := "instance"
+	if s.rdb != nil {
+		scope = "fleet"
+	}
+	body := map[string]any{"rule": rule, "n": n, "top": out, "period": per.json(), "scope": scope}
 	if currency != "" {
 		body["currency"] = currency
 	}

@@ -307,7 +307,9 @@ func (s *Server) settle(ctx context.Context, p *policy.Policy, id string, actual
 		if id == "" {
 			id = rr.Identity
 		}
-		s.spend.addN(res.Rule, id, actual)
+		if per, err := s.spendPeriod(p, res.Rule); err == nil {
+			s.spend.add(res.Rule, id, per, actual, 0)
+		}
 	}
 	return res.Rule, rr, nil
 }

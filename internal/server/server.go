@@ -125,6 +125,7 @@ type options struct {
 
 	// Intervals of the background loops; tests shorten them.
 	fleetEvery time.Duration
+	spendEvery time.Duration // how often settlements go to the fleet's spend ranking
 	rulesEvery time.Duration
 	probeEvery time.Duration
 	// Event delivery's timing (events.go); zero: the Deliverer's defaults.
@@ -328,7 +329,7 @@ type Server struct {
 	metrics *metrics
 	stats   *stats
 	tops    *topSet
-	spend   *topSet // the settled cost per rule and identity (GET /v1/spend)
+	spend   *spendBook // the settled cost per rule and identity in its period (GET /v1/spend)
 	blocked *blockedIndex
 	fleet   *fleet
 	leases  *localbudget.Table // local budgets (local_budget: N), shared by every policy
@@ -367,6 +368,7 @@ func New(opts ...Option) (*Server, error) {
 		version:    buildinfo.Read().Short(),
 		now:        time.Now,
 		fleetEvery: time.Second,
+		spendEvery: time.Second,
 		rulesEvery: 500 * time.Millisecond,
 		probeEvery: 2 * time.Second,
 	}
@@ -422,7 +424,7 @@ func (s *Server) init() error {
 	}
 	s.stats = newStats()
 	s.tops = newTopSet(topK)
-	s.spend = newTopSet(topK)
+	s.spend = newSpendBook()
 	s.blocked = newBlockedIndex(s.rdb, s.keys.blocked, s.log, s.now)
 	s.fleet = newFleet(s)
 	s.leases = localbudget.New(localbudget.Config{Now: s.now})
@@ -443,6 +445,7 @@ func (s *Server) init() error {
 
 	s.goBackground(s.blocked.run)
 	s.goBackground(s.fleet.run)
+	s.goBackground(s.spendLoop)
 	s.goBackground(s.rules.run)
 	s.goBackground(s.probeLoop)
 	s.goBackground(s.overrideRefreshLoop)
@@ -985,6 +988,7 @@ func (s *Server) Close() error {
 		s.bgCancel()
 		s.bgWG.Wait()
 		s.fleet.withdraw()
+		_ = s.flushSpend(context.Background())
 		s.owned()
 	})
 	return nil

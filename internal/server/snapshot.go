@@ -133,6 +133,9 @@ type SnapshotRule struct {
 	LatencyP99MS float64 `json:"latency_p99_ms"`
 	// Spark is decisions per second over the last minute, oldest first.
 	Spark []int64 `json:"spark"`
+	// Currency is a budget rule's currency (its limits and costs are
+	// micro-units of it); empty for other rules.
+	Currency string `json:"currency,omitempty"`
 }
 
 // SnapshotTier is one tier of a tiered rule.
@@ -251,6 +254,7 @@ func policyRule(ri policy.RuleInfo) SnapshotRule {
 		NearLimitRatio: ri.NearLimit,
 		Tiers:          []SnapshotTier{},
 		Lease:          ri.LocalBudget,
+		Currency:       ri.Currency,
 	}
 	if sr.Identity == "" {
 		sr.Identity = "ip"

@@ -30,6 +30,7 @@ type redisKeys struct {
 	rulesVersion string // the version of the stored rules (random); instances poll it
 	denyCache    string // the deny cache's pub/sub channel (not a key)
 	reservation  string // + reservation id: an open reservation of POST /v1/reserve
+	spend        string // + {rule:period start}: ZSET identity → settled cost (spend.go)
 }
 
 // keysFor returns the service's key names under prefix ("" is
@@ -46,6 +47,7 @@ func keysFor(prefix string) redisKeys {
 		rulesVersion: prefix + ":config:rules:version",
 		denyCache:    prefix + ":denycache",
 		reservation:  prefix + ":r:",
+		spend:        prefix + ":spend:",
 	}
 }
 

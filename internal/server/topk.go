@@ -57,20 +57,26 @@ func NewTopK(k int) *TopK {
 func (t *TopK) K() int { return t.k }
 
 // Add records w more occurrences of key. Weights of 0 or less are ignored.
-func (t *TopK) Add(key string, w int64) {
+func (t *TopK) Add(key string, w int64) { t.addUncertain(key, w, 0) }
+
+// addUncertain adds w to key, of which up to e may be an overestimate
+// (an entry of another sketch, merged in): key's error grows by e.
+func (t *TopK) addUncertain(key string, w, e int64) {
 	if w <= 0 {
 		return
 	}
+	e = min(max(e, 0), w)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.total += w
 	if it, ok := t.index[key]; ok {
 		it.count += w
+		it.err += e
 		t.down(it.pos)
 		return
 	}
 	if len(t.heap) < t.k {
-		it := &topItem{key: key, count: w, pos: len(t.heap)}
+		it := &topItem{key: key, count: w, err: e, pos: len(t.heap)}
 		t.heap = append(t.heap, it)
 		t.index[key] = it
 		t.up(it.pos)
@@ -79,7 +85,7 @@ func (t *TopK) Add(key string, w int64) {
 	// Replace the minimum: it keeps its count as the newcomer's error.
 	it := t.heap[0]
 	delete(t.index, it.key)
-	it.key, it.err = key, it.count
+	it.key, it.err = key, it.count+e
 	it.count += w
 	t.index[key] = it
 	t.down(0)

@@ -21,10 +21,12 @@ type PricesConfig struct {
 
 // ModelPrice is one model's prices per million tokens, as decimal numbers
 // of the currency's units written in the file ("2.50"). CachedInput
-// defaults to Input, Reasoning to Output.
+// defaults to Input, Reasoning to Output, CacheWrite (input tokens
+// written to the provider's prompt cache) to Input.
 type ModelPrice struct {
 	Model                                 string
 	Input, CachedInput, Output, Reasoning string
+	CacheWrite                            string
 }
 
 // UnknownRefuse, as prices.unknown, refuses requests for models the price
@@ -70,6 +72,7 @@ func (w *walker) modelPrice(path string, n *yaml.Node, what string) ModelPrice {
 		{"cached_input", func(p string, v *yaml.Node) { m.CachedInput = w.scalar(p, v) }},
 		{"output", func(p string, v *yaml.Node) { m.Output = w.scalar(p, v) }},
 		{"reasoning", func(p string, v *yaml.Node) { m.Reasoning = w.scalar(p, v) }},
+		{"cache_write", func(p string, v *yaml.Node) { m.CacheWrite = w.scalar(p, v) }},
 	}, nil)
 	return m
 }

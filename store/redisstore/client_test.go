@@ -225,3 +225,30 @@ func TestNewWithClient(t *testing.T) {
 		t.Fatalf("the caller's client reading the store's key: %v, %v", v, err)
 	}
 }
+
+// TestDialTimeoutFollowsTimeout: a connection's dial may take the store's
+// Timeout when that is longer than 2s (under heavy load a loopback dial
+// took more than 2s, and every call waiting for that connection failed
+// although its own deadline was 10s away), and 2s otherwise; a connection
+// waits for answers the longer of Timeout and 10s before it is dropped.
+func TestDialTimeoutFollowsTimeout(t *testing.T) {
+	addr := redistest.Standalone(t).Addr
+	for _, c := range []struct{ timeout, dial, conn time.Duration }{
+		{30 * time.Second, 30 * time.Second, 30 * time.Second},
+		{5 * time.Second, 5 * time.Second, 10 * time.Second},
+		{50 * time.Millisecond, 2 * time.Second, 10 * time.Second},
+		{0, 2 * time.Second, 10 * time.Second},
+	} {
+		s, err := New(context.Background(), Config{Addrs: []string{addr}, Timeout: c.timeout})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.conn.opt.Dialer.Timeout; got != c.dial {
+			t.Errorf("Timeout %v: dial timeout %v, want %v", c.timeout, got, c.dial)
+		}
+		if got := s.conn.opt.ConnWriteTimeout; got != c.conn {
+			t.Errorf("Timeout %v: connection timeout %v, want %v", c.timeout, got, c.conn)
+		}
+		s.Close()
+	}
+}

@@ -78,7 +78,11 @@ type Config struct {
 	// TLS, when not nil, makes every connection use TLS with this config.
 	TLS *tls.Config
 	// Timeout is the deadline of each store call; DefaultTimeout if zero.
-	// A connection's dial and handshake may take 2s, or Timeout if longer.
+	// A new connection's TCP dial may take the larger of it and 2s, and a
+	// connection waits the larger of it and 10s for answers before it is
+	// taken for dead: a store given a long Timeout for a loaded host does
+	// not fail calls that wait for a connection the host is slow to set
+	// up or to answer on.
 	Timeout time.Duration
 	// Prefix starts every key ("weir" if empty). It must not contain a
 	// brace, which would break the hash tags.
@@ -232,7 +236,10 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		TLSConfig:    cfg.TLS,
 		ClientName:   "weir",
 		DisableCache: true, // no client-side caching: every decision is a script
-		Dialer:       net.Dialer{Timeout: max(2*time.Second, cfg.Timeout), KeepAlive: time.Second},
+		Dialer:       net.Dialer{Timeout: max(2*time.Second, s.timeout), KeepAlive: time.Second},
+		// rueidis's default (KeepAlive × 10) would close a connection
+		// whose answers take 10s, failing calls whose Timeout is longer.
+		ConnWriteTimeout: max(10*time.Second, s.timeout),
 	}
 	if cfg.MasterName != "" {
 		opt.Sentinel = rueidis.SentinelOption{

@@ -51,6 +51,7 @@ const out = [
   f.ms(1234.5), f.ms(0.2), f.ms(3.14159), f.ms(0.05),
   f.count(12345), f.count(2500000), f.rate(1234.4), f.rate(0.44),
   f.pct(12.345), f.pct(1.25), f.pct(0.01), f.fixed(1234.5, 2),
+  f.money(1234567, 'USD'), f.money(25000000, 'EUR'), f.money(495000), f.money(1), f.money(1234567890123, 'USD'), f.money(-1500000),
 ];
 console.log(out.join('|'));`
 	out, err := exec.Command(node, "--input-type=module", "-e", script).CombinedOutput()
@@ -66,6 +67,7 @@ console.log(out.join('|'));`
 		"1,235 ms", "0.20 ms", "3.1 ms", "50 µs",
 		"12,345", "2.5M", "1,234", "0.4",
 		"12%", "1.3%", "<0.1%", "1,234.50",
+		"1.234567 USD", "25.00 EUR", "0.495", "0.000001", "1,234,567.890123 USD", "-1.50",
 	}
 	if got := strings.Split(strings.TrimSpace(string(out)), "|"); strings.Join(got, "|") != strings.Join(want, "|") {
 		t.Fatalf("fmt.js under Node:\n got %q\nwant %q", got, want)

@@ -8,6 +8,7 @@ import { sparkline, draw as drawSpark } from './spark.js';
 import * as fmt from './fmt.js';
 import { renderProtect } from './protect.js';
 import { renderOverrides } from './overrides.js';
+import { renderSpend } from './spend.js';
 
 const POLL_MS = 1000;
 const TOKEN_KEY = 'weir.adminToken';
@@ -187,6 +188,7 @@ function render(snap) {
   renderFleet(snap);
   renderProtect(snap);
   renderOverrides(adminMode(snap) === 'token' ? state.token : '', names);
+  renderSpend(adminMode(snap) === 'token' ? state.token : '', rules);
   renderTryRules(names);
 }
 
@@ -831,8 +833,11 @@ function showResult(res, prefix) {
     parts.push(h('span', { class: 'verdict err' }, `Error ${res.status}`),
       typeof res.body === 'string' ? res.body : (b.detail || b.error || b.message || 'unexpected answer'));
   } else if (b.allowed) {
+    // A budget rule counts micro-units of its currency: show money.
+    const cur = ((state.snap && state.snap.rules) || []).find((r) => r.name === b.rule)?.currency;
+    const left = cur ? `${fmt.money(b.remaining)} of ${fmt.money(b.limit, cur)}` : `${fmt.count(b.remaining)} of ${fmt.count(b.limit)}`;
     parts.push(h('span', { class: 'verdict ok' }, 'Allowed'),
-      h('strong', null, `${fmt.count(b.remaining)} of ${fmt.count(b.limit)}`), ' left',
+      h('strong', { class: 'left', 'data-currency': cur || '' }, left), ' left',
       b.reset_after_ms > 0 ? ` · full again in ${fmt.countdown(b.reset_after_ms)}` : '');
   } else {
     const until = typeof b.blocked_until === 'number' && b.blocked_until > 0 ? b.blocked_until

@@ -38,6 +38,23 @@ export function ticks(vals) {
 const compactFmt = new Intl.NumberFormat(undefined, { notation: 'compact', maximumFractionDigits: 1 });
 const timeFmt = new Intl.DateTimeFormat(undefined, { hour: '2-digit', minute: '2-digit', second: '2-digit', hourCycle: 'h23' });
 
+// The locale's decimal mark, for amounts written from whole micro-units.
+const decimalMark = new Intl.NumberFormat(undefined).formatToParts(1.5).find((p) => p.type === 'decimal')?.value ?? '.';
+
+/**
+ * money formats micro-units (millionths) of a currency as an exact decimal
+ * amount, with at least two and at most six decimals: money(1234567, 'USD')
+ * is 1.234567 USD, money(25000000, 'EUR') 25.00 EUR. It never goes through
+ * a float fraction, so no micro-unit is rounded away.
+ */
+export function money(micro, currency) {
+  if (micro == null || !Number.isFinite(micro)) return '–';
+  const m = Math.abs(Math.round(micro));
+  let frac = String(m % 1e6).padStart(6, '0').replace(/0+$/, '');
+  if (frac.length < 2) frac = frac.padEnd(2, '0');
+  return `${micro < 0 ? '-' : ''}${intFmt.format(Math.floor(m / 1e6))}${decimalMark}${frac}${currency ? ` ${currency}` : ''}`;
+}
+
 /** count formats a whole number: 1,234 below a million, 1.2M above. */
 export function count(n) {
   if (n == null || !Number.isFinite(n)) return '–';
