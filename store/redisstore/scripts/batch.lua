@@ -75,7 +75,9 @@
 -- and no command empties the state before the decision's last command on
 -- it, which is followed at most by the box's SET. (A plain take's fast
 -- path, ALG.x.fast, sends the same commands in the same order: the
--- state's read, then its write or its DEL.) For the string and hash
+-- state's read, then its write or its DEL; where it reads with SET NX GET,
+-- that command writes only a key it found absent, and on a missing key in
+-- a migrating slot it fails before writing, as a read would.) For the string and hash
 -- states the only delete is save's DEL of the state (or warmup's). A
 -- sliding_log or concurrency decision keeps its ZSET from emptying on the
 -- way: load drops members that left the window or expired only when one
@@ -105,6 +107,7 @@ local ZEROS = {}
 -- all) and whose other arguments are A[ao+1 ..], laid out as batch's ARGV.
 -- index, if not nil, is the index of overrides (see KEYS above).
 local function batch_run(K, ko, nk, A, ao, probe, index)
+  nxget()
   local now = clock(A[ao + 1])
   -- ovr: whether a key may have an override; asked of index at the first
   -- decision whose limit reads overrides.

@@ -130,6 +130,19 @@ local function clock(arg)
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
+-- NXGET: the server takes SET with both NX and GET (Redis 7.0 and later).
+-- The drivers set it (nxget) before a fast path runs, which then writes
+-- an absent state's successor in the same command that reads it: SET NX
+-- GET writes only if the key is absent and returns what it holds if not,
+-- one command where GET then SET were two.
+local NXGET = false
+
+-- nxget sets NXGET from the server's version (a function body: the
+-- library's top level sees no redis table in Redis 7.0).
+local function nxget()
+  NXGET = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
+end
+
 -- grant mirrors algorithm.grant: how much of cost to admit given avail.
 local function grant(cost, avail, mode)
   if avail >= cost then
