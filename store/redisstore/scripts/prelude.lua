@@ -283,7 +283,8 @@ end
 -- (redisstore's override.go); a calendar limit's override takes the
 -- bounds the call sent. Read in the decision's own script, it binds every
 -- decision from the moment its SET returned; a key without one costs one
--- GET of a missing key.
+-- GET of a missing key, and a coalesced call (batch.lua) reads none while
+-- the index of overrides does not exist.
 local function override_of(p, bkey, now)
   local v = redis.call('GET', string.sub(bkey, 1, -6) .. 'ovr')
   if not v then
