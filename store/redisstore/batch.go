@@ -332,9 +332,14 @@ func (q *coalescer) send(ctx context.Context, batch []*call) {
 			args[1+2*i], args[2+2*i] = c.keys[0], c.keys[1]
 		}
 	} else {
-		keys = make([]string, 0, 2*len(batch))
+		keys = make([]string, 0, 2*len(batch)+1)
 		for _, c := range batch {
 			keys = append(keys, c.keys[0], c.keys[1])
+		}
+		if s.overrides {
+			// The index of overrides, last (batch.lua): while it is
+			// empty no key has an override, and the script reads none.
+			keys = append(keys, s.ovrIndex())
 		}
 	}
 	args = append(args, s.nowArg(), strconv.Itoa(len(ls)))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -405,5 +406,42 @@ func TestBatchOnReplica(t *testing.T) {
 	}
 	if keys, _ := keyspace(t, replica); keys != 0 {
 		t.Fatalf("%d keys on the replica", keys)
+	}
+}
+
+// TestFastTakeOneCommandOnAbsentState: a plain take of a fixed window or
+// GCRA whose state is absent is one command (SET NX GET writes the state
+// it reads as absent); on a present state it is that command and the
+// write, and each decision is what GET then SET would have made it.
+func TestFastTakeOneCommandOnAbsentState(t *testing.T) {
+	srv := redistest.Standalone(t)
+	s := newTestStore(t, Config{Addrs: []string{srv.Addr}, Timeout: 10 * time.Second})
+	ctx := context.Background()
+	for _, algo := range []weir.Algorithm{weir.FixedWindow, weir.GCRA} {
+		t.Run(string(algo), func(t *testing.T) {
+			l := weir.Limit{Algorithm: algo, Rate: 3, Period: 24 * time.Hour}
+			for round := 1; round <= 4; round++ {
+				if _, err := srv.Do("CONFIG", "RESETSTAT"); err != nil {
+					t.Fatal(err)
+				}
+				for i := 0; i < 10; i++ {
+					r, err := s.Take(ctx, string(algo)+":k"+strconv.Itoa(i), l, 1)
+					if err != nil || r.Allowed != (round <= 3) || r.Remaining != int64(max(3-round, 0)) {
+						t.Fatalf("round %d, key %d: %+v %v", round, i, r, err)
+					}
+				}
+				calls := commandCalls(t, srv)
+				want := 20 // SET NX GET found the state, then the write
+				switch round {
+				case 1:
+					want = 10 // absent: the one command wrote it
+				case 4:
+					want = 10 // refused: nothing written
+				}
+				if calls["get"] != 0 || calls["set"] != want {
+					t.Errorf("round %d: GET %d times, SET %d, want 0 and %d: %v", round, calls["get"], calls["set"], want, calls)
+				}
+			}
+		})
 	}
 }

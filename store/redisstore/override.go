@@ -53,7 +53,7 @@ func (s *Store) ovrKey(key string) string {
 
 // ovrIndex and ovrLog are the index of every override and the audit
 // log, in one slot.
-func (s *Store) ovrIndex() string { return s.prefix + ":{overrides}" }
+func (s *Store) ovrIndex() string { return s.ovrIdx }
 func (s *Store) ovrLog() string   { return s.prefix + ":{overrides}:log" }
 
 // ovrSeq counts the changes, numbering each (ovr_scripts.go).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -301,5 +302,63 @@ func overrideRaceSettles(t *testing.T, addrs []string) {
 				t.Errorf("instance %d: %s decides under %d (%v); the index says %d", i, key, r.Limit, err, want)
 			}
 		}
+	}
+}
+
+// TestBatchReadsOverridesOnlyWhenIndexed: while no override is set, a
+// coalesced decision reads no override key (one EXISTS of the index per
+// call instead of a GET per decision); once one is, every decision reads
+// its key's override again, and the override binds.
+func TestBatchReadsOverridesOnlyWhenIndexed(t *testing.T) {
+	srv := redistest.Standalone(t)
+	s := newTestStore(t, Config{Addrs: []string{srv.Addr}, Overrides: true, Timeout: 10 * time.Second, Prefix: "ix"})
+	ctx := context.Background()
+	l := weir.Limit{Algorithm: weir.FixedWindow, Rate: 100, Period: 24 * time.Hour}
+	takes := func(want bool) map[string]int {
+		t.Helper()
+		if _, err := srv.Do("CONFIG", "RESETSTAT"); err != nil {
+			t.Fatal(err)
+		}
+		for i := 1; i <= 10; i++ {
+			if r, err := s.Take(ctx, "r:k"+strconv.Itoa(i), l, 1); err != nil || r.Allowed != want {
+				t.Fatalf("take %d: %+v %v, want allowed %v", i, r, err, want)
+			}
+		}
+		return commandCalls(t, srv)
+	}
+	// Sequential takes: each is a call of one decision. A fixed window's
+	// take reads its state with SET NX GET: every GET is an override's.
+	if calls := takes(true); calls["get"] != 0 || calls["exists"] != 10 {
+		t.Errorf("without overrides: GET %d times (want 0), EXISTS %d (want 10, the index): %v", calls["get"], calls["exists"], calls)
+	}
+	if err := s.SetOverride(ctx, override.Override{Key: "r:k*", Limit: weir.Limit{Algorithm: weir.FixedWindow, Rate: 1, Period: 24 * time.Hour}}); err != nil {
+		t.Fatal(err)
+	}
+	// The pattern binds in Go (the limit sent is the override's); the
+	// index is not empty, so each decision reads its key's override too.
+	if calls := takes(false); calls["get"] != 10 {
+		t.Errorf("with an override indexed: GET %d times, want 10 (the overrides): %v", calls["get"], calls)
+	}
+	if err := s.SetOverride(ctx, override.Override{Key: "r:k3", Limit: weir.Limit{Algorithm: weir.FixedWindow, Rate: 5, Period: 24 * time.Hour}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.DeleteOverride(ctx, "r:k*"); err != nil {
+		t.Fatal(err)
+	}
+	// The exact override of r:k3 (5/day, 1 taken) binds; the others are
+	// back under the rule's limit (100/day, 2 taken).
+	for i := 0; i < 4; i++ {
+		if r, err := s.Take(ctx, "r:k3", l, 1); err != nil || !r.Allowed || r.Limit != 5 {
+			t.Fatalf("take %d under the exact override: %+v %v", i, r, err)
+		}
+	}
+	if r, err := s.Take(ctx, "r:k3", l, 1); err != nil || r.Allowed {
+		t.Fatalf("the exact override's sixth: %+v %v", r, err)
+	}
+	if _, err := s.DeleteOverride(ctx, "r:k3"); err != nil {
+		t.Fatal(err)
+	}
+	if calls := takes(true); calls["get"] != 0 {
+		t.Errorf("after deleting every override: GET %d times, want 0: %v", calls["get"], calls)
 	}
 }

@@ -184,6 +184,7 @@ type Store struct {
 	patterns  atomic.Pointer[override.Patterns] // pattern overrides (override.go)
 	evts      atomic.Pointer[evState]           // rules with events (events.go); nil: none
 	ovrMax    int                               // the bound on overrides, if not override.MaxOverrides (tests)
+	ovrIdx    string                            // ovrIndex's name
 }
 
 // compiled is a Limit with its algorithm constants and their ARGV form,
@@ -338,6 +339,7 @@ func newStore(cfg *Config) (*Store, error) {
 	if s.prefix == "" {
 		s.prefix = DefaultPrefix
 	}
+	s.ovrIdx = s.prefix + ":{overrides}"
 	var nonce [9]byte
 	_, _ = rand.Read(nonce[:])
 	s.uidBase = base64.RawURLEncoding.EncodeToString(nonce[:]) + "."

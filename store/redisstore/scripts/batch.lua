@@ -6,6 +6,14 @@
 -- the EVAL script of the same name.
 --
 -- KEYS[2i-1], KEYS[2i]  decision i's state and penalty-box keys
+-- KEYS[2N+1]  optional (an odd count of keys): the index of overrides
+--             (override.go), sent when the limits read overrides (p.ovr).
+--             While it does not exist no key has an override, and the
+--             batch reads none (one EXISTS instead of a GET per decision).
+--             Where it lives in the decisions' Redis, an exact key's
+--             override is written and deleted in the same script as its
+--             index field (ovr_scripts.go), so the key exists only while
+--             the index does.
 -- ARGV[1]  now in µs, or '' to read Redis TIME (the normal case)
 -- ARGV[2]  L, the number of distinct compiled limits that follow
 -- ARGV[3 .. 2+L]  the limits, each packed in one value (see limit_of)
@@ -67,7 +75,9 @@
 -- and no command empties the state before the decision's last command on
 -- it, which is followed at most by the box's SET. (A plain take's fast
 -- path, ALG.x.fast, sends the same commands in the same order: the
--- state's read, then its write or its DEL.) For the string and hash
+-- state's read, then its write or its DEL; where it reads with SET NX GET,
+-- that command writes only a key it found absent, and on a missing key in
+-- a migrating slot it fails before writing, as a read would.) For the string and hash
 -- states the only delete is save's DEL of the state (or warmup's). A
 -- sliding_log or concurrency decision keeps its ZSET from emptying on the
 -- way: load drops members that left the window or expired only when one
@@ -95,8 +105,13 @@ local ZEROS = {}
 
 -- batch_run makes the decisions whose keys are K[ko+1 ..] (2 each, nk in
 -- all) and whose other arguments are A[ao+1 ..], laid out as batch's ARGV.
-local function batch_run(K, ko, nk, A, ao, probe)
+-- index, if not nil, is the index of overrides (see KEYS above).
+local function batch_run(K, ko, nk, A, ao, probe, index)
+  nxget()
   local now = clock(A[ao + 1])
+  -- ovr: whether a key may have an override; asked of index at the first
+  -- decision whose limit reads overrides.
+  local ovr = index == nil
   local nl = SMALL[A[ao + 2]] or tonumber(A[ao + 2])
   local limits = {}
   for j = 1, nl do
@@ -159,7 +174,11 @@ local function batch_run(K, ko, nk, A, ao, probe)
     else
       n, mode = SMALL[n] or tonumber(n), SMALL[mode] or tonumber(mode)
       local ok, d = true, false
-      if p.ovr then
+      if p.ovr and index then
+        ovr = redis.call('EXISTS', index) == 1
+        index = nil
+      end
+      if p.ovr and ovr then
         local maxcost
         ok, d, maxcost = pcall(override_of, p, bkey, now)
         if ok then
@@ -216,7 +235,11 @@ local function batch_run(K, ko, nk, A, ao, probe)
 end
 
 local function weir_batch(KEYS, ARGV)
-  return batch_run(KEYS, 0, #KEYS, ARGV, 0, false)
+  local nk = #KEYS
+  if nk % 2 == 1 then
+    return batch_run(KEYS, 0, nk - 1, ARGV, 0, false, KEYS[nk])
+  end
+  return batch_run(KEYS, 0, nk, ARGV, 0, false, nil)
 end
 
 local function weir_nbatch(KEYS, ARGV)

@@ -69,8 +69,24 @@ ALG.fixed_window = {
     if now < 0 then
       return false
     end
+    local rate, period = p.rate, p.period
+    local w = math.floor(now / period) -- idiv(now, period): now >= 0
+    local fin = (w + 1) * period - now
     local window, count = 0, 0
-    local v = redis.call('GET', key)
+    local v
+    local g0 = grant(cost, rate, mode) -- what an absent state grants
+    if NXGET and g0 > 0 then
+      -- Written only if the key is absent, as the lines below would
+      -- write it then (count g0 in window w, reset at fin); else its value.
+      v = redis.call('SET', key, string.format('%d:%d', w, g0), 'NX', 'PX', ms(fin), 'GET')
+      if not v then
+        out[o], out[o + 1], out[o + 2], out[o + 3] = 1, g0, p.cap, rate - g0
+        out[o + 4], out[o + 5], out[o + 6], out[o + 7] = 0, fin, 0, 0
+        return true
+      end
+    else
+      v = redis.call('GET', key)
+    end
     if v then
       if string.find(v, ':d', 1, true) then
         return false -- in debt
@@ -78,9 +94,6 @@ ALG.fixed_window = {
       local i = string.find(v, ':', 1, true)
       window, count = tonumber(string.sub(v, 1, i - 1)), tonumber(string.sub(v, i + 1))
     end
-    local rate, period = p.rate, p.period
-    local w = math.floor(now / period) -- idiv(now, period): now >= 0
-    local fin = (w + 1) * period - now
     if window ~= w then
       count = 0
     elseif count > rate then

@@ -56,7 +56,24 @@ ALG.gcra = {
   -- debt; a state in debt goes the generic way.
   fast = function(p, key, now, cost, mode, out, o)
     local tat, frac = 0, 0
-    local v = redis.call('GET', key)
+    local a, b = p.a, p.b
+    local c = p.burst * a
+    local v
+    local g0 = grant(cost, p.burst, mode) -- what an absent state grants: idiv(c, a)
+    if NXGET and g0 > 0 then
+      -- Written only if the key is absent, as the lines below would
+      -- write it then (TAT g0 cells past now); else its value.
+      local d0 = g0 * a
+      local reset0 = ceil_div(d0, b)
+      v = redis.call('SET', key, string.format('%d:%d', now + idiv(d0, b), imod(d0, b)), 'NX', 'PX', ms(reset0), 'GET')
+      if not v then
+        out[o], out[o + 1], out[o + 2], out[o + 3] = 1, g0, p.cap, idiv(c - d0, a)
+        out[o + 4], out[o + 5], out[o + 6], out[o + 7] = 0, reset0, 0, 0
+        return true
+      end
+    else
+      v = redis.call('GET', key)
+    end
     if v then
       if string.find(v, ':d', 1, true) then
         return false -- in debt
@@ -64,8 +81,6 @@ ALG.gcra = {
       local i = string.find(v, ':', 1, true)
       tat, frac = tonumber(string.sub(v, 1, i - 1)), tonumber(string.sub(v, i + 1))
     end
-    local a, b = p.a, p.b
-    local c = p.burst * a
     local diff = 0
     if tat ~= 0 then
       local ahead = tat - now

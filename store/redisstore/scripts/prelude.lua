@@ -130,6 +130,19 @@ local function clock(arg)
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
+-- NXGET: the server takes SET with both NX and GET (Redis 7.0 and later).
+-- The drivers set it (nxget) before a fast path runs, which then writes
+-- an absent state's successor in the same command that reads it: SET NX
+-- GET writes only if the key is absent and returns what it holds if not,
+-- one command where GET then SET were two.
+local NXGET = false
+
+-- nxget sets NXGET from the server's version (a function body: the
+-- library's top level sees no redis table in Redis 7.0).
+local function nxget()
+  NXGET = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
+end
+
 -- grant mirrors algorithm.grant: how much of cost to admit given avail.
 local function grant(cost, avail, mode)
   if avail >= cost then
@@ -270,7 +283,8 @@ end
 -- (redisstore's override.go); a calendar limit's override takes the
 -- bounds the call sent. Read in the decision's own script, it binds every
 -- decision from the moment its SET returned; a key without one costs one
--- GET of a missing key.
+-- GET of a missing key, and a coalesced call (batch.lua) reads none while
+-- the index of overrides does not exist.
 local function override_of(p, bkey, now)
   local v = redis.call('GET', string.sub(bkey, 1, -6) .. 'ovr')
   if not v then

@@ -15,6 +15,7 @@
 --         reset_after_us, delay_us, blocked_until_us, now_us}
 
 local function weir_take(KEYS, ARGV)
+  nxget()
   local p = limit_of(ARGV[5])
   local now = clock(ARGV[1])
   local n, mode = tonumber(ARGV[2]), tonumber(ARGV[3])
