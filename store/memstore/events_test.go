@@ -21,7 +21,8 @@ func eventSize() eventtest.Size {
 }
 
 func TestEventsExact(t *testing.T) {
-	s := memstore.New()
+	clock := storetest.NewClock(storetest.Epoch) // one window, whatever the wall clock does
+	s := memstore.New(memstore.WithClock(clock.Now))
 	eventtest.Exact(t, "api", []weir.Store{s, s, s, s}, eventSize())
 }
 

@@ -32,9 +32,10 @@ func eventSize() eventtest.Size {
 // identity, threshold and window.
 func TestEventsExact(t *testing.T) {
 	srv := redistest.Standalone(t)
+	clock := storetest.NewClock(storetest.Epoch) // one window, whatever the wall clock does
 	var stores []weir.Store
 	for range 4 {
-		stores = append(stores, newTestStore(t, Config{Addrs: []string{srv.Addr}, Prefix: "ev"}))
+		stores = append(stores, newTestStore(t, Config{Addrs: []string{srv.Addr}, Prefix: "ev", Clock: clock.Now}))
 	}
 	eventtest.Exact(t, "api", stores, eventSize())
 }
@@ -43,8 +44,9 @@ func TestEventsExact(t *testing.T) {
 func TestEventsExactEval(t *testing.T) {
 	srv := redistest.Standalone(t)
 	var stores []weir.Store
+	clock := storetest.NewClock(storetest.Epoch)
 	for range 2 {
-		stores = append(stores, newTestStore(t, Config{Addrs: []string{srv.Addr}, Prefix: "ev", evalOnly: true}))
+		stores = append(stores, newTestStore(t, Config{Addrs: []string{srv.Addr}, Prefix: "ev", evalOnly: true, Clock: clock.Now}))
 	}
 	eventtest.Exact(t, "api", stores, eventtest.Size{Goroutines: 4, Identities: 50})
 }
