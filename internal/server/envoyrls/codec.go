@@ -40,6 +40,13 @@ func (c rlsCodec) Marshal(v any) (mem.BufferSlice, error) {
 		return c.std.Marshal(v)
 	}
 	size := sizeResponse(resp)
+	if size <= len(smallResponse{}.inline) {
+		// The slice, its one buffer and the bytes in one allocation.
+		r := &smallResponse{}
+		r.buf = appendResponse(r.inline[:0], resp)
+		r.bufs[0] = &r.buf
+		return r.bufs[:], nil
+	}
 	if mem.IsBelowBufferPoolingThreshold(size) {
 		return mem.BufferSlice{mem.SliceBuffer(appendResponse(make([]byte, 0, size), resp))}, nil
 	}
@@ -47,6 +54,14 @@ func (c rlsCodec) Marshal(v any) (mem.BufferSlice, error) {
 	buf := pool.Get(size)
 	*buf = appendResponse((*buf)[:0], resp)
 	return mem.BufferSlice{mem.NewBuffer(buf, pool)}, nil
+}
+
+// smallResponse is an encoded response of up to 160 bytes, five
+// descriptors' statuses or so.
+type smallResponse struct {
+	bufs   [1]mem.Buffer
+	buf    mem.SliceBuffer
+	inline [160]byte
 }
 
 func (c rlsCodec) Unmarshal(data mem.BufferSlice, v any) error {
