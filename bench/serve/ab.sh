@@ -5,7 +5,7 @@
 # its CPU time (user + system, from /proc) is divided by the calls. CPU
 # time per call survives a busy machine far better than calls/s; the
 # interleaving puts A and B under the same load. Prints one row per case:
-# the median µs per call of each binary over the rounds, and B/A.
+# min, median and max µs per call of each binary over the rounds, and B/A.
 #
 #   bench/serve/ab.sh REV                 # REV (e.g. HEAD~3) against the work tree
 #   CASES="memory:grpc:1 redis:grpc:5" ROUNDS=5 CALLS=200000 bench/serve/ab.sh REV
@@ -96,7 +96,7 @@ for r in $(seq 1 "$ROUNDS"); do
 		echo "round $r, $c: A ${res[$c:a]}, B ${res[$c:b]} (load $(cut -d' ' -f1 /proc/loadavg))" >&2
 	done
 done
-echo "| store | call | A µs CPU/call (median; runs) | B µs CPU/call (median; runs) | B/A |"
+echo "| store | call | A µs CPU/call, min–median–max | B µs CPU/call, min–median–max | B/A (medians) |"
 echo "|---|---|---:|---:|---:|"
 for c in $CASES; do
 	IFS=: read -r store target descs <<<"$c"
@@ -109,6 +109,6 @@ import statistics, sys
 a = [float(x) for x in sys.argv[3].split()]
 b = [float(x) for x in sys.argv[4].split()]
 ma, mb = statistics.median(a), statistics.median(b)
-print("| %s | %s | %.1f (%s) | %.1f (%s) | %.2f |" % (sys.argv[1], sys.argv[2], ma, " ".join("%.0f" % x for x in a), mb, " ".join("%.0f" % x for x in b), mb / ma))
+print("| %s | %s | %.1f–%.1f–%.1f | %.1f–%.1f–%.1f | %.2f |" % (sys.argv[1], sys.argv[2], min(a), ma, max(a), min(b), mb, max(b), mb / ma))
 PY
 done

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -129,28 +128,23 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// An object with a domain or descriptors is an Envoy-style request.
-	var fields map[string]json.RawMessage
-	if json.Unmarshal(body, &fields) == nil {
-		_, hasDomain := fields["domain"]
-		_, hasDesc := fields["descriptors"]
-		if hasDomain || hasDesc {
-			if _, ok := fields["rule"]; ok {
-				writeError(w, http.StatusBadRequest, codeBadRequest,
-					`the body names both a rule and a domain; send {"rule","key","hits"} or {"domain","descriptors"}`)
-				return
-			}
-			out, status, err := s.envoy.CheckJSON(r.Context(), body)
-			if err != nil {
-				writeError(w, status, errorCode(status), "%v", err)
-				return
-			}
-			h := w.Header()
-			h.Set("Content-Type", "application/json")
-			h.Set("Cache-Control", "no-store")
-			w.WriteHeader(status)
-			_, _ = w.Write(append(out, '\n'))
+	if envoyShaped, hasRule := topKeys(body); envoyShaped {
+		if hasRule {
+			writeError(w, http.StatusBadRequest, codeBadRequest,
+				`the body names both a rule and a domain; send {"rule","key","hits"} or {"domain","descriptors"}`)
 			return
 		}
+		out, status, err := s.envoy.CheckJSON(r.Context(), body)
+		if err != nil {
+			writeError(w, status, errorCode(status), "%v", err)
+			return
+		}
+		h := w.Header()
+		h.Set("Content-Type", "application/json")
+		h.Set("Cache-Control", "no-store")
+		w.WriteHeader(status)
+		_, _ = w.Write(append(out, '\n'))
+		return
 	}
 	var req checkRequest
 	if be := decodeStrict(body, &req); be != nil {

@@ -12,7 +12,6 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
 
 	"github.com/weir-dev/weir/internal/server/envoyrls"
@@ -38,7 +37,7 @@ descriptors:
 
 // BenchmarkEnvoyCall is weir serve's own work for one Envoy
 // ShouldRateLimit call on the memory store, everything but the HTTP/2
-// transport: the request decoded by gRPC's codec, the server's
+// transport: the request decoded by the server's codec, the server's
 // interceptor, the service with its decider and observer (metrics,
 // per-second counters), and the response encoded. Keys are uniform over
 // 100k, as make bench-serve sends them. allocs/op and cpu-ns/op (the
@@ -52,7 +51,7 @@ func BenchmarkEnvoyCall(b *testing.B) {
 				b.Fatal(err)
 			}
 			s, _ := newTestServer(b, WithEnvoyConfig(ecfg))
-			codec := encoding.GetCodecV2("proto")
+			codec := envoyrls.Codec() // as weir serve decodes and encodes
 			const keys = 100_000
 			bodies := make([]mem.BufferSlice, 1024)
 			for i := range bodies {

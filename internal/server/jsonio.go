@@ -209,3 +209,90 @@ func position(data []byte, off int64) (line, col int) {
 	}
 	return line, col
 }
+
+// topKeys reports whether body is a JSON object with the top-level key
+// "domain" or "descriptors" (envoy), and with "rule", as decoding it into
+// a map[string]json.RawMessage would find them (keys compared after
+// unescaping, exactly), without decoding it: false, false for anything
+// but a valid JSON object.
+func topKeys(body []byte) (envoy, rule bool) {
+	if !json.Valid(body) {
+		return false, false
+	}
+	i := skipSpace(body, 0)
+	if i >= len(body) || body[i] != '{' {
+		return false, false
+	}
+	i++
+	for {
+		i = skipSpace(body, i)
+		if body[i] == '}' {
+			return envoy, rule
+		}
+		end := skipString(body, i)
+		key := body[i+1 : end-1]
+		if bytes.IndexByte(key, '\\') >= 0 {
+			var k string
+			_ = json.Unmarshal(body[i:end], &k) // valid: body is
+			key = []byte(k)
+		}
+		switch string(key) {
+		case "domain", "descriptors":
+			envoy = true
+		case "rule":
+			rule = true
+		}
+		i = skipSpace(body, end) + 1 // past the ':'
+		i = skipValue(body, skipSpace(body, i))
+		i = skipSpace(body, i)
+		if body[i] == ',' {
+			i++
+		}
+	}
+}
+
+// skipSpace returns the index of the first byte at or after i of a valid
+// JSON text that is not white space.
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// skipString returns the index just past the JSON string starting at b[i].
+func skipString(b []byte, i int) int {
+	for i++; b[i] != '"'; i++ {
+		if b[i] == '\\' {
+			i++
+		}
+	}
+	return i + 1
+}
+
+// skipValue returns the index just past the JSON value starting at b[i],
+// in a valid JSON text.
+func skipValue(b []byte, i int) int {
+	switch b[i] {
+	case '"':
+		return skipString(b, i)
+	case '{', '[':
+		depth := 0
+		for ; ; i++ {
+			switch b[i] {
+			case '"':
+				i = skipString(b, i) - 1
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return i + 1
+				}
+			}
+		}
+	}
+	for i < len(b) && b[i] != ',' && b[i] != '}' && b[i] != ']' && b[i] != ' ' && b[i] != '\t' && b[i] != '\n' && b[i] != '\r' {
+		i++
+	}
+	return i
+}

@@ -139,20 +139,21 @@ func (s *Server) envoyDecider(ctx context.Context, reqs []weir.Request, res []we
 	// pipelined (or coalesced) round trip instead of one each. The memory
 	// store never waits, so there they are decided in turn: a goroutine
 	// would cost more than the decision.
-	var one [1]envoyCall
+	var one [1]envoyCall // on the stack: no goroutine sees calls
 	calls := one[:]
-	if len(reqs) > 1 {
-		calls = make([]envoyCall, len(reqs))
-	}
 	if workers := min(len(reqs), maxEnvoyInFlight); workers <= 1 || s.mem {
+		if len(reqs) > 1 {
+			calls = make([]envoyCall, len(reqs))
+		}
 		for i := range reqs {
 			calls[i].decide(ctx, s.stack, reqs, res, i)
 		}
 	} else {
+		shared := make([]envoyCall, len(reqs))
 		var next atomic.Int64
 		work := func() {
 			for i := int(next.Add(1) - 1); i < len(reqs); i = int(next.Add(1) - 1) {
-				calls[i].decide(ctx, s.stack, reqs, res, i)
+				shared[i].decide(ctx, s.stack, reqs, res, i)
 			}
 		}
 		var wg sync.WaitGroup
@@ -161,6 +162,7 @@ func (s *Server) envoyDecider(ctx context.Context, reqs []weir.Request, res []we
 		}
 		work()
 		wg.Wait()
+		calls = shared
 	}
 	var cfg *config.Config
 	now := s.now()

@@ -229,6 +229,9 @@ func grpcOptions() []grpc.ServerOption {
 		grpc.MaxRecvMsgSize(grpcMaxRecv),
 		grpc.MaxConcurrentStreams(grpcMaxStreams),
 		grpc.MaxHeaderListSize(grpcMaxHeaders),
+		// Envoy's requests and their responses without protobuf's
+		// reflection; every other message as gRPC's proto codec does it.
+		envoyrls.CodecOption(),
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -118,6 +119,9 @@ type rule struct {
 	rpu     uint32
 	unit    rlspb.RateLimitResponse_RateLimit_Unit
 	mult    uint32
+	// current is the rule's current_limit, built on first use and then
+	// shared, read-only, by every response that reports the rule.
+	current atomic.Pointer[rlspb.RateLimitResponse_RateLimit]
 }
 
 // A Rule describes one rate_limit block of a loaded Config, for listing.

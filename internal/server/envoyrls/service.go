@@ -365,8 +365,14 @@ func (s *Service) Check(ctx context.Context, req *rlspb.RateLimitRequest) (*rlsp
 		}
 	}
 	reqs := storeRequests(req, items)
-	results := make([]weir.Result, len(reqs))
-	fallback := make([]string, len(reqs))
+	var results []weir.Result
+	var fallback []string
+	if len(reqs) == 1 {
+		one := &oneResult{}
+		results, fallback = one.res[:], one.fb[:]
+	} else {
+		results, fallback = make([]weir.Result, len(reqs)), make([]string, len(reqs))
+	}
 	if len(reqs) > 0 {
 		if err := s.decide(ctx, reqs, results, fallback); err != nil {
 			if s.resv != nil && !badInput(err) && ctx.Err() == nil {
@@ -566,11 +572,20 @@ func (s *Service) observeFailed(ctx context.Context, domain string, items []item
 // descriptor is, or when every quota_mode descriptor of the call is, as
 // upstream decides.
 func (s *Service) respond(ctx context.Context, req *rlspb.RateLimitRequest, items []item, results []weir.Result, fallback []string) *rlspb.RateLimitResponse {
-	resp := &rlspb.RateLimitResponse{Statuses: make([]*rlspb.RateLimitResponse_DescriptorStatus, len(items))}
 	// The messages of all statuses in one allocation each: statuses,
-	// and the durations of those that have one.
-	sts := make([]rlspb.RateLimitResponse_DescriptorStatus, len(items))
+	// and the durations of those that have one; of a call of one
+	// descriptor, the whole response in one.
+	var resp *rlspb.RateLimitResponse
+	var sts []rlspb.RateLimitResponse_DescriptorStatus
 	var durs []durationpb.Duration
+	if len(items) == 1 {
+		one := &oneStatus{}
+		resp, sts, durs = &one.resp, one.sts[:], one.durs[:]
+		resp.Statuses = one.ptrs[:]
+	} else {
+		resp = &rlspb.RateLimitResponse{Statuses: make([]*rlspb.RateLimitResponse_DescriptorStatus, len(items))}
+		sts = make([]rlspb.RateLimitResponse_DescriptorStatus, len(items))
+	}
 	over := false
 	quotas, quotasOver := 0, 0
 	limited := make([]bool, len(items))
@@ -623,6 +638,21 @@ func (s *Service) respond(ctx context.Context, req *rlspb.RateLimitRequest, item
 		resp.DynamicMetadata = responseMetadata(req, passed, meta)
 	}
 	return resp
+}
+
+// oneStatus is the response to a call of one descriptor, allocated at
+// once.
+type oneStatus struct {
+	resp rlspb.RateLimitResponse
+	ptrs [1]*rlspb.RateLimitResponse_DescriptorStatus
+	sts  [1]rlspb.RateLimitResponse_DescriptorStatus
+	durs [1]durationpb.Duration
+}
+
+// oneResult holds the store's answer to a call of one request.
+type oneResult struct {
+	res [1]weir.Result
+	fb  [1]string
 }
 
 // descriptorStatus fills st, the status of the i-th descriptor of a call
@@ -681,12 +711,17 @@ func (s *Service) untilReset(r *rule, res weir.Result) time.Duration {
 	return d
 }
 
-// proto returns the rule's current_limit.
+// proto returns the rule's current_limit: one message for every response
+// that reports the rule, which nothing may modify.
 func (r *rule) proto() *rlspb.RateLimitResponse_RateLimit {
+	if l := r.current.Load(); l != nil {
+		return l
+	}
 	l := &rlspb.RateLimitResponse_RateLimit{Name: r.name, RequestsPerUnit: r.rpu, Unit: r.unit}
 	if r.mult > 1 {
 		l.UnitMultiplier = wrapperspb.UInt32(r.mult)
 	}
+	r.current.Store(l) // two first calls at once store equal messages
 	return l
 }
 
