@@ -502,8 +502,9 @@ func startTargets(t *testing.T, c pcase) []*peerTarget {
 	}
 	for _, store := range []string{"memstore", "redis"} {
 		tg, env := mk("weir/" + store)
-		grpcAddr, httpAddr := freeAddr(t), freeAddr(t)
-		env["GRPC_PORT"], env["PORT"] = portOf(grpcAddr), portOf(httpAddr)
+		// Port 0: the serving line names the ports the kernel chose, so no
+		// other test can take one between choosing and binding it.
+		env["GRPC_PORT"], env["PORT"] = "0", "0"
 		var args []string
 		if store == "redis" {
 			peerRedisEnv(t, c, env)
@@ -522,7 +523,8 @@ func startTargets(t *testing.T, c pcase) []*peerTarget {
 			}
 			env = map[string]string{}
 		}
-		startServe(t, env, args...)
+		_, line, _ := startServe(t, env, args...)
+		httpAddr, grpcAddr := line[1], strings.TrimPrefix(line[2], "gRPC ")
 		tg.http = httpAddr
 		if tg.xds != nil {
 			tg.xds.WaitRequest("ACK of version 1", xdstest.ACK("1"))
