@@ -701,3 +701,29 @@ func TestPipelineKeyOrder(t *testing.T) {
 		}
 	}
 }
+
+// TestReadCommandAllocatesNothing reads pipelines of CL.THROTTLE into a
+// kept argBuf: once it has grown, reading a command allocates nothing.
+func TestReadCommandAllocatesNothing(t *testing.T) {
+	cmd := "*5\r\n$11\r\nCL.THROTTLE\r\n$7\r\nk:12345\r\n$7\r\n1000000\r\n$7\r\n1000000\r\n$1\r\n1\r\n"
+	in := strings.NewReader(strings.Repeat(cmd, 16))
+	r := bufio.NewReaderSize(in, maxLine)
+	lim := Limits{}
+	lim.fill()
+	var a argBuf
+	read := func() {
+		in.Seek(0, io.SeekStart)
+		r.Reset(in)
+		a.reset()
+		for range 16 {
+			args, _, err := readCommand(r, &lim, &a)
+			if err != nil || len(args) != 5 || string(args[1]) != "k:12345" {
+				t.Fatalf("%q, %v", args, err)
+			}
+		}
+	}
+	read()
+	if n := testing.AllocsPerRun(100, read); n != 0 {
+		t.Errorf("%v allocations a pipeline of 16 commands; want 0", n)
+	}
+}

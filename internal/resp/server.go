@@ -317,8 +317,9 @@ type pending struct {
 }
 
 // maxKeptReply is the largest reply buffer a connection keeps for its
-// next pipeline.
-const maxKeptReply = 4 << 10
+// next pipeline: a decision's reply fits, and MaxPipeline of them stay
+// small.
+const maxKeptReply = 256
 
 func (c *conn) serve() {
 	s := c.s
