@@ -58,6 +58,7 @@ func FuzzReadCommand(f *testing.F) {
 		s.slots <- struct{}{}
 		s.wg.Add(1)
 		c.serve()
+		s.Close() // ends the workers it started
 		out := c.nc.(*pipeConn).w.Bytes()
 		rr := bufio.NewReader(bytes.NewReader(out))
 		for rr.Buffered() > 0 || len(out) > 0 {
