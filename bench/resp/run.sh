@@ -17,9 +17,16 @@
 # CPU it cost per decision, to set beside `make bench-redis`'s batched
 # figure for gcra.
 #
+# With BASE=<commit>, it builds that commit's weir serve as well and, on
+# the same redis-server and core, alternates the two binaries ROUNDS times
+# under the same CL.THROTTLE load (A = BASE, B = this tree), printing
+# requests/s, weir µs CPU and Redis µs CPU per request of each run, then
+# the tables above for this tree.
+#
 #   bench/resp/run.sh                  # N=1000000 ROUNDS=3
 #   N=200000 ROUNDS=1 bench/resp/run.sh
 #   STORE=redis bench/resp/run.sh
+#   BASE=main STORE=redis N=300000 ROUNDS=5 bench/resp/run.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 N=${N:-1000000}
@@ -41,6 +48,7 @@ work=$(mktemp -d)
 stop() {
 	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
 	wait 2>/dev/null || true
+	[ -n "${BASE:-}" ] && git worktree remove --force "$work/a-src" 2>/dev/null || true
 	rm -rf "$work"
 }
 trap stop EXIT
@@ -50,6 +58,10 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 cpu() { awk -v hz="$(getconf CLK_TCK)" '{ print ($14 + $15) / hz }' "/proc/$1/stat"; }
 
 go build -o "$work/weir" ./cmd/weir
+if [ -n "${BASE:-}" ]; then
+	git worktree add --detach "$work/a-src" "$BASE" >/dev/null 2>&1
+	(cd "$work/a-src" && go build -o "$work/weir-a" ./cmd/weir)
+fi
 
 rport=$(free_port)
 "${srv[@]}" redis-server --port "$rport" --bind 127.0.0.1 --save "" --appendonly no \
@@ -70,8 +82,16 @@ wport=$(free_port)
 	--resp "127.0.0.1:$wport" >"$work/serve.log" 2>&1 &
 wpid=$!
 pids+=("$wpid")
+if [ -n "${BASE:-}" ]; then
+	aport=$(free_port)
+	"${srv[@]}" "$work/weir-a" serve --config "$work/weir.yaml" --http "127.0.0.1:$(free_port)" --grpc off \
+		--resp "127.0.0.1:$aport" >"$work/serve-a.log" 2>&1 &
+	apid=$!
+	pids+=("$apid")
+fi
 for _ in $(seq 1 100); do
-	redis-cli -p "$rport" ping >/dev/null 2>&1 && redis-cli -p "$wport" ping >/dev/null 2>&1 && break
+	redis-cli -p "$rport" ping >/dev/null 2>&1 && redis-cli -p "$wport" ping >/dev/null 2>&1 &&
+		{ [ -z "${BASE:-}" ] || redis-cli -p "$aport" ping >/dev/null 2>&1; } && break
 	sleep 0.1
 done
 
@@ -91,6 +111,25 @@ bench() {
 
 echo "Store: $STORE. Machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); servers on CPU ${SERVER_CPU:-any}, load on ${LOAD_CPU:-any}; N=$N, $KEYS keys"
 echo
+if [ -n "${BASE:-}" ]; then
+	echo "A = $BASE ($(git rev-parse --short "$BASE")), B = this tree; CL.THROTTLE -P 16 -c 50, alternating"
+	echo
+	echo "| round | binary | req/s | weir µs CPU/req | Redis µs CPU/req |"
+	echo "|---|---|---:|---:|---:|"
+	for round in $(seq 1 "$ROUNDS"); do
+		for ab in A B; do
+			pid=$wpid port=$wport
+			[ "$ab" = A ] && pid=$apid port=$aport
+			redis-cli -p "$rport" flushall >/dev/null
+			r0=$(cpu "$rpid")
+			read -r wr wc < <(bench "$pid" "$port" -P 16 -c 50 CL.THROTTLE "k:__rand_int__" 1000000 1000000 1)
+			r1=$(cpu "$rpid")
+			awk -v r="$round" -v ab="$ab" -v wr="$wr" -v wc="$wc" -v c="$(awk -v a="$r0" -v b="$r1" 'BEGIN { print b - a }')" -v n="$N" \
+				'BEGIN { printf "| %d | %s | %d | %.2f | %.2f |\n", r, ab, wr, wc, c / n * 1e6 }'
+		done
+	done
+	echo
+fi
 echo "| round | weir CL.THROTTLE req/s | weir µs CPU/req | redis-server INCR req/s | redis µs CPU/req | req/s weir ÷ redis |"
 echo "|---|---:|---:|---:|---:|---:|"
 for round in $(seq 1 "$ROUNDS"); do

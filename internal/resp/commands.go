@@ -16,12 +16,44 @@ import (
 // listener speaks, so that clients that read it pick RESP3-era behaviour.
 const Version = "7.2.0"
 
-// isDecision reports the commands decided by the backend, which a
-// pipeline runs at once.
-func isDecision(name []byte) bool {
-	return bytes.EqualFold(name, []byte("cl.throttle")) || bytes.EqualFold(name, []byte("gcra")) ||
-		bytes.EqualFold(name, []byte("weir.check")) || bytes.EqualFold(name, []byte("weir.reserve")) ||
-		bytes.EqualFold(name, []byte("weir.settle"))
+// kind is a decision's command.
+type kind uint8
+
+const (
+	kindNone kind = iota // not a decision
+	kindThrottle
+	kindGCRA
+	kindCheck
+	kindReserve
+	kindSettle
+)
+
+// decisionKind returns the decision command name is, in any case, or
+// kindNone: the commands decided by the backend, which a pipeline runs at
+// once.
+func decisionKind(name []byte) kind {
+	switch len(name) {
+	case 4:
+		if bytes.EqualFold(name, []byte("gcra")) {
+			return kindGCRA
+		}
+	case 10:
+		if bytes.EqualFold(name, []byte("weir.check")) {
+			return kindCheck
+		}
+	case 11:
+		if bytes.EqualFold(name, []byte("cl.throttle")) {
+			return kindThrottle
+		}
+		if bytes.EqualFold(name, []byte("weir.settle")) {
+			return kindSettle
+		}
+	case 12:
+		if bytes.EqualFold(name, []byte("weir.reserve")) {
+			return kindReserve
+		}
+	}
+	return kindNone
 }
 
 // command answers a command that is not a decision, or any command before
@@ -92,8 +124,10 @@ func (c *conn) command(args [][]byte, b []byte) ([]byte, bool) {
 			return b, false
 		}
 	}
-	if isDecision(args[0]) {
-		return c.decide(args, b), false
+	if k := decisionKind(args[0]); k != kindNone {
+		ctx, cancel := context.WithTimeout(c.s.ctx, decisionTimeout)
+		defer cancel()
+		return c.decide(ctx, k, args, b), false
 	}
 	return unknown(b, args), false
 }
@@ -231,29 +265,28 @@ func (c *conn) client(args [][]byte, b []byte) []byte {
 	return appendError(b, "ERR unknown subcommand '"+printable(args[1], 64)+"'. Try CLIENT SETNAME, GETNAME, SETINFO or ID.")
 }
 
-// decisionTimeout bounds one decision, store included.
+// decisionTimeout bounds the decisions of one pipeline, store included.
 const decisionTimeout = 10 * time.Second
 
-// decide answers CL.THROTTLE, GCRA and WEIR.CHECK.
-func (c *conn) decide(args [][]byte, b []byte) []byte {
-	ctx, cancel := context.WithTimeout(c.s.ctx, decisionTimeout)
-	defer cancel()
-	switch strings.ToLower(string(args[0])) {
-	case "cl.throttle":
+// decide answers CL.THROTTLE, GCRA, WEIR.CHECK, WEIR.RESERVE and
+// WEIR.SETTLE (k) by ctx.
+func (c *conn) decide(ctx context.Context, k kind, args [][]byte, b []byte) []byte {
+	switch k {
+	case kindThrottle:
 		q, err := parseThrottle(args)
 		if err != nil {
 			return appendError(b, err.Error())
 		}
 		return c.throttle(ctx, "cl.throttle", q, b)
-	case "gcra":
+	case kindGCRA:
 		q, err := parseGCRA(args)
 		if err != nil {
 			return appendError(b, err.Error())
 		}
 		return c.throttle(ctx, "gcra", q, b)
-	case "weir.reserve":
+	case kindReserve:
 		return c.reserve(ctx, args, b)
-	case "weir.settle":
+	case kindSettle:
 		return c.settle(ctx, args, b)
 	}
 	if len(args) < 3 || len(args) > 4 {

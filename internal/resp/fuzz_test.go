@@ -29,8 +29,12 @@ func FuzzReadCommand(f *testing.F) {
 	lim.fill()
 	f.Fuzz(func(t *testing.T, in []byte) {
 		r := bufio.NewReaderSize(bytes.NewReader(in), maxLine)
-		for {
-			args, _, err := readCommand(r, &lim)
+		var a argBuf
+		for i := 0; ; i++ {
+			if i%3 == 0 {
+				a.reset()
+			}
+			args, _, err := readCommand(r, &lim, &a)
 			if err != nil {
 				var pe *ProtocolError
 				if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.As(err, &pe) {
@@ -54,6 +58,7 @@ func FuzzReadCommand(f *testing.F) {
 		s.slots <- struct{}{}
 		s.wg.Add(1)
 		c.serve()
+		s.Close() // ends the workers it started
 		out := c.nc.(*pipeConn).w.Bytes()
 		rr := bufio.NewReader(bytes.NewReader(out))
 		for rr.Buffered() > 0 || len(out) > 0 {

@@ -25,17 +25,53 @@ func protoErr(format string, a ...any) error {
 // read buffer is this large.
 const maxLine = 64 << 10
 
+// argBuf holds the arguments of the commands of one pipeline: their bytes
+// in one arena and their slices in one list, kept by the connection from
+// one pipeline to the next so that reading a command allocates nothing
+// once they have grown. An argument stays valid until reset; growing the
+// arena or the list leaves the slices already handed out where they are.
+type argBuf struct {
+	arena []byte
+	argv  [][]byte
+}
+
+// maxKeptArgBytes is the most arena a connection keeps between pipelines;
+// a larger one (a pipeline of long arguments) is let go.
+const maxKeptArgBytes = 64 << 10
+
+// reset makes the buffer empty for the next pipeline, once nothing uses
+// the arguments read into it.
+func (a *argBuf) reset() {
+	if cap(a.arena) > maxKeptArgBytes {
+		a.arena = nil
+	}
+	a.arena = a.arena[:0]
+	clear(a.argv)
+	a.argv = a.argv[:0]
+}
+
+// bytes returns room for size bytes at the end of the arena.
+func (a *argBuf) bytes(size int) []byte {
+	n := len(a.arena)
+	if cap(a.arena)-n < size {
+		a.arena = make([]byte, 0, max(2*cap(a.arena), size, 1<<10))
+		n = 0
+	}
+	a.arena = a.arena[:n+size]
+	return a.arena[n : n+size : n+size]
+}
+
 // readCommand reads one command, an array of bulk strings or an inline
-// line, within the limits. It returns the arguments and the bytes read;
-// an empty array or blank line gives no arguments.
-func readCommand(r *bufio.Reader, lim *Limits) (args [][]byte, n int, err error) {
+// line, within the limits, into a. It returns the arguments and the bytes
+// read; an empty array or blank line gives no arguments.
+func readCommand(r *bufio.Reader, lim *Limits, a *argBuf) (args [][]byte, n int, err error) {
 	line, err := readLine(r)
 	if err != nil {
 		return nil, 0, err
 	}
 	n = len(line) + 2
 	if len(line) == 0 || line[0] != '*' {
-		return inline(line, lim, n)
+		return inline(line, lim, n, a)
 	}
 	count, ok := parseInt(line[1:])
 	if !ok {
@@ -47,7 +83,7 @@ func readCommand(r *bufio.Reader, lim *Limits) (args [][]byte, n int, err error)
 	if count > int64(lim.MaxArgs) {
 		return nil, n, protoErr("%d arguments in one command; at most %d", count, lim.MaxArgs)
 	}
-	args = make([][]byte, 0, count)
+	first := len(a.argv)
 	for range count {
 		hdr, err := readLine(r)
 		if err != nil {
@@ -64,7 +100,7 @@ func readCommand(r *bufio.Reader, lim *Limits) (args [][]byte, n int, err error)
 		if size > int64(lim.MaxBulk) {
 			return nil, n, protoErr("bulk string of %d bytes; at most %d", size, lim.MaxBulk)
 		}
-		buf := make([]byte, size+2)
+		buf := a.bytes(int(size) + 2)
 		if _, err := io.ReadFull(r, buf); err != nil {
 			return nil, n, eofIsProtocol(err)
 		}
@@ -72,25 +108,27 @@ func readCommand(r *bufio.Reader, lim *Limits) (args [][]byte, n int, err error)
 			return nil, n, protoErr("bulk string not followed by CRLF")
 		}
 		n += len(buf)
-		args = append(args, buf[:size:size])
+		a.argv = append(a.argv, buf[:size:size])
 	}
-	return args, n, nil
+	return a.argv[first:len(a.argv):len(a.argv)], n, nil
 }
 
 // inline splits an inline command (as typed into telnet) on spaces.
-func inline(line []byte, lim *Limits, n int) ([][]byte, int, error) {
+func inline(line []byte, lim *Limits, n int, a *argBuf) ([][]byte, int, error) {
 	fields := bytes.Fields(line)
 	if len(fields) > lim.MaxArgs {
 		return nil, n, protoErr("%d arguments in one command; at most %d", len(fields), lim.MaxArgs)
 	}
-	args := make([][]byte, len(fields))
-	for i, f := range fields {
+	first := len(a.argv)
+	for _, f := range fields {
 		if len(f) > lim.MaxBulk {
 			return nil, n, protoErr("argument of %d bytes; at most %d", len(f), lim.MaxBulk)
 		}
-		args[i] = bytes.Clone(f)
+		b := a.bytes(len(f))
+		copy(b, f)
+		a.argv = append(a.argv, b)
 	}
-	return args, n, nil
+	return a.argv[first:len(a.argv):len(a.argv)], n, nil
 }
 
 // readLine reads a line ending in CRLF (or LF, for inline commands) and

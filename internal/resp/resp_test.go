@@ -364,8 +364,12 @@ func TestIdleTimeout(t *testing.T) {
 // TestExactUnderPipelines hammers one key from many connections, each
 // pipelining, and checks that exactly the limit is admitted.
 func TestExactUnderPipelines(t *testing.T) {
-	addr, _ := start(t, Config{})
-	ExactUnderPipelines(t, []string{addr}, 16, 20, 25)
+	for _, inTurn := range []bool{false, true} {
+		t.Run(fmt.Sprintf("InTurn=%v", inTurn), func(t *testing.T) {
+			addr, _ := start(t, Config{InTurn: inTurn})
+			ExactUnderPipelines(t, []string{addr}, 16, 20, 25)
+		})
+	}
 }
 
 // ExactUnderPipelines sends conns*pipes pipelines of depth commands of
@@ -513,8 +517,14 @@ func (b failingBackend) Take(ctx context.Context, command, key string, l weir.Li
 // reply, in order, and an error reply (one line) leaves the stream in
 // step.
 func TestPipelineWrittenBeforeRead(t *testing.T) {
+	for _, inTurn := range []bool{false, true} {
+		t.Run(fmt.Sprintf("InTurn=%v", inTurn), func(t *testing.T) { pipelineWrittenBeforeRead(t, inTurn) })
+	}
+}
+
+func pipelineWrittenBeforeRead(t *testing.T, inTurn bool) {
 	b := failingBackend{&memBackend{st: memstore.New()}}
-	s := NewServer(b, Config{Limits: Limits{MaxPipeline: 8}})
+	s := NewServer(b, Config{Limits: Limits{MaxPipeline: 8}, InTurn: inTurn})
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -593,6 +603,27 @@ func TestWorkersEnd(t *testing.T) {
 	}
 	go s.Serve(l)
 	ExactUnderPipelines(t, []string{l.Addr().String()}, 8, 4, 50)
+	// One key makes one key group, which the connection decides itself:
+	// a pipeline over many keys puts its other groups on workers.
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var in strings.Builder
+	for i := range 50 {
+		k := strconv.Itoa(i)
+		fmt.Fprintf(&in, "*5\r\n$11\r\nCL.THROTTLE\r\n$%d\r\n%s\r\n$1\r\n0\r\n$1\r\n1\r\n$2\r\n60\r\n", len(k), k)
+	}
+	if _, err := io.WriteString(c, in.String()); err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(c)
+	for i := range 50 {
+		if v, err := readReply(r); err != nil || fmt.Sprint(v) != "[0 1 0 -1 60]" {
+			t.Fatalf("reply %d: %v, %v; want [0 1 0 -1 60]", i, v, err)
+		}
+	}
 	if n := s.workers.Load(); n < 1 || n > maxWorkers {
 		t.Errorf("%d workers after the pipelines; want 1 to %d", n, maxWorkers)
 	}
@@ -607,5 +638,92 @@ func TestWorkersEnd(t *testing.T) {
 			t.Fatalf("%d workers still running after Shutdown", s.workers.Load())
 		case <-time.After(time.Millisecond):
 		}
+	}
+}
+
+// jitterBackend waits a varying while before each take, as a store's
+// round trips do, so that decisions made at once finish out of order.
+type jitterBackend struct {
+	*memBackend
+	n atomic.Int64
+}
+
+func (b *jitterBackend) Take(ctx context.Context, command, key string, l weir.Limit, n int64) (weir.Result, error) {
+	time.Sleep(time.Duration(b.n.Add(7)%5) * 100 * time.Microsecond)
+	return b.memBackend.Take(ctx, command, key, l, n)
+}
+
+// TestPipelineKeyOrder sends pipelines that interleave two keys with
+// other keys while the backend's takes finish out of order: each key's
+// decisions are made in the order sent, as its falling remaining shows.
+func TestPipelineKeyOrder(t *testing.T) {
+	s := NewServer(&jitterBackend{memBackend: &memBackend{st: memstore.New()}}, Config{})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(l)
+	defer s.Close()
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cmd := func(k string) string {
+		return fmt.Sprintf("*5\r\n$11\r\nCL.THROTTLE\r\n$%d\r\n%s\r\n$3\r\n999\r\n$1\r\n1\r\n$5\r\n86400\r\n", len(k), k)
+	}
+	r := bufio.NewReader(c)
+	last := map[string]int64{"a": 1000, "b": 1000}
+	for round := range 20 {
+		var in strings.Builder
+		var keys []string
+		for i := range 24 {
+			k := []string{"a", "b", "x" + strconv.Itoa(round*24+i)}[i%3]
+			keys = append(keys, k)
+			in.WriteString(cmd(k))
+		}
+		if _, err := io.WriteString(c, in.String()); err != nil {
+			t.Fatal(err)
+		}
+		for i, k := range keys {
+			v, err := readReply(r)
+			a, ok := v.([]int64)
+			if err != nil || !ok || len(a) != 5 {
+				t.Fatalf("round %d reply %d: %v, %v", round, i, v, err)
+			}
+			if _, ok := last[k]; !ok {
+				continue
+			}
+			if a[2] != last[k]-1 {
+				t.Fatalf("round %d reply %d, key %s: remaining %d after %d; want %d: decided out of order", round, i, k, a[2], last[k], last[k]-1)
+			}
+			last[k] = a[2]
+		}
+	}
+}
+
+// TestReadCommandAllocatesNothing reads pipelines of CL.THROTTLE into a
+// kept argBuf: once it has grown, reading a command allocates nothing.
+func TestReadCommandAllocatesNothing(t *testing.T) {
+	cmd := "*5\r\n$11\r\nCL.THROTTLE\r\n$7\r\nk:12345\r\n$7\r\n1000000\r\n$7\r\n1000000\r\n$1\r\n1\r\n"
+	in := strings.NewReader(strings.Repeat(cmd, 16))
+	r := bufio.NewReaderSize(in, maxLine)
+	lim := Limits{}
+	lim.fill()
+	var a argBuf
+	read := func() {
+		in.Seek(0, io.SeekStart)
+		r.Reset(in)
+		a.reset()
+		for range 16 {
+			args, _, err := readCommand(r, &lim, &a)
+			if err != nil || len(args) != 5 || string(args[1]) != "k:12345" {
+				t.Fatalf("%q, %v", args, err)
+			}
+		}
+	}
+	read()
+	if n := testing.AllocsPerRun(100, read); n != 0 {
+		t.Errorf("%v allocations a pipeline of 16 commands; want 0", n)
 	}
 }

@@ -25,6 +25,7 @@ import (
 	"crypto/subtle"
 	"crypto/tls"
 	"errors"
+	"hash/maphash"
 	"log/slog"
 	"net"
 	"sync"
@@ -137,6 +138,11 @@ type Config struct {
 	Limits Limits
 	// Logger logs what goes wrong; default slog.Default().
 	Logger *slog.Logger
+	// InTurn says that the backend never waits (an in-process store): a
+	// pipeline's decisions are then made in turn on the connection's
+	// goroutine, which costs less than handing them to others. Otherwise
+	// they are decided at once, so that they share the store's batches.
+	InTurn bool
 }
 
 // Server serves the RESP commands on listeners.
@@ -156,8 +162,9 @@ type Server struct {
 	wg     sync.WaitGroup
 	nextID atomic.Int64
 
-	work    chan func() // hands a pipeline's key group to an idle worker
+	work    chan task // hands a pipeline's key group to an idle worker
 	workers atomic.Int64
+	seed    maphash.Seed // of the key groups' hashes
 }
 
 // NewServer returns a Server deciding with b.
@@ -167,7 +174,7 @@ func NewServer(b Backend, cfg Config) *Server {
 		cfg.Logger = slog.Default()
 	}
 	s := &Server{b: b, cfg: cfg, log: cfg.Logger, slots: make(chan struct{}, cfg.Limits.MaxConns),
-		lns: map[net.Listener]struct{}{}, conns: map[*conn]struct{}{}, work: make(chan func())}
+		lns: map[net.Listener]struct{}{}, conns: map[*conn]struct{}{}, work: make(chan task), seed: maphash.MakeSeed()}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	return s
 }
@@ -283,6 +290,15 @@ type conn struct {
 	authed  bool
 	name    string
 	stopped atomic.Bool
+
+	// The pipeline being answered (serve, run), kept from one to the next
+	// so that a connection's steady state allocates nothing of its own.
+	args   argBuf
+	batch  []pending
+	ctx    context.Context  // the deadline of the pipeline's decisions
+	groups map[uint64]int32 // a key group's hash: its last command so far
+	heads  []int32          // the first command of each key group
+	wg     sync.WaitGroup   // the key groups out on workers
 }
 
 // stop makes the connection end after the commands it has read.
@@ -294,9 +310,16 @@ func (c *conn) stop() {
 // pending is one command of a pipeline and its reply.
 type pending struct {
 	args  [][]byte
-	reply []byte
+	reply []byte // kept, emptied, for the next pipeline's command here
+	next  int32  // the next command of its key group, or -1
+	kind  kind   // a decision's command
 	quit  bool
 }
+
+// maxKeptReply is the largest reply buffer a connection keeps for its
+// next pipeline: a decision's reply fits, and MaxPipeline of them stay
+// small.
+const maxKeptReply = 256
 
 func (c *conn) serve() {
 	s := c.s
@@ -314,7 +337,7 @@ func (c *conn) serve() {
 	lim := &s.cfg.Limits
 	r := bufio.NewReaderSize(c.nc, maxLine)
 	w := bufio.NewWriterSize(c.nc, 16<<10)
-	batch := make([]pending, 0, 16)
+	c.groups = make(map[uint64]int32)
 	for {
 		if c.stopped.Load() {
 			return
@@ -323,23 +346,29 @@ func (c *conn) serve() {
 		if c.stopped.Load() {
 			return
 		}
-		batch = batch[:0]
+		c.args.reset()
 		var readErr error
-		bytes := 0
+		n, bytes := 0, 0
 		for {
-			args, n, err := readCommand(r, lim)
-			bytes += n
+			args, m, err := readCommand(r, lim, &c.args)
+			bytes += m
 			if err != nil {
 				readErr = err
 				break
 			}
 			if len(args) > 0 {
-				batch = append(batch, pending{args: args})
+				if n == len(c.batch) {
+					c.batch = append(c.batch, pending{})
+				}
+				p := &c.batch[n]
+				p.args, p.reply, p.quit = args, p.reply[:0], false
+				n++
 			}
-			if r.Buffered() == 0 || len(batch) >= lim.MaxPipeline || bytes >= maxPipelineBytes {
+			if r.Buffered() == 0 || n >= lim.MaxPipeline || bytes >= maxPipelineBytes {
 				break
 			}
 		}
+		batch := c.batch[:n]
 		quit := c.run(batch)
 		_ = c.nc.SetWriteDeadline(time.Now().Add(lim.WriteTimeout))
 		for i := range batch {
@@ -349,6 +378,12 @@ func (c *conn) serve() {
 			if batch[i].quit {
 				quit = true
 				break
+			}
+		}
+		for i := range batch {
+			batch[i].args = nil
+			if cap(batch[i].reply) > maxKeptReply {
+				batch[i].reply = nil
 			}
 		}
 		var pe *ProtocolError
@@ -364,80 +399,130 @@ func (c *conn) serve() {
 
 // run answers a pipeline: the commands that change the connection's
 // state (AUTH, HELLO...) in order, once the decisions before them are
-// done; between them, decisions at once, one goroutine per key, so that
-// decisions on one key are made in the order sent. It reports whether the
+// done; between them, decisions at once, one key group at a time each,
+// so that decisions on one key are made in the order sent. The groups go
+// to workers but one, which the connection's goroutine decides itself;
+// the pipeline's decisions share one deadline. It reports whether the
 // connection must close.
 func (c *conn) run(batch []pending) bool {
-	var wg sync.WaitGroup
-	groups := map[string][]int{}
-	flush := func() {
-		for _, idx := range groups {
-			wg.Add(1)
-			c.s.goDecide(func() {
-				defer wg.Done()
-				for _, i := range idx {
-					batch[i].reply = c.decide(batch[i].args, batch[i].reply[:0])
-				}
-			})
-		}
-		clear(groups)
-		wg.Wait()
-	}
+	defer func() { c.ctx = nil }()
 	for i := range batch {
 		p := &batch[i]
-		if c.authed && isDecision(p.args[0]) {
-			k := "" // the key, or WEIR.CHECK's rule: in order within it
-			if len(p.args) > 1 {
-				k = string(p.args[1])
+		if c.authed {
+			if k := decisionKind(p.args[0]); k != kindNone {
+				if c.ctx == nil {
+					ctx, cancel := context.WithTimeout(c.s.ctx, decisionTimeout)
+					defer cancel()
+					c.ctx = ctx
+				}
+				p.kind = k
+				if c.s.cfg.InTurn {
+					p.reply = c.decide(c.ctx, k, p.args, p.reply[:0])
+					continue
+				}
+				c.group(batch, int32(i))
+				continue
 			}
-			groups[k] = append(groups[k], i)
-			continue
 		}
-		flush()
+		c.flush(batch)
 		p.reply, p.quit = c.command(p.args, p.reply[:0])
 		if p.quit {
 			for j := i + 1; j < len(batch); j++ {
-				batch[j].reply = nil
+				batch[j].reply = batch[j].reply[:0]
 			}
 			return true
 		}
 	}
-	flush()
+	c.flush(batch)
 	return false
+}
+
+// group adds decision i to its key group: the key, or WEIR.CHECK's rule,
+// by a hash of it. Two keys of one hash share a group, which only orders
+// their decisions.
+func (c *conn) group(batch []pending, i int32) {
+	var h uint64
+	if args := batch[i].args; len(args) > 1 {
+		h = maphash.Bytes(c.s.seed, args[1])
+	}
+	batch[i].next = -1
+	if last, ok := c.groups[h]; ok {
+		batch[last].next = i
+	} else {
+		c.heads = append(c.heads, i)
+	}
+	c.groups[h] = i
+}
+
+// flush decides the key groups gathered so far and waits for them.
+func (c *conn) flush(batch []pending) {
+	if len(c.heads) == 0 {
+		return
+	}
+	last := len(c.heads) - 1
+	c.wg.Add(last)
+	for _, h := range c.heads[:last] {
+		c.s.goDecide(task{c, h})
+	}
+	c.decideGroup(batch, c.heads[last])
+	c.wg.Wait()
+	clear(c.groups)
+	c.heads = c.heads[:0]
+}
+
+// decideGroup decides the key group that starts at command i, in order.
+func (c *conn) decideGroup(batch []pending, i int32) {
+	for ; i >= 0; i = batch[i].next {
+		p := &batch[i]
+		p.reply = c.decide(c.ctx, p.kind, p.args, p.reply[:0])
+	}
+}
+
+// task is a key group of a pipeline for a worker: the group that starts
+// at command head of c's batch.
+type task struct {
+	c    *conn
+	head int32
+}
+
+// run decides the group and tells its connection.
+func (t task) run() {
+	defer t.c.wg.Done()
+	t.c.decideGroup(t.c.batch, t.head)
 }
 
 // maxWorkers bounds the goroutines kept to decide the key groups of
 // pipelines (goDecide).
 const maxWorkers = 1024
 
-// goDecide runs f, a key group of a pipeline, on an idle worker, or on a
+// goDecide runs t, a key group of a pipeline, on an idle worker, or on a
 // new goroutine that stays a worker while there are fewer than maxWorkers
-// (past that, one that ends with f). A decision's call chain (backend,
+// (past that, one that ends with t). A decision's call chain (backend,
 // deny cache, guard, store) outgrows a new goroutine's stack, and copying
 // it cost about a sixth of the CPU of a decision on Redis; a worker keeps
 // its grown stack. Workers end when the server does.
-func (s *Server) goDecide(f func()) {
+func (s *Server) goDecide(t task) {
 	select {
-	case s.work <- f:
+	case s.work <- t:
 		return
 	default:
 	}
 	if s.workers.Add(1) > maxWorkers {
 		s.workers.Add(-1)
-		go f()
+		go t.run()
 		return
 	}
-	go s.worker(f)
+	go s.worker(t)
 }
 
-// worker runs f, then the key groups goDecide hands it, until the server
+// worker runs t, then the key groups goDecide hands it, until the server
 // ends.
-func (s *Server) worker(f func()) {
+func (s *Server) worker(t task) {
 	defer s.workers.Add(-1)
 	for {
-		f()
+		t.run()
 		select {
-		case f = <-s.work:
+		case t = <-s.work:
 		case <-s.ctx.Done():
 			return
 		}

@@ -48,7 +48,7 @@ func (s *Server) respServer() (*resp.Server, error) {
 	if s.o.respToken != nil {
 		token = *s.o.respToken
 	}
-	cfg := resp.Config{Token: normalizeAdminToken(token), Logger: s.log}
+	cfg := resp.Config{Token: normalizeAdminToken(token), Logger: s.log, InTurn: s.mem}
 	useTLS := s.tls != nil
 	if rc.TLS != nil {
 		useTLS = *rc.TLS
