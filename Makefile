@@ -213,6 +213,7 @@ FUZZ_TARGETS := \
 	./policy:FuzzParseConfig ./clientip:FuzzParseHostAddr ./policy:FuzzPathPattern \
 	./internal/resp:FuzzReadCommand ./internal/server:FuzzCheckBody ./internal/server:FuzzAuthHeaders ./internal/server:FuzzAuthClientIP \
 	./internal/server/envoyrls:FuzzShouldRateLimit ./internal/server/envoyrls:FuzzCheckJSON ./internal/server/envoyrls:FuzzParse \
+	./internal/server/envoyrls:FuzzCodecDecode ./internal/server/envoyrls:FuzzCodecEncode ./internal/server:FuzzTopKeys \
 	./internal/replay:FuzzParseLine
 fuzz:
 	GO=$(GO) FUZZTIME=$(FUZZTIME) FUZZ=$(FUZZ) ./scripts/fuzz.sh '$(FUZZ_TARGETS)'
